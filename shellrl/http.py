@@ -1,0 +1,114 @@
+"""HTTP conventions shared by every service (not the engine, which speaks SGLang's formats).
+
+* Errors are JSON `{"error": {"code": str, "message": str, "field": str|null}}` (DESIGN.md section 2).
+  Raise `ApiError` in a route; request-validation errors become 422 naming the field.
+* `create_app(...)` builds a FastAPI app with `/healthz`, `/readyz`, `/metrics` and `/v1/config`.
+* `serve(app, host, port)` runs uvicorn and lets it drain in-flight requests on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from shellrl.metrics import metrics_response
+
+log = logging.getLogger(__name__)
+
+ReadyCheck = Callable[[], Awaitable[dict[str, Any]]]
+"""Returns details for `/readyz`; raise or return {"ready": False, ...} when not ready."""
+
+
+class ApiError(Exception):
+    """An error with an HTTP status, a stable code and the offending field (or None)."""
+
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.field = status, code, message, field
+
+
+def error_body(code: str, message: str, field: str | None = None) -> dict:
+    return {"error": {"code": code, "message": message, "field": field}}
+
+
+def _loc_to_field(loc: tuple) -> str | None:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
+    return ".".join(parts) or None
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return JSONResponse(error_body(exc.code, exc.message, exc.field), status_code=exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
+        field = _loc_to_field(tuple(first.get("loc", ())))
+        message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
+        body = error_body("invalid_request", message, field)
+        body["error"]["details"] = [
+            {"field": _loc_to_field(tuple(e.get("loc", ()))), "message": e.get("msg")} for e in exc.errors()[:20]
+        ]
+        return JSONResponse(body, status_code=422)
+
+
+def create_app(
+    service: str,
+    config: dict[str, Any],
+    ready_check: ReadyCheck | None = None,
+    lifespan=None,
+    version: str = "0.1.0",
+) -> FastAPI:
+    """FastAPI app with the probes every shellrl service has.
+
+    `/healthz`: the process answers. `/readyz`: 200 when `ready_check` says ready, else 503 with
+    its details. `/metrics`: Prometheus text. `/v1/config`: the resolved settings.
+    """
+    app = FastAPI(title=f"shellrl {service}", version=version, lifespan=lifespan)
+    install_error_handlers(app)
+
+    @app.get("/healthz", tags=["probes"])
+    async def healthz() -> dict:
+        return {"status": "ok", "service": service}
+
+    @app.get("/readyz", tags=["probes"])
+    async def readyz() -> JSONResponse:
+        if ready_check is None:
+            return JSONResponse({"ready": True, "service": service})
+        try:
+            details = await ready_check()
+        except Exception as exc:  # readiness reports, it never raises
+            return JSONResponse({"ready": False, "service": service, "reason": repr(exc)}, status_code=503)
+        ready = bool(details.get("ready", True))
+        return JSONResponse({"service": service, **details, "ready": ready}, status_code=200 if ready else 503)
+
+    @app.get("/metrics", tags=["probes"])
+    async def metrics():
+        return metrics_response()
+
+    @app.get("/v1/config", tags=["probes"])
+    async def get_config() -> dict:
+        return config
+
+    return app
+
+
+def serve(app: FastAPI, host: str, port: int, log_level: str = "info", grace_s: float = 10.0) -> None:
+    """Run uvicorn until SIGINT/SIGTERM; in-flight requests get `grace_s` to finish."""
+    import uvicorn
+
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        access_log=False,
+        timeout_graceful_shutdown=grace_s,
+        log_config=None,
+    )

@@ -1,0 +1,67 @@
+"""Prometheus helpers with the naming rules of DESIGN.md section 9.
+
+Names: `shellrl_` prefix, base units (`_seconds`, `_bytes`), counters end in `_total`, low-cardinality
+labels only (never an id). Each service defines its metrics in its own `metrics.py` with these
+helpers so that a name is checked once, here.
+"""
+
+from __future__ import annotations
+
+import re
+
+from fastapi import Response
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    Info,
+    generate_latest,
+)
+from prometheus_client import REGISTRY as DEFAULT_REGISTRY
+
+_NAME = re.compile(r"^shellrl_[a-z][a-z0-9_]*$")
+_FORBIDDEN_LABELS = {"trajectory_id", "task_id", "group_id", "session_id", "request_id", "rid"}
+
+# Latency buckets in seconds, from 1 ms to 5 min.
+LATENCY_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+STALENESS_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 16, 32)
+
+
+def _check(name: str, labels: tuple[str, ...]) -> None:
+    if not _NAME.match(name):
+        raise ValueError(f"metric name {name!r} must match {_NAME.pattern}")
+    bad = _FORBIDDEN_LABELS.intersection(labels)
+    if bad:
+        raise ValueError(f"metric {name}: ids are not labels ({sorted(bad)})")
+
+
+def counter(name: str, doc: str, labels: tuple[str, ...] = (), registry=DEFAULT_REGISTRY) -> Counter:
+    """A counter; `name` ends in `_total` (prometheus-client strips and re-adds it)."""
+    _check(name, labels)
+    if not name.endswith("_total"):
+        raise ValueError(f"counter {name!r} must end in _total")
+    return Counter(name, doc, labels, registry=registry)
+
+
+def gauge(name: str, doc: str, labels: tuple[str, ...] = (), registry=DEFAULT_REGISTRY) -> Gauge:
+    _check(name, labels)
+    return Gauge(name, doc, labels, registry=registry)
+
+
+def histogram(
+    name: str, doc: str, labels: tuple[str, ...] = (), buckets=LATENCY_BUCKETS_S, registry=DEFAULT_REGISTRY
+) -> Histogram:
+    _check(name, labels)
+    return Histogram(name, doc, labels, buckets=buckets, registry=registry)
+
+
+def info(name: str, doc: str, registry=DEFAULT_REGISTRY) -> Info:
+    _check(name, ())
+    return Info(name, doc, registry=registry)
+
+
+def metrics_response(registry: CollectorRegistry = DEFAULT_REGISTRY) -> Response:
+    """The `/metrics` response in Prometheus text format."""
+    return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

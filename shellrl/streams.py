@@ -1,0 +1,403 @@
+"""Every Redis-stream rule of shellrl: names, produce, consume, acknowledge, re-claim, dead letters.
+
+Delivery is at-least-once (DESIGN.md section 3). Guarantees of this module:
+* `StreamProducer.add(..., idempotency_key=k)` appends at most one entry per key (Lua, atomic).
+* `StreamConsumer.forward(entry, producer, ...)` appends the result downstream and acknowledges the
+  input in one atomic Lua script, so a crash can never leave "produced but not acknowledged" (and
+  a re-delivery finds the idempotency key and only acknowledges).
+* Entries of crashed consumers are re-claimed with XAUTOCLAIM after `claim_min_idle_ms`; an entry
+  delivered more than `max_deliveries` times goes to `shellrl:dead` with the reason and is acked.
+* Trimming (`trim_acknowledged`) never removes an entry some group has not acknowledged.
+* Blocking reads use `block_ms` well below the client's socket timeout (redis-py otherwise
+  re-sends the blocking command and stalls; see ../shared/reference/ecosystem.md section 1.1).
+
+Entries carry one field `pb` (serialized protobuf) plus small routing fields (`task_id`,
+`group_id`, `version`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from shellrl import metrics
+
+log = logging.getLogger(__name__)
+
+STREAM_TASKS = "shellrl:tasks"
+STREAM_EPISODES = "shellrl:episodes"
+STREAM_TRAJECTORIES = "shellrl:trajectories"
+STREAM_DEAD = "shellrl:dead"
+POLICY_VERSION_KEY = "shellrl:policy:version"
+POLICY_UPDATES_CHANNEL = "shellrl:policy:updates"
+GROUP_ROLLOUT, GROUP_VERIFIER, GROUP_LEARNER = "rollout", "verifier", "learner"
+
+SOCKET_TIMEOUT_S = 30.0
+MAX_BLOCK_MS = 5_000  # keep blocking reads far below SOCKET_TIMEOUT_S
+
+
+def task_key(task_id: str) -> str:
+    return f"shellrl:task:{task_id}"
+
+
+def idempotency_key(stream: str, key: str) -> str:
+    return f"shellrl:idem:{stream}:{key}"
+
+
+STREAM_LENGTH = metrics.gauge("shellrl_stream_length", "Entries in a stream (XLEN).", ("stream",))
+STREAM_PENDING = metrics.gauge(
+    "shellrl_stream_pending", "Entries delivered to a group but not acknowledged.", ("stream", "group")
+)
+STREAM_LAG = metrics.gauge("shellrl_stream_lag", "Entries not yet delivered to a group.", ("stream", "group"))
+RECLAIMED = metrics.counter(
+    "shellrl_stream_reclaimed_total", "Entries re-claimed from idle consumers.", ("stream", "group")
+)
+DEAD_LETTERS = metrics.counter(
+    "shellrl_stream_dead_letters_total", "Entries moved to shellrl:dead.", ("stream", "group")
+)
+DUPLICATES = metrics.counter(
+    "shellrl_stream_duplicates_total", "Adds skipped because their idempotency key existed.", ("stream",)
+)
+
+
+def connect(url: str, **kwargs) -> aioredis.Redis:
+    """An asyncio Redis client for binary payloads, with a socket timeout above every block_ms."""
+    kwargs.setdefault("socket_timeout", SOCKET_TIMEOUT_S)
+    kwargs.setdefault("health_check_interval", 15)
+    return aioredis.Redis.from_url(url, decode_responses=False, **kwargs)
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _next_id(entry_id: str) -> str:
+    ms, seq = entry_id.split("-")
+    return f"{ms}-{int(seq) + 1}"
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
+
+
+@dataclass(frozen=True)
+class StreamEntry:
+    """One delivered entry. `deliveries`: how often the group delivered it (1 = first time)."""
+
+    stream: str
+    entry_id: str
+    fields: dict[str, bytes] = field(repr=False)
+    deliveries: int = 1
+
+    @property
+    def pb(self) -> bytes:
+        return self.fields.get("pb", b"")
+
+    def text(self, name: str, default: str = "") -> str:
+        value = self.fields.get(name)
+        return default if value is None else _s(value)
+
+
+# KEYS[1] stream, KEYS[2] idempotency key ("" = none), KEYS[3] stream to ack ("" = none)
+# ARGV[1] idempotency ttl s, ARGV[2] ack group, ARGV[3] ack id, ARGV[4..] field/value pairs
+_ADD_SCRIPT = """
+local existing = false
+if KEYS[2] ~= '' then existing = redis.call('GET', KEYS[2]) end
+local id
+if existing then
+  id = existing
+else
+  local args = {}
+  for i = 4, #ARGV do args[#args + 1] = ARGV[i] end
+  id = redis.call('XADD', KEYS[1], '*', unpack(args))
+  if KEYS[2] ~= '' then redis.call('SET', KEYS[2], id, 'EX', tonumber(ARGV[1])) end
+end
+if KEYS[3] ~= '' then redis.call('XACK', KEYS[3], ARGV[2], ARGV[3]) end
+if existing then return {id, 1} end
+return {id, 0}
+"""
+
+
+class StreamProducer:
+    """Appends entries to one stream.
+
+    idempotency_ttl_s: how long an idempotency key is remembered (seconds).
+    """
+
+    def __init__(self, redis: aioredis.Redis, stream: str, *, idempotency_ttl_s: int = 7 * 24 * 3600) -> None:
+        self.redis, self.stream, self.idempotency_ttl_s = redis, stream, idempotency_ttl_s
+        self._script = redis.register_script(_ADD_SCRIPT)
+
+    async def add(self, pb: bytes, *, idempotency_key: str | None = None, **fields: str | int | bytes) -> tuple[str, bool]:
+        """XADD `pb` with routing `fields`. Returns (entry_id, duplicate).
+
+        With `idempotency_key`, a second add of the same key returns the first entry's id and
+        `duplicate=True` without appending.
+        """
+        return await self._add(pb, idempotency_key, fields, ack_stream="", ack_group="", ack_id="")
+
+    async def _add(self, pb, key, fields, *, ack_stream, ack_group, ack_id) -> tuple[str, bool]:
+        flat: list = ["pb", pb]
+        for name, value in fields.items():
+            flat += [name, value if isinstance(value, bytes) else str(value)]
+        ikey = idempotency_key(self.stream, key) if key else ""
+        entry_id, dup = await self._script(
+            keys=[self.stream, ikey, ack_stream], args=[self.idempotency_ttl_s, ack_group, ack_id, *flat]
+        )
+        if dup:
+            DUPLICATES.labels(self.stream).inc()
+        return _s(entry_id), bool(dup)
+
+    async def backlog(self, group: str) -> int:
+        """Entries of `stream` that `group` has not acknowledged: pending + not yet delivered."""
+        for info in await self._groups():
+            if info["name"] == group:
+                lag = info.get("lag")
+                if lag is None:  # Redis cannot tell after deletions: count from the stream
+                    lag = await self._undelivered(info["last-delivered-id"])
+                return int(info["pending"]) + int(lag)
+        return int(await self.redis.xlen(self.stream))  # group not created yet: everything is backlog
+
+    async def wait_for_backlog_below(self, group: str, bound: int, *, poll_s: float = 0.2, timeout_s: float | None = None) -> float:
+        """Backpressure: wait while `group`'s backlog is at or above `bound`. Returns seconds waited.
+
+        Raises TimeoutError after `timeout_s` (None = wait forever).
+        """
+        start = time.monotonic()
+        while await self.backlog(group) >= bound:
+            if timeout_s is not None and time.monotonic() - start > timeout_s:
+                raise TimeoutError(f"{self.stream}: backlog of group {group} stayed >= {bound} for {timeout_s}s")
+            await asyncio.sleep(poll_s)
+        return time.monotonic() - start
+
+    async def trim_acknowledged(self, maxlen: int) -> int:
+        """If XLEN > maxlen, drop entries that every group has delivered and acknowledged.
+
+        Never removes an entry that is pending or undelivered in any group; a stream without
+        groups is never trimmed. Returns the number of entries removed.
+        """
+        length = int(await self.redis.xlen(self.stream))
+        if length <= maxlen:
+            return 0
+        groups = await self._groups()
+        if not groups:
+            return 0
+        bounds = []
+        for info in groups:
+            bound = _next_id(_s(info["last-delivered-id"]))
+            summary = await self.redis.xpending(self.stream, info["name"])
+            if summary["pending"]:
+                bound = min(bound, _s(summary["min"]), key=_id_key)
+            bounds.append(bound)
+        threshold = min(bounds, key=_id_key)
+        return int(await self.redis.xtrim(self.stream, minid=threshold, approximate=True))
+
+    async def _groups(self) -> list[dict]:
+        try:
+            raw = await self.redis.xinfo_groups(self.stream)
+        except ResponseError:  # no such key
+            return []
+        out = []
+        for info in raw:
+            info = {_s(k): v for k, v in info.items()}
+            info["name"] = _s(info["name"])
+            out.append(info)
+        return out
+
+    async def _undelivered(self, last_delivered) -> int:
+        entries = await self.redis.xrange(self.stream, min=f"({_s(last_delivered)}", max="+")
+        return len(entries)
+
+
+class StreamConsumer:
+    """Reads one stream as consumer `consumer` of group `group`.
+
+    Order of `read()`: this consumer's own pending entries once at start (recovery after a
+    restart with the same name), entries of idle consumers (XAUTOCLAIM, at most every
+    `claim_interval_s`), then new entries (blocking up to `block_ms`).
+
+    block_ms: blocking read time, ms (< MAX_BLOCK_MS). claim_min_idle_ms: an entry unacknowledged
+    this long is re-claimed from its consumer. max_deliveries: deliveries after which an entry
+    that fails (or whose consumers keep crashing) goes to `shellrl:dead`.
+    """
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        stream: str,
+        group: str,
+        consumer: str,
+        *,
+        block_ms: int = 1000,
+        count: int = 16,
+        claim_min_idle_ms: int = 60_000,
+        claim_interval_s: float = 5.0,
+        max_deliveries: int = 5,
+        dead_stream: str = STREAM_DEAD,
+    ) -> None:
+        if not 0 < block_ms < MAX_BLOCK_MS:
+            raise ValueError(f"block_ms must be in (0, {MAX_BLOCK_MS}); got {block_ms}")
+        self.redis, self.stream, self.group, self.consumer = redis, stream, group, consumer
+        self.block_ms, self.count = block_ms, count
+        self.claim_min_idle_ms, self.claim_interval_s = claim_min_idle_ms, claim_interval_s
+        self.max_deliveries, self.dead_stream = max_deliveries, dead_stream
+        self._recovered = False
+        self._last_claim = 0.0
+        self._errors: dict[str, str] = {}
+        self._forward = redis.register_script(_ADD_SCRIPT)
+
+    async def ensure_group(self, start_id: str = "0") -> None:
+        """Create the group (and the stream) if missing; `start_id="0"` delivers existing entries."""
+        try:
+            await self.redis.xgroup_create(self.stream, self.group, id=start_id, mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def read(self, count: int | None = None, block_ms: int | None = None) -> list[StreamEntry]:
+        """Next entries to handle (possibly empty after `block_ms`). Poison entries are dead-lettered here."""
+        count = count or self.count
+        if not self._recovered:
+            self._recovered = True
+            own = await self._read_own_pending(count=10_000)
+            if own:
+                return await self._filter_poison(own)
+        if time.monotonic() - self._last_claim >= self.claim_interval_s:
+            self._last_claim = time.monotonic()
+            claimed = await self.claim_idle(count)
+            if claimed:
+                return claimed
+        resp = await self.redis.xreadgroup(
+            self.group, self.consumer, {self.stream: ">"}, count=count,
+            block=self.block_ms if block_ms is None else block_ms,
+        )
+        return [StreamEntry(self.stream, _s(eid), _fields(f), 1) for _, entries in resp or [] for eid, f in entries]
+
+    async def _read_own_pending(self, count: int) -> list[StreamEntry]:
+        resp = await self.redis.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=count)
+        entries = [(_s(eid), f) for _, es in resp or [] for eid, f in es]
+        deleted = [eid for eid, f in entries if not f]
+        if deleted:  # trimmed while pending (cannot happen through trim_acknowledged): drop refs
+            await self.redis.xack(self.stream, self.group, *deleted)
+        live = [(eid, f) for eid, f in entries if f]
+        counts = await self._delivery_counts([eid for eid, _ in live])
+        return [StreamEntry(self.stream, eid, _fields(f), counts.get(eid, 1)) for eid, f in live]
+
+    async def claim_idle(self, count: int | None = None) -> list[StreamEntry]:
+        """XAUTOCLAIM entries idle longer than `claim_min_idle_ms`, following the cursor to the end."""
+        out: list[StreamEntry] = []
+        cursor = "0-0"
+        want = count or self.count
+        while len(out) < want:
+            resp = await self.redis.xautoclaim(
+                self.stream, self.group, self.consumer, self.claim_min_idle_ms, start_id=cursor, count=want - len(out)
+            )
+            cursor, claimed = _s(resp[0]), resp[1]
+            live = [(_s(eid), f) for eid, f in claimed if f]
+            if live:
+                counts = await self._delivery_counts([eid for eid, _ in live])
+                out += [StreamEntry(self.stream, eid, _fields(f), counts.get(eid, 2)) for eid, f in live]
+            if cursor == "0-0":
+                break
+        if out:
+            RECLAIMED.labels(self.stream, self.group).inc(len(out))
+            log.warning("re-claimed idle entries", extra={"stream": self.stream, "group": self.group, "count": len(out)})
+        return await self._filter_poison(out)
+
+    async def _delivery_counts(self, ids: list[str]) -> dict[str, int]:
+        counts = {}
+        for eid in ids:
+            rows = await self.redis.xpending_range(self.stream, self.group, min=eid, max=eid, count=1)
+            if rows:
+                counts[eid] = int(rows[0]["times_delivered"])
+        return counts
+
+    async def _filter_poison(self, entries: list[StreamEntry]) -> list[StreamEntry]:
+        keep = []
+        for e in entries:
+            if e.deliveries > self.max_deliveries:
+                reason = self._errors.pop(e.entry_id, None) or await self._stored_error(e.entry_id)
+                await self.dead_letter(e, f"delivered {e.deliveries} times without acknowledgement; last error: "
+                                          f"{reason or 'consumer crashed or timed out'}")
+            else:
+                keep.append(e)
+        return keep
+
+    async def _stored_error(self, entry_id: str) -> str | None:
+        raw = await self.redis.hget(self._error_key, entry_id)
+        return _s(raw) if raw is not None else None
+
+    @property
+    def _error_key(self) -> str:
+        return f"shellrl:errors:{self.stream}:{self.group}"
+
+    async def ack(self, *entry_ids: str) -> int:
+        if not entry_ids:
+            return 0
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xack(self.stream, self.group, *entry_ids)
+            pipe.hdel(self._error_key, *entry_ids)
+            acked, _ = await pipe.execute()
+        return int(acked)
+
+    async def fail(self, entry: StreamEntry, reason: str) -> None:
+        """Handling `entry` failed: leave it pending for a retry (re-claimed after
+        `claim_min_idle_ms`), or dead-letter it when it has had `max_deliveries` deliveries."""
+        if entry.deliveries >= self.max_deliveries:
+            await self.dead_letter(entry, f"failed {entry.deliveries} times; last error: {reason}")
+            return
+        self._errors[entry.entry_id] = reason
+        await self.redis.hset(self._error_key, entry.entry_id, reason[:2000])
+        log.warning("entry failed; will retry", extra={"stream": self.stream, "entry_id": entry.entry_id,
+                                                      "deliveries": entry.deliveries, "reason": reason[:500]})
+
+    async def dead_letter(self, entry: StreamEntry, reason: str) -> None:
+        """Move `entry` to the dead-letter stream with `reason`, and acknowledge it (atomically)."""
+        fields = {"source_stream": self.stream, "group": self.group, "entry_id": entry.entry_id,
+                  "reason": reason[:4000], "deliveries": str(entry.deliveries), **entry.fields}
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(self.dead_stream, fields)
+            pipe.xack(self.stream, self.group, entry.entry_id)
+            pipe.hdel(self._error_key, entry.entry_id)
+            await pipe.execute()
+        DEAD_LETTERS.labels(self.stream, self.group).inc()
+        log.error("dead-lettered entry", extra={"stream": self.stream, "group": self.group,
+                                                 "entry_id": entry.entry_id, "reason": reason[:500]})
+
+    async def forward(
+        self, entry: StreamEntry, to: StreamProducer, pb: bytes, *, idempotency_key: str, **fields
+    ) -> tuple[str, bool]:
+        """Append `pb` to `to.stream` and acknowledge `entry`, atomically (one Lua script).
+
+        Returns (downstream entry_id, duplicate). A re-delivered entry whose result was already
+        appended under `idempotency_key` is only acknowledged.
+        """
+        result = await to._add(pb, idempotency_key, fields, ack_stream=self.stream, ack_group=self.group,
+                               ack_id=entry.entry_id)
+        await self.redis.hdel(self._error_key, entry.entry_id)
+        return result
+
+    async def stats(self) -> dict[str, int]:
+        """{"length", "pending", "lag"} of this stream/group; also sets the stream gauges."""
+        length = int(await self.redis.xlen(self.stream))
+        pending = lag = 0
+        producer = StreamProducer(self.redis, self.stream)
+        for info in await producer._groups():
+            if info["name"] == self.group:
+                pending = int(info["pending"])
+                lag = info.get("lag")
+                lag = int(lag) if lag is not None else await producer._undelivered(info["last-delivered-id"])
+        STREAM_LENGTH.labels(self.stream).set(length)
+        STREAM_PENDING.labels(self.stream, self.group).set(pending)
+        STREAM_LAG.labels(self.stream, self.group).set(lag)
+        return {"length": length, "pending": pending, "lag": lag}
+
+
+def _fields(raw: dict) -> dict[str, bytes]:
+    return {_s(k): v for k, v in raw.items()}

@@ -1,0 +1,83 @@
+"""Start shellrl services as real subprocesses (`python -m services.<name>`) and stop them by pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class ServiceProcess:
+    def __init__(self, name: str, port: int, env: dict[str, str], log_dir: Path, args: list[str] | None = None) -> None:
+        self.name, self.port, self.log_path = name, port, Path(log_dir) / f"{name}-{port}.log"
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "SHELLRL_PORT": str(port), **env}
+        self.args = args or []
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, ready_timeout_s: float = 60.0) -> "ServiceProcess":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}", *self.args], cwd=REPO,
+                                     env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.wait_ready(ready_timeout_s)
+        return self
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not ready after {timeout_s}s:\n{self.tail()}")
+
+    def tail(self, n: int = 4000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def signal(self, sig: int) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+
+    def stop(self, timeout_s: float = 15.0) -> int | None:
+        """SIGTERM, wait, then SIGKILL of the process group we started."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of our own group only
+        except ProcessLookupError:
+            pass
+        self._log.close()
+        code, self.proc = self.proc.returncode, None
+        return code
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash."""
+        if self.proc and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
