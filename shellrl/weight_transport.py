@@ -1,0 +1,308 @@
+"""Weight transport between the learner (sender) and engines (receivers): SGLang's flattened bucket.
+
+Layout (as `sglang/srt/weight_sync/tensor_bucket.py:FlattenedTensorBucket`): named tensors are
+concatenated in order into one 1-D uint8 buffer, each as `tensor.flatten().view(uint8)`; each
+entry's metadata holds `name`, `dtype`, `shape`, and `start_idx`/`end_idx`/`numel` in **bytes**
+(`end_idx = start_idx + numel`). We pad each start to `ALIGN_BYTES` so every entry can be viewed
+in place as its dtype; receivers only ever follow the offsets, so SGLang's reader accepts it.
+
+Transports of the buffer (the `serialized_named_tensors` entries of `/update_weights_from_tensor`):
+* shared memory (CPU, same host): the learner creates a named POSIX segment, flattens into it and
+  sends JSON `{"transport": "shm", "segment", "nbytes", "metadata"}`; the engine maps it, copies,
+  unmaps; the learner unlinks it after the HTTP call returned (`SharedMemoryBucket`).
+* CUDA IPC (GPU, same host): the buffer lives on the engine's GPU; the JSON carries the CUDA IPC
+  memory handle (from torch.multiprocessing's reductions) and the GPU's UUID, so it opens under any
+  `CUDA_VISIBLE_DEVICES` numbering (`serialize_cuda_bucket` / `open_cuda_bucket`).
+* disk: a safetensors directory (`save_safetensors_dir` / `load_safetensors_dir`).
+SGLang pickles these payloads (`MultiprocessingSerializer`); shellrl's engine never unpickles an
+HTTP body, so every payload here is plain JSON plus a segment name or handle bytes (docs/sglang.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import mmap
+import os
+import secrets
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from functools import cache
+from multiprocessing import shared_memory
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+ALIGN_BYTES = 64
+LOAD_FORMAT = "flattened_bucket"
+DTYPE_NAMES = ("float32", "float16", "bfloat16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
+
+
+@cache
+def _torch():
+    import torch  # imported on first use: shellrl's shared library keeps torch out of import time
+
+    return torch
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    """Where one tensor lives in a flattened bucket. Offsets and `numel` are bytes (SGLang's meaning)."""
+
+    name: str
+    dtype: str  # torch dtype name without "torch.", e.g. "float32", "bfloat16"
+    shape: tuple[int, ...]
+    start_idx: int
+    end_idx: int
+    numel: int
+
+    @staticmethod
+    def from_json(entry: dict) -> "TensorMeta":
+        """Validated metadata from untrusted JSON; raises ValueError naming the problem."""
+        try:
+            meta = TensorMeta(str(entry["name"]), str(entry["dtype"]), tuple(int(s) for s in entry["shape"]),
+                              int(entry["start_idx"]), int(entry["end_idx"]), int(entry["numel"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"bad tensor metadata {entry!r}: {exc}") from exc
+        expected = dtype_from_name(meta.dtype).itemsize
+        for s in meta.shape:
+            expected *= s
+        if min(meta.shape, default=0) < 0 or meta.start_idx < 0 or meta.end_idx - meta.start_idx != meta.numel \
+                or meta.numel != expected:
+            raise ValueError(f"{meta.name}: byte range [{meta.start_idx}, {meta.end_idx}) does not hold "
+                             f"{meta.dtype}{list(meta.shape)}")
+        return meta
+
+
+def dtype_from_name(name: str) -> "torch.dtype":
+    """torch dtype for a name like "bfloat16"; ValueError for anything outside DTYPE_NAMES."""
+    if name not in DTYPE_NAMES:
+        raise ValueError(f"unsupported dtype {name!r}")
+    return getattr(_torch(), name)
+
+
+def plan_bucket(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[TensorMeta], int]:
+    """Metadata and total buffer size in bytes for these tensors, in order, each start aligned."""
+    metadata, offset = [], 0
+    for name, tensor in named_tensors:
+        offset = -(-offset // ALIGN_BYTES) * ALIGN_BYTES
+        nbytes = tensor.numel() * tensor.element_size()
+        metadata.append(TensorMeta(name, str(tensor.dtype).removeprefix("torch."), tuple(tensor.shape),
+                                   offset, offset + nbytes, nbytes))
+        offset += nbytes
+    return metadata, offset
+
+
+def flatten_into(named_tensors: list[tuple[str, torch.Tensor]], buffer: torch.Tensor) -> list[TensorMeta]:
+    """Copy the tensors into `buffer` (1-D uint8 of at least `plan_bucket(...)[1]` bytes, any device)."""
+    torch = _torch()
+    metadata, nbytes = plan_bucket(named_tensors)
+    if buffer.dtype != torch.uint8 or buffer.dim() != 1 or buffer.numel() < nbytes:
+        raise ValueError(f"buffer must be 1-D uint8 of >= {nbytes} bytes")
+    for meta, (_, tensor) in zip(metadata, named_tensors):
+        buffer[meta.start_idx:meta.end_idx].copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
+    return metadata
+
+
+def flatten_tensors(named_tensors: Iterable[tuple[str, torch.Tensor]], device=None) -> tuple[torch.Tensor, list[TensorMeta]]:
+    """A new flattened bucket: (buffer [nbytes] uint8 on `device` (default: the first tensor's), metadata)."""
+    torch = _torch()
+    named_tensors = list(named_tensors)
+    if not named_tensors:
+        raise ValueError("cannot flatten an empty list of tensors")
+    _, nbytes = plan_bucket(named_tensors)
+    buffer = torch.empty(nbytes, dtype=torch.uint8, device=device or named_tensors[0][1].device)
+    return buffer, flatten_into(named_tensors, buffer)
+
+
+def unflatten_tensors(buffer: torch.Tensor, metadata: Iterable[TensorMeta]) -> list[tuple[str, torch.Tensor]]:
+    """Views `(name, tensor)` into `buffer` (no copy where aligned; unaligned entries are copied).
+
+    Raises ValueError when an entry lies outside the buffer.
+    """
+    out = []
+    for meta in metadata:
+        if meta.end_idx > buffer.numel():
+            raise ValueError(f"{meta.name}: bytes [{meta.start_idx}, {meta.end_idx}) exceed the "
+                             f"{buffer.numel()}-byte buffer")
+        raw = buffer[meta.start_idx:meta.end_idx]
+        dtype = dtype_from_name(meta.dtype)
+        if meta.start_idx % dtype.itemsize:
+            raw = raw.clone()
+        out.append((meta.name, raw.view(dtype).reshape(meta.shape)))
+    return out
+
+
+def _metadata_json(metadata: Iterable[TensorMeta]) -> list[dict]:
+    return [asdict(m) | {"shape": list(m.shape)} for m in metadata]
+
+
+# ----- shared memory (CPU, same host) ------------------------------------------------------------------
+
+
+class SharedMemoryBucket:
+    """Learner side: a flattened bucket in a named POSIX shared-memory segment.
+
+    Use as a context manager: the segment is unlinked on exit (after the engines have copied it;
+    SGLang's update call returns after the copy). `payload()` is the JSON string for
+    `serialized_named_tensors`.
+    """
+
+    def __init__(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, prefix: str = "shellrl_w") -> None:
+        named_tensors = list(named_tensors)
+        if not named_tensors:
+            raise ValueError("cannot share an empty list of tensors")
+        _, nbytes = plan_bucket(named_tensors)
+        self.name = f"{prefix}_{os.getpid()}_{secrets.token_hex(6)}"
+        self._shm = shared_memory.SharedMemory(name=self.name, create=True, size=max(nbytes, 1))
+        self.nbytes = nbytes
+        torch = _torch()
+        buffer = torch.frombuffer(self._shm.buf, dtype=torch.uint8, count=nbytes)
+        self.metadata = flatten_into(named_tensors, buffer)
+        del buffer  # no exported view may outlive the segment
+
+    def payload(self) -> str:
+        return json.dumps({"transport": "shm", "segment": self.name, "nbytes": self.nbytes,
+                           "metadata": _metadata_json(self.metadata)})
+
+    def close(self) -> None:
+        """Unmap and unlink the segment (idempotent)."""
+        if self._shm is None:
+            return
+        self._shm.close()
+        try:
+            self._shm.unlink()
+        except FileNotFoundError:
+            pass
+        self._shm = None
+
+    def __enter__(self) -> "SharedMemoryBucket":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@contextmanager
+def open_shared_memory_bucket(payload: dict) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Engine side: map the segment named in a parsed shm payload and yield tensor views into it.
+
+    The views are valid only inside the `with` block: copy what you keep. Raises ValueError for a
+    bad payload, FileNotFoundError when the segment does not exist.
+    """
+    segment = str(payload.get("segment", ""))
+    if not segment or "/" in segment or len(segment) > 200:
+        raise ValueError(f"bad shared-memory segment name {segment!r}")
+    metadata = [TensorMeta.from_json(m) for m in payload.get("metadata") or []]
+    # Mapped straight from /dev/shm (where Linux keeps POSIX segments) rather than through
+    # SharedMemory, whose resource tracker would unlink the learner's segment when we exit.
+    fd = os.open(Path("/dev/shm") / segment, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        mapping = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else None
+    finally:
+        os.close(fd)
+    torch = _torch()
+    try:
+        buffer = torch.frombuffer(mapping, dtype=torch.uint8) if mapping else torch.empty(0, dtype=torch.uint8)
+        yield unflatten_tensors(buffer, metadata)
+    finally:
+        buffer = None
+        if mapping is not None:
+            mapping.close()
+
+
+# ----- CUDA IPC (GPU, same host) ----------------------------------------------------------------------
+
+
+def _b64(value: bytes | None) -> str | None:
+    return None if value is None else base64.b64encode(value).decode()
+
+
+def serialize_cuda_bucket(buffer: torch.Tensor, metadata: list[TensorMeta]) -> str:
+    """JSON payload with the CUDA IPC handle of `buffer` (1-D uint8 on a CUDA device).
+
+    The producer must keep `buffer` alive until every receiver has finished copying (the update
+    call returned), then may call `torch.cuda.ipc_collect()`. Uses torch.multiprocessing's
+    `reduce_tensor`; the device is named by UUID (as sglang's `monkey_patch_torch_reductions`).
+    """
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+
+    torch = _torch()
+    if not buffer.is_cuda or buffer.dtype != torch.uint8 or buffer.dim() != 1:
+        raise ValueError("buffer must be a 1-D uint8 CUDA tensor")
+    rebuild, args = reduce_tensor(buffer)
+    if rebuild is not rebuild_cuda_tensor:
+        raise RuntimeError(f"unexpected reduction {rebuild!r}")
+    (_, size, _, tensor_offset, _, _, device_index, handle, storage_size_bytes, storage_offset_bytes, _,
+     ref_counter_handle, ref_counter_offset, event_handle, event_sync_required) = args
+    handle_json = {
+        "device_uuid": str(torch.cuda.get_device_properties(device_index).uuid),
+        "numel": int(size[0]), "tensor_offset": int(tensor_offset),
+        "handle": _b64(handle), "storage_size_bytes": int(storage_size_bytes),
+        "storage_offset_bytes": int(storage_offset_bytes), "ref_counter_handle": _b64(ref_counter_handle),
+        "ref_counter_offset": int(ref_counter_offset), "event_handle": _b64(event_handle),
+        "event_sync_required": bool(event_sync_required),
+    }
+    return json.dumps({"transport": "cuda_ipc", "nbytes": int(size[0]), "handle": handle_json,
+                       "metadata": _metadata_json(metadata)})
+
+
+def open_cuda_bucket(payload: dict) -> tuple[torch.Tensor, list[TensorMeta]]:
+    """Receiver side: the producer's buffer (no copy) on the local device with the same GPU UUID.
+
+    Raises ValueError for a bad payload or when no visible device has that UUID.
+    """
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    torch = _torch()
+    h = payload.get("handle") or {}
+    metadata = [TensorMeta.from_json(m) for m in payload.get("metadata") or []]
+    uuids = {str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())}
+    if h.get("device_uuid") not in uuids:
+        raise ValueError(f"GPU {h.get('device_uuid')!r} is not visible here (visible: {sorted(uuids)})")
+    try:
+        buffer = rebuild_cuda_tensor(
+            torch.Tensor, (int(h["numel"]),), (1,), int(h["tensor_offset"]), torch.UntypedStorage, torch.uint8,
+            uuids[h["device_uuid"]], base64.b64decode(h["handle"]), int(h["storage_size_bytes"]),
+            int(h["storage_offset_bytes"]), False, base64.b64decode(h["ref_counter_handle"]),
+            int(h["ref_counter_offset"]), base64.b64decode(h["event_handle"]) if h.get("event_handle") else None,
+            bool(h["event_sync_required"]))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"bad CUDA IPC handle: {exc}") from exc
+    return buffer, metadata
+
+
+# ----- disk (safetensors) -------------------------------------------------------------------------------
+
+
+def save_safetensors_dir(named_tensors: Iterable[tuple[str, torch.Tensor]], directory: str | Path,
+                         filename: str = "model.safetensors") -> Path:
+    """Write the tensors as one safetensors file in `directory` (created); returns the file path.
+    Written to a temporary name and renamed, so a reader never sees half a file."""
+    from safetensors.torch import save_file
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / filename
+    tmp = directory / f".{filename}.tmp-{os.getpid()}"
+    save_file({n: t.detach().contiguous().cpu() for n, t in named_tensors}, str(tmp), metadata={"format": "pt"})
+    os.replace(tmp, target)
+    return target
+
+
+def load_safetensors_dir(directory: str | Path) -> list[tuple[str, torch.Tensor]]:
+    """Every tensor of every `*.safetensors` file in `directory`, on CPU.
+    Raises FileNotFoundError when there is none."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(directory).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {directory}")
+    out: list = []
+    for path in files:
+        out.extend(load_file(str(path)).items())
+    return out
