@@ -113,7 +113,7 @@ class Segment(_message.Message):
     def __init__(self, kind: _Optional[_Union[SegmentKind, str]] = ..., policy_version: _Optional[int] = ..., token_ids: _Optional[bytes] = ..., logprobs: _Optional[bytes] = ..., loss_mask: _Optional[bytes] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., request_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., tool_event: _Optional[_Union[ToolEvent, _Mapping]] = ..., turn: _Optional[int] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("trajectory_id", "task_id", "group_id", "attempt", "env_version", "harness_version", "verifier_version", "prompt_ids", "segments", "reward", "reward_components", "terminated", "truncated", "failure", "failure_detail", "sandbox_session_id", "answer", "end", "scored", "eval", "evaluation_id", "created_at", "finished_at", "scored_at", "group_size", "split", "source", "safety_events", "num_turns", "task", "admitted_at")
+    __slots__ = ("trajectory_id", "task_id", "group_id", "attempt", "env_version", "harness_version", "verifier_version", "prompt_ids", "segments", "reward", "reward_components", "terminated", "truncated", "failure", "failure_detail", "sandbox_session_id", "answer", "end", "scored", "eval", "evaluation_id", "created_at", "finished_at", "scored_at", "group_size", "split", "source", "safety_events", "num_turns", "task", "admitted_at", "training_reward")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,7 @@ class Trajectory(_message.Message):
     NUM_TURNS_FIELD_NUMBER: _ClassVar[int]
     TASK_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    TRAINING_REWARD_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     task_id: str
     group_id: str
@@ -183,4 +184,5 @@ class Trajectory(_message.Message):
     num_turns: int
     task: _task_pb2.Task
     admitted_at: float
-    def __init__(self, trajectory_id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., attempt: _Optional[int] = ..., env_version: _Optional[str] = ..., harness_version: _Optional[str] = ..., verifier_version: _Optional[str] = ..., prompt_ids: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., failure: _Optional[_Union[Failure, str]] = ..., failure_detail: _Optional[str] = ..., sandbox_session_id: _Optional[str] = ..., answer: _Optional[str] = ..., end: _Optional[_Union[EpisodeEnd, str]] = ..., scored: _Optional[bool] = ..., eval: _Optional[bool] = ..., evaluation_id: _Optional[str] = ..., created_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., scored_at: _Optional[float] = ..., group_size: _Optional[int] = ..., split: _Optional[str] = ..., source: _Optional[str] = ..., safety_events: _Optional[_Iterable[str]] = ..., num_turns: _Optional[int] = ..., task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ..., admitted_at: _Optional[float] = ...) -> None: ...
+    training_reward: float
+    def __init__(self, trajectory_id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., attempt: _Optional[int] = ..., env_version: _Optional[str] = ..., harness_version: _Optional[str] = ..., verifier_version: _Optional[str] = ..., prompt_ids: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., failure: _Optional[_Union[Failure, str]] = ..., failure_detail: _Optional[str] = ..., sandbox_session_id: _Optional[str] = ..., answer: _Optional[str] = ..., end: _Optional[_Union[EpisodeEnd, str]] = ..., scored: _Optional[bool] = ..., eval: _Optional[bool] = ..., evaluation_id: _Optional[str] = ..., created_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., scored_at: _Optional[float] = ..., group_size: _Optional[int] = ..., split: _Optional[str] = ..., source: _Optional[str] = ..., safety_events: _Optional[_Iterable[str]] = ..., num_turns: _Optional[int] = ..., task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ..., admitted_at: _Optional[float] = ..., training_reward: _Optional[float] = ...) -> None: ...
