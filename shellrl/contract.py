@@ -59,7 +59,8 @@ __all__ = [
     "encode_token_ids", "decode_token_ids", "encode_logprobs", "decode_logprobs",
     "encode_loss_mask", "decode_loss_mask", "action_segment", "observation_segment",
     "TrajectoryArrays", "trajectory_arrays", "min_policy_version", "parse_trajectory",
-    "task_from_json", "task_to_json", "check_to_json", "CHECK_TYPES", "split_name", "split_from_name",
+    "task_from_json", "task_to_json", "check_from_json", "check_to_json", "iter_tasks_jsonl", "CHECK_TYPES",
+    "split_name", "split_from_name",
 ]
 
 I32 = np.dtype("<i4")
@@ -85,8 +86,15 @@ class TaskValidationError(ValueError):
 # --- per-token arrays ---------------------------------------------------------------------
 
 def encode_token_ids(ids: Sequence[int] | np.ndarray) -> bytes:
-    """ids: [N] ints in int32 range -> 4N bytes little-endian."""
-    return np.asarray(ids, dtype=I32).tobytes()
+    """ids: [N] ints in int32 range -> 4N bytes little-endian. Raises ValueError out of range
+    (numpy would wrap an int64 array silently)."""
+    if isinstance(ids, np.ndarray) and ids.dtype != I32 and ids.size:
+        if ids.min() < np.iinfo(I32).min or ids.max() > np.iinfo(I32).max:
+            raise ValueError("token_ids: value outside the int32 range")
+    try:
+        return np.asarray(ids, dtype=I32).tobytes()
+    except OverflowError as exc:
+        raise ValueError(f"token_ids: {exc}") from None
 
 
 def decode_token_ids(raw: bytes) -> np.ndarray:
@@ -109,10 +117,12 @@ def decode_logprobs(raw: bytes) -> np.ndarray:
 
 
 def encode_loss_mask(mask: Sequence[int] | np.ndarray) -> bytes:
+    """mask: [N] of 0/1 -> N bytes uint8."""
     return np.asarray(mask, dtype=U8).tobytes()
 
 
 def decode_loss_mask(raw: bytes) -> np.ndarray:
+    """N bytes -> [N] uint8 (read-only view); values other than 0/1 are rejected by trajectory_arrays."""
     return np.frombuffer(raw, dtype=U8)
 
 
@@ -194,6 +204,10 @@ def trajectory_arrays(traj: Trajectory) -> TrajectoryArrays:
             raise ContractError(
                 f"segments[{i}]: {len(t)} token ids, {len(lp)} logprobs, {len(m)} mask entries"
             )
+        if len(m) and m.max() > 1:
+            raise ContractError(f"segments[{i}]: loss mask values must be 0 or 1")
+        if seg.kind not in (ACTION, OBSERVATION):
+            raise ContractError(f"segments[{i}]: kind must be ACTION or OBSERVATION")
         if seg.kind == ACTION and len(m) and not m.all():
             raise ContractError(f"segments[{i}]: ACTION segment with loss mask 0")
         if seg.kind == OBSERVATION and m.any():
@@ -268,11 +282,22 @@ def check_from_json(obj: Any, field: str = "check") -> Check:
     if kind not in CHECK_TYPES:
         raise TaskValidationError(f"{field}.type", f"unknown check type {kind!r}; one of {sorted(CHECK_TYPES)}")
     params = {k: v for k, v in obj.items() if k not in ("type", "timeout_s")}
-    try:
-        inner = json_format.ParseDict(params, CHECK_TYPES[kind](), ignore_unknown_fields=False)
-    except json_format.ParseError as exc:
-        raise TaskValidationError(field, f"{kind}: {exc}") from None
-    check = Check(timeout_s=float(obj.get("timeout_s", 0) or 0))
+    message_type = CHECK_TYPES[kind]
+    known = {f.name for f in message_type.DESCRIPTOR.fields}
+    for name, value in params.items():  # per field, so the error names the field
+        if name not in known:
+            raise TaskValidationError(f"{field}.{name}", f"unknown field for {kind}; fields: {sorted(known)}")
+        try:
+            json_format.ParseDict({name: value}, message_type(), ignore_unknown_fields=False)
+        except json_format.ParseError as exc:
+            raise TaskValidationError(f"{field}.{name}", f"{kind}: invalid value {value!r} ({exc})") from None
+    inner = json_format.ParseDict(params, message_type(), ignore_unknown_fields=False)
+    timeout_s = obj.get("timeout_s", 0)
+    if timeout_s is None:
+        timeout_s = 0
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 <= timeout_s <= 3600:
+        raise TaskValidationError(f"{field}.timeout_s", "must be a number of seconds in [0, 3600]")
+    check = Check(timeout_s=float(timeout_s))
     getattr(check, kind).CopyFrom(inner)
     _validate_check(check, kind, params, field)
     return check
@@ -364,9 +389,12 @@ def task_from_json(obj: Any, *, default_split: str = "train") -> Task:
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags) or len(tags) > LIMITS["tags"]:
         raise TaskValidationError("tags", f"must be a list of at most {LIMITS['tags']} strings")
     max_turns = obj.get("max_turns", 0) or 0
-    if not isinstance(max_turns, int) or not 0 <= max_turns <= LIMITS["max_turns"]:
+    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or not 0 <= max_turns <= LIMITS["max_turns"]:
         raise TaskValidationError("max_turns", f"must be an integer in [0, {LIMITS['max_turns']}]")
-    split = split_from_name(obj.get("split") or default_split)
+    split_value = obj.get("split") or default_split
+    if not isinstance(split_value, str):
+        raise TaskValidationError("split", f"must be one of {sorted(SPLIT_NAMES)}")
+    split = split_from_name(split_value)
     for name in ("source", "reference_solution", "template"):
         if not isinstance(obj.get(name, ""), str):
             raise TaskValidationError(name, "must be a string")
@@ -395,8 +423,10 @@ def iter_tasks_jsonl(lines: Iterable[str], *, default_split: str = "train") -> I
         if not line.strip():
             continue
         try:
-            yield task_from_json(json.loads(line), default_split=default_split)
-        except TaskValidationError as exc:
-            raise TaskValidationError(f"line {n}: {exc.field}", exc.message) from None
+            obj = json.loads(line)
         except ValueError as exc:
             raise TaskValidationError(f"line {n}", f"invalid JSON: {exc}") from None
+        try:
+            yield task_from_json(obj, default_split=default_split)
+        except TaskValidationError as exc:
+            raise TaskValidationError(f"line {n}: {exc.field}", exc.message) from None

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shellrl.metrics import metrics_response
 
@@ -36,26 +37,56 @@ def error_body(code: str, message: str, field: str | None = None) -> dict:
     return {"error": {"code": code, "message": message, "field": field}}
 
 
-def _loc_to_field(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path")]
-    return ".".join(parts) or None
+_LOCATIONS = ("body", "query", "path", "header", "cookie")
+_STATUS_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+                 405: "method_not_allowed", 409: "conflict", 413: "payload_too_large", 429: "too_many_requests",
+                 503: "unavailable"}
+
+
+def _loc_to_field(loc: tuple, error_type: str = "") -> str | None:
+    """("body", "check", "path") -> "check.path"; only the leading location is dropped (a body
+    field may itself be called `path` or `query`). ("body", 0) "json_invalid" -> None."""
+    if error_type == "json_invalid":
+        return None
+    parts = list(loc[1:] if loc and loc[0] in _LOCATIONS else loc)
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or None
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """Every error leaves as `{"error": {"code", "message", "field"}}`: ApiError, request
+    validation (422, naming the first bad field; all of them under `details`), Starlette's own
+    HTTP errors (404 unknown route, 405, ...) and unhandled exceptions (500, logged)."""
+
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         return JSONResponse(error_body(exc.code, exc.message, exc.field), status_code=exc.status)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        field = _loc_to_field(tuple(first.get("loc", ())))
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        field = _loc_to_field(tuple(first.get("loc", ())), first.get("type", ""))
         message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
         body = error_body("invalid_request", message, field)
         body["error"]["details"] = [
-            {"field": _loc_to_field(tuple(e.get("loc", ()))), "message": e.get("msg")} for e in exc.errors()[:20]
+            {"field": _loc_to_field(tuple(e.get("loc", ())), e.get("type", "")), "message": e.get("msg")}
+            for e in errors[:20]
         ]
         return JSONResponse(body, status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _STATUS_CODES.get(exc.status_code, "http_error")
+        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", extra={"path": request.url.path})
+        return JSONResponse(error_body("internal", f"{type(exc).__name__}: {exc}"[:1000]), status_code=500)
 
 
 def create_app(

@@ -1,17 +1,36 @@
 """Structured JSON logs on stdlib `logging`.
 
 `setup_logging("rollout")` installs one JSON formatter on the root logger. Ids travel as
-structured fields: `log.info("scored", extra={"trajectory_id": t, "policy_version": v})`.
+structured fields: `log.info("scored", extra={"trajectory_id": t, "policy_version": v})`, or for
+every line logged inside a block (a contextvar, so it follows one asyncio task and never leaks
+into concurrent ones):
+
+    with log_context(trajectory_id=t.trajectory_id, policy_version=v):
+        ...  # each log line here carries both fields
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import logging
 import sys
 import time
+from collections.abc import Iterator
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
+_CONTEXT: contextvars.ContextVar[dict] = contextvars.ContextVar("shellrl_log_context", default={})
+
+
+@contextlib.contextmanager
+def log_context(**fields) -> Iterator[None]:
+    """Add `fields` (e.g. trajectory_id, group_id, policy_version) to every log line in the block."""
+    token = _CONTEXT.set({**_CONTEXT.get(), **fields})
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
 
 
 class JsonFormatter(logging.Formatter):
@@ -29,6 +48,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        out.update(_CONTEXT.get())
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):
                 out[key] = value

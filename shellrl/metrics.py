@@ -29,9 +29,26 @@ LATENCY_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2,
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 16, 32)
 
 
+# Abbreviated or non-base units (promtool: "metric names should not contain abbreviated units").
+_NON_BASE_UNITS = {"ms": "seconds", "msec": "seconds", "millis": "seconds", "milliseconds": "seconds",
+                   "us": "seconds", "microseconds": "seconds", "ns": "seconds", "nanoseconds": "seconds",
+                   "sec": "seconds", "secs": "seconds", "s": "seconds", "minutes": "seconds", "hours": "seconds",
+                   "kb": "bytes", "mb": "bytes", "gb": "bytes", "kib": "bytes", "mib": "bytes", "gib": "bytes",
+                   "percent": "ratio (0-1)", "pct": "ratio (0-1)"}
+
+
 def _check(name: str, labels: tuple[str, ...]) -> None:
+    """Raise ValueError for a name that breaks DESIGN.md section 9 / Prometheus naming."""
     if not _NAME.match(name):
         raise ValueError(f"metric name {name!r} must match {_NAME.pattern}")
+    for word in name.split("_")[1:]:
+        if word in _NON_BASE_UNITS:
+            raise ValueError(f"metric {name}: use base units ({_NON_BASE_UNITS[word]}), not '{word}'")
+    if name.endswith("_total") and "_total" in name[:-6]:
+        raise ValueError(f"metric {name}: '_total' only once, at the end")
+    bad_label = [label for label in labels if not re.fullmatch(r"[a-z][a-z0-9_]*", label)]
+    if bad_label:
+        raise ValueError(f"metric {name}: label names must be snake_case ({bad_label})")
     bad = _FORBIDDEN_LABELS.intersection(labels)
     if bad:
         raise ValueError(f"metric {name}: ids are not labels ({sorted(bad)})")
@@ -46,14 +63,20 @@ def counter(name: str, doc: str, labels: tuple[str, ...] = (), registry=DEFAULT_
 
 
 def gauge(name: str, doc: str, labels: tuple[str, ...] = (), registry=DEFAULT_REGISTRY) -> Gauge:
+    """A gauge; a gauge is no counter, so its name never ends in `_total`."""
     _check(name, labels)
+    if name.endswith("_total"):
+        raise ValueError(f"gauge {name!r} must not end in _total (that suffix marks counters)")
     return Gauge(name, doc, labels, registry=registry)
 
 
 def histogram(
     name: str, doc: str, labels: tuple[str, ...] = (), buckets=LATENCY_BUCKETS_S, registry=DEFAULT_REGISTRY
 ) -> Histogram:
+    """A histogram; the name ends in its base unit where it has one (`_seconds`, `_bytes`)."""
     _check(name, labels)
+    if name.endswith("_total"):
+        raise ValueError(f"histogram {name!r} must not end in _total (that suffix marks counters)")
     return Histogram(name, doc, labels, buckets=buckets, registry=registry)
 
 

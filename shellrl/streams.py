@@ -7,9 +7,16 @@ Delivery is at-least-once (DESIGN.md section 3). Guarantees of this module:
   a re-delivery finds the idempotency key and only acknowledges).
 * Entries of crashed consumers are re-claimed with XAUTOCLAIM after `claim_min_idle_ms`; an entry
   delivered more than `max_deliveries` times goes to `shellrl:dead` with the reason and is acked.
-* Trimming (`trim_acknowledged`) never removes an entry some group has not acknowledged.
+* Trimming (`trim_acknowledged`, and `StreamProducer(maxlen=...)` which calls it every
+  `trim_every` adds) never removes an entry some group has not acknowledged: MAXLEN is a memory
+  bound on acknowledged history, not a way to shed load. Load is shed before XADD, by
+  `wait_for_backlog_below` (backpressure).
 * Blocking reads use `block_ms` well below the client's socket timeout (redis-py otherwise
-  re-sends the blocking command and stalls; see ../shared/reference/ecosystem.md section 1.1).
+  re-sends the blocking command and stalls; see ../shared/reference/ecosystem.md section 1.1):
+  `StreamConsumer` refuses a `block_ms` at or above half the client's `socket_timeout`, and
+  `read(block_ms=0)` never blocks (Redis' own BLOCK 0 would block forever).
+* `delete_idle_consumers` removes only consumers without pending entries (XGROUP DELCONSUMER
+  would throw their pending entries away; known_pitfalls C30).
 
 Entries carry one field `pb` (serialized protobuf) plus small routing fields (`task_id`,
 `group_id`, `version`).
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -63,6 +71,9 @@ DEAD_LETTERS = metrics.counter(
 DUPLICATES = metrics.counter(
     "shellrl_stream_duplicates_total", "Adds skipped because their idempotency key existed.", ("stream",)
 )
+TRIMMED = metrics.counter(
+    "shellrl_stream_trimmed_total", "Acknowledged entries removed by trimming.", ("stream",)
+)
 
 
 def connect(url: str, **kwargs) -> aioredis.Redis:
@@ -70,6 +81,20 @@ def connect(url: str, **kwargs) -> aioredis.Redis:
     kwargs.setdefault("socket_timeout", SOCKET_TIMEOUT_S)
     kwargs.setdefault("health_check_interval", 15)
     return aioredis.Redis.from_url(url, decode_responses=False, **kwargs)
+
+
+def check_block_ms(redis: aioredis.Redis, block_ms: int) -> None:
+    """Raise ValueError unless 0 < block_ms < MAX_BLOCK_MS and block_ms < half the client's
+    socket_timeout (ms). redis-py retries a blocking read that hits its socket timeout, which
+    re-sends XREADGROUP and stalls the consumer (redis/redis-py#2807, #3138)."""
+    if not 0 < block_ms < MAX_BLOCK_MS:
+        raise ValueError(f"block_ms must be in (0, {MAX_BLOCK_MS}); got {block_ms}")
+    socket_timeout_s = redis.connection_pool.connection_kwargs.get("socket_timeout")
+    if socket_timeout_s is not None and block_ms >= 500 * socket_timeout_s:
+        raise ValueError(
+            f"block_ms={block_ms} must stay below half the client's socket_timeout ({socket_timeout_s}s); "
+            "use shellrl.streams.connect() or a larger socket_timeout"
+        )
 
 
 def _s(v) -> str:
@@ -123,15 +148,55 @@ if existing then return {id, 1} end
 return {id, 0}
 """
 
+# KEYS[1] stream; ARGV[1] group, ARGV[2] min idle ms. Deletes consumers of the group that have no
+# pending entries and were idle at least ARGV[2] ms; returns their names. Atomic, so a consumer
+# cannot receive an entry between the check and the delete.
+_DELETE_IDLE_CONSUMERS_SCRIPT = """
+local deleted = {}
+for _, info in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local c = {}
+  for i = 1, #info, 2 do c[info[i]] = info[i + 1] end
+  if tonumber(c['pending']) == 0 and tonumber(c['idle']) >= tonumber(ARGV[2]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], c['name'])
+    deleted[#deleted + 1] = c['name']
+  end
+end
+return deleted
+"""
+
+
+@dataclass(frozen=True)
+class OutgoingEntry:
+    """One entry to append: `pb` (serialized protobuf), an optional idempotency key, routing fields."""
+
+    pb: bytes
+    idempotency_key: str | None = None
+    fields: Mapping[str, str | int | bytes] = field(default_factory=dict)
+
 
 class StreamProducer:
     """Appends entries to one stream.
 
     idempotency_ttl_s: how long an idempotency key is remembered (seconds).
+    maxlen: when set, every `trim_every` adds call `trim_acknowledged(maxlen)` (None: never trim).
     """
 
-    def __init__(self, redis: aioredis.Redis, stream: str, *, idempotency_ttl_s: int = 7 * 24 * 3600) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        stream: str,
+        *,
+        idempotency_ttl_s: int = 7 * 24 * 3600,
+        maxlen: int | None = None,
+        trim_every: int = 100,
+    ) -> None:
+        if maxlen is not None and maxlen < 0:
+            raise ValueError(f"maxlen must be >= 0; got {maxlen}")
+        if trim_every < 1:
+            raise ValueError(f"trim_every must be >= 1; got {trim_every}")
         self.redis, self.stream, self.idempotency_ttl_s = redis, stream, idempotency_ttl_s
+        self.maxlen, self.trim_every = maxlen, trim_every
+        self._adds_since_trim = 0
         self._script = redis.register_script(_ADD_SCRIPT)
 
     async def add(self, pb: bytes, *, idempotency_key: str | None = None, **fields: str | int | bytes) -> tuple[str, bool]:
@@ -140,26 +205,59 @@ class StreamProducer:
         With `idempotency_key`, a second add of the same key returns the first entry's id and
         `duplicate=True` without appending.
         """
-        return await self._add(pb, idempotency_key, fields, ack_stream="", ack_group="", ack_id="")
+        result = await self._add(pb, idempotency_key, fields, ack_stream="", ack_group="", ack_id="")
+        await self._after_adds(1)
+        return result
 
-    async def _add(self, pb, key, fields, *, ack_stream, ack_group, ack_id) -> tuple[str, bool]:
+    async def add_many(self, entries: Sequence[OutgoingEntry]) -> list[tuple[str, bool]]:
+        """`add` for several entries in one round trip (a pipeline of the same atomic script).
+
+        Each entry is appended at most once per idempotency key; the batch as a whole is not
+        atomic (a crash can leave a prefix appended; re-adding the batch appends only the rest).
+        Returns [(entry_id, duplicate)] in order.
+        """
+        if not entries:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for e in entries:
+                keys, args = self._script_args(e.pb, e.idempotency_key, e.fields, "", "", "")
+                await self._script(keys=keys, args=args, client=pipe)
+            raw = await pipe.execute()
+        out = [(_s(entry_id), bool(dup)) for entry_id, dup in raw]
+        dups = sum(d for _, d in out)
+        if dups:
+            DUPLICATES.labels(self.stream).inc(dups)
+        await self._after_adds(len(entries))
+        return out
+
+    def _script_args(self, pb, key, fields, ack_stream, ack_group, ack_id) -> tuple[list, list]:
         flat: list = ["pb", pb]
         for name, value in fields.items():
             flat += [name, value if isinstance(value, bytes) else str(value)]
         ikey = idempotency_key(self.stream, key) if key else ""
-        entry_id, dup = await self._script(
-            keys=[self.stream, ikey, ack_stream], args=[self.idempotency_ttl_s, ack_group, ack_id, *flat]
-        )
+        return [self.stream, ikey, ack_stream], [self.idempotency_ttl_s, ack_group, ack_id, *flat]
+
+    async def _add(self, pb, key, fields, *, ack_stream, ack_group, ack_id) -> tuple[str, bool]:
+        keys, args = self._script_args(pb, key, fields, ack_stream, ack_group, ack_id)
+        entry_id, dup = await self._script(keys=keys, args=args)
         if dup:
             DUPLICATES.labels(self.stream).inc()
         return _s(entry_id), bool(dup)
+
+    async def _after_adds(self, n: int) -> None:
+        if self.maxlen is None:
+            return
+        self._adds_since_trim += n
+        if self._adds_since_trim >= self.trim_every:
+            self._adds_since_trim = 0
+            await self.trim_acknowledged(self.maxlen)
 
     async def backlog(self, group: str) -> int:
         """Entries of `stream` that `group` has not acknowledged: pending + not yet delivered."""
         for info in await self._groups():
             if info["name"] == group:
                 lag = info.get("lag")
-                if lag is None:  # Redis cannot tell after deletions: count from the stream
+                if lag is None:  # Redis cannot tell after XDEL in the middle: count from the stream
                     lag = await self._undelivered(info["last-delivered-id"])
                 return int(info["pending"]) + int(lag)
         return int(await self.redis.xlen(self.stream))  # group not created yet: everything is backlog
@@ -180,7 +278,8 @@ class StreamProducer:
         """If XLEN > maxlen, drop entries that every group has delivered and acknowledged.
 
         Never removes an entry that is pending or undelivered in any group; a stream without
-        groups is never trimmed. Returns the number of entries removed.
+        groups is never trimmed. XTRIM MINID ~ trims whole radix-tree nodes only, so it may keep
+        some acknowledged entries, never the reverse. Returns the number of entries removed.
         """
         length = int(await self.redis.xlen(self.stream))
         if length <= maxlen:
@@ -188,15 +287,21 @@ class StreamProducer:
         groups = await self._groups()
         if not groups:
             return 0
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for info in groups:
+                pipe.xpending(self.stream, info["name"])
+            summaries = await pipe.execute()
         bounds = []
-        for info in groups:
+        for info, summary in zip(groups, summaries):
             bound = _next_id(_s(info["last-delivered-id"]))
-            summary = await self.redis.xpending(self.stream, info["name"])
             if summary["pending"]:
                 bound = min(bound, _s(summary["min"]), key=_id_key)
             bounds.append(bound)
         threshold = min(bounds, key=_id_key)
-        return int(await self.redis.xtrim(self.stream, minid=threshold, approximate=True))
+        removed = int(await self.redis.xtrim(self.stream, minid=threshold, approximate=True))
+        if removed:
+            TRIMMED.labels(self.stream).inc(removed)
+        return removed
 
     async def _groups(self) -> list[dict]:
         try:
@@ -211,8 +316,14 @@ class StreamProducer:
         return out
 
     async def _undelivered(self, last_delivered) -> int:
-        entries = await self.redis.xrange(self.stream, min=f"({_s(last_delivered)}", max="+")
-        return len(entries)
+        """Entries after `last_delivered`, counted in pages (only when XINFO's lag is unknown)."""
+        count, start = 0, f"({_s(last_delivered)}"
+        while True:
+            page = await self.redis.xrange(self.stream, min=start, max="+", count=1000)
+            count += len(page)
+            if len(page) < 1000:
+                return count
+            start = f"({_s(page[-1][0])}"
 
 
 class StreamConsumer:
@@ -222,9 +333,11 @@ class StreamConsumer:
     restart with the same name), entries of idle consumers (XAUTOCLAIM, at most every
     `claim_interval_s`), then new entries (blocking up to `block_ms`).
 
-    block_ms: blocking read time, ms (< MAX_BLOCK_MS). claim_min_idle_ms: an entry unacknowledged
-    this long is re-claimed from its consumer. max_deliveries: deliveries after which an entry
-    that fails (or whose consumers keep crashing) goes to `shellrl:dead`.
+    block_ms: blocking read time, ms (0 < block_ms < MAX_BLOCK_MS and below half the client's
+    socket timeout; ValueError otherwise). count: entries per read (XREADGROUP COUNT).
+    claim_min_idle_ms: an entry unacknowledged this long is re-claimed from its consumer.
+    max_deliveries: deliveries after which an entry that fails (or whose consumers keep
+    crashing) goes to `shellrl:dead`.
     """
 
     def __init__(
@@ -241,8 +354,9 @@ class StreamConsumer:
         max_deliveries: int = 5,
         dead_stream: str = STREAM_DEAD,
     ) -> None:
-        if not 0 < block_ms < MAX_BLOCK_MS:
-            raise ValueError(f"block_ms must be in (0, {MAX_BLOCK_MS}); got {block_ms}")
+        check_block_ms(redis, block_ms)
+        if count < 1 or max_deliveries < 1:
+            raise ValueError(f"count and max_deliveries must be >= 1; got {count}, {max_deliveries}")
         self.redis, self.stream, self.group, self.consumer = redis, stream, group, consumer
         self.block_ms, self.count = block_ms, count
         self.claim_min_idle_ms, self.claim_interval_s = claim_min_idle_ms, claim_interval_s
@@ -261,8 +375,16 @@ class StreamConsumer:
                 raise
 
     async def read(self, count: int | None = None, block_ms: int | None = None) -> list[StreamEntry]:
-        """Next entries to handle (possibly empty after `block_ms`). Poison entries are dead-lettered here."""
+        """Next entries to handle (possibly empty after `block_ms`). Poison entries are dead-lettered here.
+
+        block_ms: None = the consumer's `block_ms`; 0 = do not block. Raises ValueError for a
+        block_ms the blocking-read rule forbids (see `check_block_ms`).
+        """
         count = count or self.count
+        if block_ms is None:
+            block_ms = self.block_ms
+        elif block_ms:
+            check_block_ms(self.redis, block_ms)
         if not self._recovered:
             self._recovered = True
             own = await self._read_own_pending(count=10_000)
@@ -274,8 +396,7 @@ class StreamConsumer:
             if claimed:
                 return claimed
         resp = await self.redis.xreadgroup(
-            self.group, self.consumer, {self.stream: ">"}, count=count,
-            block=self.block_ms if block_ms is None else block_ms,
+            self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms or None
         )
         return [StreamEntry(self.stream, _s(eid), _fields(f), 1) for _, entries in resp or [] for eid, f in entries]
 
@@ -290,7 +411,8 @@ class StreamConsumer:
         return [StreamEntry(self.stream, eid, _fields(f), counts.get(eid, 1)) for eid, f in live]
 
     async def claim_idle(self, count: int | None = None) -> list[StreamEntry]:
-        """XAUTOCLAIM entries idle longer than `claim_min_idle_ms`, following the cursor to the end."""
+        """XAUTOCLAIM entries idle longer than `claim_min_idle_ms`, following the cursor to the end
+        (known_pitfalls C30: a reclaimer that drops the cursor never sees entries past the first page)."""
         out: list[StreamEntry] = []
         cursor = "0-0"
         want = count or self.count
@@ -311,12 +433,14 @@ class StreamConsumer:
         return await self._filter_poison(out)
 
     async def _delivery_counts(self, ids: list[str]) -> dict[str, int]:
-        counts = {}
-        for eid in ids:
-            rows = await self.redis.xpending_range(self.stream, self.group, min=eid, max=eid, count=1)
-            if rows:
-                counts[eid] = int(rows[0]["times_delivered"])
-        return counts
+        """times_delivered of each id, from XPENDING (one round trip)."""
+        if not ids:
+            return {}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for eid in ids:
+                pipe.xpending_range(self.stream, self.group, min=eid, max=eid, count=1)
+            results = await pipe.execute()
+        return {eid: int(rows[0]["times_delivered"]) for eid, rows in zip(ids, results) if rows}
 
     async def _filter_poison(self, entries: list[StreamEntry]) -> list[StreamEntry]:
         keep = []
@@ -338,8 +462,11 @@ class StreamConsumer:
         return f"shellrl:errors:{self.stream}:{self.group}"
 
     async def ack(self, *entry_ids: str) -> int:
+        """XACK `entry_ids` (one round trip for any number). Returns how many were pending."""
         if not entry_ids:
             return 0
+        for eid in entry_ids:
+            self._errors.pop(eid, None)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.xack(self.stream, self.group, *entry_ids)
             pipe.hdel(self._error_key, *entry_ids)
@@ -358,9 +485,14 @@ class StreamConsumer:
                                                       "deliveries": entry.deliveries, "reason": reason[:500]})
 
     async def dead_letter(self, entry: StreamEntry, reason: str) -> None:
-        """Move `entry` to the dead-letter stream with `reason`, and acknowledge it (atomically)."""
-        fields = {"source_stream": self.stream, "group": self.group, "entry_id": entry.entry_id,
-                  "reason": reason[:4000], "deliveries": str(entry.deliveries), **entry.fields}
+        """Move `entry` to the dead-letter stream with `reason`, and acknowledge it (atomically).
+
+        The dead entry keeps the original fields (`pb`, routing fields) and adds `source_stream`,
+        `group`, `entry_id`, `reason`, `deliveries` (these win over original fields of that name).
+        """
+        self._errors.pop(entry.entry_id, None)
+        fields = {**entry.fields, "source_stream": self.stream, "group": self.group, "entry_id": entry.entry_id,
+                  "reason": reason[:4000], "deliveries": str(entry.deliveries)}
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.xadd(self.dead_stream, fields)
             pipe.xack(self.stream, self.group, entry.entry_id)
@@ -378,10 +510,27 @@ class StreamConsumer:
         Returns (downstream entry_id, duplicate). A re-delivered entry whose result was already
         appended under `idempotency_key` is only acknowledged.
         """
+        self._errors.pop(entry.entry_id, None)
         result = await to._add(pb, idempotency_key, fields, ack_stream=self.stream, ack_group=self.group,
                                ack_id=entry.entry_id)
         await self.redis.hdel(self._error_key, entry.entry_id)
+        await to._after_adds(1)
         return result
+
+    async def delete_idle_consumers(self, min_idle_ms: int) -> list[str]:
+        """Remove consumers of this group idle >= `min_idle_ms` that hold no pending entries.
+
+        A consumer with pending entries is never deleted (DELCONSUMER would drop its entries;
+        known_pitfalls C30): re-claim them first. Returns the deleted consumer names.
+        """
+        script = self.redis.register_script(_DELETE_IDLE_CONSUMERS_SCRIPT)
+        try:
+            names = await script(keys=[self.stream], args=[self.group, int(min_idle_ms)])
+        except ResponseError as exc:
+            if "no such key" in str(exc).lower() or "NOGROUP" in str(exc):
+                return []
+            raise
+        return [_s(n) for n in names]
 
     async def stats(self) -> dict[str, int]:
         """{"length", "pending", "lag"} of this stream/group; also sets the stream gauges."""

@@ -1,0 +1,54 @@
+"""ServiceSettings: SHELLRL_ environment, typos fail naming the field."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import Field, ValidationError
+
+from shellrl.settings import ServiceSettings, unknown_env_settings
+
+
+class DemoSettings(ServiceSettings):
+    engine_urls: str = Field("http://127.0.0.1:30000", description="Engines to call.")
+    max_turns: int = Field(8, ge=1)
+
+
+def test_environment_with_the_prefix_sets_fields(monkeypatch):
+    monkeypatch.setenv("SHELLRL_REDIS_URL", "redis://127.0.0.1:7000/0")
+    monkeypatch.setenv("SHELLRL_MAX_TURNS", "3")
+    settings = DemoSettings()
+    assert settings.redis_url == "redis://127.0.0.1:7000/0" and settings.max_turns == 3
+
+
+def test_mistyped_constructor_argument_fails_naming_the_field():
+    with pytest.raises(ValidationError) as info:
+        DemoSettings(max_turn=3)
+    assert "max_turn" in str(info.value) and "Extra inputs are not permitted" in str(info.value)
+
+
+def test_mistyped_environment_variable_fails_naming_it_and_the_likely_field(monkeypatch):
+    monkeypatch.setenv("SHELLRL_REDIS_ULR", "redis://127.0.0.1:7000/0")
+    with pytest.raises(ValidationError) as info:
+        DemoSettings()
+    assert "SHELLRL_REDIS_ULR" in str(info.value) and "SHELLRL_REDIS_URL" in str(info.value)
+
+
+def test_another_services_settings_in_a_shared_environment_pass(monkeypatch):
+    monkeypatch.setenv("SHELLRL_SANDBOX_ROOT", "/tmp/x")  # a field of some other service
+    monkeypatch.setenv("SHELLRL_ENGINE_URL", "http://e")  # singular twin of engine_urls: a different setting
+    assert DemoSettings().engine_urls == "http://127.0.0.1:30000"
+    assert unknown_env_settings(DemoSettings) == {"sandbox_root": None, "engine_url": None}
+
+
+def test_values_are_validated_with_their_bounds(monkeypatch):
+    monkeypatch.setenv("SHELLRL_PORT", "70000")
+    with pytest.raises(ValidationError) as info:
+        DemoSettings()
+    assert "port" in str(info.value)
+
+
+def test_settings_are_frozen_and_public_dict_is_json():
+    settings = DemoSettings(port=8100)
+    with pytest.raises(ValidationError):
+        settings.port = 1
+    assert settings.public_dict()["port"] == 8100
