@@ -1,0 +1,79 @@
+"""Per-token log-probs of a causal LM, in float32, one sequence at a time over the vocabulary.
+
+logprob(token) = log_softmax(logits / T)[token] with T the temperature the engine sampled that
+token with, exactly as the engine computes the behavior log-probs (SGLang returns log-probs of
+softmax(logits / T) before top-p/top-k; known_pitfalls.md C07: a temperature on one side only
+biases every ratio). T <= 1e-6 (greedy) is scored as T = 1, as SGLang does.
+
+Memory: the decoder runs on a micro-batch ([b, L, H] hidden states, gradient checkpointing on
+its layers); the LM head then runs per sequence, only at the scored positions and at most
+`chunk_tokens` positions at a time, in float32, under activation checkpointing when gradients are
+on. So the float32 logits alive at once are [chunk_tokens, V], never [B, L, V].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from shellrl.rl.batch import TrainBatch
+
+GREEDY_TEMPERATURE = 1e-6
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """Turn on HF activation (gradient) checkpointing, non-reentrant, for every decoder layer; no KV cache."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+
+
+def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target_ids: torch.Tensor,
+                  temperatures: torch.Tensor) -> torch.Tensor:
+    """log_softmax((hidden @ weight.T + bias) / T)[target] in float32.
+
+    hidden: [n, H]; weight: [V, H]; bias: [V] or None; target_ids: [n] int64; temperatures: [n]
+    float32 (> 0). Returns [n] float32. Uses logits[target] - logsumexp(logits), which equals
+    log_softmax at the target without a second [n, V] tensor.
+    """
+    logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+    logits = logits / temperatures.unsqueeze(-1)
+    return logits.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+
+def token_logprobs(model, batch: TrainBatch, *, positions: torch.Tensor | None = None,
+                   chunk_tokens: int = 1024) -> torch.Tensor:
+    """Log-probs of `batch.target_ids` under `model`, at the scored positions.
+
+    model: a HF causal LM (`get_decoder()`, `get_output_embeddings()`). positions: [b, L-1] mask of
+    the columns to score (default: `batch.loss_mask > 0`). Returns [b, L-1] float32 with 0 in the
+    columns not scored; differentiable when grad is enabled. Raises ValueError when chunk_tokens < 1.
+    """
+    if chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be >= 1; got {chunk_tokens}")
+    positions = batch.loss_mask > 0 if positions is None else positions.bool()
+    hidden = model.get_decoder()(
+        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+        use_cache=False,
+    ).last_hidden_state[:, :-1]  # [b, L-1, H]: column j scores target j
+    head = model.get_output_embeddings()
+    temperatures = torch.where(batch.temperatures > GREEDY_TEMPERATURE, batch.temperatures,
+                               torch.ones_like(batch.temperatures))
+    use_checkpoint = torch.is_grad_enabled()
+    rows, cols, values = [], [], []
+    for i in range(hidden.shape[0]):
+        idx = positions[i].nonzero().squeeze(-1)
+        for start in range(0, idx.numel(), chunk_tokens):
+            part = idx[start:start + chunk_tokens]
+            args = (hidden[i, part], head.weight, head.bias, batch.target_ids[i, part], temperatures[i, part])
+            lp = checkpoint(head_logprobs, *args, use_reentrant=False) if use_checkpoint else head_logprobs(*args)
+            rows.append(torch.full_like(part, i))
+            cols.append(part)
+            values.append(lp)
+    out = torch.zeros(positions.shape, dtype=torch.float32, device=hidden.device)
+    if not values:  # nothing scored: a constant (callers skip such micro-batches)
+        return out
+    return out.index_put((torch.cat(rows), torch.cat(cols)), torch.cat(values))

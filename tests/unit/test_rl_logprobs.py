@@ -1,0 +1,85 @@
+"""Log-probs and the trainer's micro-batch invariance on the real tiny model (2-layer Llama)."""
+
+import numpy as np
+import pytest
+import torch
+
+from services.learner.trainer import Trainer, TrainerConfig
+from shellrl.models import load_model
+from shellrl.rl.batch import TrainSample, build_batch
+from shellrl.rl.logprobs import token_logprobs
+from shellrl.rl.losses import PPOConfig
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_model("tiny")
+
+
+def make_samples(n, seed=0, temperature=0.7):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        p, r = int(rng.integers(3, 12)), int(rng.integers(2, 15))
+        mask = np.ones(r, dtype=np.uint8)
+        if r > 5:
+            mask[2:4] = 0  # an observation inside the response
+        out.append(TrainSample(
+            trajectory_id=f"t{i}", prompt_ids=rng.integers(3, 49000, p), response_ids=rng.integers(3, 49000, r),
+            behavior_logprobs=np.where(mask > 0, rng.normal(-10, 1, r), 0).astype(np.float32), loss_mask=mask,
+            policy_versions=np.where(mask > 0, 0, -1), temperatures=np.full(r, temperature, np.float32),
+            advantage=float(rng.normal()),
+        ))
+    return out
+
+
+def test_logprobs_are_temperature_scaled_log_softmax_at_the_shifted_position(tiny):
+    s = make_samples(1, temperature=0.6)[0]
+    batch = build_batch([s], pad_token_id=2)
+    with torch.no_grad():
+        got = token_logprobs(tiny, batch)
+        ids = torch.as_tensor(np.concatenate([s.prompt_ids, s.response_ids]))[None]
+        logits = tiny(input_ids=ids).logits[0].float()
+        p = len(s.prompt_ids)
+        ref = torch.log_softmax(logits / 0.6, -1)[p - 1:-1].gather(-1, ids[0, p:, None]).squeeze(-1)
+        at_t1 = torch.log_softmax(logits, -1)[p - 1:-1].gather(-1, ids[0, p:, None]).squeeze(-1)
+    mask = torch.as_tensor(s.loss_mask, dtype=torch.bool)
+    scored = got[0, p - 1:p - 1 + len(s.response_ids)]
+    assert (scored[mask] - ref[mask]).abs().max() < 1e-5
+    assert (scored[~mask] == 0).all()
+    assert (ref[mask] - at_t1[mask]).abs().mean() > 1e-3  # the check tells temperatures apart
+
+
+def test_logprobs_do_not_depend_on_padding_or_batch_company(tiny):
+    samples = make_samples(3, seed=1)
+    long = TrainSample("long", np.arange(3, 203), np.arange(300, 400), np.zeros(100, np.float32),
+                       np.ones(100, np.uint8), np.zeros(100, np.int64), np.ones(100, np.float32), 1.0)
+    with torch.no_grad():
+        alone = token_logprobs(tiny, build_batch(samples[:1], pad_token_id=2))
+        padded = token_logprobs(tiny, build_batch([samples[0], long], pad_token_id=2, pad_to_multiple_of=64))
+        chunked = token_logprobs(tiny, build_batch(samples[:1], pad_token_id=2), chunk_tokens=2)
+    w = alone.shape[1]
+    assert (alone[0] - padded[0, :w]).abs().max() < 1e-5
+    assert padded[0, w:].abs().sum() == 0
+    assert (alone - chunked).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])
+def test_loss_and_gradients_do_not_depend_on_the_micro_batch_size(tiny, aggregation):
+    batch = build_batch(make_samples(6, seed=2), pad_token_id=2)
+    state = {k: v.clone() for k, v in tiny.state_dict().items()}
+    results = []
+    for mb in (1, 2, 6):
+        tiny.load_state_dict(state)
+        trainer = Trainer(tiny, TrainerConfig(micro_batch_size=mb, ppo_epochs=1, grad_clip_norm=0.0,
+                                              loss=PPOConfig(aggregation=aggregation)))
+        captured = []  # gradients at the clip, before the update
+        trainer._clip = lambda: captured.append(torch.cat([p.grad.flatten() for p in trainer.params])) or 0.0
+        result = trainer.step(batch, learner_version=0)
+        grads = captured[0]
+        results.append((result.stats["policy_loss"], grads))
+    tiny.load_state_dict(state)
+    (loss1, g1), (loss2, g2), (loss6, g6) = results
+    assert abs(loss1 - loss2) < 1e-6 and abs(loss1 - loss6) < 1e-6
+    assert (g1 - g2).abs().max() < 1e-6 and (g1 - g6).abs().max() < 1e-6
+    assert g1.abs().max() > 1e-4  # the comparison is not between zeros
