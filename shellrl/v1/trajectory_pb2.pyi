@@ -21,6 +21,7 @@ class Failure(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     FAILURE_INFRA_SANDBOX: _ClassVar[Failure]
     FAILURE_INFRA_VERIFIER: _ClassVar[Failure]
     FAILURE_TIMEOUT_BUDGET: _ClassVar[Failure]
+    FAILURE_INFRA_ROLLOUT: _ClassVar[Failure]
 
 class FinishReason(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -44,6 +45,7 @@ FAILURE_INFRA_ENGINE: Failure
 FAILURE_INFRA_SANDBOX: Failure
 FAILURE_INFRA_VERIFIER: Failure
 FAILURE_TIMEOUT_BUDGET: Failure
+FAILURE_INFRA_ROLLOUT: Failure
 FINISH_REASON_UNSPECIFIED: FinishReason
 FINISH_REASON_STOP: FinishReason
 FINISH_REASON_LENGTH: FinishReason
