@@ -1,0 +1,236 @@
+"""Group assembly: scored trajectories from the stream -> complete GRPO groups -> train samples.
+
+Consumes parsed trajectories (with their stream entry ids) in any order; produces RolloutGroups
+(the valid members of one `group_id`) once all `group_size` members arrived, or once
+`group_timeout_s` passed since the first one arrived (then the group is used if at least
+`min_group_size` valid members remain, else dropped). Guarantees:
+* every trajectory handed in comes back exactly once, either as a member of a returned group or
+  as a `Dropped` record with its reason (so every stream entry is eventually acknowledged);
+* a member is valid only if: not an eval episode, scored, a finite training_reward, no INFRA
+  failure (removed from the group, never scored 0; DESIGN.md section 5), at least one ACTION
+  token, and staleness <= max_staleness, checked both on arrival and again when the group is
+  released (a trajectory that waits ages; known_pitfalls C18);
+* duplicates by trajectory_id are dropped; members arriving after their group was released are
+  dropped as `late_member` (released group ids are remembered, bounded).
+`group_samples` turns a group into TrainSamples: GRPO advantages over training_reward and the
+per-token sampling temperatures (the engine's, or a fixed override).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from shellrl.contract import Failure, SegmentKind, Trajectory, TrajectoryArrays, min_policy_version, trajectory_arrays
+from shellrl.rl.advantages import group_advantages
+from shellrl.rl.batch import TrainSample
+from shellrl.rl.staleness import staleness
+
+INFRA_FAILURES = frozenset({Failure.FAILURE_INFRA_ENGINE, Failure.FAILURE_INFRA_SANDBOX, Failure.FAILURE_INFRA_VERIFIER})
+DROP_REASONS = ("stale", "infra_failure", "unscored", "nan_reward", "eval", "empty_response", "duplicate",
+                "invalid", "late_member", "group_too_small")
+
+
+@dataclass(frozen=True)
+class Member:
+    """One valid trajectory waiting in (or released with) its group."""
+
+    entry_id: str
+    trajectory: Trajectory
+    arrays: TrajectoryArrays
+    min_policy_version: int
+    arrived_s: float
+
+    @property
+    def trajectory_id(self) -> str:
+        return self.trajectory.trajectory_id
+
+
+@dataclass(frozen=True)
+class Dropped:
+    """A stream entry that will not be trained on, and why (one of DROP_REASONS)."""
+
+    entry_id: str
+    trajectory_id: str
+    group_id: str
+    reason: str
+    staleness: int | None = None
+
+
+@dataclass(frozen=True)
+class RolloutGroup:
+    """A released group: its valid members (empty when the whole group was dropped) and the
+    entries dropped from it. `timed_out`: released by the timeout, not by completeness."""
+
+    group_id: str
+    members: tuple[Member, ...]
+    dropped: tuple[Dropped, ...]
+    expected_size: int
+    timed_out: bool
+
+    @property
+    def entry_ids(self) -> list[str]:
+        return [m.entry_id for m in self.members] + [d.entry_id for d in self.dropped]
+
+    @property
+    def trainable(self) -> bool:
+        return len(self.members) >= 2
+
+
+@dataclass
+class _Pending:
+    group_id: str
+    expected_size: int
+    first_arrival_s: float
+    members: dict[str, Member] = field(default_factory=dict)
+    dropped: list[Dropped] = field(default_factory=list)
+
+    @property
+    def arrivals(self) -> int:
+        return len(self.members) + len(self.dropped)
+
+
+class GroupAssembler:
+    """group_timeout_s: seconds after a group's first arrival before it is released incomplete;
+    max_staleness: versions; min_group_size: valid members a released group needs (>= 2);
+    remember_groups: how many released group ids are kept to recognise late members."""
+
+    def __init__(self, *, group_timeout_s: float, max_staleness: int, min_group_size: int = 2,
+                 remember_groups: int = 100_000, clock=time.monotonic) -> None:
+        if min_group_size < 2:
+            raise ValueError(f"min_group_size must be >= 2 (a group of 1 has no baseline); got {min_group_size}")
+        self.group_timeout_s, self.max_staleness, self.min_group_size = group_timeout_s, max_staleness, min_group_size
+        self.remember_groups, self.clock = remember_groups, clock
+        self._pending: dict[str, _Pending] = {}
+        self._released: OrderedDict[str, None] = OrderedDict()
+
+    @property
+    def pending_groups(self) -> int:
+        return len(self._pending)
+
+    @property
+    def pending_trajectories(self) -> int:
+        return sum(p.arrivals for p in self._pending.values())
+
+    def add(self, entry_id: str, traj: Trajectory, learner_version: int) -> Dropped | None:
+        """Take one trajectory. Returns a Dropped record when it is rejected on its own (it is then
+        not held); otherwise None (held, or counted as a dropped member of its pending group)."""
+        group_id = traj.group_id or traj.trajectory_id
+        if group_id in self._released:
+            return Dropped(entry_id, traj.trajectory_id, group_id, "late_member")
+        pending = self._pending.get(group_id)
+        if pending is None:
+            pending = self._pending[group_id] = _Pending(group_id, int(traj.group_size), self.clock())
+        if traj.trajectory_id in pending.members or any(d.trajectory_id == traj.trajectory_id for d in pending.dropped):
+            return Dropped(entry_id, traj.trajectory_id, group_id, "duplicate")
+        reason, arrays, oldest = _validate(traj)
+        stale = None
+        if reason is None:
+            stale = staleness(learner_version, oldest)
+            if stale > self.max_staleness:
+                reason = "stale"
+        if reason is not None:
+            pending.dropped.append(Dropped(entry_id, traj.trajectory_id, group_id, reason, stale))
+        else:
+            pending.members[traj.trajectory_id] = Member(entry_id, traj, arrays, oldest, self.clock())
+        return None
+
+    def pop_ready(self, learner_version: int) -> list[RolloutGroup]:
+        """Release complete groups and timed-out ones (oldest first), re-checking staleness."""
+        now, out = self.clock(), []
+        for group_id, pending in sorted(self._pending.items(), key=lambda kv: kv[1].first_arrival_s):
+            complete = pending.expected_size > 0 and pending.arrivals >= pending.expected_size
+            timed_out = now - pending.first_arrival_s >= self.group_timeout_s
+            if complete or timed_out:
+                out.append(self._release(pending, learner_version, timed_out=not complete))
+        for group in out:
+            del self._pending[group.group_id]
+            self._released[group.group_id] = None
+            while len(self._released) > self.remember_groups:
+                self._released.popitem(last=False)
+        return out
+
+    def _release(self, pending: _Pending, learner_version: int, timed_out: bool) -> RolloutGroup:
+        members, dropped = [], list(pending.dropped)
+        for m in pending.members.values():
+            stale = staleness(learner_version, m.min_policy_version)
+            if stale > self.max_staleness:
+                dropped.append(Dropped(m.entry_id, m.trajectory_id, pending.group_id, "stale", stale))
+            else:
+                members.append(m)
+        if len(members) < self.min_group_size:
+            dropped += [Dropped(m.entry_id, m.trajectory_id, pending.group_id, "group_too_small") for m in members]
+            members = []
+        return RolloutGroup(pending.group_id, tuple(members), tuple(dropped), pending.expected_size, timed_out)
+
+    def released_group_ids(self) -> list[str]:
+        """For checkpoints: the remembered released group ids, oldest first."""
+        return list(self._released)
+
+    def restore_released(self, group_ids: list[str]) -> None:
+        for g in group_ids[-self.remember_groups:]:
+            self._released[g] = None
+
+
+def _validate(traj: Trajectory) -> tuple[str | None, TrajectoryArrays | None, int | None]:
+    if traj.eval:
+        return "eval", None, None
+    if traj.failure in INFRA_FAILURES:
+        return "infra_failure", None, None
+    if not traj.scored:
+        return "unscored", None, None
+    if not math.isfinite(traj.training_reward):
+        return "nan_reward", None, None
+    try:
+        arrays = trajectory_arrays(traj)
+    except ValueError:
+        return "invalid", None, None
+    oldest = min_policy_version(traj)
+    if oldest is None or not arrays.loss_mask.any() or len(arrays.prompt_ids) == 0:
+        return "empty_response", None, None
+    return None, arrays, oldest
+
+
+def token_temperatures(traj: Trajectory, fixed_temperature: float | None = None) -> np.ndarray:
+    """[R] float32: the sampling temperature of each response token (ACTION segments: their
+    `sampling.temperature`, or `fixed_temperature` when given; OBSERVATION tokens: 1.0)."""
+    parts = []
+    for seg in traj.segments:
+        n = len(seg.token_ids) // 4
+        t = 1.0
+        if seg.kind == SegmentKind.SEGMENT_KIND_ACTION:
+            t = fixed_temperature if fixed_temperature is not None else seg.sampling.temperature
+        parts.append(np.full(n, t, dtype=np.float32))
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float32)
+
+
+@dataclass(frozen=True)
+class GroupSamples:
+    """TrainSamples of one group, its GRPO statistics, and whether it carries a gradient."""
+
+    samples: tuple[TrainSample, ...]
+    rewards: tuple[float, ...]
+    zero_variance: bool
+
+
+def group_samples(group: RolloutGroup, fixed_temperature: float | None = None) -> GroupSamples:
+    """GRPO advantages over the members' training_reward, broadcast to their ACTION tokens.
+    Raises ValueError for a group with fewer than 2 members (see RolloutGroup.trainable)."""
+    if not group.trainable:
+        raise ValueError(f"group {group.group_id} has {len(group.members)} members; need >= 2")
+    rewards = [m.trajectory.training_reward for m in group.members]
+    adv = group_advantages(rewards)
+    samples = tuple(
+        TrainSample(
+            trajectory_id=m.trajectory_id, prompt_ids=m.arrays.prompt_ids, response_ids=m.arrays.response_ids,
+            behavior_logprobs=m.arrays.behavior_logprobs, loss_mask=m.arrays.loss_mask,
+            policy_versions=m.arrays.policy_versions, temperatures=token_temperatures(m.trajectory, fixed_temperature),
+            advantage=float(a),
+        )
+        for m, a in zip(group.members, adv.advantages)
+    )
+    return GroupSamples(samples, tuple(rewards), adv.zero_variance)

@@ -1,0 +1,125 @@
+import math
+
+import numpy as np
+import pytest
+
+from services.learner.group_assembler import GroupAssembler, group_samples, token_temperatures
+from shellrl.contract import Failure
+from tests.helpers.trajectories import make_trajectory
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def assembler(**kw):
+    clock = Clock()
+    kw.setdefault("group_timeout_s", 10.0)
+    kw.setdefault("max_staleness", 1)
+    return GroupAssembler(clock=clock, **kw), clock
+
+
+def test_group_is_released_when_all_members_arrived():
+    a, _ = assembler()
+    for i, r in enumerate([1, 0, 1]):
+        assert a.add(f"e{i}", make_trajectory("g", r), learner_version=0) is None
+    assert a.pop_ready(0) == []
+    a.add("e3", make_trajectory("g", 0), 0)
+    (group,) = a.pop_ready(0)
+    assert len(group.members) == 4 and not group.timed_out and group.trainable
+    samples = group_samples(group)
+    np.testing.assert_allclose([s.advantage for s in samples.samples], [1, -1, 1, -1], atol=1e-3)
+    assert a.pending_groups == 0
+
+
+def test_infra_failures_leave_the_group_and_the_rest_is_used():
+    a, _ = assembler()
+    a.add("e0", make_trajectory("g", 1), 0)
+    a.add("e1", make_trajectory("g", 0), 0)
+    a.add("e2", make_trajectory("g", 0, failure=Failure.FAILURE_INFRA_SANDBOX), 0)
+    a.add("e3", make_trajectory("g", math.nan, scored=False, failure=Failure.FAILURE_INFRA_VERIFIER), 0)
+    (group,) = a.pop_ready(0)
+    assert len(group.members) == 2
+    assert sorted(d.reason for d in group.dropped) == ["infra_failure", "infra_failure"]
+    assert sorted(group.entry_ids) == ["e0", "e1", "e2", "e3"]
+    advantages = [s.advantage for s in group_samples(group).samples]
+    np.testing.assert_allclose(advantages, [0.9998, -0.9998], atol=1e-4)  # never scored 0
+
+
+def test_timeout_uses_two_valid_members_and_drops_a_lonely_one():
+    a, clock = assembler()
+    a.add("e0", make_trajectory("g", 1), 0)
+    a.add("e1", make_trajectory("g", 0), 0)
+    a.add("x0", make_trajectory("h", 1), 0)
+    clock.now = 9.9
+    assert a.pop_ready(0) == []
+    clock.now = 10.0
+    g, h = a.pop_ready(0)
+    assert g.timed_out and len(g.members) == 2
+    assert h.members == () and [d.reason for d in h.dropped] == ["group_too_small"]
+    late = a.add("e2", make_trajectory("g", 1), 0)
+    assert late.reason == "late_member"
+
+
+def test_staleness_is_checked_on_arrival_and_again_at_release():
+    a, _ = assembler(max_staleness=1)
+    dropped = a.add("e0", make_trajectory("g", 1, group_size=3, version=10), learner_version=13)
+    assert dropped is None  # held as a dropped member of its group
+    a.add("e1", make_trajectory("g", 0, group_size=3, version=12), learner_version=13)
+    a.add("e2", make_trajectory("g", 1, group_size=3, version=13), learner_version=13)
+    (group,) = a.pop_ready(learner_version=14)  # the learner moved on while the group waited
+    reasons = sorted((d.reason, d.staleness) for d in group.dropped)
+    assert reasons == [("group_too_small", None), ("stale", 2), ("stale", 3)]
+    assert group.members == ()
+
+
+def test_on_policy_bound_zero_keeps_only_the_current_version():
+    a, _ = assembler(max_staleness=0)
+    a.add("e0", make_trajectory("g", 1, group_size=2, version=5), 5)
+    a.add("e1", make_trajectory("g", 0, group_size=2, version=4), 5)
+    (group,) = a.pop_ready(5)
+    assert [d.reason for d in group.dropped] == ["stale", "group_too_small"]
+
+
+def test_duplicates_nan_rewards_eval_and_empty_responses_are_dropped_with_reasons():
+    a, _ = assembler()
+    t = make_trajectory("g", 1, group_size=5)
+    a.add("e0", t, 0)
+    assert a.add("e0b", t, 0).reason == "duplicate"
+    a.add("e1", make_trajectory("g", math.nan, group_size=5), 0)
+    ev = make_trajectory("g", 1, group_size=5)
+    ev.eval = True
+    a.add("e2", ev, 0)
+    a.add("e3", make_trajectory("g", 0, group_size=5, actions=((),)), 0)
+    a.add("e4", make_trajectory("g", 0, group_size=5, scored=False), 0)
+    (group,) = a.pop_ready(0)
+    assert sorted(d.reason for d in group.dropped) == ["empty_response", "eval", "group_too_small", "nan_reward",
+                                                      "unscored"]
+
+
+def test_equal_rewards_are_flagged_zero_variance():
+    a, _ = assembler()
+    for i in range(4):
+        a.add(f"e{i}", make_trajectory("g", 1), 0)
+    (group,) = a.pop_ready(0)
+    out = group_samples(group)
+    assert out.zero_variance and all(s.advantage == 0 for s in out.samples)
+
+
+def test_token_temperatures_follow_the_segments_or_a_fixed_override():
+    t = make_trajectory("g", 1, actions=((1, 2), (3,)), observations=((9, 9, 9),), temperature=0.6)
+    assert token_temperatures(t).tolist() == pytest.approx([0.6, 0.6, 1.0, 1.0, 1.0, 0.6])
+    assert token_temperatures(t, fixed_temperature=0.8).tolist() == pytest.approx([0.8, 0.8, 1, 1, 1, 0.8])
+
+
+def test_released_group_ids_survive_a_restore():
+    a, _ = assembler()
+    a.add("e0", make_trajectory("g", 1, group_size=1), 0)
+    a.pop_ready(0)
+    b, _ = assembler()
+    b.restore_released(a.released_group_ids())
+    assert b.add("e1", make_trajectory("g", 0), 0).reason == "late_member"
