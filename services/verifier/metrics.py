@@ -1,0 +1,67 @@
+"""Prometheus metrics of the verifier (names checked by shellrl.metrics).
+
+Verifications per second: rate(shellrl_verifier_verifications_total[1m]); pass rate per task
+source and split: the ratio of its outcome="pass" series to the sum over outcomes.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from shellrl import metrics
+
+if TYPE_CHECKING:
+    from services.verifier.verification import Verification
+
+REWARD_BUCKETS = (-1.5, -1.0, -0.5, -0.1, 0.0, 0.1, 0.3, 0.5, 0.9, 1.0, 1.1, 1.3)
+
+VERIFICATIONS = metrics.counter(
+    "shellrl_verifier_verifications_total", "Verifications finished, by task source, split and outcome (pass/fail/infra).",
+    ("source", "split", "outcome"))
+VERIFICATION_SECONDS = metrics.histogram(
+    "shellrl_verifier_verification_seconds", "Wall time of one verification (all checks and the reward).")
+CHECK_SECONDS = metrics.histogram(
+    "shellrl_verifier_check_seconds", "Wall time of one check, by type and result (pass/fail).", ("type", "result"))
+REWARD = metrics.histogram(
+    "shellrl_verifier_reward", "Task outcome of scored verifications (0 or 1).", buckets=REWARD_BUCKETS)
+TRAINING_REWARD = metrics.histogram(
+    "shellrl_verifier_training_reward", "Outcome plus enabled shaping terms.", buckets=REWARD_BUCKETS)
+FAILURES = metrics.counter(
+    "shellrl_verifier_failures_total", "Verifications that could not complete, by check type ('' = none).", ("type",))
+TRAJECTORIES = metrics.counter(
+    "shellrl_verifier_trajectories_total",
+    "Trajectories handled by the stream worker: scored, passed_through (already failed upstream), "
+    "unscored (verification failed), duplicate (already forwarded), dead (undecodable).", ("outcome",))
+SESSION_RELEASES = metrics.counter(
+    "shellrl_verifier_session_releases_total", "DELETE of episode sandbox sessions, by result (ok/gone/error).",
+    ("result",))
+REFERENCE_RUNS = metrics.counter(
+    "shellrl_verifier_reference_runs_total", "reference_command lookups: hit (cache) or run (fresh session).",
+    ("result",))
+IN_FLIGHT = metrics.gauge("shellrl_verifier_in_flight", "Verifications running now (worker and HTTP).")
+
+
+def _label(text: str, default: str) -> str:
+    return (text or default)[:64]
+
+
+def record_check(kind: str, passed: bool, duration_s: float) -> None:
+    CHECK_SECONDS.labels(kind, "pass" if passed else "fail").observe(duration_s)
+
+
+def record_verification(source: str, split: str, result: "Verification") -> None:
+    VERIFICATION_SECONDS.observe(result.duration_ms / 1000)
+    if result.reward is None:
+        outcome = "infra"
+        FAILURES.labels(_failed_type(result.failure_detail)).inc()
+    else:
+        outcome = "pass" if result.reward.reward == 1.0 else "fail"
+        REWARD.observe(result.reward.reward)
+        TRAINING_REWARD.observe(result.reward.training_reward)
+    VERIFICATIONS.labels(_label(source, "unknown"), _label(split, "unspecified"), outcome).inc()
+
+
+def _failed_type(detail: str) -> str:
+    """The check type named in an INFRA detail ("check[1] file_sha256 could not run: ...")."""
+    parts = detail.split(" ")
+    return parts[1] if len(parts) > 2 and parts[0].startswith("check[") else ""

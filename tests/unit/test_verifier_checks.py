@@ -1,0 +1,124 @@
+"""Pure semantics of the answer checks and the reward function (services/verifier)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from services.verifier.checks import CheckLimits, answer_equals, answer_integer_equals, answer_matches, norm, run_check
+from services.verifier.rewards import Shaping, compute_reward, safety_flagged
+from shellrl.contract import ToolEvent, check_from_json
+
+
+def test_norm_converts_crlf_and_cr_then_strips():
+    assert norm("  a\r\nb\rc \n") == "a\nb\nc"
+
+
+@pytest.mark.parametrize("answer, expected, ci, passed", [
+    ("linux", "linux", False, True),
+    ("  linux\r\n", "linux", False, True),
+    ("Linux", "linux", False, False),
+    ("Linux", "linux", True, True),
+    ("a\r\nb", "a\nb", False, True),
+    ("linux extra", "linux", False, False),
+    ("", "linux", False, False),
+])
+def test_answer_equals_normalises_line_endings_and_surrounding_whitespace(answer, expected, ci, passed):
+    assert answer_equals(answer, expected, ci)[0] is passed
+
+
+@pytest.mark.parametrize("answer, passed", [
+    ("5", True), (" 5\n", True), ("+5", True), ("05", True), ("-5", False), ("6", False), ("5.0", False),
+    ("1_0", False), ("five", False), ("5 apples", False), ("", False), ("٥", False),
+])
+def test_answer_integer_equals_accepts_only_ascii_integers(answer, passed):
+    assert answer_integer_equals(answer, 5)[0] is passed
+
+
+def test_answer_integer_equals_handles_negative_and_large_values():
+    assert answer_integer_equals("-12", -12)[0]
+    assert answer_integer_equals(str(2**62), 2**62)[0]
+
+
+@pytest.mark.parametrize("answer, pattern, passed", [
+    ("abc123", r"[a-z]+\d+", True),
+    ("xabc123", r"[a-z]{3}\d+", False),     # full match, not re.search (issue 6)
+    ("abc123 tail", r"[a-z]+\d+", False),
+    ("  abc123\n", r"[a-z]+\d+", True),     # norm() first
+])
+def test_answer_matches_is_a_full_match_of_the_normalised_answer(answer, pattern, passed):
+    assert answer_matches(answer, pattern, False, 1.0)[0] is passed
+
+
+def test_answer_matches_case_insensitive_flag():
+    assert answer_matches("ABC", "abc", True, 1.0)[0]
+    assert not answer_matches("ABC", "abc", False, 1.0)[0]
+
+
+def test_catastrophic_regex_fails_within_its_timeout_instead_of_hanging():
+    passed, detail = answer_matches("a" * 40 + "!", r"(a|aa)+$", False, 0.2)
+    assert not passed and "ran past" in detail
+
+
+async def test_no_final_answer_fails_answer_checks():
+    result = await run_check(check_from_json({"type": "answer_equals", "expected": "x"}), None, None, CheckLimits())
+    assert not result.passed and result.detail == "no final answer"
+
+
+async def test_overlong_answer_fails():
+    check = check_from_json({"type": "answer_equals", "expected": "x"})
+    result = await run_check(check, "x" * 20, None, CheckLimits(max_answer_chars=10))
+    assert not result.passed
+
+
+async def test_workspace_check_without_a_session_cannot_run():
+    from services.verifier.checks import CheckInfraError
+
+    with pytest.raises(CheckInfraError):
+        await run_check(check_from_json({"type": "file_exists", "path": "a"}), "x", None, CheckLimits())
+
+
+def _events(*specs) -> list[ToolEvent]:
+    return [ToolEvent(command="c", exit_code=code, timed_out=timed_out, policy_verdict=verdict)
+            for code, timed_out, verdict in specs]
+
+
+def test_reward_is_one_only_when_every_check_passes():
+    assert compute_reward([True, True], [], False, Shaping()).reward == 1.0
+    assert compute_reward([True, False], [], False, Shaping()).reward == 0.0
+    with pytest.raises(ValueError):
+        compute_reward([], [], False, Shaping())
+
+
+def test_shaping_components_are_reported_but_not_trained_on_by_default():
+    events = _events((0, False, "allow"), (0, False, "allow"), (1, False, "allow"), (-1, True, "allow"))
+    r = compute_reward([False], events, False, Shaping())
+    assert r.components == pytest.approx({"outcome": 0.0, "exit_zero_bonus": 0.2, "timeout_penalty": -0.1,
+                                          "safety_penalty": 0.0})
+    assert r.training_reward == 0.0
+
+
+def test_enabled_shaping_caps_the_exit_zero_bonus_and_adds_penalties():
+    events = _events(*[(0, False, "allow")] * 5, (-1, True, "allow"))
+    r = compute_reward([True], events, True, Shaping(enabled=True))
+    assert r.components["exit_zero_bonus"] == pytest.approx(0.3)
+    assert r.training_reward == pytest.approx(1.0 + 0.3 - 0.1 - 1.0)
+    assert r.reward == 1.0
+
+
+def test_malformed_actions_are_not_commands_for_shaping():
+    events = [ToolEvent(exit_code=0, parse_error="no <bash> tag")]
+    assert compute_reward([True], events, False, Shaping()).components["exit_zero_bonus"] == 0.0
+
+
+def test_flagged_or_denied_commands_are_safety_events():
+    assert safety_flagged(_events((0, False, "flag")))
+    assert safety_flagged(_events((-1, False, "deny")))
+    assert not safety_flagged(_events((0, False, "allow")))
+    assert safety_flagged([], [{"rule": "rm_rf_workspace"}])
+
+
+def test_non_finite_shaping_weights_are_refused():
+    with pytest.raises(ValueError):
+        Shaping(exit_zero_bonus=math.nan)
