@@ -1,9 +1,15 @@
 """Group assembly: scored trajectories from the stream -> complete GRPO groups -> train samples.
 
 Consumes parsed trajectories (with their stream entry ids) in any order; produces RolloutGroups
-(the valid members of one `group_id`) once all `group_size` members arrived, or once
+(the valid members of one `group_id`) once `group_size` samples arrived, or once
 `group_timeout_s` passed since the first one arrived (then the group is used if at least
-`min_group_size` valid members remain, else dropped). Guarantees:
+`min_group_size` valid members remain, else dropped). An INFRA failure does not count as an
+arrived sample: the gateway re-runs that sample (attempt + 1) and publishes the retry too.
+
+A released group `counts` toward a learner step when at least 2 of its samples did not fail
+with INFRA, whatever happens to them here (stale, unscored, zero variance). That is the
+gateway's "usable" rule: it gives back the admission of a group with fewer than 2 usable samples
+(services/rollout/worker.py), so learner versions and admitted groups stay in step. Guarantees:
 * every trajectory handed in comes back exactly once, either as a member of a returned group or
   as a `Dropped` record with its reason (so every stream entry is eventually acknowledged);
 * a member is valid only if: not an eval episode, scored, a finite training_reward, no INFRA
@@ -31,6 +37,7 @@ from shellrl.rl.batch import TrainSample
 from shellrl.rl.staleness import staleness
 
 INFRA_FAILURES = frozenset({Failure.FAILURE_INFRA_ENGINE, Failure.FAILURE_INFRA_SANDBOX, Failure.FAILURE_INFRA_VERIFIER})
+_NOT_SAMPLES = frozenset({"infra_failure", "eval"})
 DROP_REASONS = ("stale", "infra_failure", "unscored", "nan_reward", "eval", "empty_response", "duplicate",
                 "invalid", "late_member", "group_too_small")
 
@@ -80,6 +87,12 @@ class RolloutGroup:
     def trainable(self) -> bool:
         return len(self.members) >= 2
 
+    @property
+    def counts(self) -> bool:
+        """Whether this group uses one of the `groups_per_step` slots of a learner step."""
+        usable = len(self.members) + sum(d.reason not in _NOT_SAMPLES for d in self.dropped)
+        return usable >= 2
+
 
 @dataclass
 class _Pending:
@@ -91,7 +104,8 @@ class _Pending:
 
     @property
     def arrivals(self) -> int:
-        return len(self.members) + len(self.dropped)
+        """Samples arrived (INFRA failures are re-run by the gateway: they do not count)."""
+        return len(self.members) + sum(d.reason not in _NOT_SAMPLES for d in self.dropped)
 
 
 class GroupAssembler:
@@ -114,7 +128,7 @@ class GroupAssembler:
 
     @property
     def pending_trajectories(self) -> int:
-        return sum(p.arrivals for p in self._pending.values())
+        return sum(len(p.members) + len(p.dropped) for p in self._pending.values())
 
     def add(self, entry_id: str, traj: Trajectory, learner_version: int) -> Dropped | None:
         """Take one trajectory. Returns a Dropped record when it is rejected on its own (it is then

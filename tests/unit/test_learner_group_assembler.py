@@ -37,13 +37,15 @@ def test_group_is_released_when_all_members_arrived():
 
 
 def test_infra_failures_leave_the_group_and_the_rest_is_used():
-    a, _ = assembler()
+    a, clock = assembler()
     a.add("e0", make_trajectory("g", 1), 0)
     a.add("e1", make_trajectory("g", 0), 0)
     a.add("e2", make_trajectory("g", 0, failure=Failure.FAILURE_INFRA_SANDBOX), 0)
     a.add("e3", make_trajectory("g", math.nan, scored=False, failure=Failure.FAILURE_INFRA_VERIFIER), 0)
+    assert a.pop_ready(0) == []  # INFRA failures are re-run by the gateway: wait for the retries
+    clock.now = 10.0
     (group,) = a.pop_ready(0)
-    assert len(group.members) == 2
+    assert len(group.members) == 2 and group.timed_out and group.counts
     assert sorted(d.reason for d in group.dropped) == ["infra_failure", "infra_failure"]
     assert sorted(group.entry_ids) == ["e0", "e1", "e2", "e3"]
     advantages = [s.advantage for s in group_samples(group).samples]
@@ -60,7 +62,7 @@ def test_timeout_uses_two_valid_members_and_drops_a_lonely_one():
     clock.now = 10.0
     g, h = a.pop_ready(0)
     assert g.timed_out and len(g.members) == 2
-    assert h.members == () and [d.reason for d in h.dropped] == ["group_too_small"]
+    assert h.members == () and [d.reason for d in h.dropped] == ["group_too_small"] and not h.counts
     late = a.add("e2", make_trajectory("g", 1), 0)
     assert late.reason == "late_member"
 
@@ -74,7 +76,7 @@ def test_staleness_is_checked_on_arrival_and_again_at_release():
     (group,) = a.pop_ready(learner_version=14)  # the learner moved on while the group waited
     reasons = sorted((d.reason, d.staleness) for d in group.dropped)
     assert reasons == [("group_too_small", None), ("stale", 2), ("stale", 3)]
-    assert group.members == ()
+    assert group.members == () and group.counts  # the gateway counted it: it uses a step slot
 
 
 def test_on_policy_bound_zero_keeps_only_the_current_version():
@@ -87,15 +89,15 @@ def test_on_policy_bound_zero_keeps_only_the_current_version():
 
 def test_duplicates_nan_rewards_eval_and_empty_responses_are_dropped_with_reasons():
     a, _ = assembler()
-    t = make_trajectory("g", 1, group_size=5)
+    t = make_trajectory("g", 1, group_size=4)
     a.add("e0", t, 0)
     assert a.add("e0b", t, 0).reason == "duplicate"
-    a.add("e1", make_trajectory("g", math.nan, group_size=5), 0)
-    ev = make_trajectory("g", 1, group_size=5)
+    a.add("e1", make_trajectory("g", math.nan, group_size=4), 0)
+    ev = make_trajectory("g", 1, group_size=4)
     ev.eval = True
     a.add("e2", ev, 0)
-    a.add("e3", make_trajectory("g", 0, group_size=5, actions=((),)), 0)
-    a.add("e4", make_trajectory("g", 0, group_size=5, scored=False), 0)
+    a.add("e3", make_trajectory("g", 0, group_size=4, actions=((),)), 0)
+    a.add("e4", make_trajectory("g", 0, group_size=4, scored=False), 0)
     (group,) = a.pop_ready(0)
     assert sorted(d.reason for d in group.dropped) == ["empty_response", "eval", "group_too_small", "nan_reward",
                                                       "unscored"]
@@ -123,3 +125,22 @@ def test_released_group_ids_survive_a_restore():
     b, _ = assembler()
     b.restore_released(a.released_group_ids())
     assert b.add("e1", make_trajectory("g", 0), 0).reason == "late_member"
+
+
+def test_an_infra_failure_and_its_retry_make_one_sample():
+    a, _ = assembler()
+    a.add("e0", make_trajectory("g", 1, group_size=2, trajectory_id="g-0-a0"), 0)
+    a.add("e1", make_trajectory("g", 0, group_size=2, trajectory_id="g-1-a0", failure=Failure.FAILURE_INFRA_ENGINE), 0)
+    assert a.pop_ready(0) == []
+    a.add("e2", make_trajectory("g", 0, group_size=2, trajectory_id="g-1-a1"), 0)
+    (group,) = a.pop_ready(0)
+    assert [m.trajectory_id for m in group.members] == ["g-0-a0", "g-1-a1"] and not group.timed_out
+
+
+def test_a_group_with_one_usable_sample_does_not_count_toward_a_step():
+    a, clock = assembler()
+    a.add("e0", make_trajectory("g", 1, group_size=2), 0)
+    a.add("e1", make_trajectory("g", 0, group_size=2, failure=Failure.FAILURE_INFRA_SANDBOX), 0)
+    clock.now = 10.0
+    (group,) = a.pop_ready(0)
+    assert not group.counts and not group.trainable
