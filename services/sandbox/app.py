@@ -1,0 +1,125 @@
+"""HTTP API of the sandbox executor (DESIGN.md section 2).
+
+    POST   /v1/sessions                      {"setup", "env", "limits"?, "policy"?} → 201 session + setup result
+    POST   /v1/sessions/{id}/exec            {"command", "timeout_s"?} → 200 exec result
+    GET    /v1/sessions/{id}/files/{path}    ?max_bytes=N → raw bytes
+    GET    /v1/sessions/{id}                 → commands, safety events, timestamps
+    POST   /v1/sessions/{id}/reset           → state right after setup
+    DELETE /v1/sessions/{id}                 → everything removed
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from fastapi import Query
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.sandbox.limits import LimitsRequest
+from services.sandbox.sessions import SessionError, SessionManager
+from services.sandbox.workspace import FileReadError
+from shellrl.http import ApiError, create_app, error_body
+
+log = logging.getLogger(__name__)
+DEFAULT_FILE_MAX_BYTES = 10 << 20
+
+
+class CreateSessionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    setup: str = Field("", description="Bash script run in the empty workspace; non-zero exit → 422 setup_failed.")
+    env: dict[str, str] = Field(default_factory=dict, description="Task environment; '<workspace>' is substituted.")
+    limits: LimitsRequest | None = None
+    policy: str | None = Field(None, description="Policy name from the policy file; default: the service default.")
+
+
+class ExecRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    command: str = Field(..., description="Bash source, run like `bash -c` in the session.")
+    timeout_s: float | None = Field(None, gt=0, description="Wall-clock limit; default: the session's timeout_s.")
+
+
+def _api_error(exc: SessionError) -> ApiError | JSONResponse:
+    if exc.details is not None:
+        body = error_body(exc.code, exc.message, exc.field)
+        body["error"]["details"] = exc.details
+        return JSONResponse(body, status_code=exc.status)
+    return ApiError(exc.status, exc.code, exc.message, exc.field)
+
+
+def build_app(manager: SessionManager, config: dict, ready_details: dict, ttl_sweep_interval_s: float):
+    @contextlib.asynccontextmanager
+    async def lifespan(_app):
+        expiry = asyncio.create_task(manager.expire_loop(ttl_sweep_interval_s))
+        try:
+            yield
+        finally:
+            expiry.cancel()
+            await manager.close()
+
+    async def ready_check() -> dict:
+        return {"ready": True, **ready_details, "sessions": len(manager.sessions)}
+
+    app = create_app("sandbox", config, ready_check=ready_check, lifespan=lifespan)
+    layer = manager.isolation.layer
+
+    async def call(coro):
+        try:
+            return await coro
+        except SessionError as exc:
+            err = _api_error(exc)
+            if isinstance(err, JSONResponse):
+                return err
+            raise err from None
+
+    @app.post("/v1/sessions", status_code=201, tags=["sessions"])
+    async def create_session(req: CreateSessionRequest):
+        limits = manager.default_limits.merged(req.limits)
+        result = await call(manager.create(req.setup, req.env, limits, req.policy))
+        if isinstance(result, JSONResponse):
+            return result
+        session, setup = result
+        return {"session_id": session.session_id, "isolation": layer, "workspace": session.workspace_path,
+                "policy": session.policy.name, "limits": session.limits.as_dict(), "setup": setup.as_dict()}
+
+    @app.post("/v1/sessions/{session_id}/exec", tags=["sessions"])
+    async def exec_command(session_id: str, req: ExecRequest):
+        result = await call(manager.exec(session_id, req.command, req.timeout_s))
+        return result.as_dict()
+
+    @app.get("/v1/sessions/{session_id}/files/{path:path}", tags=["sessions"])
+    async def read_file(session_id: str, path: str, max_bytes: int = Query(DEFAULT_FILE_MAX_BYTES, ge=0)):
+        session = await call(_get(session_id))
+        prefix = session.workspace_path.rstrip("/") + "/"
+        relative = path[len(prefix):] if ("/" + path.lstrip("/")).startswith(prefix) else path
+        if path.startswith("/") and not ("/" + path.lstrip("/")).startswith(prefix):
+            raise ApiError(403, "path_outside_workspace", f"{path!r} is not inside the workspace {prefix}", "path")
+        try:
+            data = await asyncio.to_thread(session.workspace.read_file, relative, max_bytes)
+        except FileReadError as exc:
+            raise ApiError(exc.status, exc.code, exc.message, "path") from None
+        return Response(content=data, media_type="application/octet-stream")
+
+    async def _get(session_id: str):
+        return manager.get(session_id)
+
+    @app.get("/v1/sessions/{session_id}", tags=["sessions"])
+    async def session_info(session_id: str):
+        session = await call(_get(session_id))
+        return session.info(layer)
+
+    @app.post("/v1/sessions/{session_id}/reset", tags=["sessions"])
+    async def reset_session(session_id: str):
+        duration_ms = await call(manager.reset(session_id))
+        return {"session_id": session_id, "reset": True, "duration_ms": round(duration_ms, 3)}
+
+    @app.delete("/v1/sessions/{session_id}", tags=["sessions"])
+    async def delete_session(session_id: str):
+        await call(manager.delete(session_id))
+        return {"session_id": session_id, "deleted": True}
+
+    return app

@@ -1,0 +1,216 @@
+"""Session workspaces on the host: a size-capped tmpfs, an overlay snapshot for reset, safe reads.
+
+Layout of one session (`<root>/<session_id>/`, owner root, group = the session uid, mode 0750, so
+no other session uid can enter it):
+
+    ctl/command   the command being run (root-owned, read-only to the sandbox)
+    base/         tmpfs the setup script writes into (through ws/); read-only lower layer afterwards
+    upper/        tmpfs: u/ (overlay upper = everything the episode writes), w/ (overlay work),
+                  tmp/ (the sandbox's /tmp), state/ (cwd and exported variables between commands)
+    ws/           the workspace: a bind of base/ during setup, then overlay(lower=base, upper=upper/u)
+
+The upper tmpfs size is the cap on total bytes an episode can write (workspace + /tmp); reset is
+umount + fresh tmpfs + mount (no copying). Host-side reads go through `read_file`, which resolves
+the path beneath the workspace with openat2(RESOLVE_BENEATH) so planted symlinks cannot escape.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import shutil
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.sandbox import mounts
+
+INODES_PER_MIB = 256  # nr_inodes of a tmpfs per MiB of its size (100 small files need ~100)
+
+
+class FileReadError(Exception):
+    """Reading a workspace file failed; `status` is the HTTP status to answer with."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+@dataclass(frozen=True)
+class WorkspacePaths:
+    session_dir: Path
+
+    @property
+    def ctl(self) -> Path:
+        return self.session_dir / "ctl"
+
+    @property
+    def command_file(self) -> Path:
+        return self.ctl / "command"
+
+    @property
+    def base(self) -> Path:
+        return self.session_dir / "base"
+
+    @property
+    def upper(self) -> Path:
+        return self.session_dir / "upper"
+
+    @property
+    def ws(self) -> Path:
+        return self.session_dir / "ws"
+
+    @property
+    def tmp(self) -> Path:
+        return self.upper / "tmp"
+
+    @property
+    def state(self) -> Path:
+        return self.upper / "state"
+
+
+class Workspace:
+    """The mounts of one session. All methods are synchronous and fast (a few mount syscalls)."""
+
+    def __init__(self, session_dir: Path, uid: int, size_bytes: int) -> None:
+        self.paths = WorkspacePaths(Path(session_dir))
+        self.uid = uid
+        self.size_bytes = size_bytes
+        self.nr_inodes = max(1024, size_bytes // (1 << 20) * INODES_PER_MIB)
+        self.snapshotted = False
+
+    def _tmpfs(self, target: Path, owner_uid: int) -> None:
+        mounts.mount("tmpfs", target, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
+                     f"size={self.size_bytes},nr_inodes={self.nr_inodes},mode=0755,uid={owner_uid},gid={owner_uid}")
+
+    def _fresh_upper(self) -> None:
+        p = self.paths
+        self._tmpfs(p.upper, 0)
+        for d, owner, mode in ((p.upper / "u", self.uid, 0o755), (p.upper / "w", 0, 0o700),
+                               (p.tmp, self.uid, 0o700), (p.state, self.uid, 0o700)):
+            d.mkdir(mode=mode)
+            os.chown(d, owner, owner)
+
+    def create(self) -> None:
+        """Empty workspace, ready for the setup script (ws/ is base/ until `snapshot`)."""
+        p = self.paths
+        p.session_dir.mkdir(mode=0o750)
+        os.chown(p.session_dir, 0, self.uid)
+        for d in (p.ctl, p.base, p.upper, p.ws):
+            d.mkdir(mode=0o755)
+        p.command_file.write_bytes(b"")
+        os.chmod(p.command_file, 0o644)
+        self._tmpfs(p.base, self.uid)
+        mounts.mount(str(p.base), p.ws, None, mounts.MS_BIND)
+        self._fresh_upper()
+
+    def snapshot(self) -> None:
+        """Freeze the state after setup: base/ becomes the read-only lower layer of an overlay."""
+        p = self.paths
+        mounts.umount(p.ws)
+        mounts.mount(None, p.base, None, mounts.MS_REMOUNT | mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV,
+                     f"size={self.size_bytes},nr_inodes={self.nr_inodes}")
+        self.reset()
+        self.snapshotted = True
+
+    def reset(self) -> None:
+        """Back to the state right after setup: drop the upper tmpfs, mount a fresh overlay."""
+        p = self.paths
+        mounts.umount(p.ws)
+        mounts.umount(p.upper)
+        self._fresh_upper()
+        mounts.mount("overlay", p.ws, "overlay", mounts.MS_NOSUID | mounts.MS_NODEV,
+                     f"lowerdir={p.base},upperdir={p.upper / 'u'},workdir={p.upper / 'w'}")
+
+    def destroy(self) -> None:
+        """Unmount everything and delete the session directory."""
+        for point in mounts.mounted_below(self.paths.session_dir):
+            mounts.umount(point)
+        shutil.rmtree(self.paths.session_dir, ignore_errors=True)
+
+    def read_file(self, relative_path: str, max_bytes: int) -> bytes:
+        """The bytes of a regular file beneath the workspace.
+
+        Raises FileReadError: 400 (not a regular file / bad path), 403 (the path or a symlink on it
+        leaves the workspace), 404 (missing), 413 (larger than `max_bytes`).
+        """
+        if "\x00" in relative_path or not relative_path.strip("/"):
+            raise FileReadError(400, "invalid_path", "path must name a file inside the workspace")
+        fd = open_beneath(self.paths.ws, relative_path.lstrip("/"))
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise FileReadError(400, "not_a_file", f"{relative_path!r} is not a regular file")
+            if info.st_size > max_bytes:
+                raise FileReadError(413, "file_too_large",
+                                    f"{relative_path!r} has {info.st_size} bytes, more than max_bytes={max_bytes}")
+            chunks, total = [], 0
+            while chunk := os.read(fd, 1 << 20):
+                total += len(chunk)
+                if total > max_bytes:
+                    raise FileReadError(413, "file_too_large", f"{relative_path!r} grew past max_bytes={max_bytes}")
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+
+# openat2(2): resolve a path beneath a directory fd, following symlinks only while they stay inside.
+_SYS_OPENAT2 = 437
+_RESOLVE_NO_XDEV, _RESOLVE_NO_MAGICLINKS, _RESOLVE_BENEATH = 0x01, 0x02, 0x08
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+def open_beneath(root: Path, relative_path: str) -> int:
+    """fd of `relative_path` opened read-only beneath `root`; FileReadError 403/404 otherwise."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+    root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        how = _OpenHow(flags, 0, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_XDEV)
+        fd = _libc.syscall(_SYS_OPENAT2, root_fd, os.fsencode(relative_path), ctypes.byref(how),
+                           ctypes.sizeof(how))
+        if fd >= 0:
+            return fd
+        err = ctypes.get_errno()
+        if err == errno.ENOSYS:
+            return _open_no_symlinks(root_fd, relative_path, flags)
+        raise _read_error(err, relative_path)
+    finally:
+        os.close(root_fd)
+
+
+def _open_no_symlinks(root_fd: int, relative_path: str, flags: int) -> int:
+    """Kernels without openat2: walk component by component with O_NOFOLLOW (no symlinks at all)."""
+    parts = [p for p in relative_path.split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise FileReadError(403, "path_outside_workspace", f"{relative_path!r} leaves the workspace")
+    fd = os.dup(root_fd)
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            try:
+                nxt = os.open(part, (flags if last else os.O_PATH | os.O_DIRECTORY) | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                raise _read_error(exc.errno, relative_path) from None
+            os.close(fd)
+            fd = nxt
+        return os.dup(fd)
+    finally:
+        os.close(fd)
+
+
+def _read_error(err: int, path: str) -> FileReadError:
+    if err == errno.ENOENT:
+        return FileReadError(404, "file_not_found", f"{path!r} does not exist in the workspace")
+    if err in (errno.EXDEV, errno.ELOOP):
+        return FileReadError(403, "path_outside_workspace", f"{path!r} (or a symlink on it) leaves the workspace")
+    if err == errno.ENOTDIR:
+        return FileReadError(404, "file_not_found", f"{path!r}: a parent is not a directory")
+    if err == errno.EISDIR:
+        return FileReadError(400, "not_a_file", f"{path!r} is a directory")
+    return FileReadError(400, "invalid_path", f"{path!r}: {os.strerror(err)}")
