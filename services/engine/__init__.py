@@ -1,0 +1,1 @@
+"""SGLang-compatible CPU (and single-GPU) inference engine on transformers; see docs/sglang.md."""

@@ -1,0 +1,263 @@
+"""`/generate` request parsing and response rendering in SGLang's formats (docs/sglang.md §1).
+
+Input: the JSON body of `POST /generate` (single or batch). Output: one `RequestSpec` per prompt,
+validated, or `ApiError(400)` naming the offending field. Rendering turns a finished request into
+SGLang's `{"text", "output_ids", "meta_info"}` object.
+
+Strictness: unknown keys inside `sampling_params` are rejected, as SGLang 0.5.23 does; unknown
+top-level keys are rejected too (SGLang ignores them; shellrl prefers a clear error). SGLang
+fields this engine does not implement are accepted only with their default value.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
+
+from services.engine.sampling import SamplingSpec
+from shellrl.http import ApiError
+
+MAX_STOP_STRINGS = 32
+
+# Top-level SGLang fields accepted only with these (default) values.
+_DEFAULT_ONLY = {
+    "logprob_start_len": (-1,), "top_logprobs_num": (0,), "token_ids_logprob": (None,), "stream": (False,),
+    "return_hidden_states": (False,), "return_routed_experts": (False,), "lora_path": (None,),
+    "image_data": (None,), "video_data": (None,), "audio_data": (None,), "input_embeds": (None,),
+    "custom_logit_processor": (None,), "session_params": (None,), "return_sampling_mask": (False,),
+}
+# Top-level SGLang fields that do not change what this engine computes.
+_IGNORED = {"priority", "extra_key", "cache_salt", "routing_key", "session_id", "routed_dp_rank",
+            "data_parallel_rank", "log_metrics", "routed_experts_start_len", "bootstrap_host", "bootstrap_port",
+            "bootstrap_room"}
+_HANDLED = {"text", "input_ids", "sampling_params", "rid", "return_logprob", "return_text_in_logprobs",
+            "return_prompt_token_ids"}
+
+
+class SamplingParams(BaseModel):
+    """SGLang's `sampling_params` (sampling/sampling_params.py); unknown keys rejected."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: StrictInt = Field(128, ge=0)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: StrictInt = -1
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    stop_regex: str | list[str] | None = None
+    stop_token_ids: list[StrictInt] | None = None
+    ignore_eos: StrictBool = False
+    no_stop_trim: StrictBool = False
+    skip_special_tokens: StrictBool = True
+    spaces_between_special_tokens: StrictBool = True
+    sampling_seed: StrictInt | None = None
+    stream_interval: StrictInt | None = None
+    custom_params: dict | None = None
+    # Accepted only at their defaults (checked in `_sampling_spec`).
+    n: StrictInt = 1
+    min_new_tokens: StrictInt = 0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict | None = None
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+    structural_tag: str | None = None
+    beam_width: StrictInt | None = None
+    watermark: dict | None = None
+
+
+_UNSUPPORTED_SAMPLING = {"n": 1, "min_new_tokens": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
+                         "repetition_penalty": 1.0, "logit_bias": None, "json_schema": None, "regex": None,
+                         "ebnf": None, "structural_tag": None, "beam_width": None, "watermark": None}
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    """One validated generation request."""
+
+    rid: str
+    input_ids: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingSpec
+    stop_strings: tuple[str, ...] = ()
+    stop_regex: tuple[str, ...] = ()
+    stop_token_ids: frozenset[int] = frozenset()
+    ignore_eos: bool = False
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    return_logprob: bool = False
+    return_text_in_logprobs: bool = False
+    return_prompt_token_ids: bool = False
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    vocab_size: int
+    context_length: int
+
+
+def parse_generate(body: object, limits: ModelLimits, tokenizer, new_rid) -> tuple[list[RequestSpec], bool]:
+    """Validated specs for a `/generate` body and whether it was a batch. Raises ApiError(400)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "invalid_request", "request body must be a JSON object")
+    for key in body:
+        if key in _DEFAULT_ONLY:
+            if body[key] not in _DEFAULT_ONLY[key]:
+                raise ApiError(400, "unsupported", f"{key}={body[key]!r} is not supported by shellrl's engine", key)
+        elif key not in _HANDLED and key not in _IGNORED:
+            raise ApiError(400, "unknown_field", f"unknown field {key!r}", key)
+    prompts, is_batch = _prompts(body, tokenizer, limits)
+    count = len(prompts)
+    params = _per_item(body.get("sampling_params") or {}, count, "sampling_params", dict, is_batch)
+    return_logprob = _per_item(body.get("return_logprob", False), count, "return_logprob", bool, is_batch)
+    rids = _rids(body.get("rid"), count, is_batch, new_rid)
+    specs = []
+    for i, (ids, raw, logprob, rid) in enumerate(zip(prompts, params, return_logprob, rids)):
+        field = f"sampling_params[{i}]" if isinstance(body.get("sampling_params"), list) else "sampling_params"
+        specs.append(_spec(rid, ids, raw, field, limits, bool(logprob), body))
+    return specs, is_batch
+
+
+def _prompts(body: dict, tokenizer, limits: ModelLimits) -> tuple[list[list[int]], bool]:
+    given = [k for k in ("text", "input_ids") if body.get(k) is not None]
+    if len(given) != 1:
+        raise ApiError(400, "invalid_request", "Either text or input_ids should be provided (exactly one).",
+                       "input_ids")
+    if given[0] == "text":
+        text = body["text"]
+        texts = text if isinstance(text, list) else [text]
+        if not texts or not all(isinstance(t, str) for t in texts):
+            raise ApiError(400, "invalid_request", "text must be a string or a non-empty list of strings", "text")
+        prompts = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        is_batch = isinstance(text, list)
+    else:
+        ids = body["input_ids"]
+        if not isinstance(ids, list) or not ids:
+            raise ApiError(400, "invalid_request", "input_ids cannot be empty.", "input_ids")
+        is_batch = isinstance(ids[0], list)
+        prompts = ids if is_batch else [ids]
+    for i, prompt in enumerate(prompts):
+        field = f"input_ids[{i}]" if is_batch else "input_ids"
+        if not isinstance(prompt, list) or not prompt:
+            raise ApiError(400, "invalid_request", "input_ids cannot be empty.", field)
+        bad = [t for t in prompt if type(t) is not int or not 0 <= t < limits.vocab_size]
+        if bad:
+            raise ApiError(400, "invalid_request", f"token ids must be integers in [0, {limits.vocab_size}); "
+                           f"got {bad[:5]!r}", field)
+        if len(prompt) >= limits.context_length:
+            raise ApiError(400, "invalid_request", f"The input ({len(prompt)} tokens) is longer than the model's "
+                           f"context length ({limits.context_length} tokens).", field)
+    return prompts, is_batch
+
+
+def _per_item(value, count: int, field: str, kind: type, is_batch: bool) -> list:
+    if isinstance(value, list) and kind is not list:
+        if not is_batch or len(value) != count:
+            raise ApiError(400, "invalid_request", f"{field} list must have one entry per prompt ({count})", field)
+        items = value
+    else:
+        items = [value] * count
+    for item in items:
+        if not isinstance(item, kind):
+            raise ApiError(400, "invalid_request", f"{field} must be a {kind.__name__} or a list of them", field)
+    return items
+
+
+def _rids(rid, count: int, is_batch: bool, new_rid) -> list[str]:
+    if rid is None:
+        return [new_rid() for _ in range(count)]
+    if isinstance(rid, str) and rid:
+        return [f"{rid}_{i}" for i in range(count)] if is_batch else [rid]
+    if isinstance(rid, list) and is_batch and len(rid) == count and all(isinstance(r, str) and r for r in rid):
+        if len(set(rid)) != count:
+            raise ApiError(400, "invalid_request", "rid list has duplicates", "rid")
+        return list(rid)
+    raise ApiError(400, "invalid_request", "rid must be a non-empty string (or one per prompt in a batch)", "rid")
+
+
+def _spec(rid: str, ids: list[int], raw: dict, field: str, limits: ModelLimits, return_logprob: bool,
+          body: dict) -> RequestSpec:
+    try:
+        params = SamplingParams.model_validate({k: v for k, v in raw.items() if v is not None})
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(p) for p in error["loc"])
+        raise ApiError(400, "invalid_request", f"{field}.{where}: {error['msg']}", f"{field}.{where}") from exc
+    for key, default in _UNSUPPORTED_SAMPLING.items():
+        if getattr(params, key) != default:
+            raise ApiError(400, "unsupported", f"{key} is not supported by shellrl's engine", f"{field}.{key}")
+    if params.top_k == 0 or params.top_k < -1:
+        raise ApiError(400, "invalid_request", "top_k must be -1 (disabled) or >= 1", f"{field}.top_k")
+    stops = tuple([params.stop] if isinstance(params.stop, str) else params.stop or [])
+    regexes = tuple([params.stop_regex] if isinstance(params.stop_regex, str) else params.stop_regex or [])
+    if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
+        raise ApiError(400, "invalid_request", f"stop: at most {MAX_STOP_STRINGS} non-empty strings", f"{field}.stop")
+    for pattern in regexes:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ApiError(400, "invalid_request", f"stop_regex {pattern!r}: {exc}", f"{field}.stop_regex") from exc
+    if any(not 0 <= t < limits.vocab_size for t in params.stop_token_ids or []):
+        raise ApiError(400, "invalid_request", "stop_token_ids must be in the vocabulary", f"{field}.stop_token_ids")
+    return RequestSpec(
+        rid=rid, input_ids=tuple(ids),
+        max_new_tokens=min(params.max_new_tokens, limits.context_length - len(ids)),
+        sampling=SamplingSpec(params.temperature, params.top_p, params.top_k, params.min_p, params.sampling_seed),
+        stop_strings=stops, stop_regex=regexes, stop_token_ids=frozenset(params.stop_token_ids or ()),
+        ignore_eos=params.ignore_eos, no_stop_trim=params.no_stop_trim,
+        skip_special_tokens=params.skip_special_tokens,
+        spaces_between_special_tokens=params.spaces_between_special_tokens,
+        return_logprob=return_logprob, return_text_in_logprobs=bool(body.get("return_text_in_logprobs", False)),
+        return_prompt_token_ids=bool(body.get("return_prompt_token_ids", False)),
+    )
+
+
+def render_response(state, tokenizer) -> dict:
+    """SGLang's response object for a finished request (`state`: scheduler.RequestState)."""
+    spec: RequestSpec = state.spec
+    finish = state.finish_reason
+    ids = state.output_ids
+    text_ids = ids
+    if not spec.no_stop_trim and finish.get("type") == "stop" and isinstance(finish.get("matched"), int):
+        text_ids = ids[:-1]  # the matched stop token is kept in output_ids but cut from text
+    text = tokenizer.decode(text_ids, skip_special_tokens=spec.skip_special_tokens,
+                            spaces_between_special_tokens=spec.spaces_between_special_tokens) if text_ids else ""
+    if not spec.no_stop_trim and finish.get("type") == "stop" and isinstance(finish.get("matched"), str):
+        cut = _find_stop(text, finish["matched"], spec.stop_regex)
+        if cut >= 0:
+            text = text[:cut]
+    meta = {
+        "id": spec.rid,
+        "finish_reason": finish,
+        "completion_tokens": len(ids),
+        "cached_tokens": state.cached_tokens,
+        "weight_version": state.spans[-1][0] if state.spans else state.weight_version_at_end,
+        "weight_versions": [{"version": v, "start": s, "end": e} for v, s, e in state.spans],
+        "num_retractions": state.num_retractions,
+        "reasoning_tokens": 0,
+        "e2e_latency": state.e2e_latency_s,
+    }
+    if not state.aborted_in_queue:
+        meta["prompt_tokens"] = len(spec.input_ids)
+    if spec.return_logprob:
+        texts = [tokenizer.decode([t]) for t in ids] if spec.return_text_in_logprobs else [None] * len(ids)
+        meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(state.logprobs, ids, texts)]
+        meta["input_token_logprobs"] = []
+        meta["output_token_logprobs_length"] = len(ids)
+    out = {"text": text, "output_ids": list(ids), "meta_info": meta}
+    if spec.return_prompt_token_ids:
+        out["prompt_token_ids"] = list(spec.input_ids)
+    return out
+
+
+def _find_stop(text: str, matched: str, regexes: tuple[str, ...]) -> int:
+    if matched in regexes:
+        found = re.search(matched, text)
+        return found.start() if found else -1
+    return text.find(matched)

@@ -1,0 +1,205 @@
+"""The engine's state behind the HTTP routes: model, tokenizer, scheduler, weight-update session.
+
+Built once in `__main__` from `EngineSettings`. Routes (app.py) translate HTTP to these methods;
+everything that touches the model runs on the scheduler thread through `Scheduler.call`.
+
+Weight-update session (SGLang 0.5.23 `/begin_weight_update` ... `/end_weight_update`): tensor
+updates inside a session are validated and staged; `end` swaps all of them in at once between
+decoding steps and sets the version (SGLang loads each call as it arrives; staging makes a
+multi-bucket update atomic too). Disk updates need no session and go live on their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import torch
+
+from services.engine import metrics
+from services.engine.prefix_cache import PrefixCache
+from services.engine.protocol import ModelLimits, RequestSpec
+from services.engine.sampling import SamplingSpec
+from services.engine.scheduler import Scheduler
+from services.engine.settings import EngineSettings
+from services.engine.weights import StagedWeights, WeightStore, WeightUpdateError
+from shellrl.models import load_model, load_tokenizer, resolve_model_path
+
+log = logging.getLogger(__name__)
+
+SESSION_REQUIRED = "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
+
+
+@dataclass
+class _Session:
+    staged: StagedWeights = field(default_factory=StagedWeights)
+    weight_version: str | None = None
+    started_s: float = field(default_factory=time.perf_counter)
+    failed: str | None = None
+
+
+class EngineRuntime:
+    """Model + scheduler + weight updates (see the module docstring)."""
+
+    def __init__(self, settings: EngineSettings) -> None:
+        self.settings = settings
+        if settings.num_threads:
+            torch.set_num_threads(settings.num_threads)
+        dtype = None if settings.dtype == "auto" else getattr(torch, settings.dtype)
+        self.model_dir = resolve_model_path(settings.model_path)
+        self.model = load_model(settings.model_path, dtype=dtype, device=settings.device)
+        self.model.config._attn_implementation = settings.attn_implementation
+        self.tokenizer = load_tokenizer(settings.model_path)
+        config = self.model.config
+        self.limits = ModelLimits(vocab_size=self.model.get_input_embeddings().weight.shape[0],
+                                  context_length=int(getattr(config, "max_position_embeddings", 32768)))
+        eos = config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            eos_ids.add(self.tokenizer.eos_token_id)
+        self.weights = WeightStore(self.model)
+        self.prefix_cache = PrefixCache(settings.prefix_cache_max_bytes, enabled=settings.prefix_cache)
+        self.scheduler = Scheduler(self.model, self.tokenizer, weight_version=settings.weight_version,
+                                   max_running_requests=settings.max_running_requests,
+                                   max_prefill_tokens=settings.max_prefill_tokens, prefix_cache=self.prefix_cache,
+                                   eos_token_ids=eos_ids)
+        self.started_at = time.time()
+        self._session: _Session | None = None
+        self._update_lock = asyncio.Lock()
+
+    # ----- lifecycle -----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.scheduler.start()
+
+    def stop(self) -> None:
+        self.scheduler.stop()
+
+    @property
+    def weight_version(self) -> str:
+        return self.scheduler.weight_version
+
+    async def run(self, fn, *, when_idle: bool = False):
+        """Run `fn` on the scheduler thread between steps and await its result."""
+        return await asyncio.wrap_future(self.scheduler.call(fn, when_idle=when_idle))
+
+    # ----- health --------------------------------------------------------------------------------------
+
+    async def health_generate(self) -> bool:
+        """One greedy token from input [0]; while paused, a scheduler round-trip instead (a paused
+        SGLang server would block the probe until continue)."""
+        timeout_s = self.settings.health_check_timeout_s
+        try:
+            if self.scheduler.paused:
+                return bool(await asyncio.wait_for(self.run(lambda: True), timeout_s))
+            spec = RequestSpec(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", input_ids=(0,), max_new_tokens=1,
+                               sampling=SamplingSpec(temperature=0.0))
+            state = self.scheduler.submit(spec, asyncio.get_running_loop())
+            done = await asyncio.wait_for(state.future, timeout_s)
+            return done.finish_reason.get("status_code") is None
+        except (asyncio.TimeoutError, RuntimeError):
+            return False
+
+    # ----- weight updates ------------------------------------------------------------------------------
+
+    def begin_session(self) -> None:
+        if self._session is not None:
+            raise WeightUpdateError("a weight-update session is already open; call end_weight_update first")
+        self._session = _Session()
+
+    async def update_from_tensor(self, serialized_named_tensors, load_format, weight_version, abort_all: bool) -> str:
+        session = self._session
+        if session is None:
+            raise WeightUpdateError(SESSION_REQUIRED)
+        try:
+            staged = await asyncio.to_thread(self.weights.stage_serialized, serialized_named_tensors, load_format)
+        except WeightUpdateError as exc:
+            session.failed = str(exc)  # nothing of this session will be applied
+            raise
+        if abort_all:
+            await self.run(lambda: self.scheduler.abort("", abort_all=True))
+        session.staged.merge(staged)
+        if weight_version is not None:
+            session.weight_version = str(weight_version)
+        message = f"Success. Staged {len(staged.tensors)} tensors; they go live at end_weight_update."
+        return message + (f" Weight version updated to {weight_version}." if weight_version is not None else "")
+
+    async def end_session(self) -> str:
+        session, self._session = self._session, None
+        if session is None:
+            raise WeightUpdateError("no weight-update session is open; call begin_weight_update first")
+        if session.failed:
+            raise WeightUpdateError(f"session discarded, an update in it failed: {session.failed}")
+        if not session.staged.tensors and session.weight_version is None:
+            return "Success. Nothing was staged."
+        count = await self._commit(session.staged, session.weight_version, "tensor", session.started_s)
+        return f"Success. {count} tensors live, weight version {self.weight_version}."
+
+    async def update_from_disk(self, model_path: str, weight_version, abort_all: bool) -> str:
+        started = time.perf_counter()
+        async with self._update_lock:
+            staged = await asyncio.to_thread(self.weights.stage_disk, model_path)
+            if abort_all:
+                await self.run(lambda: self.scheduler.abort("", abort_all=True))
+            await self._commit(staged, None if weight_version is None else str(weight_version), "disk", started)
+        return f"Succeeded to update model weights. Weight version {self.weight_version}."
+
+    async def _commit(self, staged: StagedWeights, weight_version: str | None, source: str, started_s: float) -> int:
+        count = await self.run(
+            lambda: self.scheduler.set_weights(lambda: self.weights.commit(staged), weight_version) or len(
+                staged.tensors), when_idle=True)
+        metrics.WEIGHT_UPDATE_SECONDS.labels(source).observe(time.perf_counter() - started_s)
+        log.info("weights updated", extra={"source": source, "tensors": count, "weight_version": self.weight_version})
+        return count
+
+    async def set_weight_version(self, new_version: str, abort_all: bool) -> None:
+        def apply() -> None:
+            if abort_all:
+                self.scheduler.abort("", abort_all=True)
+            self.scheduler.weight_version = new_version
+
+        await self.run(apply)
+
+    # ----- info ----------------------------------------------------------------------------------------
+
+    def model_info(self) -> dict:
+        config = self.model.config
+        return {
+            "model_path": self.settings.model_path,
+            "served_model_name": self.settings.served_model_name or self.settings.model_path,
+            "tokenizer_path": str(self.model_dir),
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.weight_version,
+            "load_format": "auto",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": getattr(config, "model_type", None),
+            "architectures": getattr(config, "architectures", None),
+        }
+
+    def server_info(self) -> dict:
+        return {
+            **self.settings.public_dict(),
+            "port": self.settings.resolved_port(),
+            "tp_size": 1, "dp_size": 1,
+            "context_length": self.limits.context_length,
+            "max_total_num_tokens": self.settings.prefix_cache_max_bytes // max(1, self.scheduler.kv_shape.bytes_per_token()),
+            "incremental_streaming_output": False,
+            "disable_radix_cache": not self.settings.prefix_cache,
+            "internal_states": [self.loads()],
+            "version": "shellrl-engine-0.1.0",
+            "startup_time": self.started_at,
+            "frontend": "python",
+        }
+
+    def loads(self) -> dict:
+        loads = self.scheduler.loads()
+        return {"dp_rank": 0, **loads, "cached_tokens": self.prefix_cache.tokens,
+                "prefix_cache_bytes": self.prefix_cache.bytes, "weight_version": self.weight_version}

@@ -1,0 +1,421 @@
+"""The engine's scheduler: one thread that owns the model and decodes all running requests together.
+
+Consumes `RequestState`s (from `/generate`) and commands (pause, continue, abort, weight commit,
+flush) submitted from the HTTP event loop. Produces finished requests, resolved on their asyncio
+futures. Guarantees:
+* continuous batching: requests join the running batch after a batched prefill (with prefix-cache
+  reuse) and leave it when finished; every decode step runs all running requests at once;
+* commands run only between two forward passes, so a weight swap is atomic with respect to tokens;
+* each token is labelled with the weight version that computed it (`spans`);
+* an abort returns every token generated so far with its log-prob (pitfalls C14, C15).
+
+One loop iteration: take new requests and commands, run commands that may run, admit waiting
+requests (prefill), run one decode step, finish requests that stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import re
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from services.engine import metrics
+from services.engine.kv_batch import BatchKV, KVShape, forward_columns
+from services.engine.prefix_cache import PrefixCache
+from services.engine.protocol import RequestSpec
+from services.engine.sampling import sample_next
+
+log = logging.getLogger(__name__)
+
+ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
+ABORTED_IN_QUEUE = {"type": "abort", "message": "Abort in waiting queue"}
+PAUSE_MODES = ("abort", "retract", "in_place")
+
+
+class DuplicateRequestId(ValueError):
+    pass
+
+
+@dataclass(eq=False)
+class RequestState:
+    """A request's progress. Mutated only by the scheduler thread after `submit`."""
+
+    spec: RequestSpec
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    created_s: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    spans: list[list] = field(default_factory=list)  # [weight_version, start, end) over output tokens
+    finish_reason: dict | None = None
+    cached_tokens: int = 0
+    num_retractions: int = 0
+    aborted_in_queue: bool = False
+    e2e_latency_s: float = 0.0
+    weight_version_at_end: str = ""
+    stop_window_tokens: int = 0
+    generator: torch.Generator | None = None
+    kv_generation: int = -1  # prefix-cache generation its KV belongs to
+    kv_inserted: int = 0  # tokens of its sequence already offered to the prefix cache
+
+    def tokens(self) -> list[int]:
+        return [*self.spec.input_ids, *self.output_ids]
+
+
+@dataclass
+class _Command:
+    fn: Callable[[], object]
+    result: concurrent.futures.Future
+    when_idle: bool
+
+
+class Scheduler:
+    """Owns the model, the running batch and the prefix cache (see the module docstring)."""
+
+    def __init__(self, model, tokenizer, *, weight_version: str, max_running_requests: int,
+                 max_prefill_tokens: int, prefix_cache: PrefixCache, eos_token_ids: set[int]) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        self.weight_version = weight_version
+        self.max_running_requests, self.max_prefill_tokens = max_running_requests, max_prefill_tokens
+        self.prefix_cache, self.eos_token_ids = prefix_cache, eos_token_ids
+        self.kv_shape = KVShape.of(model)
+        self.paused: str | None = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._inbox: list[RequestState] = []
+        self._commands: list[_Command] = []
+        self._rids: set[str] = set()
+        self._waiting: deque[RequestState] = deque()
+        self._held: list[RequestState] = []  # arrived while paused
+        self._running: list[RequestState] = []
+        self._batch: BatchKV | None = None
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
+
+    # ----- called from the HTTP event loop ---------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def submit(self, spec: RequestSpec, loop: asyncio.AbstractEventLoop) -> RequestState:
+        """Queue a request; its future resolves with the finished state. Raises DuplicateRequestId."""
+        state = RequestState(spec, loop.create_future(), loop)
+        state.stop_window_tokens = 1 + max(
+            (len(self.tokenizer.encode(s, add_special_tokens=False)) for s in spec.stop_strings), default=0)
+        if spec.stop_regex:
+            state.stop_window_tokens = max(state.stop_window_tokens, 64)
+        if spec.sampling.seed is not None:
+            state.generator = torch.Generator(device=self.kv_shape.device).manual_seed(spec.sampling.seed)
+        with self._lock:
+            if spec.rid in self._rids:
+                raise DuplicateRequestId(f"Duplicate request ID detected: {spec.rid}")
+            self._rids.add(spec.rid)
+            self._inbox.append(state)
+        self._wake.set()
+        return state
+
+    def call(self, fn: Callable[[], object], *, when_idle: bool = False) -> concurrent.futures.Future:
+        """Run `fn` on the scheduler thread between two steps. `when_idle`: only once no request is
+        running (new requests are not admitted meanwhile) unless generation is paused."""
+        command = _Command(fn, concurrent.futures.Future(), when_idle)
+        with self._lock:
+            self._commands.append(command)
+        self._wake.set()
+        return command.result
+
+    def loads(self) -> dict:
+        return {"num_running_reqs": len(self._running), "num_waiting_reqs": len(self._waiting) + len(self._held),
+                "paused": self.paused}
+
+    # ----- commands (run on the scheduler thread through `call`) -----------------------------------
+
+    def pause(self, mode: str) -> None:
+        """abort: running and queued requests return now with finish_reason abort and their partial
+        output. retract: running requests go back to the queue keeping their output; they resume after
+        `resume`, re-prefilled under the weights of that time. in_place: stepping stops, KV is kept.
+        In every mode, requests that arrive while paused wait for `resume`."""
+        self.paused = mode
+        if mode == "abort":
+            self.abort(rid="", abort_all=True)
+        elif mode == "retract":
+            for row, state in enumerate(self._running):
+                self._offer_to_prefix_cache(state, row)
+                state.num_retractions += 1
+            self._waiting.extendleft(reversed(self._running))
+            self._running, self._batch = [], None
+
+    def resume(self) -> None:
+        self.paused = None
+        self._waiting.extend(self._held)
+        self._held = []
+
+    def abort(self, rid: str, abort_all: bool) -> int:
+        """Abort requests whose rid starts with `rid` (SGLang matches by prefix), or all. Returns count."""
+        def hit(state: RequestState) -> bool:
+            return abort_all or (bool(rid) and state.spec.rid.startswith(rid))
+
+        count = 0
+        for queue in (self._waiting, self._held):
+            for state in [s for s in queue if hit(s)]:
+                queue.remove(state)
+                state.aborted_in_queue = not state.output_ids
+                self._finish(state, dict(ABORTED if state.output_ids else ABORTED_IN_QUEUE))
+                count += 1
+        rows = [i for i, s in enumerate(self._running) if hit(s)]
+        for row in rows:
+            self._offer_to_prefix_cache(self._running[row], row)
+            self._finish(self._running[row], dict(ABORTED))
+        self._drop_rows(rows)
+        return count + len(rows)
+
+    def flush_cache(self) -> bool:
+        """Drop the prefix cache; refused (False) while requests are running, as SGLang."""
+        if self._running:
+            return False
+        self.prefix_cache.clear()
+        return True
+
+    def set_weights(self, apply: Callable[[], object], weight_version: str | None) -> None:
+        """Swap weights (`apply`), set the version, drop the prefix cache (its KV is stale)."""
+        apply()
+        if weight_version is not None:
+            self.weight_version = weight_version
+        self.prefix_cache.clear()
+
+    # ----- the loop ----------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        torch.set_grad_enabled(False)
+        while not self._stopping:
+            self._wake.clear()
+            self._take_inbox()
+            idle_pending = self._run_commands()
+            admitted = False if (self.paused or idle_pending) else self._admit()
+            if self._running and self.paused is None:
+                self._guarded(self._decode_step)
+            elif not admitted:
+                self._wake.wait(0.5)
+            metrics.RUNNING.set(len(self._running))
+            metrics.WAITING.set(len(self._waiting) + len(self._held))
+            metrics.PREFIX_CACHE_BYTES.set(self.prefix_cache.bytes)
+        for state in [*self._running, *self._waiting, *self._held]:
+            self._finish(state, dict(ABORTED, message="engine shutting down"))
+
+    def _take_inbox(self) -> None:
+        with self._lock:
+            arrived, self._inbox = self._inbox, []
+        (self._held if self.paused else self._waiting).extend(arrived)
+
+    def _run_commands(self) -> bool:
+        """Run due commands in order; returns True while a when_idle command still waits."""
+        with self._lock:
+            commands = list(self._commands)
+        waiting_for_idle = False
+        for command in commands:
+            if command.when_idle and self._running and self.paused is None:
+                waiting_for_idle = True
+                continue
+            with self._lock:
+                self._commands.remove(command)
+            try:
+                command.result.set_result(command.fn())
+            except Exception as exc:  # reported to the caller, the loop goes on
+                command.result.set_exception(exc)
+        return waiting_for_idle
+
+    def _guarded(self, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Exception as exc:  # a failed forward fails its requests, never the engine
+            log.exception("engine step failed")
+            for state in self._running:
+                self._finish(state, {"type": "abort", "message": f"engine error: {exc!r}", "status_code": 500,
+                                     "err_type": "InternalServerError"})
+            self._running, self._batch = [], None
+
+    # ----- prefill -----------------------------------------------------------------------------------
+
+    def _admit(self) -> bool:
+        """Prefill as many waiting requests as the running limit and the token budget allow."""
+        group: list[tuple[RequestState, list[int], int, list]] = []
+        longest = 0
+        while self._waiting and len(self._running) + len(group) < self.max_running_requests:
+            state = self._waiting[0]
+            tokens = state.tokens()
+            cached, pieces = self.prefix_cache.match(tokens, len(tokens) - 1)
+            longest_if_added = max(longest, len(tokens) - cached)
+            if group and longest_if_added * (len(group) + 1) > self.max_prefill_tokens:
+                break
+            self._waiting.popleft()
+            group.append((state, tokens, cached, pieces))
+            longest = longest_if_added
+        if not group:
+            return False
+        self._guarded_prefill(group)
+        return True
+
+    def _guarded_prefill(self, group) -> None:
+        try:
+            self._prefill(group)
+        except Exception as exc:
+            log.exception("prefill failed")
+            for state, *_ in group:
+                self._finish(state, {"type": "abort", "message": f"engine error: {exc!r}", "status_code": 500,
+                                     "err_type": "InternalServerError"})
+
+    def _prefill(self, group: list[tuple[RequestState, list[int], int, list]]) -> None:
+        start = time.perf_counter()
+        rows = len(group)
+        cached_max = max(cached for _, _, cached, _ in group)
+        suffix_max = max(len(tokens) - cached for _, tokens, cached, _ in group)
+        device = self.kv_shape.device
+        batch = BatchKV(self.kv_shape, rows, cached_max, capacity=cached_max + suffix_max)
+        ids = torch.zeros(rows, suffix_max, dtype=torch.long)
+        positions = torch.zeros(rows, suffix_max, dtype=torch.long)
+        query_valid = torch.zeros(rows, suffix_max, dtype=torch.bool)
+        for row, (state, tokens, cached, pieces) in enumerate(group):
+            column = cached_max - cached
+            for piece in pieces:
+                batch.kv[:, :, row, :, column:column + piece.shape[3]] = piece
+                column += piece.shape[3]
+            batch.valid[row, cached_max - cached:cached_max] = True
+            suffix = len(tokens) - cached
+            ids[row, suffix_max - suffix:] = torch.tensor(tokens[cached:])
+            positions[row, suffix_max - suffix:] = torch.arange(cached, len(tokens))
+            query_valid[row, suffix_max - suffix:] = True
+            state.cached_tokens = max(state.cached_tokens, min(cached, len(state.spec.input_ids)))
+            if state.num_retractions == 0 or not state.output_ids:
+                metrics.PROMPT_TOKENS.inc(len(state.spec.input_ids))
+                metrics.CACHED_TOKENS.inc(cached)
+        chunk = max(1, self.max_prefill_tokens // rows)
+        for c0 in range(0, suffix_max, chunk):
+            c1 = min(suffix_max, c0 + chunk)
+            logits = forward_columns(self.model, batch, ids[:, c0:c1].to(device), positions[:, c0:c1].to(device),
+                                     query_valid[:, c0:c1].to(device))
+        generation = self.prefix_cache.generation
+        for row, (state, tokens, cached, _) in enumerate(group):
+            state.kv_generation, state.kv_inserted = generation, cached
+            self._offer_to_prefix_cache(state, row, batch=batch, upto=len(tokens))
+        metrics.PREFILL_SECONDS.observe(time.perf_counter() - start)
+        states = [state for state, *_ in group]
+        done = [row for row, s in enumerate(states) if s.spec.max_new_tokens <= len(s.output_ids)]
+        for row in done:  # max_new_tokens == 0: prefill only (SGLang uses this to warm the cache)
+            self._finish(states[row], {"type": "length", "length": states[row].spec.max_new_tokens})
+        keep = [row for row in range(rows) if row not in done]
+        if not keep:
+            return
+        if done:
+            batch, states, logits = batch.select(keep), [states[r] for r in keep], logits[keep]
+        self._batch = batch if self._batch is None else BatchKV.concat(self._batch, batch)
+        self._running.extend(states)
+        self._sample_and_finish(logits, first_row=len(self._running) - len(states))
+
+    # ----- decode ------------------------------------------------------------------------------------
+
+    def _decode_step(self) -> None:
+        start = time.perf_counter()
+        device = self.kv_shape.device
+        ids = torch.tensor([[s.output_ids[-1]] for s in self._running], dtype=torch.long, device=device)
+        positions = torch.tensor([[len(s.spec.input_ids) + len(s.output_ids) - 1] for s in self._running],
+                                 dtype=torch.long, device=device)
+        valid = torch.ones(len(self._running), 1, dtype=torch.bool, device=device)
+        logits = forward_columns(self.model, self._batch, ids, positions, valid)
+        metrics.BATCH_SIZE.set(len(self._running))
+        self._sample_and_finish(logits, first_row=0)
+        metrics.DECODE_STEP_SECONDS.observe(time.perf_counter() - start)
+
+    def _sample_and_finish(self, logits: torch.Tensor, first_row: int) -> None:
+        """Sample one token for running rows [first_row, first_row + len(logits)), then retire finished rows."""
+        states = self._running[first_row:first_row + logits.shape[0]]
+        tokens, logprobs = sample_next(logits, [s.spec.sampling for s in states], [s.generator for s in states])
+        finished = []
+        for offset, (state, token, logprob) in enumerate(zip(states, tokens.tolist(), logprobs.tolist())):
+            self._append(state, token, logprob)
+            reason = self._stop_reason(state)
+            if reason is not None:
+                row = first_row + offset
+                self._offer_to_prefix_cache(state, row)
+                self._finish(state, reason)
+                finished.append(row)
+        metrics.GENERATION_TOKENS.inc(len(states))
+        self._drop_rows(finished)
+
+    def _append(self, state: RequestState, token: int, logprob: float) -> None:
+        state.output_ids.append(token)
+        state.logprobs.append(logprob)
+        n = len(state.output_ids)
+        if state.spans and state.spans[-1][0] == self.weight_version:
+            state.spans[-1][2] = n
+        else:
+            state.spans.append([self.weight_version, n - 1, n])
+
+    def _stop_reason(self, state: RequestState) -> dict | None:
+        """SGLang's order (managers/schedule_batch.py:Req.check_finished): length, stop token, stop string."""
+        spec, token = state.spec, state.output_ids[-1]
+        if len(state.output_ids) >= spec.max_new_tokens:
+            return {"type": "length", "length": spec.max_new_tokens}
+        if not spec.ignore_eos and (token in spec.stop_token_ids or token in self.eos_token_ids):
+            return {"type": "stop", "matched": token}
+        if spec.stop_strings or spec.stop_regex:
+            tail = self.tokenizer.decode(state.output_ids[-state.stop_window_tokens:],
+                                         skip_special_tokens=spec.skip_special_tokens)
+            for stop in spec.stop_strings:
+                if stop in tail:
+                    return {"type": "stop", "matched": stop}
+            for pattern in spec.stop_regex:
+                if re.search(pattern, tail):
+                    return {"type": "stop", "matched": pattern}
+        return None
+
+    # ----- bookkeeping -------------------------------------------------------------------------------
+
+    def _drop_rows(self, rows: list[int]) -> None:
+        if not rows:
+            return
+        keep = [r for r in range(len(self._running)) if r not in set(rows)]
+        self._running = [self._running[r] for r in keep]
+        self._batch = self._batch.select(keep) if keep else None
+
+    def _offer_to_prefix_cache(self, state: RequestState, row: int, batch: BatchKV | None = None,
+                               upto: int | None = None) -> None:
+        """Give the prefix cache the KV this row computed that it has not offered yet."""
+        batch = batch or self._batch
+        tokens = state.tokens()[:upto if upto is not None else len(state.tokens()) - 1]  # last token: no KV yet
+        new = len(tokens) - state.kv_inserted
+        if batch is None or new <= 0 or not self.prefix_cache.enabled:
+            return
+        self.prefix_cache.insert(tokens, batch.row_tail(row, new), state.kv_generation)
+        state.kv_inserted = len(tokens)
+
+    def _finish(self, state: RequestState, reason: dict) -> None:
+        state.finish_reason = reason
+        state.e2e_latency_s = time.monotonic() - state.created_s
+        state.weight_version_at_end = self.weight_version
+        with self._lock:
+            self._rids.discard(state.spec.rid)
+        kind = reason["type"]
+        metrics.REQUESTS.labels(kind).inc()
+        metrics.REQUEST_SECONDS.labels(kind).observe(state.e2e_latency_s)
+        state.loop.call_soon_threadsafe(_resolve, state)
+
+
+def _resolve(state: RequestState) -> None:
+    if not state.future.done():
+        state.future.set_result(state)
