@@ -1,0 +1,212 @@
+"""Staleness-bounded admission of GRPO groups (DESIGN.md section 5; AReaL's StalenessManager).
+
+A new group is admitted only while
+
+    groups_admitted < (base_version + max_staleness + 1) * groups_per_step
+
+where `groups_admitted` counts every group ever admitted (persisted in Redis, so a restart does
+not reset it) minus the groups given back (a group left with fewer than 2 usable trajectories
+never reaches a learner step, so it must not use up the learner's budget), and `base_version` is
+`shellrl:policy:version` (the learner's version, the truth; `shellrl:policy:updates` only wakes
+us up).
+
+Strict mode (`strict=True`, the default) uses `base_version = min(learner version, admission
+version of the oldest group still in flight)`. Why: the learner trains B groups per step in
+completion order, so its version when it trains a group g is at most floor(groups consumed before
+and with g / B). With the plain rule a long-tail group admitted at version v can be overtaken by
+an unbounded number of later groups and reach the learner far staler than max_staleness (then
+it is dropped, which biases training against long episodes). With the strict rule every group
+admitted while g is in flight has a position < (v + max_staleness + 1) * B, so g is trained at
+version <= v + max_staleness: the bound holds for every trajectory, not only on average.
+Without long tails both rules admit the same groups.
+
+Redis keys: shellrl:rollout:groups_admitted (int), shellrl:rollout:inflight (zset: member
+"<replica>|<group_id>", score = learner version at admission). Check-and-admit is one Lua script,
+so several gateway replicas share one bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from services.rollout import metrics as m
+from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY
+
+log = logging.getLogger(__name__)
+
+ADMITTED_KEY = "shellrl:rollout:groups_admitted"
+INFLIGHT_KEY = "shellrl:rollout:inflight"
+
+# KEYS[1] policy version, KEYS[2] admitted counter, KEYS[3] in-flight zset
+# ARGV[1] max_staleness, ARGV[2] groups_per_step, ARGV[3] strict 0/1, ARGV[4] member
+_ADMIT = """
+local v = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
+local raw = redis.call('GET', KEYS[2])
+if not raw then
+  raw = tostring(v * tonumber(ARGV[2]))
+  redis.call('SET', KEYS[2], raw)
+end
+local admitted = tonumber(raw)
+local base = v
+if ARGV[3] == '1' then
+  local oldest = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  if oldest[2] then base = math.min(base, tonumber(oldest[2])) end
+end
+local bound = (base + tonumber(ARGV[1]) + 1) * tonumber(ARGV[2])
+if admitted < bound then
+  redis.call('INCR', KEYS[2])
+  redis.call('ZADD', KEYS[3], v, ARGV[4])
+  return {1, admitted + 1, v, bound}
+end
+return {0, admitted, v, bound}
+"""
+
+# KEYS[1] admitted counter, KEYS[2] in-flight zset; ARGV[1] member, ARGV[2] give back 0/1
+_FINISH = """
+local removed = redis.call('ZREM', KEYS[2], ARGV[1])
+if removed == 1 and ARGV[2] == '1' then redis.call('DECR', KEYS[1]) end
+return removed
+"""
+
+
+@dataclass(frozen=True)
+class Ticket:
+    """An admitted group: `policy_version` is the learner version at admission."""
+
+    group_id: str
+    member: str
+    policy_version: int
+    admitted: int
+    bound: int
+    admitted_at: float
+
+
+@dataclass(frozen=True)
+class AdmissionState:
+    learner_version: int
+    groups_admitted: int
+    bound: int
+    oldest_in_flight_version: int | None
+    groups_in_flight: int
+
+
+class PolicyVersionWatcher:
+    """Tracks `shellrl:policy:version`: pub/sub messages wake it, a poll every `poll_s` is the fallback."""
+
+    def __init__(self, redis: aioredis.Redis, *, poll_s: float = 1.0) -> None:
+        self.redis, self.poll_s = redis, poll_s
+        self.version = 0
+        self._changed = asyncio.Event()
+
+    async def read(self) -> int:
+        raw = await self.redis.get(POLICY_VERSION_KEY)
+        version = int(raw) if raw is not None else 0
+        if version != self.version:
+            self.version = version
+            m.POLICY_VERSION.set(version)
+            self.wake()
+        return version
+
+    def wake(self) -> None:
+        self._changed.set()
+
+    async def wait(self, timeout_s: float) -> None:
+        """Until the version changes (or anything else calls `wake`), at most `timeout_s`."""
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            pass
+        self._changed.clear()
+
+    async def run(self) -> None:
+        """Forever: listen on shellrl:policy:updates and poll the key; survives Redis outages."""
+        while True:
+            pubsub = self.redis.pubsub()
+            try:
+                await pubsub.subscribe(POLICY_UPDATES_CHANNEL)
+                await self.read()
+                while True:
+                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=self.poll_s)
+                    await self.read()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis restarting: keep trying
+                log.warning("policy version watcher: %s", exc)
+                await asyncio.sleep(self.poll_s)
+            finally:
+                try:
+                    await pubsub.aclose()
+                except Exception:
+                    pass
+
+
+class Admission:
+    """Check-and-admit against the staleness bound; `admit` waits until a group fits."""
+
+    def __init__(self, redis: aioredis.Redis, watcher: PolicyVersionWatcher, *, replica: str, max_staleness: int,
+                 groups_per_step: int, strict: bool = True, poll_s: float = 1.0) -> None:
+        if max_staleness < 0 or groups_per_step < 1:
+            raise ValueError("max_staleness >= 0 and groups_per_step >= 1")
+        self.redis, self.watcher, self.replica = redis, watcher, replica
+        self.max_staleness, self.groups_per_step, self.strict, self.poll_s = max_staleness, groups_per_step, strict, poll_s
+        self._admit = redis.register_script(_ADMIT)
+        self._finish = redis.register_script(_FINISH)
+
+    async def try_admit(self, group_id: str) -> Ticket | None:
+        member = f"{self.replica}|{group_id}"
+        ok, admitted, version, bound = await self._admit(
+            keys=[POLICY_VERSION_KEY, ADMITTED_KEY, INFLIGHT_KEY],
+            args=[self.max_staleness, self.groups_per_step, "1" if self.strict else "0", member],
+        )
+        if not ok:
+            return None
+        m.GROUPS_ADMITTED.inc()
+        return Ticket(group_id, member, int(version), int(admitted), int(bound), time.time())
+
+    async def admit(self, group_id: str) -> Ticket:
+        """Wait until the bound admits one more group, then admit it (time waited is a metric)."""
+        start = time.monotonic()
+        while True:
+            ticket = await self.try_admit(group_id)
+            if ticket is not None:
+                waited = time.monotonic() - start
+                if waited > 0.001:
+                    m.ADMISSION_WAIT_SECONDS.labels("staleness").observe(waited)
+                return ticket
+            await self.watcher.wait(self.poll_s)
+
+    async def finish(self, ticket: Ticket, *, give_back: bool) -> None:
+        """The group left flight; `give_back` returns its slot (it will not reach a learner step)."""
+        removed = await self._finish(keys=[ADMITTED_KEY, INFLIGHT_KEY], args=[ticket.member, "1" if give_back else "0"])
+        if removed and give_back:
+            m.GROUPS_RELEASED.inc()
+        self.watcher.wake()
+
+    async def recover(self) -> int:
+        """At start-up: groups this replica had in flight died with it; give their slots back."""
+        prefix = f"{self.replica}|".encode()
+        members = [mb for mb in await self.redis.zrange(INFLIGHT_KEY, 0, -1) if mb.startswith(prefix)]
+        for member in members:
+            await self._finish(keys=[ADMITTED_KEY, INFLIGHT_KEY], args=[member, "1"])
+        if members:
+            m.GROUPS_RELEASED.inc(len(members))
+            log.warning("gave back admission of groups in flight at the last shutdown", extra={"groups": len(members)})
+        return len(members)
+
+    async def state(self) -> AdmissionState:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(POLICY_VERSION_KEY)
+            pipe.get(ADMITTED_KEY)
+            pipe.zrange(INFLIGHT_KEY, 0, 0, withscores=True)
+            pipe.zcard(INFLIGHT_KEY)
+            version, admitted, oldest, inflight = await pipe.execute()
+        v = int(version) if version is not None else 0
+        oldest_v = int(oldest[0][1]) if oldest else None
+        base = min(v, oldest_v) if self.strict and oldest_v is not None else v
+        return AdmissionState(v, int(admitted) if admitted is not None else v * self.groups_per_step,
+                              (base + self.max_staleness + 1) * self.groups_per_step, oldest_v, int(inflight))

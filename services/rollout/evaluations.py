@@ -1,0 +1,223 @@
+"""Evaluations: a fixed budget of episodes on the eval split (or given tasks), scored by the verifier.
+
+`POST /v1/evaluations` creates a record and runs its episodes in the background; eval episodes
+never enter the training stream: each finished episode goes to the verifier's synchronous
+`POST /v1/verify` (which releases the sandbox session), and the result is appended to the record.
+
+Redis: shellrl:evaluation:{id} (hash: `meta` JSON, `state`), shellrl:evaluation:{id}:results (list
+of per-episode JSON), shellrl:evaluations:index (zset by creation time). A record still `running`
+when the gateway starts again is marked `interrupted` (its finished episodes stay).
+
+Outcome of one episode (`outcome`): success (reward 1), wrong (scored, reward < 1: answered wrong
+or no answer), or the failure class (infra_engine, infra_sandbox, infra_verifier, timeout_budget,
+infra_rollout). `success_rate` and `mean_reward` are over scored episodes; failures are counted
+apart, never as 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections import Counter
+from dataclasses import asdict, dataclass
+
+import httpx
+import redis.asyncio as aioredis
+
+from services.rollout import metrics as m
+from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling
+from services.rollout.task_store import TaskStore
+from shellrl.contract import EpisodeEnd, Failure, Task, Trajectory, min_policy_version, task_to_json
+from shellrl.streams import POLICY_VERSION_KEY
+
+log = logging.getLogger(__name__)
+
+INDEX = "shellrl:evaluations:index"
+
+
+def eval_key(evaluation_id: str) -> str:
+    return f"shellrl:evaluation:{evaluation_id}"
+
+
+@dataclass(frozen=True)
+class EvaluationPlan:
+    task_ids: list[str]
+    episodes_per_task: int
+    sampling: Sampling
+    max_turns: int | None
+    split: str | None
+
+
+class VerifierClient:
+    """`POST {url}/v1/verify` (see services/verifier/app.py for the body)."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.url = url.rstrip("/")
+        self._http = httpx.AsyncClient(timeout=timeout_s)
+
+    async def verify(self, task: Task, answer: str | None, session_id: str | None, traj: Trajectory) -> dict:
+        events = [
+            {"command": s.tool_event.command, "exit_code": None if s.tool_event.exit_code < 0 else s.tool_event.exit_code,
+             "timed_out": s.tool_event.timed_out, "policy_verdict": s.tool_event.policy_verdict or "allow",
+             "policy_rule": s.tool_event.policy_rule or None}
+            for s in traj.segments if s.HasField("tool_event") and s.tool_event.command
+        ]
+        body = {"task": task_to_json(task), "answer": answer, "session_id": session_id or None,
+                "tool_events": events, "release_session": bool(session_id)}
+        response = await self._http.post(f"{self.url}/v1/verify", json=body)
+        response.raise_for_status()
+        return response.json()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+
+class Evaluations:
+    def __init__(self, redis: aioredis.Redis, store: TaskStore, agent: AgentLoop, verifier: VerifierClient, *,
+                 max_in_flight: int) -> None:
+        self.redis, self.store, self.agent, self.verifier = redis, store, agent, verifier
+        self._slots = asyncio.Semaphore(max_in_flight)
+        self._running: dict[str, asyncio.Task] = {}
+        self._in_flight = 0
+
+    async def mark_interrupted(self) -> int:
+        """At start-up: records left `running` by a previous process become `interrupted`."""
+        n = 0
+        for raw in await self.redis.zrange(INDEX, 0, -1):
+            key = eval_key(raw.decode())
+            if (await self.redis.hget(key, "state")) == b"running":
+                await self.redis.hset(key, mapping={"state": "interrupted", "finished_at": f"{time.time():.3f}"})
+                n += 1
+        return n
+
+    async def start(self, plan: EvaluationPlan) -> dict:
+        evaluation_id = f"eval-{uuid.uuid4().hex[:12]}"
+        raw_version = await self.redis.get(POLICY_VERSION_KEY)
+        version = int(raw_version) if raw_version is not None else 0
+        meta = {"evaluation_id": evaluation_id, "split": plan.split, "task_ids": plan.task_ids,
+                "episodes_per_task": plan.episodes_per_task, "sampling": asdict(plan.sampling),
+                "max_turns": plan.max_turns, "policy_version": version,
+                "budget_episodes": len(plan.task_ids) * plan.episodes_per_task}
+        now = time.time()
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(eval_key(evaluation_id), mapping={"meta": json.dumps(meta), "state": "running",
+                                                        "created_at": f"{now:.3f}"})
+            pipe.zadd(INDEX, {evaluation_id: now})
+            await pipe.execute()
+        runner = asyncio.create_task(self._run(evaluation_id, plan))
+        self._running[evaluation_id] = runner
+        runner.add_done_callback(lambda _: self._running.pop(evaluation_id, None))
+        return await self.describe(evaluation_id)
+
+    async def _run(self, evaluation_id: str, plan: EvaluationPlan) -> None:
+        state = "done"
+        try:
+            jobs = [self._episode(evaluation_id, plan, task_id, k)
+                    for task_id in plan.task_ids for k in range(plan.episodes_per_task)]
+            await asyncio.gather(*jobs)
+        except asyncio.CancelledError:
+            state = "interrupted"
+            raise
+        except Exception:
+            log.exception("evaluation failed", extra={"evaluation_id": evaluation_id})
+            state = "failed"
+        finally:
+            await self.redis.hset(eval_key(evaluation_id), mapping={"state": state, "finished_at": f"{time.time():.3f}"})
+            m.EVALUATIONS.labels(state).inc()
+
+    async def _episode(self, evaluation_id: str, plan: EvaluationPlan, task_id: str, k: int) -> None:
+        task = await self.store.get_task(task_id)
+        if task is None:
+            await self._record(evaluation_id, {"task_id": task_id, "episode": k, "outcome": "unknown_task"})
+            return
+        if plan.max_turns:
+            task.max_turns = plan.max_turns
+        async with self._slots:
+            self._in_flight += 1
+            m.EVAL_EPISODES_IN_FLIGHT.set(self._in_flight)
+            try:
+                spec = EpisodeSpec(task=task, trajectory_id=f"{evaluation_id}-{task_id}-{k}", eval=True,
+                                   evaluation_id=evaluation_id, sampling=plan.sampling, keep_session=True)
+                traj = await self.agent.run(spec)
+                result = await self._score(task, traj)
+            finally:
+                self._in_flight -= 1
+                m.EVAL_EPISODES_IN_FLIGHT.set(self._in_flight)
+        await self._record(evaluation_id, {"task_id": task_id, "episode": k, **result})
+
+    async def _score(self, task: Task, traj: Trajectory) -> dict:
+        out = {"trajectory_id": traj.trajectory_id, "answer": traj.answer if traj.end == EpisodeEnd.EPISODE_END_ANSWER else None,
+               "end": EpisodeEnd.Name(traj.end).removeprefix("EPISODE_END_").lower(), "num_turns": traj.num_turns,
+               "policy_versions": sorted({s.policy_version for s in traj.segments if s.kind == 1 and s.token_ids}),
+               "min_policy_version": min_policy_version(traj), "reward": None}
+        if traj.failure != Failure.FAILURE_NONE:
+            return {**out, "outcome": Failure.Name(traj.failure).removeprefix("FAILURE_").lower(),
+                    "failure_detail": traj.failure_detail}
+        try:
+            verdict = await self.verifier.verify(task, out["answer"], traj.sandbox_session_id, traj)
+        except Exception as exc:
+            await self.agent._delete_session(traj.sandbox_session_id)
+            return {**out, "outcome": "infra_verifier", "failure_detail": f"verifier: {exc}"[:1000]}
+        if verdict.get("failure") or verdict.get("reward") is None:
+            return {**out, "outcome": "infra_verifier", "failure_detail": verdict.get("failure_detail", "")}
+        reward = float(verdict["reward"])
+        return {**out, "reward": reward, "outcome": "success" if reward >= 1.0 else "wrong",
+                "checks": verdict.get("checks", []), "verifier_version": verdict.get("verifier_version")}
+
+    async def _record(self, evaluation_id: str, result: dict) -> None:
+        await self.redis.rpush(eval_key(evaluation_id) + ":results", json.dumps(result))
+
+    async def describe(self, evaluation_id: str, *, with_results: bool = True) -> dict | None:
+        """The JSON view of `GET /v1/evaluations/{id}` (None when unknown)."""
+        raw = await self.redis.hgetall(eval_key(evaluation_id))
+        if not raw:
+            return None
+        h = {k.decode(): v.decode() for k, v in raw.items()}
+        meta = json.loads(h["meta"])
+        results = [json.loads(r) for r in await self.redis.lrange(eval_key(evaluation_id) + ":results", 0, -1)]
+        outcomes = Counter(r["outcome"] for r in results)
+        scored = [r for r in results if r.get("reward") is not None]
+        versions = sorted({v for r in results for v in r.get("policy_versions", [])})
+        out = {
+            **meta, "state": h.get("state"), "created_at": float(h["created_at"]),
+            "finished_at": float(h["finished_at"]) if "finished_at" in h else None,
+            "episodes_done": len(results), "episodes_scored": len(scored),
+            "success_rate": sum(r["outcome"] == "success" for r in scored) / len(scored) if scored else None,
+            "mean_reward": sum(r["reward"] for r in scored) / len(scored) if scored else None,
+            "outcomes": dict(outcomes),
+            "failures": {k: v for k, v in outcomes.items() if k not in ("success", "wrong")},
+            "policy_versions_seen": versions,
+            "mixed_versions": len(versions) > 1,
+        }
+        if with_results:
+            out["per_task"] = _per_task(results)
+            out["results"] = results
+        return out
+
+    async def list(self, limit: int = 50) -> list[dict]:
+        ids = [r.decode() for r in await self.redis.zrevrange(INDEX, 0, limit - 1)]
+        return [d for d in [await self.describe(i, with_results=False) for i in ids] if d is not None]
+
+    async def shutdown(self) -> None:
+        for runner in list(self._running.values()):
+            runner.cancel()
+        if self._running:
+            await asyncio.gather(*self._running.values(), return_exceptions=True)
+
+
+def _per_task(results: list[dict]) -> dict:
+    out: dict[str, dict] = {}
+    for r in results:
+        entry = out.setdefault(r["task_id"], {"episodes": 0, "successes": 0, "scored": 0, "outcomes": Counter()})
+        entry["episodes"] += 1
+        entry["outcomes"][r["outcome"]] += 1
+        if r.get("reward") is not None:
+            entry["scored"] += 1
+            entry["successes"] += r["outcome"] == "success"
+    for entry in out.values():
+        entry["outcomes"] = dict(entry["outcomes"])
+        entry["success_rate"] = entry["successes"] / entry["scored"] if entry["scored"] else None
+    return out

@@ -1,0 +1,54 @@
+"""Prometheus metrics of the rollout gateway (names per DESIGN.md section 9; no ids as labels)."""
+
+from __future__ import annotations
+
+from shellrl import metrics
+
+EPISODES_IN_FLIGHT = metrics.gauge("shellrl_episodes_in_flight", "Training episodes running now.")
+EVAL_EPISODES_IN_FLIGHT = metrics.gauge("shellrl_rollout_eval_episodes_in_flight", "Evaluation episodes running now.")
+TOKENS = metrics.counter(
+    "shellrl_rollout_tokens_total", "Tokens by kind: prompt, action (engine-sampled), observation (harness).",
+    ("kind",),
+)
+TURNS = metrics.counter("shellrl_rollout_turns_total", "Agent turns (one model reply each).")
+EPISODES = metrics.counter(
+    "shellrl_rollout_episodes_total", "Finished episodes by how they ended (answer, max_turns, context, failure).",
+    ("end",),
+)
+FAILURES = metrics.counter(
+    "shellrl_rollout_failures_total", "Episodes that ended with a failure class.", ("failure",)
+)
+RETRIES = metrics.counter("shellrl_rollout_retries_total", "Samples re-run with attempt+1 after an INFRA failure.")
+PARSE_ERRORS = metrics.counter(
+    "shellrl_rollout_parse_errors_total", "Malformed replies by kind (the observation says what was wrong).", ("kind",)
+)
+PARTIAL_CONTINUATIONS = metrics.counter(
+    "shellrl_rollout_partial_continuations_total",
+    "Generate requests aborted (weight update) and continued in the same turn (partial rollout).",
+)
+VERSION_EPISODES = metrics.counter(
+    "shellrl_rollout_episodes_by_version_total",
+    "Finished episodes by the oldest policy version of their ACTION tokens.", ("policy_version",),
+)
+GENERATE_SECONDS = metrics.histogram("shellrl_rollout_generate_seconds", "Latency of one /generate call.")
+EXEC_SECONDS = metrics.histogram("shellrl_rollout_exec_seconds", "Latency of one sandbox exec call (HTTP round trip).")
+SESSION_SECONDS = metrics.histogram("shellrl_rollout_session_create_seconds", "Sandbox session creation (setup).")
+EPISODE_SECONDS = metrics.histogram("shellrl_rollout_episode_seconds", "Wall time of one episode.")
+ADMISSION_WAIT_SECONDS = metrics.histogram(
+    "shellrl_rollout_admission_wait_seconds",
+    "Time admission waited, by reason: staleness, capacity, backlog, engine_down, sandbox_down, sandbox_busy.",
+    ("reason",),
+)
+GROUPS_ADMITTED = metrics.counter("shellrl_rollout_groups_admitted_total", "GRPO groups admitted.")
+GROUPS_RELEASED = metrics.counter(
+    "shellrl_rollout_groups_released_total",
+    "Admitted groups given back (fewer than 2 usable trajectories, or abandoned at shutdown).",
+)
+POOL_TASKS = metrics.gauge("shellrl_rollout_pool_tasks", "Tasks in the training pool.")
+POLICY_VERSION = metrics.gauge("shellrl_rollout_learner_version", "shellrl:policy:version as the gateway last read it.")
+EPOCH = metrics.gauge("shellrl_rollout_epoch", "Current epoch over the training pool.")
+TASKS_SUBMITTED = metrics.counter("shellrl_rollout_tasks_submitted_total", "Tasks accepted by POST /v1/tasks.", ("status",))
+STATS_RECORDED = metrics.counter(
+    "shellrl_rollout_scored_trajectories_total", "Scored trajectories counted into task statistics."
+)
+EVALUATIONS = metrics.counter("shellrl_rollout_evaluations_total", "Evaluations by final state.", ("state",))

@@ -1,0 +1,159 @@
+"""The agent's prompt and observations, in the model's own chat template (DESIGN.md section 7).
+
+Produces token ids only once per piece of text, never re-tokenizing history (iron law 1):
+* `ChatFormat.prompt_ids(instruction)`: system message with the tool protocol, a one-shot
+  example (user -> `<bash>` -> tool response -> `<answer>`), then the instruction, rendered by the
+  tokenizer's chat template with the generation prompt.
+* `ChatFormat.observation_ids(body, action_ids)`: the template text that closes the assistant turn
+  (end-of-turn, unless the model already emitted it as its stop token), opens the observation turn,
+  the observation body, closes it and opens the next assistant turn: tokenized once, on its own,
+  with `add_special_tokens=False` (loss mask 0 for all of it).
+
+The boundary texts are found by rendering the template once with marker messages, so that the
+ids after an end-of-turn token are exactly what the template would produce (known_pitfalls C03/C05).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SYSTEM_PROMPT = (
+    "You are an agent that solves tasks in a Linux shell. You work in a fresh workspace directory.\n"
+    "To run one shell command, reply with <bash>COMMAND</bash>. You will then see its output.\n"
+    "When you know the result, reply with <answer>RESULT</answer>. Use exactly one tag per reply."
+)
+
+ONE_SHOT = (
+    "How many lines does the file notes.txt have?",
+    "<bash>wc -l < notes.txt</bash>",
+    "3\n",
+    "<answer>3</answer>",
+)
+
+_ASSISTANT_MARK = "\x00ASSISTANT\x00"
+_OBSERVATION_MARK = "\x00OBSERVATION\x00"
+
+
+def render_tool_response(
+    stdout: str,
+    stderr: str = "",
+    exit_code: int | None = 0,
+    *,
+    timed_out: bool = False,
+    timeout_s: float | None = None,
+    stdout_truncated_bytes: int = 0,
+    stderr_truncated_bytes: int = 0,
+    denied_rule: str | None = None,
+    max_chars: int = 600,
+) -> str:
+    """The observation body of one command: `<tool_response>` stdout, stderr, exit code `</tool_response>`.
+
+    stdout and stderr are each capped at `max_chars` characters (head kept) with a marker giving
+    the number of characters (and sandbox-side bytes) cut.
+    """
+    parts = []
+    if denied_rule is not None:
+        parts.append(f"[command denied by policy: {denied_rule}]")
+    out = _cap(stdout, max_chars, stdout_truncated_bytes)
+    if out:
+        parts.append(out.rstrip("\n"))
+    err = _cap(stderr, max_chars, stderr_truncated_bytes)
+    if err:
+        parts.append("stderr:\n" + err.rstrip("\n"))
+    if timed_out:
+        parts.append(f"[timed out after {timeout_s:g} s]" if timeout_s else "[timed out]")
+    parts.append(f"[exit code {exit_code if exit_code is not None else 'none'}]")
+    return "<tool_response>\n" + "\n".join(parts) + "\n</tool_response>"
+
+
+def render_parse_error(message: str) -> str:
+    """The observation body after a malformed reply."""
+    return f"<tool_response>\n{message}\n</tool_response>"
+
+
+def _cap(text: str, max_chars: int, truncated_bytes: int) -> str:
+    if len(text) <= max_chars and not truncated_bytes:
+        return text
+    cut = max(0, len(text) - max_chars)
+    marker = f"…[truncated {cut} chars" + (f", {truncated_bytes} more bytes in the sandbox" if truncated_bytes else "") + "]"
+    return text[:max_chars] + marker
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """Template pieces of one tokenizer (build with `ChatFormat.from_tokenizer`).
+
+    end_of_turn: the text of the token that ends an assistant turn (e.g. `<|im_end|>`);
+    end_of_turn_id: its id (a stop token for generation).
+    close_and_open: template text after an assistant message, up to the observation content.
+    after_observation: template text after the observation content, including the next
+    assistant generation prompt.
+    """
+
+    tokenizer: object
+    system_prompt: str
+    one_shot: tuple[str, str, str, str] | None
+    observation_role: str
+    end_of_turn: str
+    end_of_turn_id: int
+    close_and_open: str
+    after_observation: str
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer, *, system_prompt: str = SYSTEM_PROMPT,
+                       one_shot: tuple[str, str, str, str] | None = ONE_SHOT,
+                       observation_role: str = "user") -> "ChatFormat":
+        """Raises ValueError when the template does not render assistant/observation turns as expected."""
+        messages = [
+            {"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+            {"role": "assistant", "content": _ASSISTANT_MARK},
+            {"role": observation_role, "content": _OBSERVATION_MARK},
+        ]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        try:
+            _, rest = text.split(_ASSISTANT_MARK)
+            close_and_open, after_observation = rest.split(_OBSERVATION_MARK)
+        except ValueError:
+            raise ValueError("chat template does not render the marker messages once each") from None
+        close_ids = tokenizer(close_and_open, add_special_tokens=False)["input_ids"]
+        if not close_ids or close_ids[0] not in tokenizer.all_special_ids:
+            raise ValueError(f"chat template: no special end-of-turn token after an assistant message: {close_and_open!r}")
+        end_of_turn_id = close_ids[0]
+        end_of_turn = tokenizer.convert_ids_to_tokens(end_of_turn_id)
+        if not close_and_open.startswith(end_of_turn):
+            raise ValueError(f"chat template: end-of-turn text {end_of_turn!r} is not a prefix of {close_and_open!r}")
+        return cls(tokenizer, system_prompt, one_shot, observation_role, end_of_turn, end_of_turn_id,
+                   close_and_open, after_observation)
+
+    def messages(self, instruction: str) -> list[dict]:
+        out = [{"role": "system", "content": self.system_prompt}]
+        if self.one_shot:
+            question, action, output, answer = self.one_shot
+            out += [
+                {"role": "user", "content": question},
+                {"role": "assistant", "content": action},
+                {"role": self.observation_role, "content": render_tool_response(output)},
+                {"role": "assistant", "content": answer},
+            ]
+        out.append({"role": "user", "content": instruction})
+        return out
+
+    def prompt_ids(self, instruction: str) -> list[int]:
+        """Token ids of the first request: [P] ints."""
+        text = self.tokenizer.apply_chat_template(self.messages(instruction), tokenize=False, add_generation_prompt=True)
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def observation_ids(self, body: str, action_ids: list[int]) -> list[int]:
+        """Template + observation tokens to append after a turn whose ACTION ids are `action_ids`.
+
+        If the turn already ends with the end-of-turn token (the model stopped on it), it is not
+        added again; otherwise (stop string, length limit) the observation starts with it.
+        """
+        close = self.close_and_open
+        if action_ids and action_ids[-1] == self.end_of_turn_id:
+            close = close[len(self.end_of_turn):]
+        return list(self.tokenizer(close + body + self.after_observation, add_special_tokens=False)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of generated ids, special tokens kept (for parsing only; never re-tokenized)."""
+        return self.tokenizer.decode(ids, skip_special_tokens=False)

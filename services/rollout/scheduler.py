@@ -1,0 +1,133 @@
+"""The training pool and the order in which its tasks become GRPO groups.
+
+Consumes `shellrl:tasks` (consumer group `rollout`): each training task joins the pool (a Redis
+set) and the current epoch's order, atomically with its XACK, so a crash never loses a task and
+a re-delivery never adds it twice. Produces task ids in shuffled epochs: every epoch is a fresh
+permutation of the pool (seeded by `seed + epoch`, reproducible); a task submitted mid-epoch is
+appended to the current epoch once. The order lives in Redis (`shellrl:rollout:epoch:order`), so a
+restart continues the epoch where it stopped.
+
+Keys: shellrl:rollout:pool (set of task ids), shellrl:rollout:epoch (int),
+shellrl:rollout:epoch:order (list of task ids still to run in this epoch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from services.rollout import metrics as m
+from services.rollout.task_store import STATE_POOLED, TaskStore
+from shellrl.contract import ContractError, Task, split_name
+from shellrl.streams import GROUP_ROLLOUT, STREAM_TASKS, StreamConsumer, StreamEntry, task_key
+
+log = logging.getLogger(__name__)
+
+POOL_KEY = "shellrl:rollout:pool"
+EPOCH_KEY = "shellrl:rollout:epoch"
+ORDER_KEY = "shellrl:rollout:epoch:order"
+
+# KEYS[1] pool, KEYS[2] order, KEYS[3] task hash, KEYS[4] tasks stream; ARGV[1] task id, ARGV[2] group,
+# ARGV[3] entry id, ARGV[4] pooled state name
+_JOIN = """
+local added = redis.call('SADD', KEYS[1], ARGV[1])
+if added == 1 then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+  if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HSET', KEYS[3], 'state', ARGV[4]) end
+end
+redis.call('XACK', KEYS[4], ARGV[2], ARGV[3])
+return added
+"""
+
+# KEYS[1] order, KEYS[2] epoch; ARGV: the shuffled ids. Starts the next epoch only if the order is empty.
+_NEW_EPOCH = """
+if redis.call('LLEN', KEYS[1]) > 0 then return -1 end
+for i = 1, #ARGV do redis.call('RPUSH', KEYS[1], ARGV[i]) end
+return redis.call('INCR', KEYS[2])
+"""
+
+
+@dataclass(frozen=True)
+class PooledTask:
+    task: Task
+    epoch: int
+
+
+class TaskPool:
+    """The training pool: `feed()` fills it from the stream, `next_task()` yields tasks in epochs."""
+
+    def __init__(self, redis: aioredis.Redis, store: TaskStore, *, consumer: str, seed: int = 0) -> None:
+        self.redis, self.store, self.seed = redis, store, seed
+        self.consumer = StreamConsumer(redis, STREAM_TASKS, GROUP_ROLLOUT, consumer, block_ms=1000, count=256)
+        self._join = redis.register_script(_JOIN)
+        self._new_epoch = redis.register_script(_NEW_EPOCH)
+        self._arrived = asyncio.Event()
+
+    async def feed(self) -> None:
+        """Forever: move training tasks from shellrl:tasks into the pool (survives Redis outages)."""
+        while True:
+            try:
+                await self.consumer.ensure_group()
+                while True:
+                    for entry in await self.consumer.read():
+                        await self._handle(entry)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("task pool feeder: %s", exc)
+                await asyncio.sleep(1.0)
+
+    async def _handle(self, entry: StreamEntry) -> None:
+        task = Task()
+        try:
+            task.ParseFromString(entry.pb)
+            if not task.task_id:
+                raise ContractError("task_id is empty")
+        except Exception as exc:
+            await self.consumer.dead_letter(entry, f"not a valid shellrl.v1.Task: {exc}")
+            return
+        if split_name(task.split) != "train":  # the REST API only streams training tasks
+            await self.consumer.ack(entry.entry_id)
+            return
+        added = await self._join(keys=[POOL_KEY, ORDER_KEY, task_key(task.task_id), STREAM_TASKS],
+                                 args=[task.task_id, GROUP_ROLLOUT, entry.entry_id, STATE_POOLED])
+        if added:
+            m.POOL_TASKS.inc()
+            self._arrived.set()
+
+    async def size(self) -> int:
+        return int(await self.redis.scard(POOL_KEY))
+
+    async def epoch(self) -> int:
+        raw = await self.redis.get(EPOCH_KEY)
+        return int(raw) if raw is not None else 0
+
+    async def next_task(self, poll_s: float = 1.0) -> PooledTask:
+        """The next task of the current epoch; starts a new shuffled epoch when it is used up;
+        waits while the pool is empty. Tasks whose hash vanished are skipped."""
+        while True:
+            raw = await self.redis.lpop(ORDER_KEY)
+            if raw is not None:
+                task = await self.store.get_task(raw.decode())
+                if task is not None:
+                    return PooledTask(task, await self.epoch())
+                continue
+            members = sorted(m_.decode() for m_ in await self.redis.smembers(POOL_KEY))
+            m.POOL_TASKS.set(len(members))
+            if not members:
+                self._arrived.clear()
+                try:
+                    await asyncio.wait_for(self._arrived.wait(), poll_s)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            epoch = await self.epoch() + 1
+            random.Random(self.seed * 1_000_003 + epoch).shuffle(members)
+            new_epoch = await self._new_epoch(keys=[ORDER_KEY, EPOCH_KEY], args=members)
+            if new_epoch != -1:
+                m.EPOCH.set(int(new_epoch))
+                log.info("new epoch over the training pool", extra={"epoch": int(new_epoch), "tasks": len(members)})

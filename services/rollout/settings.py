@@ -1,0 +1,75 @@
+"""Settings of the rollout gateway (`SHELLRL_*` environment variables, see shellrl.settings).
+
+Defaults suit SmolLM2-135M on a 2-core CPU (../shared/reference/feasibility.md: group 8,
+4 groups per step, 40 new tokens per turn, 3 turns, temperature 1.0, a one-shot example).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+
+from shellrl.settings import ServiceSettings
+
+DEFAULT_PORT = 8100
+
+
+class RolloutSettings(ServiceSettings):
+    # where the other services are
+    engine_urls: str = Field("http://127.0.0.1:30000", description="Comma-separated engine base URLs (SGLang API).")
+    sandbox_url: str = Field("http://127.0.0.1:8101", description="Sandbox service base URL.")
+    verifier_url: str = Field("http://127.0.0.1:8102", description="Verifier base URL (POST /v1/verify, evaluations).")
+    model_path: str = Field("smollm2", description="Tokenizer / chat template: 'smollm2', 'tiny' or a HF directory.")
+
+    # GRPO groups and admission (DESIGN.md section 5)
+    group_size: int = Field(8, ge=1, le=256, description="G: episodes per group (same task, same sampling).")
+    groups_per_step: int = Field(4, ge=1, description="Groups the learner trains per optimizer step.")
+    max_staleness: int = Field(1, ge=0, description="Max policy versions between admission and training.")
+    strict_staleness: bool = Field(
+        True, description="Also bound admission by the oldest in-flight group's version, so a long-tail group "
+                          "can never be overtaken by more than max_staleness steps (see admission.py).")
+    max_episodes_in_flight: int = Field(64, ge=1, description="Cap on training episodes running at once.")
+    episodes_backlog_bound: int = Field(
+        512, ge=1, description="Admission waits while shellrl:episodes has this many entries unacknowledged "
+                               "by the verifier group.")
+    pool_seed: int = Field(0, description="Seed of the per-epoch shuffle of the training pool.")
+    worker_enabled: bool = Field(True, description="Run the training scheduler (False: REST and evaluations only).")
+    consumer_name: str = Field("rollout-0", description="Stable name of this replica (stream consumer, in-flight keys).")
+
+    # one episode
+    max_turns: int = Field(3, ge=1, le=64, description="Turns per episode when the task says 0.")
+    max_new_tokens: int = Field(40, ge=1, description="New tokens per turn.")
+    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature of training episodes.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1, description="-1 = disabled.")
+    max_context_tokens: int = Field(2048, ge=64, description="Context budget: prompt + all segments, tokens.")
+    max_observation_chars: int = Field(600, ge=16, description="Cap on stdout and on stderr in one observation.")
+    exec_timeout_s: float = Field(10.0, gt=0, description="Wall-clock limit of one command in the sandbox.")
+    episode_timeout_s: float = Field(600.0, gt=0, description="Wall-clock budget of one episode (TIMEOUT_BUDGET).")
+    max_attempts: int = Field(3, ge=1, description="Attempts of one sample when it fails with an INFRA class.")
+    retry_backoff_s: float = Field(1.0, ge=0, description="Wait before an INFRA retry (doubles per attempt).")
+    sandbox_busy_poll_s: float = Field(0.5, gt=0, description="Wait between session attempts while the sandbox says 429.")
+    max_continuations: int = Field(32, ge=1, description="Aborted-and-continued requests allowed in one turn.")
+    sandbox_policy: str = Field("", description="Sandbox policy name for episode sessions ('' = its default).")
+
+    # evaluations
+    eval_max_in_flight: int = Field(16, ge=1, description="Evaluation episodes running at once.")
+    eval_max_episodes: int = Field(2048, ge=1, description="Largest episode budget one evaluation may ask for.")
+    verify_timeout_s: float = Field(120.0, gt=0, description="Timeout of one POST /v1/verify.")
+
+    # task statistics
+    stats_enabled: bool = Field(True, description="Consume shellrl:trajectories (group rollout-stats) into task stats.")
+
+    @field_validator("engine_urls")
+    @classmethod
+    def _urls(cls, value: str) -> str:
+        if not [u for u in value.split(",") if u.strip()]:
+            raise ValueError("engine_urls: at least one URL")
+        return value
+
+    @property
+    def engine_url_list(self) -> list[str]:
+        return [u.strip().rstrip("/") for u in self.engine_urls.split(",") if u.strip()]
+
+    @property
+    def resolved_port(self) -> int:
+        return self.port or DEFAULT_PORT

@@ -1,0 +1,276 @@
+"""The rollout stage: admit GRPO groups, run their episodes, hand trajectories to the verifier.
+
+    pool (shellrl:tasks -> group "rollout")            scheduler.TaskPool
+      -> capacity: G free episode slots                Capacity
+      -> backpressure: verifier backlog < bound        StreamProducer.wait_for_backlog_below
+      -> engine and sandbox answer their health probe  InfraGate
+      -> staleness bound on groups admitted            admission.Admission
+      -> G episodes of one task, same sampling         agent_loop.AgentLoop
+      -> XADD each trajectory to shellrl:episodes      (idempotent by trajectory_id)
+
+A sample whose episode fails with an INFRA class is published (nothing is lost or hidden) and
+re-run with `attempt + 1` (trajectory id `<group_id>-<index>-a<attempt>`: the lineage is the id
+without its `-a<attempt>` suffix) up to `max_attempts`. A group left with fewer than 2 usable
+trajectories gives its admission back. SIGTERM: stop admitting, let running episodes finish
+within the grace period, then cancel the rest (their sessions are deleted, their groups given back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from services.rollout import metrics as m
+from services.rollout.admission import Admission, Ticket
+from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling, is_setup_failure
+from services.rollout.scheduler import TaskPool
+from services.rollout.task_store import TaskStore
+from shellrl.contract import Failure, Task, Trajectory, min_policy_version
+from shellrl.streams import GROUP_VERIFIER, STREAM_EPISODES, StreamProducer
+
+log = logging.getLogger(__name__)
+
+INFRA = {Failure.FAILURE_INFRA_ENGINE, Failure.FAILURE_INFRA_SANDBOX, Failure.FAILURE_INFRA_ROLLOUT}
+
+
+class Capacity:
+    """A counting semaphore that can take n slots at once (episodes in flight)."""
+
+    def __init__(self, slots: int) -> None:
+        self.slots, self.used = slots, 0
+        self._cond = asyncio.Condition()
+
+    async def acquire(self, n: int) -> None:
+        if n > self.slots:
+            raise ValueError(f"a group of {n} episodes never fits {self.slots} slots (max_episodes_in_flight)")
+        async with self._cond:
+            await self._cond.wait_for(lambda: self.used + n <= self.slots)
+            self.used += n
+            m.EPISODES_IN_FLIGHT.set(self.used)
+
+    async def release(self, n: int = 1) -> None:
+        async with self._cond:
+            self.used -= n
+            m.EPISODES_IN_FLIGHT.set(self.used)
+            self._cond.notify_all()
+
+
+class InfraGate:
+    """After an INFRA failure of the engine or sandbox, admission waits until its health probe answers."""
+
+    def __init__(self, probes: dict, *, poll_s: float = 1.0) -> None:
+        self.probes, self.poll_s = probes, poll_s  # name -> async () -> bool
+        self.down: dict[str, float] = {}
+
+    def mark_down(self, name: str) -> None:
+        self.down.setdefault(name, time.monotonic())
+
+    async def wait_up(self) -> None:
+        for name in list(self.down):
+            start = self.down[name]
+            while not await self._probe(name):
+                await asyncio.sleep(self.poll_s)
+            self.down.pop(name, None)
+            m.ADMISSION_WAIT_SECONDS.labels(f"{name}_down").observe(time.monotonic() - start)
+            log.info("%s answers again; admission resumes", name)
+
+    async def _probe(self, name: str) -> bool:
+        try:
+            return bool(await self.probes[name]())
+        except Exception:
+            return False
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    group_size: int = 8
+    sampling: Sampling = Sampling()
+    max_attempts: int = 3
+    retry_backoff_s: float = 1.0
+    episodes_backlog_bound: int = 512
+
+
+class RolloutWorker:
+    def __init__(self, redis: aioredis.Redis, store: TaskStore, pool: TaskPool, admission: Admission,
+                 agent: AgentLoop, capacity: Capacity, gate: InfraGate, config: RolloutConfig) -> None:
+        self.redis, self.store, self.pool, self.admission = redis, store, pool, admission
+        self.agent, self.capacity, self.gate, self.config = agent, capacity, gate, config
+        self.producer = StreamProducer(redis, STREAM_EPISODES)
+        self._groups: set[asyncio.Task] = set()
+        self._stopping = asyncio.Event()
+        self.published = 0
+        self.started_at = time.time()
+
+    # --- the main loop: one screen ---------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Admit and start groups until `stop_admitting`; survives Redis outages."""
+        recovered = False
+        while not self._stopping.is_set():
+            try:
+                if not recovered:  # once: groups in flight before a restart of this replica
+                    await self.admission.recover()
+                    recovered = True
+                await self._admit_groups()
+            except RedisError as exc:
+                log.warning("rollout worker: Redis unavailable (%s); retrying in 1 s", exc)
+                await asyncio.sleep(1.0)
+
+    async def _admit_groups(self) -> None:
+        while not self._stopping.is_set():
+            pooled = await self.pool.next_task()
+            await self._wait("capacity", self.capacity.acquire(self.config.group_size))
+            try:
+                await self._wait("backlog", self.producer.wait_for_backlog_below(
+                    GROUP_VERIFIER, self.config.episodes_backlog_bound))
+                await self.gate.wait_up()
+                ticket = await self.admission.admit(new_group_id())
+            except BaseException:
+                await self.capacity.release(self.config.group_size)
+                raise
+            group = asyncio.create_task(self.run_group(pooled.task, ticket))
+            self._groups.add(group)
+            group.add_done_callback(self._groups.discard)
+
+    async def run_group(self, task: Task, ticket: Ticket) -> list[Trajectory]:
+        """G samples of `task`; gives the admission back when fewer than 2 are usable.
+        Owns the G capacity slots the main loop took: each sample frees its own as it ends, and
+        whatever a cancellation left (samples that never started) is freed here."""
+        slots = _GroupSlots(self.capacity, self.config.group_size)
+        results: list[Trajectory | None] = []
+        try:
+            await _uncancellable(self.store.episodes_admitted(task.task_id, self.config.group_size))
+            results = list(await asyncio.gather(
+                *(self.run_sample(task, ticket, i, slots) for i in range(self.config.group_size))))
+        finally:
+            await _shielded(slots.release_rest())
+            usable = sum(1 for t in results if t is not None and t.failure not in INFRA)
+            await _shielded(self.admission.finish(ticket, give_back=usable < 2))
+        return [t for t in results if t is not None]
+
+    async def run_sample(self, task: Task, ticket: Ticket, index: int, slots: "_GroupSlots") -> Trajectory | None:
+        """One sample of a group, retried with attempt+1 on INFRA failures. Holds one capacity slot."""
+        traj = None
+        try:
+            for attempt in range(self.config.max_attempts):
+                if attempt:
+                    m.RETRIES.inc()
+                    await asyncio.sleep(self.config.retry_backoff_s * 2 ** (attempt - 1))
+                    await self.gate.wait_up()
+                spec = EpisodeSpec(task=task, trajectory_id=f"{ticket.group_id}-{index}-a{attempt}",
+                                   group_id=ticket.group_id, group_size=self.config.group_size, attempt=attempt,
+                                   sampling=self.config.sampling, admitted_at=ticket.admitted_at)
+                traj = await self.agent.run(spec)
+                final = (traj.failure not in INFRA or is_setup_failure(traj)
+                         or attempt + 1 == self.config.max_attempts)
+                await self.publish(traj)
+                await _uncancellable(self.store.episode_finished(
+                    task.task_id, failure=failure_name(traj.failure) if traj.failure else None,
+                    policy_version=min_policy_version(traj), final=final))
+                if traj.failure == Failure.FAILURE_INFRA_ENGINE:
+                    self.gate.mark_down("engine")
+                elif traj.failure == Failure.FAILURE_INFRA_SANDBOX and not is_setup_failure(traj):
+                    self.gate.mark_down("sandbox")
+                if final:
+                    return traj
+            return traj
+        except asyncio.CancelledError:
+            await _shielded(self.store.episodes_abandoned(task.task_id, 1))
+            raise
+        finally:
+            await _shielded(slots.release_one())
+
+    async def publish(self, traj: Trajectory) -> None:
+        """XADD to shellrl:episodes, idempotent by trajectory_id; retries while Redis is away."""
+        version = min_policy_version(traj)
+        pb = traj.SerializeToString()
+        delay_s = 0.2
+        while True:
+            try:
+                await self.producer.add(pb, idempotency_key=traj.trajectory_id, task_id=traj.task_id,
+                                        group_id=traj.group_id, version=-1 if version is None else version)
+                self.published += 1
+                return
+            except RedisError as exc:
+                log.warning("XADD to %s failed, retrying: %s", STREAM_EPISODES, exc)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, 5.0)
+
+    # --- shutdown ------------------------------------------------------------------------------
+
+    def stop_admitting(self) -> None:
+        self._stopping.set()
+
+    async def drain(self, grace_s: float) -> None:
+        """Let running groups finish for `grace_s`, then cancel the rest."""
+        if self._groups:
+            _, pending = await asyncio.wait(set(self._groups), timeout=grace_s)
+            for group in pending:
+                group.cancel()
+            if pending:
+                await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _wait(self, reason: str, awaitable) -> None:
+        start = time.monotonic()
+        await awaitable
+        waited = time.monotonic() - start
+        if waited > 0.001:
+            m.ADMISSION_WAIT_SECONDS.labels(reason).observe(waited)
+
+
+class _GroupSlots:
+    """The capacity slots of one group, each freed exactly once."""
+
+    def __init__(self, capacity: Capacity, n: int) -> None:
+        self.capacity, self.held = capacity, n
+
+    async def release_one(self) -> None:
+        if self.held > 0:
+            self.held -= 1
+            await self.capacity.release(1)
+
+    async def release_rest(self) -> None:
+        if self.held > 0:
+            n, self.held = self.held, 0
+            await self.capacity.release(n)
+
+
+def failure_name(failure: int) -> str:
+    """Failure.FAILURE_INFRA_ENGINE -> "infra_engine" (metric labels, task statistics)."""
+    return Failure.Name(failure).removeprefix("FAILURE_").lower()
+
+
+def new_group_id() -> str:
+    return f"g-{uuid.uuid4().hex[:16]}"
+
+
+async def _shielded(awaitable) -> None:
+    """Bookkeeping that must run even while the caller is being cancelled."""
+    try:
+        await asyncio.shield(asyncio.ensure_future(awaitable))
+    except asyncio.CancelledError:
+        pass
+    except Exception as exc:
+        log.warning("bookkeeping failed: %s", exc)
+
+
+async def _uncancellable(awaitable) -> None:
+    """Bookkeeping that completes even if a cancellation arrives meanwhile; the cancellation is
+    then re-raised (never swallowed). Errors are logged, not raised (statistics are best effort)."""
+    inner = asyncio.ensure_future(awaitable)
+    try:
+        await asyncio.shield(inner)
+    except asyncio.CancelledError:
+        try:
+            await inner
+        except Exception as exc:
+            log.warning("bookkeeping failed: %s", exc)
+        raise
+    except Exception as exc:
+        log.warning("bookkeeping failed: %s", exc)

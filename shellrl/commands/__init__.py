@@ -1,0 +1,1 @@
+"""Subcommands of `shellrl` (see shellrl/cli.py): one module per command."""

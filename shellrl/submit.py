@@ -1,0 +1,105 @@
+"""`shellrl submit FILE.jsonl`: post a task file to the rollout gateway's `POST /v1/tasks`.
+
+One JSON object per line (the format of ../shared/tasks/*.jsonl; blank lines skipped). Lines are
+sent in batches of `--batch-size` as JSON lists; the gateway validates a whole batch before it
+stores any of it, and names the bad field as `tasks[i].<field>`, which is reported here as
+`FILE:LINE: <field>: <message>`. Re-submitting a file is idempotent (same content = `duplicate`).
+
+Exit status: 0 all stored, 1 a line was rejected or the gateway failed, 2 the file is unreadable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import httpx
+
+DEFAULT_URL = os.environ.get("SHELLRL_ROLLOUT_URL", "http://127.0.0.1:8100")
+_LIST_FIELD = re.compile(r"^tasks\[(\d+)\]\.?(.*)$")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("file", type=Path, help="JSONL task file ('-' = stdin)")
+    parser.add_argument("--url", default=DEFAULT_URL, help=f"rollout gateway base URL (default {DEFAULT_URL}, "
+                                                           "or SHELLRL_ROLLOUT_URL)")
+    parser.add_argument("--batch-size", type=int, default=500, help="tasks per request (default 500)")
+    parser.add_argument("--split", choices=("train", "eval_id", "eval_ood", "eval"),
+                        help="split for lines that do not name one (the gateway's default is train)")
+    parser.add_argument("--timeout-s", type=float, default=60.0, help="HTTP timeout per request")
+    parser.add_argument("--quiet", action="store_true", help="print only errors and the summary")
+
+
+def read_lines(path: Path) -> list[tuple[int, dict]]:
+    """[(line number, JSON object)]. Raises ValueError naming the line of bad JSON."""
+    text = sys.stdin.read() if str(path) == "-" else path.read_text(encoding="utf-8")
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{n}: invalid JSON: {exc}") from None
+        out.append((n, obj))
+    return out
+
+
+def submit(path: Path, url: str, *, batch_size: int = 500, split: str | None = None, timeout_s: float = 60.0,
+           echo=print) -> dict:
+    """Post the file; returns {"created", "duplicates", "errors": [str], "task_ids": [str]}."""
+    if batch_size < 1:
+        raise ValueError("batch_size must be >= 1")
+    lines = read_lines(path)
+    summary: dict = {"created": 0, "duplicates": 0, "errors": [], "task_ids": []}
+    with httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s) as client:
+        for start in range(0, len(lines), batch_size):
+            batch = lines[start:start + batch_size]
+            body = [{**obj, "split": obj.get("split") or split} if split and isinstance(obj, dict) else obj
+                    for _, obj in batch]
+            try:
+                response = client.post("/v1/tasks", json=body)
+            except httpx.HTTPError as exc:
+                summary["errors"].append(f"{url}: {type(exc).__name__}: {exc}")
+                return summary
+            if response.status_code == 201:
+                data = response.json()
+                summary["created"] += data["created"]
+                summary["duplicates"] += data["duplicates"]
+                summary["task_ids"] += [t["task_id"] for t in data["tasks"]]
+                for (n, _), result in zip(batch, data["tasks"]):
+                    echo(f"{path}:{n}: {result['status']} {result['task_id']}")
+                continue
+            summary["errors"].append(_describe_error(path, batch, response))
+    return summary
+
+
+def _describe_error(path: Path, batch: list[tuple[int, dict]], response: httpx.Response) -> str:
+    try:
+        error = response.json().get("error") or {}
+    except ValueError:
+        return f"{path}: HTTP {response.status_code}: {response.text[:300]}"
+    field, message = error.get("field") or "", error.get("message", "")
+    match = _LIST_FIELD.match(field)
+    if match and int(match.group(1)) < len(batch):
+        line = batch[int(match.group(1))][0]
+        inner = match.group(2) or "task"
+        message = message.split(": ", 1)[1] if message.startswith(field + ":") else message
+        return f"{path}:{line}: {inner}: {message} (HTTP {response.status_code})"
+    return f"{path}: HTTP {response.status_code}: {message or response.text[:300]}"
+
+
+def run(args) -> int:
+    try:
+        summary = submit(args.file, args.url, batch_size=args.batch_size, split=args.split, timeout_s=args.timeout_s,
+                         echo=(lambda *_: None) if args.quiet else print)
+    except (OSError, ValueError) as exc:
+        print(f"shellrl submit: {exc}", file=sys.stderr)
+        return 2
+    for error in summary["errors"]:
+        print(error, file=sys.stderr)
+    print(f"{summary['created']} created, {summary['duplicates']} duplicates, {len(summary['errors'])} errors")
+    return 1 if summary["errors"] else 0
