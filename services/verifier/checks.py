@@ -62,9 +62,10 @@ class Workspace(Protocol):
         """Run `command` with bash in a fresh shell at the workspace root. Raises CheckInfraError."""
 
     async def read_file(self, path: str, max_bytes: int) -> bytes:
-        """At most `max_bytes` bytes of a regular file at `path` (relative to the workspace root).
+        """The bytes of the regular file at `path` (relative to the workspace root).
 
-        Raises FileRefused (missing, symlink, outside) or CheckInfraError."""
+        Raises FileRefused (missing, not a regular file, leaving the workspace, larger than
+        `max_bytes`) or CheckInfraError."""
 
     async def run_reference(self, command: str, timeout_s: float) -> CommandOutput:
         """Run `command` in a fresh copy of the post-setup workspace. Raises CheckInfraError."""
@@ -155,10 +156,10 @@ async def _file_exists(ws: Workspace, path: str, directory: bool, timeout_s: flo
 async def _read_capped(ws: Workspace, path: str, limits: CheckLimits) -> bytes | str:
     """The file's bytes, or a reason (str) why the check fails."""
     try:
-        data = await ws.read_file(path, limits.max_file_bytes + 1)
+        data = await ws.read_file(path, limits.max_file_bytes)
     except FileRefused as exc:
         return f"{path}: {exc}"
-    if len(data) > limits.max_file_bytes:
+    if len(data) > limits.max_file_bytes:  # a workspace that does not enforce max_bytes itself
         return f"{path}: larger than max_file_bytes={limits.max_file_bytes}"
     return data
 

@@ -74,7 +74,7 @@ def compute_reward(checks_passed: Iterable[bool], tool_events: Iterable[ToolEven
     components = {
         "outcome": outcome,
         "exit_zero_bonus": min(shaping.exit_zero_bonus * exit_zero, shaping.exit_zero_cap),
-        "timeout_penalty": shaping.timeout_penalty * timed_out,
+        "timeout_penalty": shaping.timeout_penalty * timed_out + 0.0,  # never -0.0
         "safety_penalty": shaping.safety_penalty if safety_flagged else 0.0,
     }
     training = outcome

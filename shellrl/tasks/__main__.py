@@ -68,7 +68,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     finally:
         if sandbox:
             sandbox.stop()
-    console = Console()
+    console = Console(width=160)
     table = Table(title=f"reference solutions and wrong answers in a real sandbox ({url})")
     for col in ("source", "split", "tasks", "reference passes", "wrong answer fails", "cached", "p50 ms/task"):
         table.add_column(col)
@@ -93,25 +93,51 @@ def _rate(k: int, n: int) -> str:
     return f"{k}/{n} ({100 * k / n:.1f}%)" if n else "-"
 
 
-def _start_sandbox():
-    """A sandbox service (and the launcher's Redis) on free ports, in a temporary state dir.
-    The caller stops it with `.stop()`; its URL is `.url`."""
-    import socket
-    import tempfile
-    from pathlib import Path
+class _SandboxProcess:
+    """`python -m services.sandbox` on a free loopback port, for one validation run; stopped by pid."""
 
-    from shellrl.launcher import Stack, StackConfig
+    def __init__(self) -> None:
+        import socket
+        import subprocess
+        import time
 
-    def free_port() -> int:
+        import httpx
+
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
-            return s.getsockname()[1]
+            port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "SHELLRL_PORT": str(port), "SHELLRL_HOST": "127.0.0.1", "SHELLRL_LOG_LEVEL": "WARNING"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "services.sandbox"], env=env, stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sandbox exited: {self.proc.stderr.read().decode(errors='replace')[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError("sandbox not ready after 60 s")
 
-    config = StackConfig(state_dir=Path(tempfile.mkdtemp(prefix="shellrl-validate-")), services=("sandbox",),
-                         ports={"redis": free_port(), "sandbox": free_port()}, echo_logs=False)
-    stack = Stack(config).start()
-    stack.url = config.url("sandbox")
-    return stack
+    def stop(self) -> None:
+        import signal
+        import subprocess
+
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+def _start_sandbox() -> _SandboxProcess:
+    return _SandboxProcess()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,144 @@
+"""HTTP API of the verifier: `POST /v1/verify` (synchronous, the same code path as the stream
+worker) and `GET /v1/checks`; the app's lifespan runs the stream worker (worker.py).
+
+POST /v1/verify body:
+  {"task": <task JSON form>, "answer": str|null, "session_id": str|null,
+   "tool_events": [{"exit_code", "timed_out", "policy_verdict", "policy_rule"}] = [], "release_session": false}
+→ 200 {"reward", "training_reward", "reward_components", "checks": [{"type", "passed", "detail", "duration_ms"}],
+       "failure": null|"INFRA_VERIFIER", "failure_detail", "safety_events", "verifier_version", "duration_ms"}
+A verification that cannot complete is still a 200 with `failure` set and `reward` null; a bad
+request is a 422 naming the field (`task.check[0].pattern`, `tool_events.1.exit_code` …).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+
+import httpx
+from fastapi import FastAPI
+from pydantic import BaseModel, ConfigDict, Field
+
+from services.verifier import metrics
+from services.verifier.checks import CHECK_PARAMETERS, VERIFIER_VERSION, CheckLimits
+from services.verifier.rewards import Shaping
+from services.verifier.settings import VerifierSettings
+from services.verifier.verification import Verifier
+from services.verifier.worker import STREAM_EVALUATIONS, VerifierWorker, release_session
+from services.verifier.workspace import ReferenceCache
+from shellrl import streams
+from shellrl.contract import TaskValidationError, ToolEvent, task_from_json
+from shellrl.http import ApiError, create_app
+from shellrl.sandbox_client import SandboxClient
+
+log = logging.getLogger(__name__)
+
+
+class ToolEventIn(BaseModel):
+    """One command of the episode, as the sandbox answered it (for the shaping components)."""
+
+    model_config = ConfigDict(extra="forbid")
+    exit_code: int | None = Field(None, description="null: the command did not exit (timeout, denied).")
+    timed_out: bool = False
+    policy_verdict: str = Field("allow", pattern="^(allow|flag|deny)$")
+    policy_rule: str | None = None
+    command: str = ""
+
+
+class VerifyRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    task: dict = Field(description="A task in JSON form (the format of ../shared/tasks/*.jsonl).")
+    answer: str | None = Field(None, description="The agent's final answer; null = none given.")
+    session_id: str | None = Field(None, description="Sandbox session of the episode (needed by workspace checks).")
+    tool_events: list[ToolEventIn] = Field(default_factory=list, max_length=10_000)
+    release_session: bool = Field(False, description="DELETE the session after verifying.")
+
+
+def build_verifier(settings: VerifierSettings, sandbox: SandboxClient | None) -> Verifier:
+    limits = CheckLimits(settings.check_timeout_s, settings.max_file_bytes, settings.max_answer_chars)
+    shaping = Shaping(settings.shaping_enabled, settings.shaping_exit_zero_bonus, settings.shaping_exit_zero_cap,
+                      settings.shaping_timeout_penalty, settings.shaping_safety_penalty)
+    return Verifier(sandbox, limits, shaping, ReferenceCache(sandbox, settings.reference_cache_size))
+
+
+def consumer_name(settings: VerifierSettings) -> str:
+    return settings.consumer_name or f"verifier-{socket.gethostname()}-{os.getpid()}"
+
+
+def build_app(settings: VerifierSettings) -> FastAPI:
+    state: dict = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        sandbox = SandboxClient(settings.sandbox_url)
+        state["sandbox"], state["verifier"] = sandbox, build_verifier(settings, sandbox)
+        state["http"] = httpx.AsyncClient(timeout=2.0)
+        stop, worker_task = asyncio.Event(), None
+        if settings.worker_enabled:
+            redis = streams.connect(settings.redis_url)
+            state["redis"] = redis
+            consumer = streams.StreamConsumer(
+                redis, streams.STREAM_EPISODES, streams.GROUP_VERIFIER, consumer_name(settings),
+                block_ms=settings.block_ms, count=settings.read_count, claim_min_idle_ms=settings.claim_min_idle_ms,
+                max_deliveries=settings.max_deliveries)
+            worker = VerifierWorker(consumer, streams.StreamProducer(redis, streams.STREAM_TRAJECTORIES),
+                                    streams.StreamProducer(redis, STREAM_EVALUATIONS), state["verifier"], sandbox,
+                                    concurrency=settings.concurrency, release_sessions=settings.release_sessions)
+            worker_task = asyncio.create_task(worker.run(stop, settings.shutdown_grace_s))
+        log.info("verifier started", extra={"config": settings.public_dict(), "verifier_version": VERIFIER_VERSION,
+                                            "consumer": consumer_name(settings)})
+        try:
+            yield
+        finally:
+            stop.set()
+            if worker_task is not None:
+                await asyncio.wait([worker_task], timeout=settings.shutdown_grace_s + settings.block_ms / 1000 + 1)
+                worker_task.cancel()
+            if "redis" in state:
+                await state["redis"].aclose()
+            await state["http"].aclose()
+            await sandbox.aclose()
+
+    async def ready_check() -> dict:
+        details: dict = {"verifier_version": VERIFIER_VERSION}
+        response = await state["http"].get(f"{settings.sandbox_url}/readyz")
+        details["sandbox"] = response.status_code == 200
+        if settings.worker_enabled:
+            details["redis"] = bool(await state["redis"].ping())
+        details["ready"] = details["sandbox"] and details.get("redis", True)
+        return details
+
+    app = create_app("verifier", settings.public_dict(), ready_check, lifespan)
+
+    @app.post("/v1/verify", tags=["verifier"])
+    async def verify(request: VerifyRequest) -> dict:
+        try:
+            task = task_from_json(request.task)
+        except TaskValidationError as exc:
+            raise ApiError(422, "invalid_task", exc.message, f"task.{exc.field}") from None
+        events = [ToolEvent(command=e.command, exit_code=-1 if e.exit_code is None else e.exit_code,
+                            timed_out=e.timed_out, policy_verdict=e.policy_verdict, policy_rule=e.policy_rule or "")
+                  for e in request.tool_events]
+        metrics.IN_FLIGHT.inc()
+        try:
+            result = await state["verifier"].verify(task, request.answer, request.session_id, events)
+        finally:
+            metrics.IN_FLIGHT.dec()
+        if request.release_session and request.session_id:
+            metrics.SESSION_RELEASES.labels(await release_session(state["sandbox"], request.session_id)).inc()
+        return result.to_json()
+
+    @app.get("/v1/checks", tags=["verifier"])
+    async def list_checks() -> dict:
+        return {
+            "verifier_version": VERIFIER_VERSION,
+            "checks": [{"type": kind, "parameters": {**params, "timeout_s": "float = 0 (the verifier's default)"}}
+                       for kind, params in CHECK_PARAMETERS.items()],
+            "default_timeout_s": settings.check_timeout_s,
+            "max_file_bytes": settings.max_file_bytes,
+        }
+
+    return app

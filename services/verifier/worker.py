@@ -1,0 +1,150 @@
+"""Stream stage of the verifier: `shellrl:episodes` (group `verifier`) → `shellrl:trajectories`.
+
+For each trajectory: run its task's checks against its sandbox session, compute the reward,
+release the session, then append the scored trajectory downstream and acknowledge the input in
+one atomic step (`StreamConsumer.forward`, idempotent by `trajectory_id`). Guarantees:
+* a crash anywhere before `forward` leaves the entry pending; it is re-claimed and handled
+  again, and `forward`'s idempotency key means the learner-visible stream holds it once;
+* a trajectory that already failed upstream (INFRA_ENGINE, INFRA_SANDBOX, TIMEOUT_BUDGET …)
+  passes through unscored with its failure class (its session is still released);
+* a verification that cannot complete passes through unscored as FAILURE_INFRA_VERIFIER;
+* eval trajectories (`eval`) go to `shellrl:evaluations`, never to the training stream;
+* an undecodable entry is retried (`consumer.fail`) and dead-lettered after `max_deliveries`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from services.verifier import metrics
+from services.verifier.verification import Verification, Verifier
+from shellrl.contract import ContractError, EpisodeEnd, Failure, Trajectory, parse_trajectory
+from shellrl.streams import (
+    GROUP_VERIFIER,
+    STREAM_EPISODES,
+    STREAM_TRAJECTORIES,
+    StreamConsumer,
+    StreamEntry,
+    StreamProducer,
+)
+
+log = logging.getLogger(__name__)
+
+STREAM_EVALUATIONS = "shellrl:evaluations"
+"""Scored eval trajectories (Trajectory.eval = true); read by the rollout gateway's evaluations."""
+
+
+def tool_events(traj: Trajectory) -> list:
+    return [seg.tool_event for seg in traj.segments if seg.HasField("tool_event")]
+
+
+def final_answer(traj: Trajectory) -> str | None:
+    """The agent's final answer, or None when the episode ended without one (max turns, context)."""
+    if traj.end == EpisodeEnd.EPISODE_END_ANSWER:
+        return traj.answer
+    if traj.end == EpisodeEnd.EPISODE_END_UNSPECIFIED and traj.answer:
+        return traj.answer
+    return None
+
+
+class VerifierWorker:
+    """Consumes episodes, verifies them `concurrency` at a time, forwards the results.
+
+    sandbox: a SandboxClient (for releasing sessions). release_sessions: DELETE each episode's
+    session after scoring.
+    """
+
+    def __init__(self, consumer: StreamConsumer, trajectories: StreamProducer, evaluations: StreamProducer,
+                 verifier: Verifier, sandbox, *, concurrency: int, release_sessions: bool = True) -> None:
+        self.consumer, self.trajectories, self.evaluations = consumer, trajectories, evaluations
+        self.verifier, self.sandbox = verifier, sandbox
+        self.concurrency, self.release_sessions = concurrency, release_sessions
+        self._in_flight: set[asyncio.Task] = set()
+
+    async def run(self, stop: asyncio.Event, grace_s: float = 10.0) -> None:
+        """Take work, verify, hand on, acknowledge; until `stop`, then drain within `grace_s`."""
+        await self.consumer.ensure_group()
+        slots = asyncio.Semaphore(self.concurrency)
+        while not stop.is_set():
+            free = self.concurrency - len(self._in_flight)
+            if free <= 0:
+                await slots.acquire()  # wait for a slot, without busy-looping
+                slots.release()
+                continue
+            try:
+                entries = await self.consumer.read(count=free)
+            except Exception:  # Redis down or restarting: keep trying, never crash the loop
+                log.exception("reading shellrl:episodes failed; retrying in 1 s")
+                await asyncio.sleep(1.0)
+                continue
+            for entry in entries:
+                await slots.acquire()
+                task = asyncio.create_task(self.handle(entry))
+                self._in_flight.add(task)
+                task.add_done_callback(lambda t: (self._in_flight.discard(t), slots.release()))
+        if self._in_flight:
+            done, pending = await asyncio.wait(self._in_flight, timeout=grace_s)
+            for task in pending:  # left pending in Redis: re-claimed by another replica or after restart
+                task.cancel()
+            log.info("worker drained", extra={"finished": len(done), "left_pending": len(pending)})
+
+    async def handle(self, entry: StreamEntry) -> None:
+        """Verify and forward one entry; failures leave it pending for a retry (never lost)."""
+        try:
+            traj = parse_trajectory(entry.pb)
+        except ContractError as exc:
+            metrics.TRAJECTORIES.labels("dead").inc()
+            await self.consumer.fail(entry, f"undecodable trajectory: {exc}")
+            return
+        try:
+            outcome = await self.score(traj)
+            await self.release(traj)
+            out = self.evaluations if traj.eval else self.trajectories
+            _, duplicate = await self.consumer.forward(
+                entry, out, traj.SerializeToString(), idempotency_key=traj.trajectory_id,
+                task_id=entry.text("task_id", traj.task_id), group_id=entry.text("group_id", traj.group_id),
+                version=entry.text("version", ""))
+            metrics.TRAJECTORIES.labels("duplicate" if duplicate else outcome).inc()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.exception("handling an episode failed; it stays pending",
+                          extra={"trajectory_id": traj.trajectory_id, "entry_id": entry.entry_id})
+            await self.consumer.fail(entry, f"{type(exc).__name__}: {exc}")
+
+    async def score(self, traj: Trajectory) -> str:
+        """Verify `traj` in place. Returns the metrics outcome: scored / unscored / passed_through."""
+        if traj.failure != Failure.FAILURE_NONE:
+            Verification((), None, traj.failure, traj.failure_detail).apply_to(traj)
+            return "passed_through"
+        if not traj.HasField("task"):
+            result = Verification((), None, Failure.FAILURE_INFRA_VERIFIER, "the trajectory carries no task")
+        else:
+            result = await self.verifier.verify(traj.task, final_answer(traj), traj.sandbox_session_id or None, tool_events(traj))
+        result.apply_to(traj)
+        log.info("verified", extra={"trajectory_id": traj.trajectory_id, "group_id": traj.group_id,
+                                    "task_id": traj.task_id, "reward": traj.reward, "scored": traj.scored,
+                                    "failure": Failure.Name(traj.failure), "duration_ms": round(result.duration_ms, 1)})
+        return "scored" if result.scored else "unscored"
+
+    async def release(self, traj: Trajectory) -> None:
+        """DELETE the episode's sandbox session (gone already is fine; errors only counted:
+        the sandbox's idle TTL removes what we could not)."""
+        if not (self.release_sessions and traj.sandbox_session_id and self.sandbox is not None):
+            return
+        metrics.SESSION_RELEASES.labels(await release_session(self.sandbox, traj.sandbox_session_id)).inc()
+
+
+async def release_session(sandbox, session_id: str) -> str:
+    """DELETE a sandbox session; returns "ok", "gone" or "error" (never raises)."""
+    from shellrl.sandbox_client import SandboxNotFound
+
+    try:
+        await sandbox.delete(session_id)
+        return "ok"
+    except SandboxNotFound:
+        return "gone"
+    except Exception as exc:
+        log.warning("releasing a sandbox session failed", extra={"session_id": session_id, "error": repr(exc)})
+        return "error"

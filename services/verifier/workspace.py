@@ -1,0 +1,158 @@
+"""The episode's workspace as the checks see it, over the sandbox API (shellrl.sandbox_client).
+
+* Check commands run in the episode's session, but never in the agent's shell state: the sandbox
+  replays the cwd and exported variables the agent left (agents expect `cd` and `export` to
+  persist), so each check command is wrapped to start at the workspace root with a clean
+  environment (the sandbox's fixed variables plus the task's `env`) and a bash that reads no
+  startup files (`FRESH_SHELL`). `exec` replaces the replaying shell, so the agent's saved
+  state is not rewritten by checks either.
+* Files are read by the sandbox's host side (openat2 RESOLVE_BENEATH): symlinks that stay inside
+  the workspace are followed, anything leaving it is refused (403), so is a non-regular file.
+* `reference_command` runs in a fresh session with the task's setup (the post-setup state), once
+  per (setup, env, command): outputs are cached, and concurrent lookups share one run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import shlex
+from collections import OrderedDict
+
+from services.verifier import metrics
+from services.verifier.checks import CheckInfraError, CommandOutput, FileRefused
+from shellrl.contract import Task
+from shellrl.sandbox_client import ExecResult, SandboxBusy, SandboxError, SandboxNotFound, SandboxSetupFailed
+
+SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+"""PATH of the sandbox's fixed environment (services/sandbox/isolation.py base_env)."""
+WORKSPACE_TOKEN = "<workspace>"
+BUSY_RETRIES = 6
+
+
+def fresh_shell(command: str, workspace_path: str, task_env: dict[str, str]) -> str:
+    """`command` wrapped to run at the workspace root in a clean environment (see module doc)."""
+    env = {"PATH": SANDBOX_PATH, "HOME": workspace_path, "LC_ALL": "C", "LANG": "C", "TERM": "dumb"}
+    env.update({k: v.replace(WORKSPACE_TOKEN, workspace_path) for k, v in task_env.items()})
+    assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
+    return (f"cd -- {shlex.quote(workspace_path)} && exec /usr/bin/env -i {assignments} "
+            f"/usr/bin/bash --noprofile --norc -c {shlex.quote(command)}")
+
+
+def command_output(result: ExecResult) -> CommandOutput:
+    return CommandOutput(result.stdout, result.exit_code, result.timed_out, result.stdout_truncated_bytes,
+                         result.policy.verdict)
+
+
+def _session_gone(exc: SandboxError) -> bool:
+    return isinstance(exc, SandboxNotFound) and exc.code != "file_not_found"
+
+
+class SandboxWorkspace:
+    """One episode's session. `prepare()` must be called first (it reads the session's workspace
+    path and safety events, before any check command can add its own)."""
+
+    def __init__(self, sandbox, session_id: str, task: Task, reference_cache: "ReferenceCache") -> None:
+        self.sandbox, self.session_id, self.task, self.reference_cache = sandbox, session_id, task, reference_cache
+        self.workspace_path: str | None = None
+        self.safety_events: list[dict] = []
+
+    async def prepare(self) -> None:
+        """Raises CheckInfraError when the session is gone or the sandbox cannot answer."""
+        try:
+            info = await self.sandbox.session_info(self.session_id)
+        except SandboxError as exc:
+            gone = "is gone (expired, deleted or never existed)" if _session_gone(exc) else f"cannot be read: {exc}"
+            raise CheckInfraError(f"sandbox session {self.session_id} {gone}") from None
+        self.workspace_path = info["workspace"]
+        self.safety_events = [e for e in info.get("safety_events", []) if isinstance(e, dict)]
+
+    async def run(self, command: str, timeout_s: float) -> CommandOutput:
+        wrapped = fresh_shell(command, self.workspace_path, dict(self.task.env))
+        try:
+            return command_output(await self.sandbox.exec(self.session_id, wrapped, timeout_s=timeout_s))
+        except SandboxError as exc:
+            raise CheckInfraError(f"exec in session {self.session_id} failed: {exc}") from None
+
+    async def read_file(self, path: str, max_bytes: int) -> bytes:
+        try:
+            return await self.sandbox.read_file(self.session_id, path, max_bytes=max_bytes)
+        except SandboxError as exc:
+            if exc.status == 413:
+                raise FileRefused(f"larger than max_file_bytes={max_bytes}") from None
+            if exc.status in (400, 403) or exc.code == "file_not_found":
+                raise FileRefused((exc.body.get("error") or {}).get("message", str(exc))) from None
+            raise CheckInfraError(f"reading {path!r} from session {self.session_id} failed: {exc}") from None
+
+    async def run_reference(self, command: str, timeout_s: float) -> CommandOutput:
+        return await self.reference_cache.output(self.task, command, timeout_s)
+
+
+class ReferenceCache:
+    """Outputs of reference commands, keyed by sha256(setup, env, command); LRU of `size` entries."""
+
+    def __init__(self, sandbox, size: int = 1024) -> None:
+        self.sandbox, self.size = sandbox, size
+        self._done: OrderedDict[str, CommandOutput] = OrderedDict()
+        self._running: dict[str, asyncio.Future] = {}
+
+    @staticmethod
+    def key(task: Task, command: str) -> str:
+        return hashlib.sha256(json.dumps([task.setup, sorted(task.env.items()), command]).encode()).hexdigest()
+
+    async def output(self, task: Task, command: str, timeout_s: float) -> CommandOutput:
+        """The reference command's output in a fresh post-setup workspace. Raises CheckInfraError."""
+        key = self.key(task, command)
+        if key in self._done:
+            self._done.move_to_end(key)
+            metrics.REFERENCE_RUNS.labels("hit").inc()
+            return self._done[key]
+        if key in self._running:
+            return await asyncio.shield(self._running[key])
+        future = asyncio.get_running_loop().create_future()
+        self._running[key] = future
+        try:
+            out = await self._run(task, command, timeout_s)
+        except BaseException as exc:
+            future.set_exception(exc if isinstance(exc, Exception) else CheckInfraError("cancelled"))
+            future.exception()  # mark retrieved: waiters re-raise it
+            raise
+        finally:
+            self._running.pop(key, None)
+        future.set_result(out)
+        metrics.REFERENCE_RUNS.labels("run").inc()
+        if self.size and not (out.timed_out or out.policy_verdict == "deny"):
+            self._done[key] = out
+            while len(self._done) > self.size:
+                self._done.popitem(last=False)
+        return out
+
+    async def _run(self, task: Task, command: str, timeout_s: float) -> CommandOutput:
+        session = await self._create(task)
+        try:
+            wrapped = fresh_shell(command, session["workspace"], dict(task.env))
+            return command_output(await self.sandbox.exec(session["session_id"], wrapped, timeout_s=timeout_s))
+        except SandboxError as exc:
+            raise CheckInfraError(f"reference command failed to run: {exc}") from None
+        finally:
+            try:
+                await self.sandbox.delete(session["session_id"])
+            except SandboxError:
+                pass  # the sandbox's idle TTL removes it
+
+    async def _create(self, task: Task) -> dict:
+        delay_s = 0.1
+        for attempt in range(BUSY_RETRIES):
+            try:
+                return await self.sandbox.create_session(setup=task.setup, env=dict(task.env))
+            except SandboxBusy:
+                if attempt == BUSY_RETRIES - 1:
+                    raise CheckInfraError("the sandbox stayed at its session cap (429)") from None
+                await asyncio.sleep(delay_s)
+                delay_s *= 2
+            except SandboxSetupFailed as exc:
+                raise CheckInfraError(f"the task's setup failed in a fresh session: {exc}") from None
+            except SandboxError as exc:
+                raise CheckInfraError(f"cannot create a session for the reference command: {exc}") from None
+        raise CheckInfraError("unreachable")
