@@ -88,9 +88,10 @@ def quantile_queries(histogram: str, with_mean: bool = True) -> tuple[Query, ...
 STALENESS = (
     Row("Policy version", (
         Panel("Policy version", (
-            Query("max by (job) (shellrl_policy_version)", "{{job}}"),
-        ), unit="none", description="Optimizer steps taken (learner) and the version each service last saw "
-                                    "(rollout admission reads shellrl:policy:version)."),
+            Query("max(shellrl_policy_version)", "learner"),
+            Query("max(shellrl_rollout_learner_version)", "rollout admission"),
+        ), unit="none", description="Optimizer steps taken by the learner, and shellrl:policy:version as the "
+                                    "rollout gateway last read it for admission control."),
         Panel("Policy version now", (Query("max(shellrl_policy_version)", "version"),), unit="none", kind="stat",
               width=6),
         Panel("Weight syncs per minute", (Query("60 * " + rate_sum("shellrl_weight_sync_seconds_count",
@@ -107,59 +108,74 @@ STALENESS = (
         Panel("Staleness percentiles", quantile_queries("shellrl_trajectory_staleness"), unit="none",
               description="Percentiles and mean of staleness over the window, in policy versions."),
         Panel("Sample age", quantile_queries("shellrl_trajectory_age_seconds"), unit="s",
-              description="Seconds from a trajectory's first generated token to its use by the learner."),
-        Panel("Trajectories consumed by the learner", (
-            Query(rate_sum("shellrl_trajectories_total", by="outcome"), "{{outcome}}"),
-        ), unit="reqps", description="Trajectories per second by outcome."),
+              description="Seconds from the end of an episode to the learner step that trained on it."),
+        Panel("Trajectories into the learner", (
+            Query(rate_sum("shellrl_learner_trajectories_trained_total"), "trained"),
+            Query(rate_sum("shellrl_trajectories_dropped_total", by="reason"), "dropped: {{reason}}"),
+        ), unit="reqps", description="Trajectories per second that entered a training batch, and those dropped."),
     )),
     Row("Drops and off-policy corrections", (
         Panel("Dropped for staleness", (
             Query(rate_sum("shellrl_trajectories_dropped_total", matcher='reason="stale"'), "stale"),
-            Query(rate_sum("shellrl_trajectories_dropped_total", by="reason"), "{{reason}}"),
-        ), unit="reqps", description="Trajectories per second dropped before training, by reason; "
-                                     "`stale` = staleness above max_staleness."),
+            Query(rate_sum("shellrl_learner_groups_total", by="outcome"), "groups: {{outcome}}"),
+        ), unit="reqps", description="Trajectories per second dropped because staleness exceeded max_staleness; "
+                                     "released groups per second by outcome."),
         Panel("Importance-weight truncation", (
-            Query("max(shellrl_learner_is_weight_truncated_ratio)", "truncated tokens"),
+            Query('max(shellrl_learner_importance_weight{stat="truncated_fraction"})', "truncated fraction"),
         ), unit="percentunit",
             description="Fraction of loss tokens of the last step whose behavior importance weight "
                         "exp(logp_prox - logp_behavior) was truncated at C (decoupled PPO, DESIGN.md section 5)."),
+        Panel("Importance weight", (
+            Query('max by (stat) (shellrl_learner_importance_weight{stat=~"mean|max"})', "{{stat}}"),
+        ), unit="none", description="Mean and max behavior importance weight of the last step (before truncation)."),
         Panel("Log-prob difference (proximal - behavior)", (
             Query("max by (stat) (shellrl_logprob_diff)", "{{stat}}"),
         ), unit="none", description="Mean and max |logp_prox - logp_behavior| of version-fresh tokens in the last "
-                                    "step; parity bound 1e-4 (float32 CPU) or 0.02 mean (bf16 GPU)."),
+                                    "step, nats; parity bound 1e-4 (float32 CPU) or 0.02 mean (bf16 GPU)."),
     )),
 )
 
 THROUGHPUT = (
     Row("Rollout", (
         Panel("Episodes finished", (
-            Query(rate_sum("shellrl_trajectories_total", by="outcome"), "{{outcome}}"),
-        ), unit="reqps", description="Trajectories per second, by outcome."),
+            Query(rate_sum("shellrl_rollout_episodes_total", by="end"), "{{end}}"),
+        ), unit="reqps", description="Episodes per second by how they ended (answer, max_turns, context, failure)."),
         Panel("Episodes in flight", (Query("sum(shellrl_episodes_in_flight)", "in flight"),), unit="short"),
         Panel("Turns", (Query(rate_sum("shellrl_rollout_turns_total"), "turns/s"),), unit="reqps",
               description="Model calls (agent turns) per second."),
         Panel("Tokens per second by kind", (
             Query(rate_sum("shellrl_rollout_tokens_total", by="kind"), "{{kind}}"),
-        ), unit="short", description="prompt, generated (ACTION) and observation tokens per second."),
+            Query(rate_sum("shellrl_learner_tokens_total"), "trained (learner)"),
+        ), unit="short", description="Rollout tokens per second: prompt, action (engine-sampled), observation "
+                                     "(harness); and loss-mask tokens the learner trained on."),
     )),
     Row("Latency", (
         Panel("Sandbox exec latency", quantile_queries("shellrl_sandbox_exec_seconds"), unit="s",
-              description="Wall time of POST /v1/sessions/{id}/exec, measured by the sandbox."),
+              description="Wall time of one command in the sandbox, launch to result."),
         Panel("Sandbox sessions", (Query("sum(shellrl_sandbox_sessions)", "open sessions"),), unit="short"),
-        Panel("Engine request latency", quantile_queries("shellrl_engine_request_seconds"), unit="s",
-              description="Wall time of /generate calls as the rollout sees them."),
+        Panel("Engine request latency", quantile_queries("shellrl_rollout_generate_seconds") + (
+            Query(f"{quantile('shellrl_engine_request_seconds', 0.9)} or "
+                  f"{quantile('sglang:e2e_request_latency_seconds', 0.9)}", "p90 engine-side"),
+        ), unit="s", description="/generate latency as the rollout sees it (percentiles, mean), and the engine's own "
+                                 "p90 (shellrl CPU engine or SGLang's sglang:e2e_request_latency_seconds)."),
+        Panel("Engine generation throughput", (
+            Query(f"{rate_sum('shellrl_engine_generation_tokens_total')} or "
+                  f"{rate_sum('sglang:generation_tokens_total')}", "generated tokens/s"),
+        ), unit="short", description="Tokens sampled per second by all engines (shellrl CPU engine or SGLang)."),
         Panel("Verifications", (
             Query(rate_sum("shellrl_verifier_verifications_total", by="outcome"), "{{outcome}}"),
         ), unit="reqps", description="Verifications per second by outcome (pass, fail, infra)."),
     )),
     Row("Learner", (
         Panel("Learner step time", quantile_queries("shellrl_learner_step_seconds"), unit="s",
-              description="Wall time of one optimizer step (proximal log-probs, loss, backward, step)."),
+              description="Wall time of one learner step's training (proximal log-probs, loss, backward, step)."),
         Panel("Weight-sync time by phase", (
             Query(mean("shellrl_weight_sync_seconds", by="phase"), "{{phase}}"),
-        ), unit="s", description="Mean seconds per weight sync, by phase (pause, transfer, update, resume, total)."),
-        Panel("Learner reward", (Query("max(shellrl_learner_reward)", "batch mean reward"),), unit="none",
-              description="Mean task reward of the trajectories in the last optimizer step."),
+        ), unit="s", description="Mean seconds per weight sync, by phase (flatten, transfer, load, verify, total)."),
+        Panel("Learner reward and success", (
+            Query("max(shellrl_learner_reward)", "mean training reward"),
+            Query("max(shellrl_learner_success_rate)", "success rate"),
+        ), unit="none", description="Of the trajectories trained in the last step."),
     )),
     Row("Streams", (
         Panel("Stream length", (Query("max by (stream) (shellrl_stream_length)", "{{stream}}"),), unit="short",

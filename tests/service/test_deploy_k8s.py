@@ -51,12 +51,24 @@ def test_kustomization_lists_every_manifest():
     assert set(kustomization["resources"]) == files
 
 
-def test_stages_are_replicated_deployments_and_the_learner_a_statefulset_with_checkpoints():
+def test_stages_scale_out_by_replicas():
     found = workloads()
-    for stage in ("rollout", "sandbox", "verifier"):
+    for stage in ("sandbox", "verifier"):
         assert found[stage]["kind"] == "Deployment" and found[stage]["spec"]["replicas"] >= 1, stage
     assert found["rollout"]["spec"]["replicas"] >= 2 and found["verifier"]["spec"]["replicas"] >= 2
-    learner = found["learner"]
+
+
+def test_rollout_replicas_keep_their_consumer_name_across_restarts():
+    """Admission gives back a replica's in-flight slots when a replica of the same name starts, so
+    rollout pods need stable names (StatefulSet) and use them as SHELLRL_CONSUMER_NAME."""
+    rollout = workloads()["rollout"]
+    assert rollout["kind"] == "StatefulSet"
+    [name] = [e for e in container(rollout)["env"] if e["name"] == "SHELLRL_CONSUMER_NAME"]
+    assert name["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_learner_is_a_statefulset_with_its_checkpoint_volume_and_a_gpu():
+    learner = workloads()["learner"]
     assert learner["kind"] == "StatefulSet" and learner["spec"]["replicas"] == 1
     [claim] = learner["spec"]["volumeClaimTemplates"]
     mounts = {m["name"]: m["mountPath"] for m in container(learner)["volumeMounts"]}
