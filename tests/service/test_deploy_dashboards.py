@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -85,3 +86,14 @@ def test_sdk_build_matches_the_grafana_image_that_compose_runs():
     image = compose["services"]["grafana"]["image"]
     assert image == f"${{GRAFANA_IMAGE:-grafana/grafana:{grafana_version}}}"
     assert f'grafana-foundation-sdk=={sdk}' in (REPO / "pyproject.toml").read_text()
+
+
+def test_every_shellrl_metric_a_panel_reads_is_defined_by_a_service():
+    """Static guard against renames: the e2e PromQL test finds them too, but only with the whole stack."""
+    sources = [*REPO.glob("services/*/metrics.py"), REPO / "shellrl" / "streams.py", REPO / "shellrl" / "metrics.py"]
+    defined = set()
+    for path in sources:
+        defined.update(re.findall(r"[\"'](shellrl_[a-z0-9_]+)[\"']", path.read_text()))
+    for query in panel_queries():
+        missing = {m for m in query.metrics if m.startswith("shellrl_")} - defined
+        assert not missing, f"{query}: {sorted(missing)} defined by no service"
