@@ -14,6 +14,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import dockerfile
 import pytest
 import yaml
 
@@ -168,11 +169,40 @@ def test_env_file_values_reach_the_services(tmp_path):
     assert "0.6" in services["engine"]["command"]
 
 
+def dockerfile_stages() -> dict[str, list]:
+    """Instructions of each build stage, parsed by BuildKit's own Dockerfile parser (PyPI `dockerfile`)."""
+    stages: dict[str, list] = {}
+    current = None
+    for command in dockerfile.parse_file(str(REPO / "Dockerfile")):
+        if command.cmd == "FROM":
+            current = command.value[2]
+            stages[current] = []
+        elif current is not None:
+            stages[current].append(command)
+    return stages
+
+
 def test_build_targets_exist_in_the_dockerfile(no_env):
-    stages = set(re.findall(r"^FROM \S+ AS (\S+)$", (REPO / "Dockerfile").read_text(), flags=re.MULTILINE))
     services = rendered(no_env)["services"]
     targets = {s["build"]["target"] for s in services.values() if "build" in s}
-    assert targets == {"cpu", "sandbox", "learner"} and targets <= stages
+    assert targets == {"cpu", "sandbox", "learner"} and targets <= set(dockerfile_stages())
+
+
+def test_dockerfile_copies_only_files_the_build_context_has_and_pins_torch_as_pyproject():
+    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
+               if line.strip() and not line.startswith("#")}
+    stages = dockerfile_stages()
+    for stage, commands in stages.items():
+        for command in commands:
+            if command.cmd == "COPY":
+                for source in command.value[:-1]:
+                    assert (REPO / source).exists() and source not in ignored, (stage, source)
+    pyproject_torch = re.search(r'"torch==([^"]+)"', (REPO / "pyproject.toml").read_text()).group(1)
+    default_args = dict(a.split("=", 1) for c in dockerfile.parse_file(str(REPO / "Dockerfile"))
+                        if c.cmd == "ARG" for a in c.value if "=" in a)
+    assert default_args["TORCH_VERSION"] == pyproject_torch
+    sandbox_packages = " ".join(c.value[0] for c in stages["sandbox"] if c.cmd == "RUN")
+    assert "bubblewrap" in sandbox_packages
 
 
 def test_grafana_and_prometheus_mount_the_generated_files(no_env):
