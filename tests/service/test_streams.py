@@ -56,6 +56,23 @@ async def test_add_many_appends_in_order_and_skips_known_keys(redis):
     assert [Trajectory.FromString(f[b"pb"]).trajectory_id for _, f in await redis.xrange(STREAM)] == ["b", "a", "c"]
 
 
+async def test_concurrent_adds_of_one_key_from_separate_clients_append_exactly_once(redis_server):
+    clients = [connect(redis_server.url) for _ in range(8)]
+    results = await asyncio.gather(*(StreamProducer(c, STREAM).add(_traj("a"), idempotency_key="a")
+                                     for c in clients for _ in range(4)))
+    assert sum(not dup for _, dup in results) == 1
+    assert len({eid for eid, _ in results}) == 1
+    assert await clients[0].xlen(STREAM) == 1
+    for c in clients:
+        await c.aclose()
+
+
+async def test_a_key_repeated_inside_one_batch_is_appended_once(redis):
+    out = await StreamProducer(redis, STREAM).add_many([OutgoingEntry(_traj("a"), "a"), OutgoingEntry(_traj("a"), "a")])
+    assert out[1] == (out[0][0], True) and out[0][1] is False
+    assert await redis.xlen(STREAM) == 1
+
+
 async def test_forward_appends_downstream_and_acks_in_one_step_and_only_acks_a_redelivery(redis):
     upstream = StreamProducer(redis, "shellrl:episodes")
     consumer = StreamConsumer(redis, "shellrl:episodes", "verifier", "v1", block_ms=100, claim_interval_s=3600)

@@ -1,0 +1,1 @@
+"""Benchmarks: `python -m benchmarks [name ...]` runs benchmarks/bench_<name>.py modules (see __main__)."""

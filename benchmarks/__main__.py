@@ -1,0 +1,54 @@
+"""Run the benchmarks: `python -m benchmarks` (every benchmarks/bench_*.py) or
+`python -m benchmarks streams engine` (only bench_streams and bench_engine).
+
+Each module's `main(argv)` runs in its own subprocess, so a failing or crashing benchmark does not
+stop the others; arguments after `--` go to every selected benchmark. Prints which ran, how long
+they took and which failed; exits 1 if any failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+
+def available() -> list[str]:
+    return sorted(p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py"))
+
+
+def run(name: str, extra: list[str]) -> tuple[int, float]:
+    code = f"import sys; from benchmarks.bench_{name} import main; main(sys.argv[1:])"
+    start = time.monotonic()
+    rc = subprocess.run([sys.executable, "-c", code, *extra], cwd=HERE.parent).returncode
+    return rc, time.monotonic() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    extra: list[str] = []
+    if "--" in argv:
+        argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1:]
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {available()})")
+    names = parser.parse_args(argv).names or available()
+    unknown = [n.removeprefix("bench_") for n in names if n.removeprefix("bench_") not in available()]
+    if unknown:
+        parser.error(f"unknown benchmark(s) {unknown}; available: {available()}")
+    outcomes = []
+    for name in (n.removeprefix("bench_") for n in names):
+        print(f"\n=== bench_{name} ===", flush=True)
+        rc, seconds = run(name, extra)
+        outcomes.append((name, rc, seconds))
+    print("\nbenchmarks run:")
+    for name, rc, seconds in outcomes:
+        print(f"  bench_{name:<12} {'ok' if rc == 0 else f'FAILED (exit {rc})':<16} {seconds:7.1f} s")
+    return 1 if any(rc for _, rc, _ in outcomes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
