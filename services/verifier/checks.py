@@ -117,8 +117,11 @@ def answer_integer_equals(answer: str, expected: int) -> tuple[bool, str]:
     text = answer.strip()
     if not INTEGER.fullmatch(text):
         return False, f"answer {_short(text)} is not an integer"
-    value = int(text)
-    return value == expected, f"{value} {'==' if value == expected else '!='} {expected}"
+    # compare digits, not int(text): Python refuses int() of more than 4300 digits (ValueError)
+    negative = text.startswith("-")
+    digits = text.lstrip("+-").lstrip("0") or "0"
+    equal = digits == str(abs(expected)) and (digits == "0" or negative == (expected < 0))
+    return equal, f"{_short(text)} {'==' if equal else '!='} {expected}"
 
 
 def answer_matches(answer: str, pattern: str, case_insensitive: bool, timeout_s: float) -> tuple[bool, str]:

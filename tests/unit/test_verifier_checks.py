@@ -36,9 +36,16 @@ def test_answer_integer_equals_accepts_only_ascii_integers(answer, passed):
     assert answer_integer_equals(answer, 5)[0] is passed
 
 
-def test_answer_integer_equals_handles_negative_and_large_values():
-    assert answer_integer_equals("-12", -12)[0]
+def test_answer_integer_equals_handles_negative_zero_and_large_values():
+    assert answer_integer_equals("-12", -12)[0] and not answer_integer_equals("12", -12)[0]
+    assert answer_integer_equals("-0", 0)[0] and answer_integer_equals("+000", 0)[0]
     assert answer_integer_equals(str(2**62), 2**62)[0]
+
+
+def test_answer_of_100k_digits_fails_instead_of_raising():
+    # int() refuses more than 4300 digits; the check must still answer
+    assert not answer_integer_equals("9" * 100_000, 5)[0]
+    assert answer_integer_equals("0" * 100_000 + "5", 5)[0]
 
 
 @pytest.mark.parametrize("answer, pattern, passed", [

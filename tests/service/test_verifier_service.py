@@ -1,0 +1,231 @@
+"""The verifier as a service: real Redis, real sandbox and verifier subprocesses.
+
+Stream stage (group isolation, pass-through, eval routing, dead letters, session release), a crash
+between the downstream XADD and the XACK, SIGKILL in the middle of a stream, and the HTTP API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+import httpx
+import pytest
+
+from services.verifier.worker import STREAM_EVALUATIONS
+from shellrl import streams
+from shellrl.contract import (
+    EpisodeEnd,
+    Failure,
+    ToolEvent,
+    Trajectory,
+    action_segment,
+    observation_segment,
+    parse_trajectory,
+    task_to_json,
+)
+from shellrl.sandbox_client import SandboxClient, SandboxNotFound
+from shellrl.tasks.seeds import seed_tasks
+from tests.helpers.processes import ServiceProcess
+from tests.helpers.redis_server import free_port
+
+pytestmark = pytest.mark.slow
+NUMBERS = next(t for t in seed_tasks() if t.task_id == "seed-numbers")
+
+
+@pytest.fixture(scope="module")
+def sandbox_url(tmp_path_factory):
+    proc = ServiceProcess("sandbox", free_port(), {"SHELLRL_LOG_LEVEL": "WARNING"},
+                          tmp_path_factory.mktemp("sandbox-logs")).start()
+    yield proc.url
+    proc.stop()
+
+
+def verifier_process(redis_url: str, sandbox_url: str, log_dir, name: str, **env) -> ServiceProcess:
+    return ServiceProcess("verifier", free_port(), {
+        "SHELLRL_REDIS_URL": redis_url, "SHELLRL_SANDBOX_URL": sandbox_url, "SHELLRL_CONSUMER_NAME": name,
+        "SHELLRL_CLAIM_MIN_IDLE_MS": "500", "SHELLRL_BLOCK_MS": "200", **{k.upper(): str(v) for k, v in env.items()},
+    }, log_dir)
+
+
+def trajectory(tid: str, group: str, session_id: str, answer: str | None, **fields) -> Trajectory:
+    traj = Trajectory(trajectory_id=tid, task_id=NUMBERS.task_id, group_id=group, task=NUMBERS,
+                      sandbox_session_id=session_id, answer=answer or "",
+                      end=EpisodeEnd.EPISODE_END_ANSWER if answer is not None else EpisodeEnd.EPISODE_END_MAX_TURNS,
+                      prompt_ids=b"\x01\x00\x00\x00", **fields)
+    traj.segments.append(action_segment([5, 6], [-0.1, -0.2], policy_version=3))
+    traj.segments.append(observation_segment([7], tool_event=ToolEvent(command="ls", exit_code=0)))
+    return traj
+
+
+async def publish(redis, *trajs: Trajectory) -> None:
+    producer = streams.StreamProducer(redis, streams.STREAM_EPISODES)
+    for t in trajs:
+        await producer.add(t.SerializeToString(), idempotency_key=t.trajectory_id, task_id=t.task_id,
+                           group_id=t.group_id, version="3")
+
+
+async def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def read_stream(redis, stream: str) -> list[Trajectory]:
+    return [parse_trajectory(fields[b"pb"]) for _, fields in await redis.xrange(stream)]
+
+
+async def test_group_members_are_scored_independently_and_failures_pass_through(redis_server, sandbox_url, tmp_path):
+    redis = streams.connect(redis_server.url)
+    proc = verifier_process(redis_server.url, sandbox_url, tmp_path, "v1", shellrl_max_deliveries=1).start()
+    try:
+        async with SandboxClient(sandbox_url) as sandbox:
+            sids = [(await sandbox.create_session())["session_id"] for _ in range(5)]
+            await sandbox.exec(sids[0], NUMBERS.reference_solution)  # member 0 solves it
+            await sandbox.delete(sids[2])                             # member 2's session is gone
+            members = [
+                trajectory("t0", "g", sids[0], "5"),
+                trajectory("t1", "g", sids[1], "5"),                  # right answer, no numbers.txt
+                trajectory("t2", "g", sids[2], "5"),
+                trajectory("t3", "g", sids[3], None, failure=Failure.FAILURE_INFRA_ENGINE,
+                           failure_detail="engine down"),
+            ]
+            eval_traj = trajectory("e0", "ge", sids[4], "5", eval=True)
+            await publish(redis, *members, eval_traj)
+            await redis.xadd(streams.STREAM_EPISODES, {"pb": b"\xff\x00garbage", "task_id": "x"})
+
+            out = await wait_for(lambda: _len_at_least(redis, streams.STREAM_TRAJECTORIES, 4), what="4 scored")
+            by_id = {t.trajectory_id: t for t in out}
+            assert set(by_id) == {"t0", "t1", "t2", "t3"}
+            assert by_id["t0"].scored and by_id["t0"].reward == 1.0 and by_id["t0"].training_reward == 1.0
+            assert by_id["t1"].scored and by_id["t1"].reward == 0.0
+            assert by_id["t0"].reward_components["exit_zero_bonus"] == pytest.approx(0.1)
+            assert not by_id["t2"].scored and by_id["t2"].failure == Failure.FAILURE_INFRA_VERIFIER
+            assert math.isnan(by_id["t2"].reward) and "gone" in by_id["t2"].failure_detail
+            assert not by_id["t3"].scored and by_id["t3"].failure == Failure.FAILURE_INFRA_ENGINE
+            assert all(t.verifier_version == "verifier-1" for t in out)
+            evals = await wait_for(lambda: _len_at_least(redis, STREAM_EVALUATIONS, 1), what="eval result")
+            assert evals[0].trajectory_id == "e0" and evals[0].reward == 0.0  # routed apart, never trained on
+            dead = await wait_for(lambda: redis.xrange(streams.STREAM_DEAD), what="dead letter")
+            assert b"undecodable" in dead[0][1][b"reason"]
+            for sid in (sids[0], sids[1], sids[3], sids[4]):  # released after scoring (pass-through too)
+                with pytest.raises(SandboxNotFound):
+                    await sandbox.session_info(sid)
+            await wait_for(lambda: _pending_is(redis, 0), what="nothing pending")
+    finally:
+        proc.stop()
+        await redis.aclose()
+
+
+async def test_crash_between_xadd_and_xack_leaves_one_learner_visible_copy(redis_server, sandbox_url, tmp_path):
+    """The state a crash between the two halves would leave: the scored trajectory is already in
+    shellrl:trajectories (under its idempotency key) but the episode is still pending for a
+    consumer that died. A new verifier re-claims and re-verifies it, and only acknowledges."""
+    redis = streams.connect(redis_server.url)
+    try:
+        async with SandboxClient(sandbox_url) as sandbox:
+            sid = (await sandbox.create_session())["session_id"]
+            await sandbox.exec(sid, NUMBERS.reference_solution)
+            traj = trajectory("crash-1", "g", sid, "5")
+            await publish(redis, traj)
+            dead_consumer = streams.StreamConsumer(redis, streams.STREAM_EPISODES, streams.GROUP_VERIFIER, "died")
+            await dead_consumer.ensure_group()
+            assert len(await dead_consumer.read(block_ms=100)) == 1  # delivered, never acknowledged
+            scored = parse_trajectory(traj.SerializeToString())
+            scored.scored, scored.reward, scored.training_reward = True, 1.0, 1.0
+            await streams.StreamProducer(redis, streams.STREAM_TRAJECTORIES).add(  # the XADD half, done
+                scored.SerializeToString(), idempotency_key=scored.trajectory_id)
+        proc = verifier_process(redis_server.url, sandbox_url, tmp_path, "v2").start()
+        try:
+            await wait_for(lambda: _pending_is(redis, 0), what="the re-claimed entry to be acknowledged")
+            out = await read_stream(redis, streams.STREAM_TRAJECTORIES)
+            assert [t.trajectory_id for t in out] == ["crash-1"]
+        finally:
+            proc.stop()
+    finally:
+        await redis.aclose()
+
+
+async def test_sigkill_mid_stream_scores_every_trajectory_exactly_once(redis_server, sandbox_url, tmp_path):
+    redis = streams.connect(redis_server.url)
+    slow = task_to_json(NUMBERS)
+    slow["check"].append({"type": "command_exit_code", "command": "sleep 0.2"})
+    from shellrl.contract import task_from_json
+
+    slow_task = task_from_json(slow)
+    n = 16
+    try:
+        async with SandboxClient(sandbox_url) as sandbox:
+            trajs = []
+            for i in range(n):
+                sid = (await sandbox.create_session())["session_id"]
+                t = trajectory(f"k{i}", f"g{i // 4}", sid, "5")
+                t.task.CopyFrom(slow_task)
+                trajs.append(t)
+            await publish(redis, *trajs)
+        first = verifier_process(redis_server.url, sandbox_url, tmp_path, "va", shellrl_concurrency=2).start()
+        await wait_for(lambda: _len_at_least(redis, streams.STREAM_TRAJECTORIES, 2), what="a first few scored")
+        first.kill()  # SIGKILL: in-flight entries stay pending
+        done_before = await redis.xlen(streams.STREAM_TRAJECTORIES)
+        assert done_before < n
+        second = verifier_process(redis_server.url, sandbox_url, tmp_path, "vb", shellrl_concurrency=4).start()
+        try:
+            await wait_for(lambda: _len_at_least(redis, streams.STREAM_TRAJECTORIES, n), timeout_s=60,
+                           what="all trajectories")
+            await wait_for(lambda: _pending_is(redis, 0), what="nothing pending")
+            ids = [t.trajectory_id for t in await read_stream(redis, streams.STREAM_TRAJECTORIES)]
+            assert sorted(ids) == sorted(t.trajectory_id for t in trajs)  # each exactly once
+        finally:
+            second.stop()
+    finally:
+        await redis.aclose()
+
+
+async def test_http_verify_and_checks(redis_server, sandbox_url, tmp_path):
+    proc = verifier_process(redis_server.url, sandbox_url, tmp_path, "vh", shellrl_worker_enabled="false").start()
+    try:
+        async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http, SandboxClient(sandbox_url) as sandbox:
+            checks = (await http.get("/v1/checks")).json()
+            assert {c["type"] for c in checks["checks"]} == {
+                "answer_equals", "answer_integer_equals", "answer_matches", "file_exists", "file_contains",
+                "file_sha256", "command_output_equals", "command_exit_code"}
+            sid = (await sandbox.create_session())["session_id"]
+            await sandbox.exec(sid, NUMBERS.reference_solution)
+            body = {"task": task_to_json(NUMBERS), "answer": "5", "session_id": sid, "release_session": True,
+                    "tool_events": [{"exit_code": 0, "timed_out": False, "policy_verdict": "allow"},
+                                    {"exit_code": None, "timed_out": True, "policy_verdict": "flag",
+                                     "policy_rule": "rm_recursive_or_force"}]}
+            result = (await http.post("/v1/verify", json=body)).json()
+            assert result["reward"] == 1.0 and result["training_reward"] == 1.0 and result["failure"] is None
+            assert [c["passed"] for c in result["checks"]] == [True, True, True]
+            assert result["reward_components"] == {"outcome": 1.0, "exit_zero_bonus": 0.1, "timeout_penalty": -0.1,
+                                                   "safety_penalty": -1.0}
+            with pytest.raises(SandboxNotFound):  # release_session
+                await sandbox.session_info(sid)
+            again = (await http.post("/v1/verify", json=body)).json()
+            assert again["reward"] is None and again["failure"] == "INFRA_VERIFIER"
+
+            bad = dict(body, task={**task_to_json(NUMBERS), "check": [{"type": "answer_matches", "pattern": "("}]})
+            response = await http.post("/v1/verify", json=bad)
+            assert response.status_code == 422 and response.json()["error"]["field"] == "task.check[0].pattern"
+            response = await http.post("/v1/verify", json=dict(body, tool_events=[{"exit_code": "zero"}]))
+            assert response.status_code == 422 and response.json()["error"]["field"] == "tool_events[0].exit_code"
+            metrics = (await http.get("/metrics")).text
+            assert 'shellrl_verifier_verifications_total{outcome="pass",source="shellrl:seeds",split="train"}' in metrics
+    finally:
+        proc.stop()
+
+
+async def _len_at_least(redis, stream: str, n: int):
+    out = await read_stream(redis, stream)
+    return out if len(out) >= n else None
+
+
+async def _pending_is(redis, n: int) -> bool:
+    info = await redis.xpending(streams.STREAM_EPISODES, streams.GROUP_VERIFIER)
+    return info["pending"] == n
