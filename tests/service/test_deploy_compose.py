@@ -201,8 +201,11 @@ def test_dockerfile_copies_only_files_the_build_context_has_and_pins_torch_as_py
     default_args = dict(a.split("=", 1) for c in dockerfile.parse_file(str(REPO / "Dockerfile"))
                         if c.cmd == "ARG" for a in c.value if "=" in a)
     assert default_args["TORCH_VERSION"] == pyproject_torch
-    sandbox_packages = " ".join(c.value[0] for c in stages["sandbox"] if c.cmd == "RUN")
+    sandbox_packages = " ".join(c.value[0] for c in stages["sandbox"] if c.cmd == "RUN").split()
     assert "bubblewrap" in sandbox_packages
+    # the session runner's interpreter (an absolute path in isolation.py) must exist in the image
+    runner = re.search(r'"(/usr/bin/python3)", "-I"', (REPO / "services/sandbox/isolation.py").read_text())
+    assert runner and "python3" in sandbox_packages
 
 
 def test_grafana_and_prometheus_mount_the_generated_files(no_env):
