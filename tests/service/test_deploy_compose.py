@@ -205,7 +205,8 @@ def test_dockerfile_copies_only_files_the_build_context_has_and_pins_torch_as_py
     assert "bubblewrap" in sandbox_packages
     # the session runner's interpreter (an absolute path in isolation.py) must exist in the image
     runner = re.search(r'"(/usr/bin/python3)", "-I"', (REPO / "services/sandbox/isolation.py").read_text())
-    assert runner and "python3" in sandbox_packages
+    assert runner, "isolation.py no longer starts /usr/bin/python3: revisit the sandbox image's packages"
+    assert "python3" in sandbox_packages
 
 
 def test_grafana_and_prometheus_mount_the_generated_files(no_env):
