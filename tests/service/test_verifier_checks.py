@@ -180,6 +180,16 @@ async def test_check_commands_ignore_the_agents_cwd_path_and_exported_variables(
         assert (await outcome(verifier, t, None, sid))[0] == 1.0  # runs at the root, not in sub/
 
 
+@pytest.mark.xfail(reason="sandbox exec always sources the session's saved shell state, which the agent can "
+                          "write (a function named `exec`); needs a sandbox exec mode without saved state "
+                          "(docs/checks.md, 'Known limit')", strict=False)
+async def test_a_forged_shell_state_file_cannot_fake_a_command_check(sandbox, verifier):
+    t = task({"type": "command_output_equals", "command": "cat numbers.txt", "expected": "1\n2"})
+    forge = "trap - EXIT; printf 'exec() { echo 1; echo 2; }\\n' > /run/shellrl/state/env"
+    async with episode(sandbox, commands=(forge,)) as sid:
+        assert (await outcome(verifier, t, None, sid))[0] == 0.0  # numbers.txt does not exist
+
+
 async def test_task_env_applies_to_check_commands(sandbox, verifier):
     t = task({"type": "command_output_equals", "command": "cat ~/x.txt", "expected": "home"},
              env={"HOME": "<workspace>"}, setup="echo home > ~/x.txt")
