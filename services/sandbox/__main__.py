@@ -52,10 +52,10 @@ def main(argv: list[str] | None = None) -> None:
         default_policy=settings.default_policy, default_limits=defaults, max_sessions=settings.max_sessions,
         session_ttl_s=settings.session_ttl_s, setup_timeout_s=settings.setup_timeout_s,
         max_timeout_s=settings.max_timeout_s, max_command_bytes=settings.max_command_bytes,
-        max_concurrent_execs=settings.max_concurrent_execs,
+        max_concurrent_execs=settings.max_concurrent_execs, exec_mode=settings.exec_mode,
     )
     manager.clean_stale()
-    details = {"isolation": isolation.layer, "network_isolated": isolation.network_isolated,
+    details = {"isolation": isolation.layer, "exec_mode": settings.exec_mode, "network_isolated": isolation.network_isolated,
                "cgroups": cgroups.available, "private_mount_namespace": private_mounts,
                "uid_block": [uids.first, uids.probe_uid], "probes": probes}
     metrics.ISOLATION.info({"layer": isolation.layer, "cgroups": str(cgroups.available).lower(),

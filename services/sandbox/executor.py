@@ -49,13 +49,18 @@ class OutputBuffer:
         return self.total - len(self.head) - min(len(self.tail), self.tail_cap)
 
     def text(self) -> str:
-        """UTF-8 with replacement; a `…[truncated N bytes]…` marker where bytes were dropped."""
         tail = bytes(self.tail[-self.tail_cap:]) if self.tail_cap else b""
-        dropped = self.truncated_bytes
-        if dropped == 0:
-            return (bytes(self.head) + tail).decode("utf-8", errors="replace")
-        return (self.head.decode("utf-8", errors="replace") + f"\n…[truncated {dropped} bytes]…\n"
-                + tail.decode("utf-8", errors="replace"))
+        return render_output(bytes(self.head), tail, self.total)
+
+
+def render_output(head: bytes, tail: bytes, total: int) -> str:
+    """UTF-8 with replacement (invalid bytes and NULs never raise); a `…[truncated N bytes]…`
+    marker between head and tail where `total - len(head) - len(tail)` bytes were dropped."""
+    dropped = total - len(head) - len(tail)
+    if dropped <= 0:
+        return (head + tail).decode("utf-8", errors="replace")
+    return (head.decode("utf-8", errors="replace") + f"\n…[truncated {dropped} bytes]…\n"
+            + tail.decode("utf-8", errors="replace"))
 
 
 @dataclass(frozen=True)
@@ -108,13 +113,10 @@ async def run_launch(
     """
     loop = asyncio.get_running_loop()
     out, err = OutputBuffer(max_output_bytes), OutputBuffer(max_output_bytes)
-    kwargs = {}
-    if launch.as_uid is not None and os.geteuid() == 0:
-        kwargs = {"user": launch.as_uid, "group": launch.as_uid, "extra_groups": []}
     start = time.perf_counter()
     transport, protocol = await loop.subprocess_exec(
         lambda: _Protocol(out, err), *launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=launch.env, cwd=launch.cwd, start_new_session=True, close_fds=True, **kwargs,
+        stderr=subprocess.PIPE, env=launch.env, cwd=launch.cwd, start_new_session=True, close_fds=True,
     )
     pid = transport.get_pid()
     timed_out = False

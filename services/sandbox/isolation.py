@@ -27,6 +27,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.sandbox import mounts
 from services.sandbox.limits import Limits
 from services.sandbox.workspace import WorkspacePaths
 
@@ -37,7 +38,8 @@ SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LAUNCHER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 IN_SANDBOX_WORKSPACE = "/workspace"
 IN_SANDBOX_RUN = "/run/shellrl"
-# /etc entries the bubblewrap sandbox sees (read-only); passwd and group are per-session files.
+ETC_DIR = "etc"  # <workspace root>/etc: the curated /etc of bubblewrap sandboxes (see prepare_etc)
+# /etc entries the bubblewrap sandbox sees (read-only, live bind mounts); passwd/group are generated.
 ETC_ALLOWLIST = (
     "alternatives", "bash.bashrc", "ca-certificates", "ca-certificates.conf", "debian_version", "host.conf",
     "hostname", "hosts", "inputrc", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "locale.alias", "localtime",
@@ -48,14 +50,15 @@ ETC_ALLOWLIST = (
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """Everything needed to launch one command of one session."""
+    """Everything needed to start one sandboxed program of one session."""
 
     paths: WorkspacePaths
     uid: int
     env: dict[str, str]
     limits: Limits
     network: bool
-    cgroup_procs: tuple[Path, ...]
+    cgroup_procs: tuple[Path, ...]  # host paths of the session's cgroup.procs files
+    runner_file: Path | None = None  # host path of runner.py (session mode)
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,6 @@ class Launch:
     argv: list[str]
     env: dict[str, str]
     cwd: str
-    as_uid: int | None  # uid the launcher process runs as (None = the service's own)
 
 
 def base_env(workspace: str) -> dict[str, str]:
@@ -71,35 +73,40 @@ def base_env(workspace: str) -> dict[str, str]:
     return {"PATH": SANDBOX_PATH, "HOME": workspace, "LC_ALL": "C", "LANG": "C", "TERM": "dumb"}
 
 
-def bash_prelude(limits: Limits, command_file: str, state_dir: str) -> str:
-    """Bash run before the command: hard rlimits, the saved cwd and exported variables, and an
-    EXIT trap that saves them again. The command itself is read from `command_file` and eval'd,
-    so error messages read like `bash -c` ("bash: foo: command not found")."""
+def bash_prelude(limits: Limits, command_source: str, state_dir: str, cgroup_procs: tuple[str, ...] = ()) -> str:
+    """Bash run before the command, on one line (so the command's own line numbers start at 1).
+
+    Joins the session cgroups (per-command mode; the runner joins them itself in session mode),
+    sets hard rlimits (they cannot be raised again), restores the saved cwd and exported
+    variables, installs an EXIT trap that saves them again, then evals the command read from
+    `command_source` (a redirection such as `<&3` or `< /path`). Error messages read like
+    `bash -c`: "bash: line 1: foo: command not found".
+    """
     st = shlex.quote(state_dir)
-    steps = (
+    steps = [f"echo 0 > {shlex.quote(p)} || exit 125" for p in cgroup_procs]
+    steps += [
         f"ulimit -HS -c 0 -t {limits.cpu_s} -v {limits.address_space_bytes // 1024}"
         f" -f {limits.file_size_bytes // 1024} -n {limits.nofile} -u {limits.pids}"
         " || { echo 'sandbox: cannot set resource limits' >&2; exit 125; }",
-        f"IFS= read -r -d '' __shellrl_command < {shlex.quote(command_file)}",
+        f"IFS= read -r -d '' __shellrl_command {command_source}",
+        "exec 3<&-",
         f"{{ [ -r {st}/env ] && . {st}/env; }} >/dev/null 2>&1",
         f"__shellrl_cwd=; {{ IFS= read -r -d '' __shellrl_cwd < {st}/cwd; }} 2>/dev/null",
         'cd -- "${__shellrl_cwd:-$HOME}" 2>/dev/null || cd -- "$HOME" 2>/dev/null; unset __shellrl_cwd',
         f"trap '{{ printf %s \"$PWD\" > {st}/cwd; export -p > {st}/env; }} 2>/dev/null' EXIT",
         'eval "$__shellrl_command"',
-    )
-    return "; ".join(steps)  # one line, so the command's line numbers start at 1
+    ]
+    return "; ".join(steps)
 
 
-def _cgroup_prefix(procs: tuple[Path, ...]) -> list[str]:
-    if not procs:
-        return []
-    joins = " && ".join(f"echo $$ > {shlex.quote(str(p))}" for p in procs)
-    script = f"{joins} || {{ echo 'sandbox: cannot join the session cgroup' >&2; exit 125; }}; exec \"$@\""
-    return ["/bin/sh", "-c", script, "sh"]
+def _setpriv(uid: int) -> list[str]:
+    """Drop to `uid` by exec (keeps the service's spawn on the fast vfork path)."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--no-new-privs",
+            "--"]
 
 
 class Isolation:
-    """One isolation layer; `launch(spec)` gives the argv/env/cwd/uid for a command."""
+    """One isolation layer: how a session's programs are started in it."""
 
     def __init__(self, layer: str) -> None:
         if layer not in LAYERS:
@@ -114,82 +121,111 @@ class Isolation:
         """The workspace path as commands see it."""
         return IN_SANDBOX_WORKSPACE if self.layer == "bubblewrap" else str(paths.ws)
 
-    def launch(self, spec: LaunchSpec) -> Launch:
+    def _inside(self, spec: LaunchSpec) -> dict[str, str | tuple[str, ...]]:
+        """Paths of the session's files as the sandboxed program sees them."""
+        p = spec.paths
         if self.layer == "bubblewrap":
-            return self._bubblewrap(spec)
+            return {"command": f"{IN_SANDBOX_RUN}/command", "state": f"{IN_SANDBOX_RUN}/state",
+                    "runner": f"{IN_SANDBOX_RUN}/runner.py",
+                    "cgroups": tuple(f"{IN_SANDBOX_RUN}/cgroup/{i}" for i in range(len(spec.cgroup_procs)))}
+        return {"command": str(p.command_file), "state": str(p.state), "runner": str(spec.runner_file),
+                "cgroups": tuple(str(c) for c in spec.cgroup_procs)}
+
+    def command(self, spec: LaunchSpec) -> Launch:
+        """Per-command mode: a fresh sandbox running `bash -c <prelude>` for one command."""
+        inside = self._inside(spec)
+        prelude = bash_prelude(spec.limits, f"< {shlex.quote(inside['command'])}", inside["state"], inside["cgroups"])
+        return self._wrap(spec, ["/usr/bin/bash", "-c", prelude, "bash"], as_pid1=False)
+
+    def runner(self, spec: LaunchSpec) -> tuple[Launch, str]:
+        """Session mode: a long-lived runner.py (pid 1 where there is a pid namespace) and the
+        prelude it runs before each command (sent in its INIT message, so `ps` stays readable)."""
+        inside = self._inside(spec)
+        prelude = bash_prelude(spec.limits, "<&3", inside["state"], inside["cgroups"])
+        return self._wrap(spec, ["/usr/bin/python3", "-I", "-S", inside["runner"]], as_pid1=True), prelude
+
+    def _wrap(self, spec: LaunchSpec, program: list[str], as_pid1: bool) -> Launch:
+        p = spec.paths
+        if self.layer == "bubblewrap":
+            argv = [*_setpriv(spec.uid), "bwrap", "--unshare-all", "--unshare-user", "--disable-userns"]
+            if spec.network:
+                argv.append("--share-net")
+            if as_pid1:
+                argv.append("--as-pid-1")
+            argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox",
+                     "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+                     "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
+                     "--ro-bind", str(p.session_dir.parent / ETC_DIR), "/etc", "--proc", "/proc", "--dev", "/dev",
+                     "--bind", str(p.ws), IN_SANDBOX_WORKSPACE, "--bind", str(p.tmp), "/tmp",
+                     "--bind", str(p.state), f"{IN_SANDBOX_RUN}/state",
+                     "--ro-bind", str(p.command_file), f"{IN_SANDBOX_RUN}/command"]
+            if spec.runner_file is not None:
+                argv += ["--ro-bind", str(spec.runner_file), f"{IN_SANDBOX_RUN}/runner.py"]
+            for i, procs in enumerate(spec.cgroup_procs):
+                argv += ["--bind", str(procs), f"{IN_SANDBOX_RUN}/cgroup/{i}"]
+            argv += ["--remount-ro", "/", "--chdir", IN_SANDBOX_WORKSPACE, "--clearenv"]
+            for key, value in spec.env.items():
+                argv += ["--setenv", key, value]
+            return Launch(argv + ["--", *program], dict(LAUNCHER_ENV), "/")
+        env = {**spec.env, "TMPDIR": str(p.tmp)}
         if self.layer == "unshare":
-            return self._unshare(spec)
-        return self._fallback(spec)
-
-    def _bubblewrap(self, spec: LaunchSpec) -> Launch:
-        p = spec.paths
-        argv = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns"]
-        if spec.network:
-            argv.append("--share-net")
-        argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox",
-                 "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
-                 "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin"]
-        for name in ETC_ALLOWLIST:
-            argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-        argv += ["--ro-bind", str(p.ctl / "passwd"), "/etc/passwd", "--ro-bind", str(p.ctl / "group"), "/etc/group",
-                 "--proc", "/proc", "--dev", "/dev",
-                 "--bind", str(p.ws), IN_SANDBOX_WORKSPACE, "--bind", str(p.tmp), "/tmp",
-                 "--bind", str(p.state), f"{IN_SANDBOX_RUN}/state",
-                 "--ro-bind", str(p.command_file), f"{IN_SANDBOX_RUN}/command",
-                 "--remount-ro", "/", "--chdir", IN_SANDBOX_WORKSPACE, "--clearenv"]
-        for key, value in spec.env.items():
-            argv += ["--setenv", key, value]
-        prelude = bash_prelude(spec.limits, f"{IN_SANDBOX_RUN}/command", f"{IN_SANDBOX_RUN}/state")
-        argv += ["--", "/usr/bin/bash", "-c", prelude, "bash"]
-        return Launch(_cgroup_prefix(spec.cgroup_procs) + argv, dict(LAUNCHER_ENV), "/", spec.uid)
-
-    def _unshare(self, spec: LaunchSpec) -> Launch:
-        p = spec.paths
-        net = [] if spec.network else ["--net"]
-        argv = ["unshare", "--pid", "--fork", "--kill-child", *net, "--ipc", "--uts", "--mount", "--mount-proc",
-                "--", "setpriv", f"--reuid={spec.uid}", f"--regid={spec.uid}", "--clear-groups",
-                "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs",
-                "--", "/usr/bin/bash", "-c", bash_prelude(spec.limits, str(p.command_file), str(p.state)), "bash"]
-        env = {**spec.env, "TMPDIR": str(p.tmp)}
-        return Launch(_cgroup_prefix(spec.cgroup_procs) + argv, env, str(p.ws), None)
-
-    def _fallback(self, spec: LaunchSpec) -> Launch:
-        p = spec.paths
-        argv = ["/usr/bin/bash", "-c", bash_prelude(spec.limits, str(p.command_file), str(p.state)), "bash"]
-        env = {**spec.env, "TMPDIR": str(p.tmp)}
-        return Launch(_cgroup_prefix(spec.cgroup_procs) + argv, env, str(p.ws), spec.uid)
+            net = [] if spec.network else ["--net"]
+            # a new network namespace starts with loopback down (bwrap brings it up itself)
+            lo_up = ["/bin/sh", "-c", 'ip link set lo up 2>/dev/null; exec "$@"', "sh"] if net else []
+            argv = ["unshare", "--pid", "--fork", "--kill-child", *net, "--ipc", "--uts", "--mount", "--mount-proc",
+                    "--", *lo_up, *_setpriv(spec.uid), *program]
+            return Launch(argv, env, str(p.ctl))
+        return Launch([*_setpriv(spec.uid), *program], env, str(p.ctl))
 
 
-def _probe_command(layer: str, uid: int) -> tuple[list[str], int | None]:
-    if layer == "bubblewrap":
-        return (["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent",
-                 "--new-session", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
-                 "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc",
-                 "--dev", "/dev", "--tmpfs", "/workspace", "--remount-ro", "/", "--clearenv",
-                 "--", "/usr/bin/bash", "-c", "echo ok > /workspace/probe && [ ! -w /usr ] && echo ok"], uid)
-    if layer == "unshare":
-        return (["unshare", "--pid", "--fork", "--kill-child", "--net", "--ipc", "--uts", "--mount",
-                 "--mount-proc", "--", "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                 "--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--", "/usr/bin/bash", "-c", "echo ok"],
-                None)
-    return ["/usr/bin/bash", "-c", "echo ok"], uid
+def prepare_etc(root: Path, uids: range) -> Path:
+    """Build `<root>/etc`: read-only bind mounts of the allowlisted host /etc entries, plus a
+    passwd/group naming every session uid "sandbox" (home /workspace). One bind per sandbox
+    start instead of one per entry."""
+    etc = Path(root) / ETC_DIR
+    etc.mkdir(mode=0o755)
+    for name in ETC_ALLOWLIST:
+        source = Path("/etc") / name
+        if not source.exists():
+            continue
+        target = etc / name
+        if source.is_dir():
+            target.mkdir()
+        else:
+            target.touch()
+        mounts.mount(str(source), target, None, mounts.MS_BIND | mounts.MS_REC)
+        mounts.mount(None, target, None, mounts.MS_REMOUNT | mounts.MS_BIND | mounts.MS_RDONLY)
+    users = ["root:x:0:0:root:/root:/usr/sbin/nologin", "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin"]
+    groups = ["root:x:0:", "nogroup:x:65534:"]
+    users += [f"sandbox:x:{u}:{u}:sandbox:{IN_SANDBOX_WORKSPACE}:/bin/bash" for u in uids]
+    groups += [f"sandbox:x:{u}:" for u in uids]
+    (etc / "passwd").write_text("\n".join(users) + "\n")
+    (etc / "group").write_text("\n".join(groups) + "\n")
+    return etc
+
+
+_PROBE_BWRAP = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+                "--as-pid-1", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
+                "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
+                "--tmpfs", "/workspace", "--remount-ro", "/", "--clearenv", "--"]
+_PROBE_UNSHARE = ["unshare", "--pid", "--fork", "--kill-child", "--net", "--ipc", "--uts", "--mount", "--mount-proc", "--"]
+_PROBE_SCRIPT = "echo ok > ${WS:-/workspace}/probe 2>/dev/null || [ -n \"$WS\" ]; [ ! -w /usr ] && echo ok"
 
 
 def probe(layer: str, uid: int) -> str | None:
-    """Run `true`-like work in `layer` as `uid`; None when it works, else the reason."""
-    if layer == "unshare" and os.geteuid() != 0:
-        return "the unshare layer needs root (it drops to the session uid with setpriv)"
-    argv, as_uid = _probe_command(layer, uid)
-    kwargs = {}
-    if as_uid is not None and os.geteuid() == 0:
-        kwargs = {"user": as_uid, "group": as_uid, "extra_groups": []}
+    """Really run a command in `layer` as `uid`; None when it works, else the reason."""
+    if os.geteuid() != 0:
+        return "the sandbox service needs root (uid drop to per-session uids, mounts, cgroups)"
+    program = [*_setpriv(uid), "/usr/bin/bash", "-c", _PROBE_SCRIPT]
+    argv = {"bubblewrap": [*_setpriv(uid), *_PROBE_BWRAP, "/usr/bin/bash", "-c", _PROBE_SCRIPT],
+            "unshare": [*_PROBE_UNSHARE, *program], "fallback": program}[layer]
+    env = dict(LAUNCHER_ENV, WS="/nonexistent") if layer != "bubblewrap" else dict(LAUNCHER_ENV)
     try:
-        out = subprocess.run(argv, env=dict(LAUNCHER_ENV), cwd="/", stdin=subprocess.DEVNULL,
-                             capture_output=True, timeout=10, **kwargs)
+        out = subprocess.run(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{argv[0]}: {exc}"
     if out.returncode != 0 or b"ok" not in out.stdout:
-        return f"{argv[0]} exited {out.returncode}: {out.stderr.decode(errors='replace').strip()[:300]}"
+        return f"{layer} probe exited {out.returncode}: {out.stderr.decode(errors='replace').strip()[:300]}"
     return None
 
 

@@ -12,6 +12,7 @@ import fcntl
 import logging
 import os
 import secrets
+import shutil
 import subprocess
 import tempfile
 import time
@@ -21,13 +22,16 @@ from pathlib import Path
 from services.sandbox import metrics
 from services.sandbox.cgroups import CgroupSupport, SessionCgroup
 from services.sandbox.executor import RawExec, kill_process_group, run_launch
-from services.sandbox.isolation import Isolation, LaunchSpec, base_env
+from services.sandbox.isolation import Isolation, LaunchSpec, base_env, prepare_etc
 from services.sandbox.limits import Limits
 from services.sandbox.policy import ALLOW, Policy, PolicyVerdict
+from services.sandbox.runner_link import RunnerFailed, RunnerLink
 from services.sandbox.workspace import Workspace
 
 log = logging.getLogger(__name__)
 WORKSPACE_TOKEN = "<workspace>"
+EXEC_MODES = ("session", "per_command")
+RUNNER_SOURCE = Path(__file__).with_name("runner.py")
 
 
 class SessionError(Exception):
@@ -80,11 +84,13 @@ class Session:
     safety_events: list[dict] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     closed: bool = False
+    runner: RunnerLink | None = None
+    runner_restarts: int = 0
 
     def info(self, isolation: str) -> dict:
-        return {"session_id": self.session_id, "isolation": isolation, "workspace": self.workspace_path,
+        return {"session_id": self.session_id, "isolation": isolation, "workspace": self.workspace_path, "uid": self.uid,
                 "policy": self.policy.name, "commands": self.commands, "safety_events": list(self.safety_events),
-                "limits": self.limits.as_dict(), "created_at": self.created_at, "last_used_at": self.last_used_at}
+                "runner_restarts": self.runner_restarts, "limits": self.limits.as_dict(), "created_at": self.created_at, "last_used_at": self.last_used_at}
 
 
 class UidPool:
@@ -124,7 +130,8 @@ class UidPool:
 
 def kill_uid(uid: int) -> None:
     """SIGKILL every process of `uid` (kill(-1) sent as that uid): catches setsid/double-fork."""
-    subprocess.run(["/bin/kill", "-KILL", "-1"], user=uid, group=uid, extra_groups=[], env={}, cwd="/",
+    subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", "/usr/bin/kill", "-9", "-1"],
+                   env={"PATH": "/usr/bin:/bin"}, cwd="/",
                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
 
 
@@ -132,7 +139,10 @@ class SessionManager:
     def __init__(self, *, root: Path, isolation: Isolation, cgroups: CgroupSupport, uids: UidPool,
                  policies: dict[str, Policy], default_policy: str, default_limits: Limits, max_sessions: int,
                  session_ttl_s: float, setup_timeout_s: float, max_timeout_s: float, max_command_bytes: int,
-                 max_concurrent_execs: int) -> None:
+                 max_concurrent_execs: int, exec_mode: str = "session") -> None:
+        if exec_mode not in EXEC_MODES:
+            raise ValueError(f"exec_mode must be one of {EXEC_MODES}, got {exec_mode!r}")
+        self.exec_mode = exec_mode
         self.root = Path(root)
         self.isolation, self.cgroups, self.uids = isolation, cgroups, uids
         self.policies, self.default_policy = policies, default_policy
@@ -156,6 +166,12 @@ class SessionManager:
         os.chmod(self.root, 0o711)
         for entry in self.root.iterdir():
             Workspace(entry, 0, 1 << 20).destroy()
+        prepare_etc(self.root, self.uids.uids)
+        runtime = self.root / "runtime"
+        runtime.mkdir(mode=0o755)
+        self.runner_file = runtime / "runner.py"
+        shutil.copyfile(RUNNER_SOURCE, self.runner_file)
+        os.chmod(self.runner_file, 0o644)
 
     async def close(self) -> None:
         for session_id in list(self.sessions):
@@ -216,7 +232,7 @@ class SessionManager:
             await asyncio.to_thread(self._prepare, session)
             self.sessions[session_id] = session
             if setup.strip():
-                raw = await self._run(session, setup, self.setup_timeout_s)
+                raw = await self._run_per_command(session, setup, self.setup_timeout_s)
                 result = ExecResult.from_raw(raw, ALLOW)
             else:
                 result = ExecResult("", "", 0, False, 0, 0, 0.0, ALLOW)
@@ -224,6 +240,7 @@ class SessionManager:
                 raise SessionError(422, "setup_failed", f"setup exited with {result.exit_code}"
                                    + (" (timed out)" if result.timed_out else ""), "setup", result.as_dict())
             await asyncio.to_thread(self._snapshot, session)
+            await self._start_runner(session)
         except BaseException as exc:
             metrics.SESSIONS_CREATED.labels("setup_failed" if isinstance(exc, SessionError) else "error").inc()
             if session is not None:
@@ -240,12 +257,6 @@ class SessionManager:
 
     def _prepare(self, session: Session) -> None:
         session.workspace.create()
-        ctl = session.workspace.paths.ctl
-        (ctl / "passwd").write_text(
-            "root:x:0:0:root:/root:/usr/sbin/nologin\n"
-            f"sandbox:x:{session.uid}:{session.uid}:sandbox:{session.workspace_path}:/bin/bash\n"
-            "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n")
-        (ctl / "group").write_text(f"root:x:0:\nsandbox:x:{session.uid}:\nnogroup:x:65534:\n")
         if session.cgroup is not None:
             session.cgroup.create(session.uid, session.limits.pids, session.limits.memory_bytes)
 
@@ -283,15 +294,53 @@ class SessionManager:
             metrics.TIMEOUTS.inc()
         return ExecResult.from_raw(raw, verdict)
 
+    def _spec(self, session: Session) -> LaunchSpec:
+        return LaunchSpec(session.workspace.paths, session.uid, session.env, session.limits, session.policy.network,
+                          tuple(session.cgroup.procs_files) if session.cgroup else (), self.runner_file)
+
     async def _run(self, session: Session, command: str, timeout_s: float) -> RawExec:
-        paths = session.workspace.paths
-        paths.command_file.write_bytes(command.encode("utf-8", errors="surrogateescape"))
-        spec = LaunchSpec(paths, session.uid, session.env, session.limits, session.policy.network,
-                          tuple(session.cgroup.procs_files) if session.cgroup else ())
-        launch = self.isolation.launch(spec)
+        if self.exec_mode == "per_command":
+            return await self._run_per_command(session, command, timeout_s)
+        data = command.encode("utf-8", errors="surrogateescape")
+        start = time.perf_counter()
+        async with self.exec_slots:
+            if session.runner is None or not session.runner.alive:
+                await self._restart_runner(session)
+            try:
+                return await session.runner.exec(data, timeout_s, session.limits.max_output_bytes)
+            except RunnerFailed as exc:
+                log.warning("session runner failed; restarting it", extra={"session_id": session.session_id,
+                                                                           "error": str(exc)})
+                await self._restart_runner(session)
+                note = (f"sandbox: {exc}; every process of the session was killed and the session restarted"
+                        " (workspace kept)\n")
+                return RawExec("", note, 124 if exc.hung else 137, exc.hung, 0, 0, (time.perf_counter() - start) * 1e3)
+
+    async def _run_per_command(self, session: Session, command: str, timeout_s: float) -> RawExec:
+        session.workspace.paths.command_file.write_bytes(command.encode("utf-8", errors="surrogateescape"))
+        launch = self.isolation.command(self._spec(session))
         async with self.exec_slots:
             return await run_launch(launch, timeout_s, session.limits.max_output_bytes,
                                     lambda pid: self._kill_tree(session, pid))
+
+    async def _start_runner(self, session: Session) -> None:
+        if self.exec_mode != "session":
+            return
+        launch, prelude = self.isolation.runner(self._spec(session))
+        runner = RunnerLink(launch)
+        await runner.start(prelude)
+        session.runner = runner
+
+    async def _stop_runner(self, session: Session) -> None:
+        if session.runner is not None:
+            runner, session.runner = session.runner, None
+            await runner.stop()
+        self._kill_all(session, "runner_stop")
+
+    async def _restart_runner(self, session: Session) -> None:
+        await self._stop_runner(session)
+        session.runner_restarts += 1
+        await self._start_runner(session)
 
     def _kill_tree(self, session: Session, pid: int) -> None:
         kill_process_group(pid)
@@ -311,8 +360,12 @@ class SessionManager:
         session = self.get(session_id)
         async with session.lock:
             start = time.perf_counter()
+            if session.cgroup is None:  # the uid sweep would take the runner too
+                await self._stop_runner(session)
             self._kill_all(session, "reset")
-            session.workspace.reset()
+            await asyncio.to_thread(session.workspace.reset)
+            if session.runner is None or not session.runner.alive:
+                await self._restart_runner(session)
             session.last_used_at = time.time()
             duration_s = time.perf_counter() - start
         metrics.RESET_SECONDS.observe(duration_s)
@@ -328,6 +381,8 @@ class SessionManager:
     async def _destroy(self, session: Session) -> None:
         session.closed = True
         self.sessions.pop(session.session_id, None)
+        if session.runner is not None:
+            await session.runner.stop()
 
         def destroy() -> None:
             if session.cgroup is not None:

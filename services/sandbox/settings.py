@@ -6,7 +6,7 @@ import tempfile
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 
 from shellrl.settings import ServiceSettings
 
@@ -22,7 +22,13 @@ class SandboxSettings(ServiceSettings):
         description="Host directory holding one directory per session (tmpfs/overlay mounts live below it).",
     )
     isolation: IsolationChoice = Field(
-        "auto", description="Isolation layer: auto = best that the start-up probe finds; others force one layer."
+        "auto", validation_alias=AliasChoices("isolation", "SHELLRL_SANDBOX_ISOLATION", "SHELLRL_ISOLATION"),
+        description="Isolation layer: auto = best that the start-up probe finds; others force one layer."
+    )
+    exec_mode: Literal["session", "per_command"] = Field(
+        "session", validation_alias=AliasChoices("exec_mode", "SHELLRL_SANDBOX_EXEC_MODE", "SHELLRL_EXEC_MODE"),
+        description="session: one long-lived sandbox + runner per session, a fresh bash per command (background "
+        "processes live on); per_command: a fresh sandbox per command (see BENCHMARKS.md for the measurement).",
     )
     max_sessions: int = Field(64, ge=1, le=1024, description="Live sessions; one more gets HTTP 429.")
     session_ttl_s: float = Field(1800.0, gt=0, description="Idle time after which a session is removed.")

@@ -1,0 +1,240 @@
+"""Session runner: the long-lived process inside one session's sandbox (pid 1 of its pid namespace
+under bubblewrap and unshare). It runs with the system `python3 -I -S` and the standard library's
+builtin modules only; it never imports shellrl.
+
+Protocol on stdin/stdout (binary, one request at a time):
+
+    request:  b"EXEC <timeout_ms> <max_output_bytes> <command_len>\\n" + command bytes
+    response: b"DONE <exit_code> <timed_out 0|1> <stdout_total> <stderr_total> <duration_us>"
+              b" <len stdout_head> <len stdout_tail> <len stderr_head> <len stderr_tail>\\n" + the four byte strings
+
+Each command is `bash -c <prelude>` spawned with posix_spawn in a new session, stdin /dev/null,
+the command text on fd 3 (a memfd, so 1 MB commands work), signal dispositions reset. The exec
+is done when bash exits (not when the pipes close); pipes still held by background processes are
+then drained and discarded in the background so those processes never block or get EPIPE.
+On timeout the runner sends SIGKILL to -1: as pid 1 of the namespace (or as the session's own uid
+in the fallback layer) that kills every process of the session except the runner.
+Start-up: the runner writes b"READY\n", then reads b"INIT <len>\n" + the bash prelude every command
+runs first (it joins the session cgroup, sets rlimits, restores cwd/env: see isolation.py).
+"""
+
+import os
+import select
+import sys
+import time
+
+import _signal
+
+CHUNK = 1 << 16
+DRAIN_GRACE_S = 0.02
+MAX_BACKGROUND_PIPES = 64
+SIGKILL = 9
+TIMEOUT_EXIT_CODE = 124  # like timeout(1)
+RESET_SIGNALS = [s for s in range(1, 65) if s not in (9, 19, 32, 33)]
+
+
+class Capture:
+    """First `cap - cap // 2` and last `cap // 2` bytes of a stream, plus its total size."""
+
+    def __init__(self, cap):
+        self.head_cap, self.tail_cap = cap - cap // 2, cap // 2
+        self.head, self.tail, self.total = bytearray(), bytearray(), 0
+
+    def feed(self, data):
+        self.total += len(data)
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += data[:room]
+            data = data[room:]
+        if data and self.tail_cap:
+            self.tail += data
+            if len(self.tail) > 2 * self.tail_cap:
+                del self.tail[: len(self.tail) - self.tail_cap]
+
+    def parts(self):
+        return bytes(self.head), bytes(self.tail[-self.tail_cap:]) if self.tail_cap else b""
+
+
+class Runner:
+    def __init__(self, prelude):
+        self.prelude = prelude
+        self.env = dict(os.environ)
+        self.devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+        self.background = []  # read ends still held open by background processes
+        self.statuses = {}
+        self.inbuf = bytearray()
+
+    # ---- plumbing ------------------------------------------------------------------------
+    def reap(self):
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            self.statuses[pid] = status
+
+    def drain_background(self, ready):
+        for fd in list(self.background):
+            if fd in ready:
+                try:
+                    data = os.read(fd, CHUNK)
+                except BlockingIOError:
+                    continue
+                if not data:
+                    os.close(fd)
+                    self.background.remove(fd)
+
+    def fill(self):
+        """Wait for request bytes (draining background pipes and reaping meanwhile)."""
+        while True:
+            poller = select.poll()
+            poller.register(0, select.POLLIN)
+            for fd in self.background:
+                poller.register(fd, select.POLLIN)
+            ready = {fd for fd, _ in poller.poll(1000)}
+            self.reap()
+            self.drain_background(ready)
+            if 0 in ready:
+                data = os.read(0, CHUNK)
+                if not data:
+                    raise EOFError
+                self.inbuf += data
+                return
+
+    def read_exact(self, n):
+        while len(self.inbuf) < n:
+            self.fill()
+        out = bytes(self.inbuf[:n])
+        del self.inbuf[:n]
+        return out
+
+    def read_line(self):
+        while b"\n" not in self.inbuf:
+            self.fill()
+        i = self.inbuf.index(b"\n")
+        line = bytes(self.inbuf[:i])
+        del self.inbuf[: i + 1]
+        return line
+
+    # ---- one command ---------------------------------------------------------------------
+    def run(self, command, timeout_s, cap):
+        start = time.monotonic()
+        memfd = os.memfd_create("shellrl-command")
+        view = memoryview(command)
+        while view:
+            view = view[os.write(memfd, view):]
+        os.lseek(memfd, 0, os.SEEK_SET)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            pid = os.posix_spawn(
+                "/usr/bin/bash", ["bash", "-c", self.prelude, "bash"], self.env,
+                file_actions=[(os.POSIX_SPAWN_DUP2, self.devnull, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+                              (os.POSIX_SPAWN_DUP2, err_w, 2), (os.POSIX_SPAWN_DUP2, memfd, 3)],
+                setsid=True, setsigdef=RESET_SIGNALS,
+            )
+        finally:
+            for fd in (out_w, err_w, memfd):
+                os.close(fd)
+        pidfd = os.pidfd_open(pid)
+        for fd in (out_r, err_r):
+            os.set_blocking(fd, False)
+        captures = {out_r: Capture(cap), err_r: Capture(cap)}
+        open_fds = {out_r, err_r}
+        deadline = start + timeout_s
+        timed_out = False
+        exited = False
+        drain_until = None
+        while True:
+            now = time.monotonic()
+            if not exited and now >= deadline:
+                timed_out = True
+                os.kill(-1, SIGKILL)  # every process of the session but this runner
+                deadline = float("inf")
+                drain_until = now + 2.0
+            if exited and (not open_fds or now >= drain_until):
+                break
+            poller = select.poll()
+            for fd in open_fds | set(self.background):
+                poller.register(fd, select.POLLIN)
+            if not exited:
+                poller.register(pidfd, select.POLLIN)
+            wait_s = max(0.0, (drain_until if exited else deadline) - now)
+            ready = {fd for fd, _ in poller.poll(min(wait_s, 3600.0) * 1000.0)}
+            for fd in list(open_fds):
+                if fd in ready:
+                    try:
+                        data = os.read(fd, CHUNK)
+                    except BlockingIOError:
+                        continue
+                    if data:
+                        captures[fd].feed(data)
+                    else:
+                        os.close(fd)
+                        open_fds.discard(fd)
+            self.drain_background(ready)
+            if not exited and pidfd in ready:
+                exited = True
+                if drain_until is None:
+                    drain_until = time.monotonic() + DRAIN_GRACE_S
+        os.close(pidfd)
+        status = self.statuses.pop(pid, None)
+        if status is None:
+            _, status = os.waitpid(pid, 0)
+        self.reap()
+        for fd in open_fds:  # still held by background processes: keep draining, discard
+            self.background.append(fd)
+        while len(self.background) > MAX_BACKGROUND_PIPES:
+            os.close(self.background.pop(0))
+        self.statuses.clear()
+        code = os.waitstatus_to_exitcode(status)
+        exit_code = TIMEOUT_EXIT_CODE if timed_out else (128 - code if code < 0 else code)
+        duration_us = int((time.monotonic() - start) * 1e6)
+        return exit_code, timed_out, captures[out_r], captures[err_r], duration_us
+
+    def serve(self):
+        while True:
+            try:
+                header = self.read_line().split()
+            except EOFError:
+                return
+            if not header or header[0] != b"EXEC" or len(header) != 4:
+                sys.stderr.write(f"runner: bad request header {header!r}\n")
+                return
+            timeout_ms, cap, length = (int(x) for x in header[1:])
+            command = self.read_exact(length)
+            exit_code, timed_out, out, err, duration_us = self.run(command, timeout_ms / 1000.0, cap)
+            oh, ot = out.parts()
+            eh, et = err.parts()
+            head = (f"DONE {exit_code} {int(timed_out)} {out.total} {err.total} {duration_us}"
+                    f" {len(oh)} {len(ot)} {len(eh)} {len(et)}\n").encode()
+            payload = memoryview(head + oh + ot + eh + et)
+            while payload:
+                payload = payload[os.write(1, payload):]
+
+
+def make_undumpable():
+    """PR_SET_DUMPABLE 0: commands (same uid) cannot ptrace or read /proc of the runner."""
+    import ctypes
+
+    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0)")
+
+
+def main():
+    make_undumpable()
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
+    os.write(1, b"READY\n")
+    runner = Runner("")
+    header = runner.read_line().split()
+    if len(header) != 2 or header[0] != b"INIT":
+        sys.stderr.write(f"runner: expected INIT, got {header!r}\n")
+        return
+    runner.prelude = runner.read_exact(int(header[1])).decode()
+    runner.serve()
+
+
+if __name__ == "__main__":
+    main()

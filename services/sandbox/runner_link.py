@@ -1,0 +1,113 @@
+"""The service's end of a session runner (`runner.py`, session mode): start it, send commands,
+read results, stop it. Any protocol failure (the runner died, stopped answering past the
+command's deadline plus a grace period, or answered garbage) raises `RunnerFailed`; the caller
+then kills every process of the session and starts a new runner."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+
+from services.sandbox.executor import RawExec, render_output
+from services.sandbox.isolation import Launch
+
+log = logging.getLogger(__name__)
+START_TIMEOUT_S = 20.0
+GRACE_S = 5.0
+
+
+class RunnerFailed(Exception):
+    """The runner cannot be used any more (`hung` = it stopped answering in time)."""
+
+    def __init__(self, message: str, hung: bool = False) -> None:
+        super().__init__(message)
+        self.hung = hung
+
+
+@dataclass
+class RunnerLink:
+    launch: Launch
+    proc: asyncio.subprocess.Process | None = None
+    _stderr_task: asyncio.Task | None = None
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def start(self, prelude: str) -> None:
+        """Spawn the sandbox with the runner, wait for its READY line, send the prelude."""
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE, env=self.launch.env, cwd=self.launch.cwd, start_new_session=True,
+            limit=1 << 26,
+        )
+        self._stderr_task = asyncio.create_task(self._log_stderr(self.proc))
+        try:
+            line = await asyncio.wait_for(self.proc.stdout.readline(), START_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            line = b""
+        if line != b"READY\n":
+            await self.stop()
+            raise RunnerFailed(f"runner did not start (first line {line[:200]!r})")
+        data = prelude.encode()
+        self.proc.stdin.write(b"INIT %d\n" % len(data) + data)
+        await self.proc.stdin.drain()
+
+    async def _log_stderr(self, proc) -> None:
+        while line := await proc.stderr.readline():
+            log.warning("runner stderr", extra={"line": line.decode(errors="replace").rstrip()[:2000]})
+
+    async def exec(self, command: bytes, timeout_s: float, max_output_bytes: int) -> RawExec:
+        """Run one command; RunnerFailed when the runner cannot deliver a result."""
+        if not self.alive:
+            raise RunnerFailed("runner is not running")
+        start = time.perf_counter()
+        header = f"EXEC {max(1, int(timeout_s * 1000))} {max_output_bytes} {len(command)}\n".encode()
+        try:
+            self.proc.stdin.write(header + command)
+            await self.proc.stdin.drain()
+            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s + GRACE_S)
+            fields = line.split()
+            if len(fields) != 10 or fields[0] != b"DONE":
+                raise RunnerFailed(f"runner ended or answered {line[:200]!r}")
+            exit_code, timed_out, out_total, err_total, _, *lengths = (int(x) for x in fields[1:])
+            blob = await asyncio.wait_for(self.proc.stdout.readexactly(sum(lengths)), GRACE_S)
+        except asyncio.TimeoutError:
+            raise RunnerFailed(f"runner gave no result within timeout_s + {GRACE_S} s", hung=True) from None
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
+            raise RunnerFailed(f"runner connection failed: {exc!r}") from None
+        parts, offset = [], 0
+        for n in lengths:
+            parts.append(blob[offset:offset + n])
+            offset += n
+        out_head, out_tail, err_head, err_tail = parts
+        return RawExec(
+            stdout=render_output(out_head, out_tail, out_total), stderr=render_output(err_head, err_tail, err_total),
+            exit_code=exit_code, timed_out=bool(timed_out),
+            stdout_truncated_bytes=out_total - len(out_head) - len(out_tail),
+            stderr_truncated_bytes=err_total - len(err_head) - len(err_tail),
+            duration_ms=(time.perf_counter() - start) * 1000.0,
+        )
+
+    async def stop(self) -> None:
+        """SIGKILL the launcher's process group; bwrap/unshare take the namespace down with it.
+        The caller also sweeps the session cgroup (the fallback layer has no namespace)."""
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            await asyncio.wait_for(proc.wait(), 5.0)
+        except asyncio.TimeoutError:
+            log.error("runner launcher did not exit after SIGKILL", extra={"pid": proc.pid})
+        if self._stderr_task is not None:
+            self._stderr_task.cancel()
