@@ -1,0 +1,128 @@
+"""Collect and render the state of a running stack (used by `shellrl status` and `shellrl run`).
+
+`collect(info)` reads each service's /readyz and /v1/status, Redis stream lengths and backlogs,
+and the staleness histogram from the learner's /metrics; it never raises (a service that does
+not answer shows as down). `render(snapshot)` returns a rich renderable.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+from rich.table import Table
+
+from shellrl import streams
+
+STREAM_GROUPS = ((streams.STREAM_TASKS, streams.GROUP_ROLLOUT), (streams.STREAM_EPISODES, streams.GROUP_VERIFIER),
+                 (streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER), (streams.STREAM_DEAD, None))
+
+
+def _get(url: str, timeout_s: float = 2.0) -> dict | None:
+    try:
+        r = httpx.get(url, timeout=timeout_s)
+        return r.json() if r.headers.get("content-type", "").startswith("application/json") else {"status": r.status_code}
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def histogram_buckets(metrics_text: str, name: str) -> dict[float, float]:
+    """Cumulative bucket counts {le: count} of histogram `name` (summed over label sets)."""
+    out: dict[float, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name != name:
+            continue
+        for sample in family.samples:
+            if sample.name == f"{name}_bucket":
+                le = float(sample.labels["le"])
+                out[le] = out.get(le, 0.0) + sample.value
+    return dict(sorted(out.items()))
+
+
+def quantile_from_buckets(buckets: dict[float, float], q: float) -> float | None:
+    """Upper bound of the bucket holding quantile q (Prometheus-style, no interpolation)."""
+    if not buckets:
+        return None
+    total = max(buckets.values())
+    if total <= 0:
+        return None
+    for le, count in buckets.items():
+        if count >= q * total:
+            return le
+    return None
+
+
+def stream_stats(redis_url: str) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    try:
+        r = redis.Redis.from_url(redis_url, socket_timeout=2)
+        for stream, group in STREAM_GROUPS:
+            row = {"length": int(r.xlen(stream)), "pending": None, "lag": None}
+            if group:
+                try:
+                    for g in r.xinfo_groups(stream):
+                        if g["name"].decode() == group:
+                            row["pending"], row["lag"] = int(g["pending"]), g.get("lag")
+                except redis.ResponseError:
+                    pass
+            out[stream] = row
+        version = r.get(streams.POLICY_VERSION_KEY)
+        out["_policy_version"] = int(version) if version is not None else None
+        r.close()
+    except redis.RedisError as exc:
+        out["_error"] = str(exc)
+    return out
+
+
+def collect(info: dict) -> dict:
+    urls = info.get("urls", {})
+    snap: dict = {"time": time.time(), "ready": {}, "streams": stream_stats(info["redis_url"])}
+    for name, url in urls.items():
+        ready = _get(f"{url}/readyz")
+        snap["ready"][name] = bool(ready and ready.get("ready"))
+    snap["learner"] = _get(f"{urls['learner']}/v1/status") if "learner" in urls else None
+    snap["rollout"] = _get(f"{urls['rollout']}/v1/status") if "rollout" in urls else None
+    snap["staleness"] = {}
+    if "learner" in urls:
+        try:
+            text = httpx.get(f"{urls['learner']}/metrics", timeout=2).text
+            buckets = histogram_buckets(text, "shellrl_trajectory_staleness")
+            snap["staleness"] = {q: quantile_from_buckets(buckets, q) for q in (0.5, 0.9, 0.99)}
+        except httpx.HTTPError:
+            pass
+    return snap
+
+
+def render(snap: dict) -> Table:
+    table = Table(title="shellrl status", show_header=False, expand=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    table.add_row("services", "  ".join(f"{n}:{'[green]ready' if ok else '[red]down'}[/]"
+                                        for n, ok in snap["ready"].items()))
+    st = snap["streams"]
+    table.add_row("policy version (redis)", str(st.get("_policy_version")))
+    learner = snap.get("learner") or {}
+    last = learner.get("last_step") or {}
+    if learner:
+        table.add_row("learner", f"step {learner.get('step')}  lr {learner.get('lr')}  paused {learner.get('paused')}  "
+                                 f"checkpointed {learner.get('checkpointed_step')}")
+        table.add_row("last step", f"reward {last.get('reward_mean', float('nan')):.3f}  success "
+                                   f"{last.get('success_rate', float('nan')):.3f}  loss {last.get('loss')}  "
+                                   f"{last.get('seconds', 0):.1f} s  tokens/s {last.get('tokens_per_second', 0):.0f}")
+        table.add_row("throughput", f"{learner.get('trajectories_per_second', 0) * 60:.1f} trajectories/min trained")
+    rollout = snap.get("rollout") or {}
+    if rollout:
+        adm = rollout.get("admission", {})
+        table.add_row("rollout", f"in flight {rollout.get('episodes_in_flight')}  admitted groups "
+                                 f"{adm.get('groups_admitted')}/{adm.get('bound')}  published "
+                                 f"{rollout.get('trajectories_published')}")
+    s = snap.get("staleness") or {}
+    table.add_row("staleness p50/p90/p99", " / ".join(str(s.get(q)) for q in (0.5, 0.9, 0.99)))
+    for stream, row in st.items():
+        if not stream.startswith("_"):
+            table.add_row(stream, f"length {row['length']}  pending {row['pending']}  lag {row['lag']}")
+    if "_error" in st:
+        table.add_row("redis", f"[red]{st['_error']}")
+    return table
