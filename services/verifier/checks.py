@@ -44,6 +44,10 @@ class FileRefused(Exception):
     path leaving the workspace. The check fails; this is not an infrastructure error."""
 
 
+class FileTooLarge(FileRefused):
+    """A regular file inside the workspace, larger than the bytes the check may read."""
+
+
 @dataclass(frozen=True)
 class CommandOutput:
     """What a check command did. exit_code None: it did not exit (timed out, denied)."""
@@ -148,6 +152,14 @@ def _file_kind_script(path: str) -> str:
 
 
 async def _file_exists(ws: Workspace, path: str, directory: bool, timeout_s: float) -> tuple[bool, str]:
+    if not directory:  # the sandbox's host-side open: no shell involved
+        try:
+            await ws.read_file(path, 0)
+        except FileTooLarge:
+            pass  # a non-empty regular file
+        except FileRefused as exc:
+            return False, f"{path}: {exc}"
+        return True, f"{path}: regular file"
     out = await ws.run(_file_kind_script(path), timeout_s)
     if out.timed_out:
         return False, f"file test ran past {timeout_s:g} s"

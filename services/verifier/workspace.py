@@ -21,7 +21,7 @@ import shlex
 from collections import OrderedDict
 
 from services.verifier import metrics
-from services.verifier.checks import CheckInfraError, CommandOutput, FileRefused
+from services.verifier.checks import CheckInfraError, CommandOutput, FileRefused, FileTooLarge
 from shellrl.contract import Task
 from shellrl.sandbox_client import ExecResult, SandboxBusy, SandboxError, SandboxNotFound, SandboxSetupFailed
 
@@ -80,7 +80,7 @@ class SandboxWorkspace:
             return await self.sandbox.read_file(self.session_id, path, max_bytes=max_bytes)
         except SandboxError as exc:
             if exc.status == 413:
-                raise FileRefused(f"larger than max_file_bytes={max_bytes}") from None
+                raise FileTooLarge(f"larger than max_file_bytes={max_bytes}") from None
             if exc.status in (400, 403) or exc.code == "file_not_found":
                 raise FileRefused((exc.body.get("error") or {}).get("message", str(exc))) from None
             raise CheckInfraError(f"reading {path!r} from session {self.session_id} failed: {exc}") from None

@@ -82,7 +82,7 @@ async def test_file_exists_fails_for_a_symlink_leaving_the_workspace(sandbox, ve
     t = task({"type": "file_exists", "path": "passwd"})
     async with episode(sandbox, commands=("ln -s /etc/passwd passwd", "ln -s ../.. up")) as sid:
         reward, checks = await outcome(verifier, t, None, sid)
-        assert reward == 0.0 and "outside" in checks[0].detail
+        assert reward == 0.0 and "leaves the workspace" in checks[0].detail
         assert (await outcome(verifier, task({"type": "file_exists", "path": "up/etc/passwd"}), None, sid))[0] == 0.0
 
 
