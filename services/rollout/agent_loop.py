@@ -157,7 +157,8 @@ class AgentLoop:
             except (EngineUnavailable, EngineError) as exc:
                 _fail(traj, Failure.FAILURE_INFRA_ENGINE, f"engine: {exc}")
             except SandboxSetupFailed as exc:
-                _fail(traj, Failure.FAILURE_INFRA_SANDBOX, f"{SETUP_FAILED}: {exc}")
+                output = (exc.result.stderr or exc.result.stdout)[-500:]
+                _fail(traj, Failure.FAILURE_INFRA_SANDBOX, f"{SETUP_FAILED}: {exc}; output: {output!r}")
             except SandboxError as exc:
                 _fail(traj, Failure.FAILURE_INFRA_SANDBOX, f"sandbox: {exc}")
             except asyncio.CancelledError:

@@ -30,7 +30,7 @@ from services.rollout import metrics as m
 from services.rollout.admission import Admission, PolicyVersionWatcher
 from services.rollout.agent_loop import AgentLoop, EpisodeLimits, Sampling
 from services.rollout.evaluations import EvaluationPlan, Evaluations, VerifierClient
-from services.rollout.prompt import ChatFormat
+from services.rollout.prompt import ChatFormat, load_chat_tokenizer
 from services.rollout.scheduler import TaskPool
 from services.rollout.settings import RolloutSettings
 from services.rollout.stats import TaskStats
@@ -95,11 +95,9 @@ def build_app(settings: RolloutSettings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        from shellrl.models import load_tokenizer
-
         redis = streams.connect(settings.redis_url)
         store = TaskStore(redis)
-        chat = ChatFormat.from_tokenizer(load_tokenizer(settings.model_path))
+        chat = ChatFormat.from_tokenizer(load_chat_tokenizer(settings.model_path))
         engine = EngineClient(settings.engine_url_list)
         sandbox = SandboxClient(settings.sandbox_url)
         limits = EpisodeLimits(
@@ -261,7 +259,8 @@ def build_app(settings: RolloutSettings) -> FastAPI:
                           "oldest_in_flight_version": adm.oldest_in_flight_version,
                           "max_staleness": settings.max_staleness, "groups_per_step": settings.groups_per_step,
                           "strict": settings.strict_staleness, "can_admit": adm.groups_admitted < adm.bound},
-            "episodes_in_flight": worker.capacity.used, "max_episodes_in_flight": settings.max_episodes_in_flight,
+            "episodes_in_flight": worker.running, "episode_slots_taken": worker.capacity.used,
+            "max_episodes_in_flight": settings.max_episodes_in_flight,
             "trajectories_published": worker.published,
             "uptime_s": round(time.time() - worker.started_at, 1),
             "pool": {"tasks": await state["pool"].size(), "epoch": await state["pool"].epoch()},

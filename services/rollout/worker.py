@@ -52,12 +52,10 @@ class Capacity:
         async with self._cond:
             await self._cond.wait_for(lambda: self.used + n <= self.slots)
             self.used += n
-            m.EPISODES_IN_FLIGHT.set(self.used)
 
     async def release(self, n: int = 1) -> None:
         async with self._cond:
             self.used -= n
-            m.EPISODES_IN_FLIGHT.set(self.used)
             self._cond.notify_all()
 
 
@@ -105,6 +103,7 @@ class RolloutWorker:
         self._groups: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self.published = 0
+        self.running = 0  # episodes running now (slots taken for groups still waiting on admission excluded)
         self.started_at = time.time()
 
     # --- the main loop: one screen ---------------------------------------------------------------
@@ -157,6 +156,8 @@ class RolloutWorker:
     async def run_sample(self, task: Task, ticket: Ticket, index: int, slots: "_GroupSlots") -> Trajectory | None:
         """One sample of a group, retried with attempt+1 on INFRA failures. Holds one capacity slot."""
         traj = None
+        self.running += 1
+        m.EPISODES_IN_FLIGHT.set(self.running)
         try:
             for attempt in range(self.config.max_attempts):
                 if attempt:
@@ -184,6 +185,8 @@ class RolloutWorker:
             await _shielded(self.store.episodes_abandoned(task.task_id, 1))
             raise
         finally:
+            self.running -= 1
+            m.EPISODES_IN_FLIGHT.set(self.running)
             await _shielded(slots.release_one())
 
     async def publish(self, traj: Trajectory) -> None:

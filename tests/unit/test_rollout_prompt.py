@@ -1,0 +1,73 @@
+"""Chat-template boundaries of the agent loop with SmolLM2's real tokenizer (known_pitfalls C03, C05, C29)."""
+
+import pytest
+
+from services.rollout.prompt import ChatFormat, load_chat_tokenizer, render_parse_error, render_tool_response
+
+
+@pytest.fixture(scope="module")
+def chat():
+    return ChatFormat.from_tokenizer(load_chat_tokenizer("tiny"))
+
+
+def test_template_boundaries_are_read_from_the_chat_template(chat):
+    assert chat.end_of_turn == "<|im_end|>"
+    assert chat.end_of_turn_id == chat.tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert chat.close_and_open == "<|im_end|>\n<|im_start|>user\n"
+    assert chat.after_observation == "<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_fast_tokenizer_gives_the_same_prompt_ids_as_load_tokenizer(chat):
+    from shellrl.models import load_tokenizer
+
+    reference = ChatFormat.from_tokenizer(load_tokenizer("tiny"))
+    instruction = "Count the lines of notes.txt in  your home directory ~/ and print  them."
+    assert chat.prompt_ids(instruction) == reference.prompt_ids(instruction)
+
+
+def test_prompt_has_system_protocol_one_shot_and_instruction_once(chat):
+    text = chat.tokenizer.decode(chat.prompt_ids("How many files are here?"))
+    assert text.startswith("<|im_start|>system\n") and "<bash>COMMAND</bash>" in text
+    assert text.count("<|im_start|>assistant\n") == 3  # two one-shot replies + the generation prompt
+    assert text.endswith("<|im_start|>user\nHow many files are here?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_trajectory_decodes_to_the_template_rendering_of_the_same_messages(chat):
+    """C03/C05: the ids appended after each action are exactly the template's boundary ids; the
+    end-of-turn token appears once per assistant turn whether the model emitted it or not."""
+    tok = chat.tokenizer
+    eot = chat.end_of_turn_id
+    prompt = chat.prompt_ids("task")
+    turn1 = tok("<bash>ls</bash>", add_special_tokens=False)["input_ids"]          # stopped on the stop string
+    obs1 = chat.observation_ids(render_tool_response("a.txt\n"), turn1)
+    turn2 = tok("<bash>cat a.txt</bash>", add_special_tokens=False)["input_ids"] + [eot]  # stopped on <|im_end|>
+    obs2 = chat.observation_ids(render_tool_response("hi\n"), turn2)
+    turn3 = tok("<answer>hi</answer>", add_special_tokens=False)["input_ids"] + [eot]
+    ids = prompt + turn1 + obs1 + turn2 + obs2 + turn3
+    messages = chat.messages("task") + [
+        {"role": "assistant", "content": "<bash>ls</bash>"},
+        {"role": "user", "content": render_tool_response("a.txt\n")},
+        {"role": "assistant", "content": "<bash>cat a.txt</bash>"},
+        {"role": "user", "content": render_tool_response("hi\n")},
+        {"role": "assistant", "content": "<answer>hi</answer>"},
+    ]
+    rendered = tok.apply_chat_template(messages, tokenize=False)
+    assert tok.decode(ids) == rendered.removesuffix("\n")  # the final "\n" follows the last <|im_end|> we stop on
+    assert obs1[0] == eot and obs2[0] != eot  # added only where the model did not emit it
+    assert obs1[:5] == tok("<|im_end|>\n<|im_start|>user\n", add_special_tokens=False)["input_ids"]
+    assert obs2[-4:] == tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+
+
+def test_huge_output_is_capped_with_a_marker_giving_the_size():
+    body = render_tool_response("0123456789\n" * 20_000, "", 0, stdout_truncated_bytes=5_000, max_chars=600)
+    assert len(body) < 800
+    assert "…[truncated 219400 chars, 5000 more bytes in the sandbox]" in body
+    assert body.endswith("[exit code 0]\n</tool_response>")
+
+
+def test_observation_reports_stderr_timeout_denial_and_replacement_characters():
+    body = render_tool_response("A\ufffd\ufffdB\ufffdC\ndone\n", "oops\n", 124, timed_out=True, timeout_s=5)
+    assert "A\ufffd\ufffdB\ufffdC\ndone\nstderr:\noops\n[timed out after 5 s]\n[exit code 124]" in body
+    denied = render_tool_response("", "", None, denied_rule="rm_root")
+    assert "[command denied by policy: rm_root]" in denied and "[exit code none]" in denied
+    assert render_parse_error("error: x") == "<tool_response>\nerror: x\n</tool_response>"
