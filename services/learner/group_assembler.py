@@ -36,7 +36,7 @@ from shellrl.rl.advantages import group_advantages
 from shellrl.rl.batch import TrainSample
 from shellrl.rl.staleness import staleness
 
-INFRA_FAILURES = frozenset({Failure.FAILURE_INFRA_ENGINE, Failure.FAILURE_INFRA_SANDBOX, Failure.FAILURE_INFRA_VERIFIER})
+INFRA_FAILURES = frozenset(v for name, v in Failure.items() if name.startswith("FAILURE_INFRA_"))
 _NOT_SAMPLES = frozenset({"infra_failure", "eval"})
 DROP_REASONS = ("stale", "infra_failure", "unscored", "nan_reward", "eval", "empty_response", "duplicate",
                 "invalid", "late_member", "group_too_small")

@@ -1,0 +1,131 @@
+"""HTTP API of the learner; the app's lifespan builds the model, trainer, weight sync and worker.
+
+GET  /v1/status       version, step, LR, last step's losses/clip fractions/importance weights/parity,
+                      throughput, memory, pending groups, engines' state (in rotation, version, error)
+POST /v1/checkpoints  write a checkpoint now (after the step in progress) -> 201 {"step", "path"}
+POST /v1/pause        stop taking steps (the step in progress finishes) -> {"paused": true}
+POST /v1/resume       take steps again -> {"paused": false}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+
+import numpy as np
+import torch
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from services.learner.checkpoint import CheckpointStore
+from services.learner.group_assembler import GroupAssembler
+from services.learner.settings import LearnerSettings
+from services.learner.trainer import Trainer, TrainerConfig
+from services.learner.weight_sync import WeightSync, choose_transport
+from services.learner.worker import LearnerWorker, WorkerConfig
+from shellrl import streams
+from shellrl.engine_client import EngineClient
+from shellrl.http import ApiError, create_app
+from shellrl.models import load_model, load_tokenizer
+from shellrl.rl.losses import PPOConfig
+
+log = logging.getLogger(__name__)
+
+
+def trainer_config(s: LearnerSettings) -> TrainerConfig:
+    loss = PPOConfig(clip_eps_low=s.clip_eps_low, clip_eps_high=s.clip_eps_high, dual_clip_c=s.dual_clip_c,
+                     behavior_weight_cap=s.behavior_weight_cap, max_log_ratio=s.max_log_ratio, kl_coef=s.kl_coef,
+                     aggregation=s.loss_aggregation)
+    return TrainerConfig(lr=s.lr, weight_decay=s.weight_decay, betas=(s.adam_beta1, s.adam_beta2),
+                         warmup_steps=s.warmup_steps, grad_clip_norm=s.grad_clip_norm, ppo_epochs=s.ppo_epochs,
+                         micro_batch_size=s.micro_batch_size, chunk_tokens=s.chunk_tokens,
+                         gradient_checkpointing=s.gradient_checkpointing, loss=loss)
+
+
+def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient]:
+    """Model, trainer, engines, checkpoint store and the worker (blocking: loads the model)."""
+    device = "cuda" if s.device == "auto" and torch.cuda.is_available() else ("cpu" if s.device == "auto" else s.device)
+    torch.manual_seed(s.seed)
+    np.random.seed(s.seed)
+    random.seed(s.seed)
+    model = load_model(s.model_path, dtype=torch.float32, device=device)
+    tokenizer = load_tokenizer(s.model_path)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    client = EngineClient(s.engine_url_list, timeout_s=s.weight_sync_timeout_s, connect_retries=1)
+    transport = choose_transport(s.weight_transport, next(model.parameters()).device, s.engine_url_list)
+    sync = WeightSync(client, redis, transport=transport, deadline_s=s.weight_sync_timeout_s,
+                      sync_dir=s.weight_sync_dir, retry_interval_s=s.engine_retry_interval_s)
+    consumer = streams.StreamConsumer(redis, streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER, s.consumer_name,
+                                      block_ms=s.block_ms, count=s.read_count,
+                                      claim_min_idle_ms=s.claim_min_idle_ms, max_deliveries=s.max_deliveries)
+    assembler = GroupAssembler(group_timeout_s=s.group_timeout_s, max_staleness=s.max_staleness)
+    config = WorkerConfig(groups_per_step=s.groups_per_step, checkpoint_interval_steps=s.checkpoint_interval_steps,
+                          train_zero_variance_groups=s.train_zero_variance_groups,
+                          fixed_temperature=s.fixed_temperature if s.temperature_source == "fixed" else None,
+                          pad_token_id=int(pad), pad_to_multiple_of=s.pad_to_multiple_of, read_count=s.read_count)
+    worker = LearnerWorker(consumer, assembler, Trainer(model, trainer_config(s)), sync,
+                           CheckpointStore(s.checkpoint_dir, s.keep_checkpoints), config)
+    return worker, client
+
+
+def build_app(settings: LearnerSettings) -> FastAPI:
+    state: dict = {}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI):
+        redis = streams.connect(settings.redis_url)
+        worker, client = await asyncio.to_thread(build_worker, settings, redis)
+        stop = asyncio.Event()
+        state.update(worker=worker, redis=redis, stop=stop)
+        task = asyncio.create_task(worker.run(stop))
+        task.add_done_callback(_log_exit)
+        state["task"] = task
+        log.info("learner started", extra={"config": settings.public_dict(), "transport": worker.sync.transport})
+        try:
+            yield
+        finally:
+            stop.set()
+            await asyncio.wait([task], timeout=settings.shutdown_grace_s + 30)
+            task.cancel()
+            await client.close()
+            await redis.aclose()
+
+    async def ready_check() -> dict:
+        worker, task = state.get("worker"), state.get("task")
+        if worker is None or task is None or task.done():
+            return {"ready": False, "reason": "worker not running"}
+        return {"ready": bool(await state["redis"].ping()), "version": worker.version}
+
+    app = create_app("learner", settings.public_dict(), ready_check, lifespan)
+
+    @app.get("/v1/status", tags=["learner"])
+    async def status() -> dict:
+        return state["worker"].status()
+
+    @app.post("/v1/checkpoints", tags=["learner"], status_code=201)
+    async def checkpoint() -> JSONResponse:
+        future = state["worker"].request_checkpoint()
+        try:
+            result = await asyncio.wait_for(asyncio.shield(future), timeout=600)
+        except asyncio.TimeoutError:
+            raise ApiError(504, "checkpoint_timeout", "the checkpoint did not finish within 600 s") from None
+        return JSONResponse(result, status_code=201)
+
+    @app.post("/v1/pause", tags=["learner"])
+    async def pause() -> dict:
+        state["worker"].running.clear()
+        return {"paused": True, "step": state["worker"].version}
+
+    @app.post("/v1/resume", tags=["learner"])
+    async def resume() -> dict:
+        state["worker"].running.set()
+        return {"paused": False, "step": state["worker"].version}
+
+    return app
+
+
+def _log_exit(task: asyncio.Task) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("learner worker stopped with an error", exc_info=task.exception())

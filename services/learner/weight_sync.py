@@ -1,0 +1,315 @@
+"""Weight sync: push the learner's weights to every engine after each step, then publish the version.
+
+    flatten (one bucket) ─▶ per engine, under one deadline: begin session ─▶ update_weights_from_tensor
+    (engine copies the bucket: "transfer") ─▶ end session (engine swaps the weights in: "load")
+    ─▶ read back weight_version ("verify") ─▶ all engines in rotation confirmed: SET
+    shellrl:policy:version, PUBLISH shellrl:policy:updates
+
+Transports (DESIGN.md section 6, shellrl.weight_transport): shared memory when the model is on
+CPU and the engine on this host; CUDA IPC of a bucket on the GPU when the model is on a GPU of
+this host; safetensors on disk (`update_weights_from_disk`) otherwise. Phases are timed into
+`shellrl_weight_sync_seconds{phase}`.
+
+Guarantees:
+* Never hangs: each engine's whole update runs under `deadline_s`; at the deadline the call is
+  abandoned (cancelled without awaiting its clean-up) and the HTTP client's own timeout is the
+  same deadline, so nothing waits on a frozen (SIGSTOP) or dead engine.
+* An engine that does not confirm in time is reported (log, `shellrl_weight_sync_failures_total`,
+  `status()` for GET /v1/status, and the Redis hash `shellrl:engines` that the gateway can read)
+  and taken out of rotation; `reconcile()` probes it every `retry_interval_s` and, when it
+  answers, brings it back with a full update to the current version.
+* The version is published only when every engine still in rotation confirmed it and at least
+  one did. When engines were taken out on this push, the publication says so (a warning log
+  naming them, the `partial` flag, the status); with no engine confirming nothing is published.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import shutil
+import socket
+import time
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from urllib.parse import urlparse
+
+import redis.asyncio as aioredis
+import torch
+
+from services.learner import metrics
+from shellrl import weight_transport as wt
+from shellrl.engine_client import EngineClient, EngineError, EngineUnavailable
+from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY
+
+log = logging.getLogger(__name__)
+
+ENGINES_KEY = "shellrl:engines"  # hash: engine url -> JSON EngineState (written by the learner)
+BUCKET_BYTES = 1 << 30
+
+
+@dataclass
+class EngineState:
+    """What the learner knows about one engine. version: the last weight_version it confirmed."""
+
+    url: str
+    in_rotation: bool = True
+    version: str | None = None
+    last_error: str | None = None
+    last_ok_at: float | None = None
+    failures: int = 0
+    last_probe_s: float = field(default=0.0, repr=False)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out.pop("last_probe_s")
+        return out
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """One push: which engines confirmed `version`, which failed (url -> reason), whether the
+    version was published, whether only part of the configured fleet has it, phase seconds."""
+
+    version: int
+    confirmed: tuple[str, ...]
+    failed: dict[str, str]
+    published: bool
+    partial: bool
+    phases: dict[str, float]
+
+
+def choose_transport(setting: str, device: torch.device, urls: list[str]) -> str:
+    """'auto' -> cuda_ipc (model on GPU, engines on this host), shm (CPU, engines on this host) or disk."""
+    if setting != "auto":
+        return setting
+    local = all(_is_local(u) for u in urls)
+    if not local:
+        return "disk"
+    return "cuda_ipc" if device.type == "cuda" else "shm"
+
+
+def _is_local(url: str) -> bool:
+    host = urlparse(url).hostname or ""
+    return host in ("127.0.0.1", "localhost", "::1", socket.gethostname())
+
+
+class WeightSync:
+    """Pushes weights to `client.urls`. redis: where the version is published (None: never)."""
+
+    def __init__(self, client: EngineClient, redis: aioredis.Redis | None, *, transport: str, deadline_s: float,
+                 sync_dir: str | Path, retry_interval_s: float = 5.0, bucket_bytes: int = BUCKET_BYTES) -> None:
+        if transport not in ("shm", "cuda_ipc", "disk"):
+            raise ValueError(f"transport must be shm, cuda_ipc or disk (resolve 'auto' first); got {transport!r}")
+        self.client, self.redis, self.transport = client, redis, transport
+        self.deadline_s, self.retry_interval_s, self.bucket_bytes = deadline_s, retry_interval_s, bucket_bytes
+        self.sync_dir = Path(sync_dir)
+        self.engines = {u: EngineState(u) for u in client.urls}
+        self.published_version: int | None = None
+        self.last_result: SyncResult | None = None
+
+    def status(self) -> dict:
+        return {"transport": self.transport, "deadline_s": self.deadline_s,
+                "published_version": self.published_version,
+                "engines": [e.to_json() for e in self.engines.values()],
+                "last_push": None if self.last_result is None else {
+                    "version": self.last_result.version, "confirmed": list(self.last_result.confirmed),
+                    "failed": self.last_result.failed, "published": self.last_result.published,
+                    "partial": self.last_result.partial,
+                    "phases_s": {k: round(v, 4) for k, v in self.last_result.phases.items()}}}
+
+    async def push(self, model: torch.nn.Module, version: int) -> SyncResult:
+        """Full update of every engine in rotation to `version` (weight_version = str(version))."""
+        targets = [u for u, e in self.engines.items() if e.in_rotation]
+        result = await self._push(model, version, targets)
+        result = replace(result, published=await self._publish(version, result.partial))
+        self.last_result = result
+        return result
+
+    async def reconcile(self, model: torch.nn.Module, version: int) -> SyncResult | None:
+        """Probe engines out of rotation (at most every retry_interval_s); push `version` to those
+        that answer. Also publishes `version` if it never was (no engine had confirmed it)."""
+        now = time.monotonic()
+        due = [e for e in self.engines.values() if not e.in_rotation and now - e.last_probe_s >= self.retry_interval_s]
+        for e in due:
+            e.last_probe_s = now
+        healthy = []
+        if due:
+            probes = await _bounded(self.client.health(urls=[e.url for e in due]), min(self.deadline_s, 5.0))
+            healthy = [u for u, ok in (probes or {}).items() if ok]
+        result = None
+        if healthy:
+            log.info("engines answer again; sending a full update", extra={"engines": healthy, "policy_version": version})
+            await _bounded(self.client.end_weight_update(urls=healthy), min(self.deadline_s, 5.0))  # a stale session
+            result = await self._push(model, version, healthy)
+        if self.published_version != version:
+            published = await self._publish(version, any(not e.in_rotation for e in self.engines.values()))
+            result = replace(result, published=published) if result is not None else None
+        if result is not None:
+            self.last_result = result
+        return result
+
+    # ----- one push ---------------------------------------------------------------------------------
+
+    async def _push(self, model: torch.nn.Module, version: int, targets: list[str]) -> SyncResult:
+        phases: dict[str, float] = {}
+        start = time.perf_counter()
+        failed: dict[str, str] = {}
+        confirmed: list[str] = []
+        if targets:
+            with ExitStack() as stack:
+                t0 = time.perf_counter()
+                prepared = await asyncio.to_thread(self._prepare, model, version, stack)
+                phases["flatten"] = time.perf_counter() - t0
+                outcomes = await asyncio.gather(*(self._update_within_deadline(u, prepared, version) for u in targets))
+                for url, (ok, detail) in zip(targets, outcomes):
+                    if ok:
+                        confirmed.append(url)
+                        for phase, seconds in detail.items():
+                            phases[phase] = max(phases.get(phase, 0.0), seconds)
+                    else:
+                        failed[url] = detail
+                if self.transport == "cuda_ipc":
+                    torch.cuda.ipc_collect()
+        phases["total"] = time.perf_counter() - start
+        for phase, seconds in phases.items():
+            metrics.WEIGHT_SYNC_SECONDS.labels(phase).observe(seconds)
+        for url in confirmed:
+            e = self.engines[url]
+            if not e.in_rotation:
+                log.info("engine back in rotation", extra={"engine": url, "policy_version": version})
+            e.in_rotation, e.version, e.last_error, e.last_ok_at = True, str(version), None, time.time()
+            self.client.set_available(url, True)
+        for url, reason in failed.items():
+            e = self.engines[url]
+            e.in_rotation, e.last_error, e.failures = False, reason, e.failures + 1
+            self.client.set_available(url, False)
+            metrics.WEIGHT_SYNC_FAILURES.labels("deadline" if reason.startswith("deadline") else "error").inc()
+            log.error("engine did not confirm the weight update; taken out of rotation",
+                      extra={"engine": url, "policy_version": version, "reason": reason[:500]})
+        self._update_gauges()
+        await self._write_engine_states()
+        partial = bool(failed) or any(not e.in_rotation for e in self.engines.values())
+        return SyncResult(version, tuple(confirmed), failed, False, partial, phases)
+
+    def _prepare(self, model: torch.nn.Module, version: int, stack: ExitStack) -> dict:
+        """Build the payload(s) once for every engine (blocking; runs in a thread)."""
+        named = [(n, p.detach()) for n, p in model.named_parameters()]
+        if self.transport == "disk":
+            directory = self.sync_dir / f"v{version:08d}"
+            wt.save_safetensors_dir(named, directory)
+            for old in sorted(self.sync_dir.glob("v*"))[:-2]:
+                shutil.rmtree(old, ignore_errors=True)
+            return {"model_path": str(directory.resolve())}
+        payloads, buffers = [], []
+        for bucket in _buckets(named, self.bucket_bytes):
+            if self.transport == "shm":
+                payloads.append(stack.enter_context(wt.SharedMemoryBucket(bucket)).payload())
+            else:
+                buffer, metadata = wt.flatten_tensors(bucket)
+                buffers.append(buffer)  # alive until every engine copied it (the ExitStack's scope)
+                payloads.append(wt.serialize_cuda_bucket(buffer, metadata))
+        return {"payloads": payloads, "buffers": buffers}
+
+    async def _update_within_deadline(self, url: str, prepared: dict, version: int) -> tuple[bool, dict | str]:
+        task = asyncio.ensure_future(self._update(url, prepared, version))
+        done, _ = await asyncio.wait({task}, timeout=self.deadline_s)
+        if not done:
+            task.cancel()  # not awaited: its clean-up must not hold the learner past the deadline
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            return False, f"deadline: no confirmation within {self.deadline_s:g} s"
+        try:
+            return True, task.result()
+        except (EngineError, EngineUnavailable) as exc:
+            return False, f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # a broken payload or client bug: report, never crash the loop
+            log.exception("weight update failed", extra={"engine": url})
+            return False, f"{type(exc).__name__}: {exc}"
+
+    async def _update(self, url: str, prepared: dict, version: int) -> dict[str, float]:
+        phases, urls, weight_version = {}, [url], str(version)
+        t0 = time.perf_counter()
+        if "model_path" in prepared:
+            await self.client.update_weights_from_disk(prepared["model_path"], weight_version, urls=urls)
+            phases["transfer"] = time.perf_counter() - t0
+        else:
+            await self.client.begin_weight_update(urls=urls)
+            for payload in prepared["payloads"]:
+                await self.client.update_weights_from_tensor([payload], weight_version=weight_version, session=False,
+                                                             flush_cache=False, urls=urls)
+            t1 = time.perf_counter()
+            phases["transfer"] = t1 - t0
+            await self.client.end_weight_update(urls=urls)
+            phases["load"] = time.perf_counter() - t1
+        t2 = time.perf_counter()
+        while True:  # the engine confirms by reporting the new version
+            got = (await self.client.get_weight_version(urls=urls))[url]
+            if got == weight_version:
+                break
+            await asyncio.sleep(0.01)
+        phases["verify"] = time.perf_counter() - t2
+        return phases
+
+    # ----- publication -----------------------------------------------------------------------------
+
+    async def _publish(self, version: int, partial: bool) -> bool:
+        """SET + PUBLISH `version` if every engine in rotation (at least one) confirmed it."""
+        in_rotation = [u for u, e in self.engines.items() if e.in_rotation]
+        if not in_rotation:
+            log.error("no engine has the new weights; version not published", extra={"policy_version": version})
+            return False
+        if not all(self.engines[u].version == str(version) for u in in_rotation) or self.redis is None:
+            return False
+        if partial:
+            log.warning("publishing the version for a partial fleet", extra={
+                "policy_version": version, "in_sync": in_rotation,
+                "out_of_rotation": [u for u, e in self.engines.items() if not e.in_rotation]})
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(POLICY_VERSION_KEY, version)
+            pipe.publish(POLICY_UPDATES_CHANNEL, str(version))
+            await pipe.execute()
+        self.published_version = version
+        return True
+
+    def _update_gauges(self) -> None:
+        metrics.ENGINES_IN_SYNC.set(sum(e.in_rotation for e in self.engines.values()))
+        metrics.ENGINES_OUT.set(sum(not e.in_rotation for e in self.engines.values()))
+
+    async def _write_engine_states(self) -> None:
+        if self.redis is None:
+            return
+        try:
+            await self.redis.hset(ENGINES_KEY, mapping={u: json.dumps(e.to_json()) for u, e in self.engines.items()})
+        except Exception:  # status only: never fail a push over it
+            log.exception("could not write shellrl:engines")
+
+
+def _buckets(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
+    """Split named tensors, in order, into buckets of at most bucket_bytes (a larger tensor alone)."""
+    out, current, size = [], [], 0
+    for name, tensor in named:
+        nbytes = tensor.numel() * tensor.element_size()
+        if current and size + nbytes > bucket_bytes:
+            out.append(current)
+            current, size = [], 0
+        current.append((name, tensor))
+        size += nbytes + wt.ALIGN_BYTES
+    if current:
+        out.append(current)
+    return out
+
+
+async def _bounded(coro, timeout_s: float):
+    """Await `coro` for at most timeout_s; None on timeout or error (probes and clean-ups only)."""
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return None
+    try:
+        return task.result()
+    except Exception:
+        return None

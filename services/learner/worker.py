@@ -1,0 +1,306 @@
+"""The learner's stream loop: take scored trajectories, assemble groups, train, push, checkpoint, ack.
+
+    shellrl:trajectories (group "learner") ─▶ intake: parse, skip consumed ids, GroupAssembler
+      ─▶ groups_per_step counted groups ─▶ GRPO advantages ─▶ TrainBatch ─▶ Trainer.step
+      ─▶ WeightSync.push (version = step) ─▶ every checkpoint_interval steps: checkpoint, then XACK
+         every entry the checkpointed steps resolved (trained or dropped)
+
+Guarantees: an entry is acknowledged only after a durable checkpoint includes the step that
+resolved it; after a crash the same consumer name re-reads its pending entries, skips (and
+acknowledges) those a checkpoint already covers, and trains the rest again, so no trajectory is
+lost and none trains twice in the surviving history (steps.jsonl, checkpoint.surviving_steps).
+The version advances once per `groups_per_step` counted groups even when none of them is
+trainable (all zero variance or stale): the weights are then unchanged but the step, the LR
+schedule and the published version move on, in step with the gateway's admission count.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import resource
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from services.learner import metrics
+from services.learner.checkpoint import CheckpointStore, LearnerState
+from services.learner.group_assembler import Dropped, GroupAssembler, RolloutGroup, group_samples
+from services.learner.trainer import Trainer
+from services.learner.weight_sync import WeightSync
+from shellrl.contract import ContractError, parse_trajectory
+from shellrl.rl.batch import build_batch
+from shellrl.streams import StreamConsumer, StreamEntry
+
+log = logging.getLogger(__name__)
+
+CONSUMED_IDS_KEPT = 200_000
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    groups_per_step: int
+    checkpoint_interval_steps: int
+    train_zero_variance_groups: bool = False
+    fixed_temperature: float | None = None
+    pad_token_id: int = 0
+    pad_to_multiple_of: int = 1
+    read_count: int = 64
+
+
+class LearnerWorker:
+    def __init__(self, consumer: StreamConsumer, assembler: GroupAssembler, trainer: Trainer, sync: WeightSync,
+                 store: CheckpointStore, config: WorkerConfig) -> None:
+        self.consumer, self.assembler, self.trainer, self.sync = consumer, assembler, trainer, sync
+        self.store, self.config = store, config
+        self.consumed: OrderedDict[str, int] = OrderedDict()  # trajectory id -> step that resolved it
+        self.unacked: list[str] = []  # entry ids resolved since the last checkpoint
+        self.ready: list[RolloutGroup] = []  # released groups waiting for a step
+        self.checkpointed_step = 0
+        self.completed_step = 0  # what /v1/status reports: steps whose record is complete
+        self.last: dict = {}
+        self.started_s, self.trained_total = time.monotonic(), 0
+        self.running = asyncio.Event()
+        self.running.set()
+        self._checkpoint_requests: list[asyncio.Future] = []
+
+    @property
+    def version(self) -> int:
+        return self.trainer.step_count
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """The loop (see the module docstring) until `stop`; then a last checkpoint."""
+        await self.consumer.ensure_group()
+        await self.resume()
+        while not stop.is_set():
+            await self.serve_checkpoint_requests()
+            if not self.running.is_set():
+                await _wait_any(self.running, stop, timeout_s=1.0)
+                continue
+            self.intake(await self.read())
+            self.ready += self.assembler.pop_ready(self.version)
+            await self.sync.reconcile(self.trainer.model, self.version)
+            if sum(g.counts for g in self.ready) < self.config.groups_per_step:
+                continue
+            groups = self.take_groups()
+            await self.train(groups)
+            await self.sync.push(self.trainer.model, self.version)
+            if self.version % self.config.checkpoint_interval_steps == 0:
+                await self.checkpoint()
+        if self.version > self.checkpointed_step:
+            await self.checkpoint()
+
+    # ----- stages ------------------------------------------------------------------------------------
+
+    async def resume(self) -> None:
+        """Load the latest checkpoint (if any), then push its weights and publish its version."""
+        path = self.store.latest()
+        if path is not None:
+            trainer_state, state = await asyncio.to_thread(self.store.load, path, self.trainer.model)
+            self.trainer.load_state_dict(trainer_state)
+            self.consumed = OrderedDict((t, state.step) for t in state.consumed_ids)
+            self.assembler.restore_released(state.released_group_ids)
+            self.checkpointed_step = state.step
+            self.store.append_ledger({"event": "resume", "step": state.step, "checkpoint": path.name})
+            log.info("resumed from checkpoint", extra={"path": str(path), "step": state.step, "lr": self.trainer.lr})
+        metrics.POLICY_VERSION.set(self.version)
+        metrics.LEARNER_STEP.set(self.version)
+        self.completed_step = self.version
+        await self.sync.push(self.trainer.model, self.version)
+
+    async def read(self) -> list[StreamEntry]:
+        try:
+            return await self.consumer.read(count=self.config.read_count)
+        except Exception:  # Redis away: keep trying, never crash the loop
+            log.exception("reading shellrl:trajectories failed; retrying in 1 s")
+            await asyncio.sleep(1.0)
+            return []
+
+    def intake(self, entries: list[StreamEntry]) -> None:
+        """Parse entries; skip consumed trajectory ids; hand the rest to the assembler."""
+        for entry in entries:
+            try:
+                traj = parse_trajectory(entry.pb)
+            except ContractError as exc:
+                asyncio.ensure_future(self.consumer.dead_letter(entry, f"undecodable trajectory: {exc}"))
+                metrics.DROPPED.labels("invalid").inc()
+                continue
+            if traj.trajectory_id in self.consumed:
+                if self.consumed[traj.trajectory_id] <= self.checkpointed_step:
+                    asyncio.ensure_future(self.consumer.ack(entry.entry_id))  # a checkpoint already covers it
+                continue
+            dropped = self.assembler.add(entry.entry_id, traj, self.version)
+            if dropped is not None:
+                self.resolve_dropped([dropped])
+
+    def take_groups(self) -> list[RolloutGroup]:
+        """The oldest `groups_per_step` counted groups, plus every uncounted group released before them."""
+        taken, counted = [], 0
+        while self.ready and counted < self.config.groups_per_step:
+            group = self.ready.pop(0)
+            taken.append(group)
+            counted += group.counts
+        return taken
+
+    async def train(self, groups: list[RolloutGroup]) -> None:
+        """Advantages, batch, one Trainer step (or a no-update step), metrics and the ledger."""
+        start, version = time.perf_counter(), self.version
+        samples, rewards, outcomes = [], [], []
+        for g in groups:
+            self.resolve_dropped(g.dropped)
+            if not g.trainable:
+                outcomes.append("dropped" if g.counts else "not_counted")
+                continue
+            gs = group_samples(g, self.config.fixed_temperature)
+            rewards += [(m.trajectory.training_reward, m.trajectory.reward) for m in g.members]
+            if gs.zero_variance and not self.config.train_zero_variance_groups:
+                outcomes.append("zero_variance")
+                self.resolve_members(g, trained=False)
+                continue
+            outcomes.append("trained")
+            samples += gs.samples
+            self.resolve_members(g, trained=True)
+        for outcome in outcomes:
+            metrics.GROUPS.labels(outcome).inc()
+        result = None
+        if samples:
+            batch = build_batch(samples, self.config.pad_token_id, self.config.pad_to_multiple_of)
+            result = await asyncio.to_thread(self.trainer.step, batch, version)
+            del batch
+        else:
+            self.trainer.skip_step()
+        self.record(version, groups, samples, rewards, outcomes, result, time.perf_counter() - start)
+
+    def resolve_members(self, group: RolloutGroup, trained: bool) -> None:
+        now = time.time()
+        for m in group.members:
+            self.consumed[m.trajectory_id] = self.version + 1
+            self.unacked.append(m.entry_id)
+            if trained:
+                metrics.STALENESS.observe(max(0, self.version - m.min_policy_version))
+                if m.trajectory.finished_at:
+                    metrics.AGE.observe(max(0.0, now - m.trajectory.finished_at))
+        self._trim_consumed()
+
+    def resolve_dropped(self, dropped: tuple[Dropped, ...] | list[Dropped]) -> None:
+        for d in dropped:
+            metrics.DROPPED.labels(d.reason).inc()
+            if d.reason != "duplicate":
+                self.consumed[d.trajectory_id] = self.version + 1
+            self.unacked.append(d.entry_id)
+        self._trim_consumed()
+
+    async def checkpoint(self) -> str:
+        """Write a checkpoint of the current step, then acknowledge what it covers."""
+        start, step = time.perf_counter(), self.version
+        waiting = {g.group_id for g in self.ready}  # released but not trained yet: re-assembled after a crash
+        state = LearnerState(step=step, version=step, consumed_ids=list(self.consumed),
+                             released_group_ids=[g for g in self.assembler.released_group_ids() if g not in waiting])
+        path = await asyncio.to_thread(self.store.save, self.trainer.model, self.trainer.state_dict(), state)
+        acked, self.unacked = self.unacked, []
+        for lo in range(0, len(acked), 1000):
+            await self.consumer.ack(*acked[lo:lo + 1000])
+        self.checkpointed_step = step
+        metrics.CHECKPOINT_SECONDS.observe(time.perf_counter() - start)
+        log.info("checkpoint written; entries acknowledged", extra={"step": step, "path": str(path), "acked": len(acked)})
+        return str(path)
+
+    # ----- control (HTTP) ----------------------------------------------------------------------------
+
+    def request_checkpoint(self) -> asyncio.Future:
+        future = asyncio.get_running_loop().create_future()
+        self._checkpoint_requests.append(future)
+        return future
+
+    async def serve_checkpoint_requests(self) -> None:
+        if not self._checkpoint_requests:
+            return
+        requests, self._checkpoint_requests = self._checkpoint_requests, []
+        try:
+            path = await self.checkpoint()
+            for f in requests:
+                f.done() or f.set_result({"step": self.version, "path": path})
+        except Exception as exc:
+            for f in requests:
+                f.done() or f.set_exception(exc)
+
+    def status(self) -> dict:
+        return {"version": self.completed_step, "step": self.completed_step, "paused": not self.running.is_set(),
+                "lr": self.trainer.lr, "checkpointed_step": self.checkpointed_step,
+                "pending_groups": self.assembler.pending_groups,
+                "pending_trajectories": self.assembler.pending_trajectories,
+                "ready_groups": len(self.ready), "unacked_entries": len(self.unacked),
+                "trajectories_trained": self.trained_total,
+                "trajectories_per_second": self.trained_total / max(time.monotonic() - self.started_s, 1e-9),
+                "last_step": self.last, "weight_sync": self.sync.status()}
+
+    # ----- bookkeeping ------------------------------------------------------------------------------
+
+    def record(self, version, groups, samples, rewards, outcomes, result, seconds) -> None:
+        step = self.version
+        self.trained_total += len(samples)
+        metrics.TRAINED.inc(len(samples))
+        metrics.POLICY_VERSION.set(step)
+        metrics.LEARNER_STEP.set(step)
+        metrics.STEP_SECONDS.observe(seconds)
+        reward_mean = sum(r for r, _ in rewards) / len(rewards) if rewards else 0.0
+        success = sum(o >= 1.0 for _, o in rewards) / len(rewards) if rewards else 0.0
+        metrics.REWARD.set(reward_mean)
+        metrics.SUCCESS_RATE.set(success)
+        self.last = {"step": step, "trained_on_version": version, "groups": len(groups),
+                     "outcomes": {o: outcomes.count(o) for o in set(outcomes)}, "trajectories": len(samples),
+                     "reward_mean": reward_mean, "success_rate": success, "seconds": seconds}
+        if result is not None:
+            s = result.stats
+            self.last.update({"lr": result.lr, "tokens": result.tokens, "loss": s["policy_loss"], "kl": s["kl"],
+                              "grad_norm": result.grad_norm, "stats": s, "parity_mean": result.parity_mean,
+                              "parity_max": result.parity_max, "parity_tokens": result.parity_tokens,
+                              "tokens_per_second": result.tokens / max(result.duration_s, 1e-9)})
+            _export(result)
+        rss, peak = _memory()
+        metrics.RSS_BYTES.set(rss)
+        metrics.PEAK_MEMORY_BYTES.set(peak)
+        self.last["rss_bytes"] = rss
+        self.store.append_ledger({"step": step, "version": step, "trajectory_ids": [s.trajectory_id for s in samples],
+                                  **{k: v for k, v in self.last.items() if k not in ("stats", "step")}})
+        log.info("step", extra={"policy_version": step, **{k: v for k, v in self.last.items() if k != "stats"}})
+        self.completed_step = step
+
+    def _trim_consumed(self) -> None:
+        while len(self.consumed) > CONSUMED_IDS_KEPT:
+            self.consumed.popitem(last=False)
+
+
+def _export(result) -> None:
+    s = result.stats
+    metrics.LOSS.labels("policy").set(s["policy_loss"])
+    metrics.LOSS.labels("kl").set(s["kl"])
+    metrics.CLIP_FRACTION.labels("low").set(s["clip_fraction_low"])
+    metrics.CLIP_FRACTION.labels("high").set(s["clip_fraction_high"])
+    metrics.CLIP_FRACTION.labels("dual").set(s["dual_clip_fraction"])
+    metrics.IMPORTANCE_WEIGHT.labels("mean").set(s["is_weight_mean"])
+    metrics.IMPORTANCE_WEIGHT.labels("max").set(s["is_weight_max"])
+    metrics.IMPORTANCE_WEIGHT.labels("truncated_fraction").set(s["is_truncated_fraction"])
+    metrics.LOGPROB_DIFF.labels("mean").set(result.parity_mean)
+    metrics.LOGPROB_DIFF.labels("max").set(result.parity_max)
+    metrics.GRAD_NORM.set(result.grad_norm)
+    metrics.LR.set(result.lr)
+    metrics.TOKENS.inc(result.tokens)
+    metrics.TOKENS_PER_SECOND.set(result.tokens / max(result.duration_s, 1e-9))
+    metrics.SKIPPED_UPDATES.inc(result.skipped_updates)
+
+
+def _memory() -> tuple[int, int]:
+    """(current RSS, peak RSS) in bytes."""
+    with open("/proc/self/statm") as f:
+        rss_pages = int(f.read().split()[1])
+    return rss_pages * os.sysconf("SC_PAGE_SIZE"), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+async def _wait_any(a: asyncio.Event, b: asyncio.Event, timeout_s: float) -> None:
+    waits = [asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())]
+    await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    for w in waits:
+        w.cancel()
+

@@ -1,0 +1,130 @@
+"""The learner as a real process against real Redis and a real engine process (tiny model).
+
+Trajectories are sampled from the engine (real behavior log-probs and versions) and added to
+shellrl:trajectories as the verifier would (idempotent by trajectory_id).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from services.learner.checkpoint import surviving_steps
+from shellrl import streams
+from shellrl.engine_client import EngineClient
+from tests.helpers.processes import ServiceProcess
+from tests.helpers.redis_server import free_port
+from tests.helpers.trajectories import sample_group
+
+pytestmark = pytest.mark.slow
+PROMPT = [1, 9690, 28, 253, 1061, 30]
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    proc = ServiceProcess("engine", free_port(), {"SHELLRL_MODEL_PATH": "tiny"}, tmp_path_factory.mktemp("engine"))
+    proc.start(ready_timeout_s=180)
+    yield proc
+    proc.stop()
+
+
+def learner_env(redis_url: str, engine_url: str, tmp: Path, **extra) -> dict[str, str]:
+    env = {"SHELLRL_MODEL_PATH": "tiny", "SHELLRL_ENGINE_URLS": engine_url, "SHELLRL_REDIS_URL": redis_url,
+           "SHELLRL_CHECKPOINT_DIR": str(tmp / "ckpt"), "SHELLRL_WEIGHT_SYNC_DIR": str(tmp / "sync"),
+           "SHELLRL_GROUPS_PER_STEP": "1", "SHELLRL_CHECKPOINT_INTERVAL_STEPS": "2", "SHELLRL_MAX_STALENESS": "100",
+           "SHELLRL_GROUP_TIMEOUT_S": "60", "SHELLRL_BLOCK_MS": "200", "SHELLRL_PAD_TO_MULTIPLE_OF": "8",
+           "SHELLRL_WEIGHT_SYNC_TIMEOUT_S": "10", "SHELLRL_ENGINE_RETRY_INTERVAL_S": "1"}
+    return env | {f"SHELLRL_{k.upper()}": str(v) for k, v in extra.items()}
+
+
+async def add_group(redis, client: EngineClient, group_id: str, n: int = 4, upto: int | None = None) -> list[str]:
+    trajs = await sample_group(client, PROMPT, group_id, n, temperature=0.8, max_new_tokens=4)
+    producer = streams.StreamProducer(redis, streams.STREAM_TRAJECTORIES)
+    for t in trajs[:upto]:
+        await producer.add(t.SerializeToString(), idempotency_key=t.trajectory_id, group_id=group_id)
+    return [t.trajectory_id for t in trajs]
+
+
+async def add_trajectories(redis, trajs) -> None:
+    producer = streams.StreamProducer(redis, streams.STREAM_TRAJECTORIES)
+    for t in trajs:
+        await producer.add(t.SerializeToString(), idempotency_key=t.trajectory_id, group_id=t.group_id)
+
+
+async def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = await predicate()
+        if value:
+            return value
+        await asyncio.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def status(learner: ServiceProcess, timeout_s: float = 5.0) -> dict:
+    return httpx.get(f"{learner.url}/v1/status", timeout=timeout_s).json()
+
+
+async def step_reaches(learner: ServiceProcess, step: int, timeout_s: float = 90.0) -> dict:
+    async def check():
+        s = await asyncio.to_thread(status, learner)
+        return s if s["step"] >= step else None
+    return await wait_for(check, timeout_s, f"learner step {step}")
+
+
+async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versions(engine, redis_server, tmp_path):
+    redis = streams.connect(redis_server.url)
+    client = EngineClient([engine.url], timeout_s=120)
+    learner = ServiceProcess("learner", free_port(), learner_env(redis_server.url, engine.url, tmp_path), tmp_path)
+    try:
+        learner.start(ready_timeout_s=120)
+        await wait_for(lambda: redis.get(streams.POLICY_VERSION_KEY), 30, "initial version published")
+        assert (await redis.get(streams.POLICY_VERSION_KEY)) == b"0"
+
+        ids = await add_group(redis, client, "g1")
+        first = await step_reaches(learner, 1)
+        assert first["last_step"]["parity_tokens"] == 16  # sampled by version 0, trained at version 0
+        assert first["last_step"]["parity_max"] <= 1e-4  # unchanged weights: learner == engine log-probs
+
+        assert httpx.post(f"{learner.url}/v1/pause").json()["paused"] is True
+        ids += await add_group(redis, client, "g2")
+        await asyncio.sleep(1.5)
+        assert status(learner)["step"] == 1 and status(learner)["paused"]
+        httpx.post(f"{learner.url}/v1/resume")
+        s = await step_reaches(learner, 2)
+        # g2 was sampled by the pushed version 1 and trained at version 1: the push carried exact weights
+        assert s["last_step"]["parity_tokens"] == 16 and s["last_step"]["parity_max"] <= 1e-4
+
+        assert (await redis.get(streams.POLICY_VERSION_KEY)) == b"2"
+        assert (await client.get_weight_version()) == {engine.url: "2"}
+        engines = s["weight_sync"]["engines"]
+        assert engines[0]["in_rotation"] and engines[0]["version"] == "2"
+        # checkpoint at step 2, then everything acknowledged
+        await wait_for(lambda: _no_pending(redis), 30, "entries acknowledged after the checkpoint")
+        ledger = [json.loads(x) for x in (tmp_path / "ckpt" / "steps.jsonl").read_text().splitlines()]
+        assert sorted(i for r in ledger if "trajectory_ids" in r for i in r["trajectory_ids"]) == sorted(ids)
+
+        created = httpx.post(f"{learner.url}/v1/checkpoints", timeout=60)
+        assert created.status_code == 201 and created.json()["step"] == 2
+        text = httpx.get(f"{learner.url}/metrics").text
+        assert 'shellrl_weight_sync_seconds_count{phase="transfer"}' in text
+        assert "shellrl_policy_version 2.0" in text and "shellrl_logprob_diff" in text
+    finally:
+        learner.stop()
+        await client.close()
+        await redis.aclose()
+
+
+async def _pending_count(redis) -> int:
+    info = await redis.xpending(streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER)
+    return int(info["pending"])
+
+
+async def _no_pending(redis) -> bool:
+    return await _pending_count(redis) == 0
