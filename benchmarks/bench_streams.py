@@ -277,8 +277,8 @@ def codec_micro(number: int = 50, repeat: int = 5) -> dict[str, dict[str, float]
         got = dec(raw)
         want = decode_pb_bytes(encode_pb_bytes(c, "micro"))
         assert all(np.array_equal(a, b) for a, b in zip(got, want)), f"{fmt} is not lossless"
-        e = min(timeit.repeat(lambda: enc(c, "micro"), number=number, repeat=repeat)) / number * 1e6
-        d = min(timeit.repeat(lambda: dec(raw), number=number, repeat=repeat)) / number * 1e6
+        e = min(timeit.repeat(lambda enc=enc: enc(c, "micro"), number=number, repeat=repeat)) / number * 1e6
+        d = min(timeit.repeat(lambda dec=dec, raw=raw: dec(raw), number=number, repeat=repeat)) / number * 1e6
         out[fmt] = {"encode_us": e, "decode_us": d, "bytes": len(raw)}
     return out
 

@@ -20,13 +20,13 @@ import time
 from collections.abc import Iterator
 
 _STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
-_CONTEXT: contextvars.ContextVar[dict] = contextvars.ContextVar("shellrl_log_context", default={})
+_CONTEXT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("shellrl_log_context", default=None)
 
 
 @contextlib.contextmanager
 def log_context(**fields) -> Iterator[None]:
     """Add `fields` (e.g. trajectory_id, group_id, policy_version) to every log line in the block."""
-    token = _CONTEXT.set({**_CONTEXT.get(), **fields})
+    token = _CONTEXT.set({**(_CONTEXT.get() or {}), **fields})
     try:
         yield
     finally:
@@ -48,7 +48,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        out.update(_CONTEXT.get())
+        out.update(_CONTEXT.get() or {})
         for key, value in record.__dict__.items():
             if key not in _STANDARD and not key.startswith("_"):
                 out[key] = value

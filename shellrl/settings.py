@@ -58,7 +58,7 @@ def unknown_env_settings(cls: type[BaseSettings], environ: dict[str, str] | None
         name = var[len(ENV_PREFIX):].lower()
         if name in fields:
             continue
-        twins = {name + "s", name[:-1] if name.endswith("s") else name}
+        twins = {name + "s", name.removesuffix("s")}
         matches = [m for m in difflib.get_close_matches(name, fields, n=1, cutoff=0.8) if m not in twins]
         out[name] = matches[0] if matches else None
     return out
