@@ -101,6 +101,7 @@ def build_app(settings: VerifierSettings) -> FastAPI:
                 await state["redis"].aclose()
             await state["http"].aclose()
             await sandbox.aclose()
+            log.info("verifier stopped")
 
     async def ready_check() -> dict:
         details: dict = {"verifier_version": VERIFIER_VERSION}

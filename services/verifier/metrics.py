@@ -31,7 +31,7 @@ FAILURES = metrics.counter(
 TRAJECTORIES = metrics.counter(
     "shellrl_verifier_trajectories_total",
     "Trajectories handled by the stream worker: scored, passed_through (already failed upstream), "
-    "unscored (verification failed), duplicate (already forwarded), dead (undecodable).", ("outcome",))
+    "unscored (verification failed), duplicate (already forwarded), undecodable (retried, then dead-lettered).", ("outcome",))
 SESSION_RELEASES = metrics.counter(
     "shellrl_verifier_session_releases_total", "DELETE of episode sandbox sessions, by result (ok/gone/error).",
     ("result",))

@@ -27,6 +27,7 @@ from shellrl.streams import (
     StreamConsumer,
     StreamEntry,
     StreamProducer,
+    idempotency_key,
 )
 
 log = logging.getLogger(__name__)
@@ -94,13 +95,17 @@ class VerifierWorker:
         try:
             traj = parse_trajectory(entry.pb)
         except ContractError as exc:
-            metrics.TRAJECTORIES.labels("dead").inc()
+            metrics.TRAJECTORIES.labels("undecodable").inc()
             await self.consumer.fail(entry, f"undecodable trajectory: {exc}")
             return
+        metrics.IN_FLIGHT.inc()
+        out = self.evaluations if traj.eval else self.trajectories
         try:
-            outcome = await self.score(traj)
-            await self.release(traj)
-            out = self.evaluations if traj.eval else self.trajectories
+            if entry.deliveries > 1 and await self.already_forwarded(out, traj.trajectory_id):
+                outcome = "duplicate"  # re-delivered after a crash past forward's XADD: only acknowledge
+            else:
+                outcome = await self.score(traj)
+                await self.release(traj)
             _, duplicate = await self.consumer.forward(
                 entry, out, traj.SerializeToString(), idempotency_key=traj.trajectory_id,
                 task_id=entry.text("task_id", traj.task_id), group_id=entry.text("group_id", traj.group_id),
@@ -112,6 +117,11 @@ class VerifierWorker:
             log.exception("handling an episode failed; it stays pending",
                           extra={"trajectory_id": traj.trajectory_id, "entry_id": entry.entry_id})
             await self.consumer.fail(entry, f"{type(exc).__name__}: {exc}")
+        finally:
+            metrics.IN_FLIGHT.dec()
+
+    async def already_forwarded(self, out: StreamProducer, trajectory_id: str) -> bool:
+        return bool(await out.redis.exists(idempotency_key(out.stream, trajectory_id)))
 
     async def score(self, traj: Trajectory) -> str:
         """Verify `traj` in place. Returns the metrics outcome: scored / unscored / passed_through."""

@@ -145,6 +145,8 @@ async def test_crash_between_xadd_and_xack_leaves_one_learner_visible_copy(redis
             await wait_for(lambda: _pending_is(redis, 0), what="the re-claimed entry to be acknowledged")
             out = await read_stream(redis, streams.STREAM_TRAJECTORIES)
             assert [t.trajectory_id for t in out] == ["crash-1"]
+            metrics = httpx.get(f"{proc.url}/metrics").text
+            assert 'shellrl_verifier_trajectories_total{outcome="duplicate"} 1.0' in metrics
         finally:
             proc.stop()
     finally:
@@ -218,7 +220,8 @@ async def test_http_verify_and_checks(redis_server, sandbox_url, tmp_path):
             metrics = (await http.get("/metrics")).text
             assert 'shellrl_verifier_verifications_total{outcome="pass",source="shellrl:seeds",split="train"}' in metrics
     finally:
-        proc.stop()
+        proc.stop()  # SIGTERM: the lifespan drains and closes (uvicorn then re-raises the signal)
+        assert '"msg": "verifier stopped"' in proc.tail()
 
 
 async def _len_at_least(redis, stream: str, n: int):
