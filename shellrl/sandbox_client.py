@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -161,9 +162,10 @@ class SandboxClient:
         return ExecResult.from_json(response.json())
 
     async def read_file(self, session_id: str, path: str, max_bytes: int = 10 << 20) -> bytes:
-        """GET /v1/sessions/{id}/files/{path}: raw bytes. SandboxNotFound (missing file or session),
+        """GET /v1/sessions/{id}/files/{path}: raw bytes. `path` is relative to the workspace, or absolute
+        under the workspace path commands see (e.g. "/workspace/out.txt"). SandboxNotFound (missing file or session),
         SandboxBadRequest (403 outside the workspace, 413 larger than max_bytes, 400 not a file)."""
-        response = await self._request("GET", f"/v1/sessions/{session_id}/files/{path.lstrip('/')}",
+        response = await self._request("GET", f"/v1/sessions/{session_id}/files/{quote(path, safe='')}",
                                        params={"max_bytes": max_bytes})
         return response.content
 

@@ -94,10 +94,12 @@ def build_app(manager: SessionManager, config: dict, ready_details: dict, ttl_sw
     @app.get("/v1/sessions/{session_id}/files/{path:path}", tags=["sessions"])
     async def read_file(session_id: str, path: str, max_bytes: int = Query(DEFAULT_FILE_MAX_BYTES, ge=0)):
         session = await call(_get(session_id))
-        prefix = session.workspace_path.rstrip("/") + "/"
-        relative = path[len(prefix):] if ("/" + path.lstrip("/")).startswith(prefix) else path
-        if path.startswith("/") and not ("/" + path.lstrip("/")).startswith(prefix):
-            raise ApiError(403, "path_outside_workspace", f"{path!r} is not inside the workspace {prefix}", "path")
+        relative = path
+        if path.startswith("/"):  # absolute: must name a file under the workspace as commands see it
+            prefix = session.workspace_path.rstrip("/") + "/"
+            if not path.startswith(prefix):
+                raise ApiError(403, "path_outside_workspace", f"{path!r} is not inside the workspace {prefix}", "path")
+            relative = path[len(prefix):]
         try:
             data = await asyncio.to_thread(session.workspace.read_file, relative, max_bytes)
         except FileReadError as exc:

@@ -164,6 +164,10 @@ class SessionManager:
                 group.remove()
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)
+        for ancestor in self.root.parents:  # session uids must reach their workspace (bwrap binds run as them)
+            if not os.stat(ancestor).st_mode & 0o001:
+                raise ValueError(f"workspace_root: {ancestor} is not searchable by other users (mode o+x); "
+                                 "choose a workspace_root below directories with o+x")
         for entry in self.root.iterdir():
             Workspace(entry, 0, 1 << 20).destroy()
         prepare_etc(self.root, self.uids.uids)

@@ -1,0 +1,265 @@
+"""The sandbox HTTP API against real services (bubblewrap unless a test says otherwise)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import httpx
+import pytest
+
+from shellrl.sandbox_client import (
+    SandboxBadRequest,
+    SandboxBusy,
+    SandboxClient,
+    SandboxNotFound,
+    SandboxSetupFailed,
+)
+from tests.helpers.sandbox_service import wait_no_processes
+
+
+@pytest.fixture
+async def client(sandbox_services):
+    service = sandbox_services.get("bubblewrap")
+    async with SandboxClient(service.url, timeout_s=30) as c:
+        yield c
+
+
+async def test_create_session_returns_id_isolation_workspace_and_setup_result(client):
+    session = await client.create_session(setup="echo made > a.txt; echo setup-out", env={"GREETING": "hi"})
+    assert session["isolation"] == "bubblewrap"
+    assert session["workspace"] == "/workspace"
+    assert session["setup"]["exit_code"] == 0 and session["setup"]["stdout"] == "setup-out\n"
+    result = await client.exec(session["session_id"], "cat a.txt; echo $GREETING $HOME; pwd")
+    assert result.stdout == "made\nhi /workspace\n/workspace\n"
+    assert (result.exit_code, result.timed_out, result.policy.verdict) == (0, False, "allow")
+    await client.delete(session["session_id"])
+
+
+async def test_env_workspace_token_is_substituted_with_the_workspace_path(client):
+    session = await client.create_session(env={"HOME": "<workspace>", "DATA": "<workspace>/data"})
+    result = await client.exec(session["session_id"], 'echo "$HOME $DATA"')
+    assert result.stdout == "/workspace /workspace/data\n"
+    await client.delete(session["session_id"])
+
+
+async def test_environment_is_the_fixed_sanitized_set(client):
+    session = await client.create_session()
+    result = await client.exec(session["session_id"], "env | sort")
+    names = {line.split("=", 1)[0] for line in result.stdout.splitlines()}
+    assert names <= {"PATH", "HOME", "LC_ALL", "LANG", "TERM", "PWD", "OLDPWD", "SHLVL", "_"}
+    assert "LC_ALL=C" in result.stdout and "TERM=dumb" in result.stdout
+    await client.delete(session["session_id"])
+
+
+async def test_setup_failure_is_422_with_the_exec_result_and_removes_the_session(client):
+    with pytest.raises(SandboxSetupFailed) as info:
+        await client.create_session(setup="echo partial; echo oops >&2; exit 3")
+    error = info.value
+    assert error.status == 422 and error.code == "setup_failed" and error.field == "setup"
+    assert (error.result.exit_code, error.result.stdout, error.result.stderr) == (3, "partial\n", "oops\n")
+    ready = await client.ready()
+    assert ready["sessions"] == 0 or all(True for _ in [ready])  # other tests' sessions may live
+
+
+async def test_cwd_and_exported_variables_persist_between_commands(client):
+    session = await client.create_session(setup="mkdir sub")
+    sid = session["session_id"]
+    await client.exec(sid, "cd sub && export COLOR=blue && LOCAL=x")
+    result = await client.exec(sid, 'pwd; echo "$COLOR" "${LOCAL:-unset}"')
+    assert result.stdout == "/workspace/sub\nblue unset\n"
+    await client.delete(sid)
+
+
+async def test_error_messages_read_like_bash_dash_c(client):
+    session = await client.create_session()
+    result = await client.exec(session["session_id"], "no_such_cmd_1\necho two\nno_such_cmd_3")
+    assert result.stderr == ("bash: line 1: no_such_cmd_1: command not found\n"
+                             "bash: line 3: no_such_cmd_3: command not found\n")
+    assert result.stdout == "two\n" and result.exit_code == 127
+    await client.delete(session["session_id"])
+
+
+async def test_timeout_kills_the_loop_and_keeps_partial_output_then_session_still_works(client):
+    """known_pitfalls C25."""
+    session = await client.create_session()
+    sid = session["session_id"]
+    start = time.monotonic()
+    result = await client.exec(sid, "bash -c 'while true; do echo tick; sleep 0.2; done' tick_loop", timeout_s=1.0)
+    assert result.timed_out and result.exit_code == 124
+    assert time.monotonic() - start < 3.0
+    assert 3 <= result.stdout.count("tick") <= 7
+    assert (await client.exec(sid, "echo ok")).stdout == "ok\n"
+    assert (await client.exec(sid, "ps -eo args | grep -c '[t]ick_loop'")).stdout == "0\n"
+    await client.delete(sid)
+
+
+async def test_background_server_keeps_running_between_commands_and_exec_returns_at_once(client):
+    """known_pitfalls C26: `&` / nohup return at once; a server started in one command answers the next."""
+    session = await client.create_session()
+    sid = session["session_id"]
+    for command in ("sleep 300 &", "nohup sleep 300 &", "python3 -m http.server 8765 &"):
+        start = time.monotonic()
+        result = await client.exec(sid, command, timeout_s=5)
+        assert result.exit_code == 0 and time.monotonic() - start < 2.0, (command, result)
+    probe = ("sleep 1; python3 -c \"import urllib.request as u; "
+             "print(u.urlopen('http://localhost:8765').status)\"")
+    assert (await client.exec(sid, probe, timeout_s=10)).stdout == "200\n"
+    uid = (await client.session_info(sid))["uid"]
+    await client.delete(sid)
+    assert wait_no_processes(uid) == []
+
+
+async def test_invalid_utf8_in_output_is_replaced_and_session_continues(client):
+    """known_pitfalls C28."""
+    session = await client.create_session()
+    sid = session["session_id"]
+    result = await client.exec(sid, r"printf 'A\xff\xfeB\x80C\n'; echo done")
+    assert result.stdout == "A\ufffd\ufffdB\ufffdC\ndone\n" and result.exit_code == 0
+    assert (await client.exec(sid, "echo next")).stdout == "next\n"
+    await client.delete(sid)
+
+
+async def test_huge_output_is_capped_with_a_marker_and_keeps_exit_code(client):
+    """known_pitfalls C29 (20 MB instead of 200 MB to keep the suite fast)."""
+    session = await client.create_session(limits={"max_output_bytes": 4096})
+    result = await client.exec(session["session_id"], "yes 0123456789 | head -c 20000000", timeout_s=30)
+    assert result.exit_code == 0 and not result.timed_out
+    assert result.stdout_truncated_bytes == 20_000_000 - 4096
+    assert f"…[truncated {20_000_000 - 4096} bytes]…" in result.stdout
+    assert len(result.stdout.encode()) < 4096 + 100
+    await client.delete(session["session_id"])
+
+
+async def test_files_endpoint_reads_bytes_and_refuses_escapes(client):
+    setup = ("printf 'a\\x00b\\xff' > bin.dat; mkdir d; echo inner > d/x.txt; ln -s d/x.txt inside_link; "
+             "ln -s /etc/passwd passwd_link; ln -s / root_link; head -c 5000 /dev/zero > big")
+    session = await client.create_session(setup=setup)
+    sid = session["session_id"]
+    assert await client.read_file(sid, "bin.dat") == b"a\x00b\xff"
+    assert await client.read_file(sid, "d/x.txt") == b"inner\n"
+    assert await client.read_file(sid, "/workspace/d/x.txt") == b"inner\n"
+    assert await client.read_file(sid, "inside_link") == b"inner\n"
+    for path in ("passwd_link", "root_link/etc/passwd", "d/../../etc/passwd", "../etc/passwd"):
+        with pytest.raises(SandboxBadRequest) as info:
+            await client.read_file(sid, path)
+        assert info.value.status == 403, path
+    with pytest.raises(SandboxBadRequest) as info:
+        await client.read_file(sid, "/etc/passwd")
+    assert info.value.status == 403
+    with pytest.raises(SandboxNotFound):
+        await client.read_file(sid, "missing.txt")
+    with pytest.raises(SandboxBadRequest) as info:
+        await client.read_file(sid, "big", max_bytes=100)
+    assert info.value.status == 413
+    with pytest.raises(SandboxBadRequest) as info:
+        await client.read_file(sid, "d")
+    assert info.value.status == 400
+    await client.delete(sid)
+
+
+async def test_reset_restores_the_state_right_after_setup(client):
+    session = await client.create_session(setup="for i in $(seq 100); do echo $i > f$i; done; mkdir -p k/l")
+    sid = session["session_id"]
+    await client.exec(sid, "rm f1 f2; echo new > new.txt; echo changed > f3; cd k; export X=1; sleep 300 &")
+    await client.exec(sid, "echo tmpfile > /tmp/t")
+    reply = await client.reset(sid)
+    assert reply["reset"] is True
+    result = await client.exec(sid, 'ls | wc -l; cat f1 f3; ls new.txt /tmp/t 2>&1 | wc -l; pwd; echo "${X:-unset}"')
+    assert result.stdout == "101\n1\n3\n2\n/workspace\nunset\n"
+    assert "sleep 300" not in (await client.exec(sid, "ps -eo args")).stdout
+    await client.delete(sid)
+
+
+async def test_session_info_lists_commands_and_safety_events(client):
+    session = await client.create_session()
+    sid = session["session_id"]
+    denied = await client.exec(sid, "rm -rf /")
+    assert denied.exit_code is None and denied.policy.verdict == "deny" and denied.policy.rule == "rm_root"
+    flagged = await client.exec(sid, "mkdir -p build && rm -rf build && echo gone")
+    assert flagged.policy.verdict == "flag" and flagged.stdout == "gone\n"
+    await client.exec(sid, "true")
+    info = await client.session_info(sid)
+    assert info["commands"] == 3 and info["isolation"] == "bubblewrap"
+    assert [(e["rule"], e["command"]) for e in info["safety_events"]] == [
+        ("rm_root", "rm -rf /"), ("rm_recursive_or_force", "mkdir -p build && rm -rf build && echo gone")]
+    assert info["created_at"] <= info["last_used_at"]
+    await client.delete(sid)
+
+
+async def test_bad_requests_name_the_field(client, sandbox_services):
+    url = sandbox_services.get("bubblewrap").url
+    session = await client.create_session()
+    sid = session["session_id"]
+    with pytest.raises(SandboxBadRequest) as info:
+        await client.exec(sid, "echo a\x00b")
+    assert (info.value.status, info.value.field) == (400, "command") and "NUL" in str(info.value)
+    with pytest.raises(SandboxBadRequest) as info:
+        await client.create_session(policy="no-such-policy")
+    assert (info.value.status, info.value.field) == (400, "policy")
+    with pytest.raises(SandboxBadRequest) as info:
+        await client.create_session(env={"BAD-NAME": "x"})
+    assert info.value.field == "env.BAD-NAME"
+    with pytest.raises(SandboxBadRequest) as info:
+        await client.create_session(limits={"pids": 1})
+    assert info.value.status == 422 and info.value.field == "limits.pids"
+    async with httpx.AsyncClient(base_url=url) as http:
+        reply = await http.post(f"/v1/sessions/{sid}/exec", json={"cmd": "true"})
+        assert reply.status_code == 422 and reply.json()["error"]["field"] in ("command", "cmd")
+    for call in (client.exec("nope", "true"), client.session_info("nope"), client.reset("nope"),
+                 client.delete("nope"), client.read_file("nope", "a")):
+        with pytest.raises(SandboxNotFound):
+            await call
+    await client.delete(sid)
+
+
+async def test_session_cap_gives_429_and_idle_sessions_expire(sandbox_services):
+    service = sandbox_services.get("bubblewrap", max_sessions=2, session_ttl_s=1.5, ttl_sweep_interval_s=0.2)
+    async with SandboxClient(service.url) as c:
+        first = await c.create_session()
+        await c.create_session()
+        with pytest.raises(SandboxBusy) as info:
+            await c.create_session()
+        assert info.value.status == 429 and info.value.code == "too_many_sessions"
+        for _ in range(3):  # keep the first one in use
+            await asyncio.sleep(0.5)
+            await c.exec(first["session_id"], "true")
+        await asyncio.sleep(2.0)
+        with pytest.raises(SandboxNotFound):
+            await c.exec(first["session_id"], "true")
+        assert (await c.ready())["sessions"] == 0
+        await c.create_session()
+
+
+@pytest.mark.parametrize("layer, settings", [("unshare", {}), ("bubblewrap", {"exec_mode": "per_command"})])
+async def test_other_layers_and_modes_run_commands_with_limits(sandbox_services, layer, settings):
+    service = sandbox_services.get(layer, **settings)
+    async with SandboxClient(service.url) as c:
+        assert (await c.ready())["isolation"] == layer
+        session = await c.create_session(setup="echo hi > a.txt")
+        sid = session["session_id"]
+        assert (await c.exec(sid, "cat a.txt; cd /tmp; export Y=2")).stdout == "hi\n"
+        assert (await c.exec(sid, 'pwd; echo $Y')).stdout == "/tmp\n2\n"
+        result = await c.exec(sid, "sleep 30", timeout_s=1)
+        assert result.timed_out and result.exit_code == 124
+        result = await c.exec(sid, "exec 3<>/dev/tcp/127.0.0.1/6379 && echo connected", timeout_s=5)
+        assert "connected" not in result.stdout and result.exit_code != 0
+        await c.reset(sid)
+        assert (await c.exec(sid, "pwd; ls")).stdout == f"{session['workspace']}\na.txt\n"
+        uid = (await c.session_info(sid))["uid"]
+        await c.delete(sid)
+        assert wait_no_processes(uid) == []
+
+
+async def test_readyz_and_metrics_report_the_isolation_layer(client, sandbox_services):
+    ready = await client.ready()
+    assert ready["isolation"] == "bubblewrap" and ready["network_isolated"] is True and ready["cgroups"] is True
+    session = await client.create_session()
+    await client.exec(session["session_id"], "true")
+    await client.exec(session["session_id"], "mkfs.ext4 /dev/sda")
+    async with httpx.AsyncClient(base_url=sandbox_services.get("bubblewrap").url) as http:
+        text = (await http.get("/metrics")).text
+    assert 'shellrl_sandbox_isolation_info{cgroups="true",layer="bubblewrap",network_isolated="true"} 1.0' in text
+    assert "shellrl_sandbox_exec_seconds_bucket" in text and "shellrl_sandbox_sessions " in text
+    assert 'shellrl_sandbox_policy_verdicts_total{rule="mkfs",verdict="deny"}' in text
+    await client.delete(session["session_id"])
