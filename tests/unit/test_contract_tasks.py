@@ -32,8 +32,10 @@ VALID = {
 
 
 def _shared_tasks_file() -> Path | None:
-    """The shared task file: beside the checkout (CI lays shared/ next to the clone) or /work/shared."""
-    for candidate in (REPO.parent / "shared" / "tasks" / "agentbench_os.jsonl",
+    """The AgentBench OS task file: shipped in the package, else beside the checkout (CI lays
+    shared/ next to the clone)."""
+    for candidate in (REPO / "shellrl" / "tasks" / "data" / "agentbench_os.jsonl",
+                      REPO.parent / "shared" / "tasks" / "agentbench_os.jsonl",
                       Path("/work/shared/tasks/agentbench_os.jsonl")):
         if candidate.is_file():
             return candidate
