@@ -107,7 +107,7 @@ async def test_file_contains_refuses_a_symlink_escape(sandbox, verifier):
 async def test_file_checks_fail_fast_on_a_1_gb_file(sandbox, verifier):
     # sparse: costs no memory or disk; larger than max_file_bytes (1 MiB here) -> fails, never read
     limits = {"file_size_bytes": 2 << 30}
-    async with episode(sandbox, setup="truncate -s 1G big.bin", limits=limits) as sid:
+    async with episode(sandbox, commands=("truncate -s 1G big.bin && ls -l big.bin",), limits=limits) as sid:
         start = time.perf_counter()
         for check in ({"type": "file_contains", "path": "big.bin", "substring": "x"},
                       {"type": "file_sha256", "path": "big.bin", "sha256": "0" * 64}):
