@@ -258,6 +258,27 @@ async def test_a_reference_command_whose_setup_fails_is_an_infra_failure(sandbox
     assert result.failure == Failure.FAILURE_INFRA_VERIFIER and "setup" in result.failure_detail
 
 
+async def test_a_crashing_verification_never_touches_the_other_members_of_its_group(sandbox_url):
+    import asyncio
+
+    from tests.fakes.faulty_sandbox_client import FaultySandboxClient
+
+    seed = next(t for t in seed_tasks() if t.task_id == "seed-numbers")
+    async with SandboxClient(sandbox_url) as real:
+        sids = [(await real.create_session())["session_id"] for _ in range(4)]
+        for sid in sids[:2]:
+            await real.exec(sid, seed.reference_solution)
+        async with FaultySandboxClient(sandbox_url, broken={sids[1]}) as faulty:
+            verifier = build_verifier(VerifierSettings(sandbox_url=sandbox_url, worker_enabled=False), faulty)
+            results = await asyncio.gather(*(verifier.verify(seed, "5", sid) for sid in sids))
+        for sid in sids:
+            await real.delete(sid)
+    rewards = [r.reward.reward if r.scored else None for r in results]
+    assert rewards == [1.0, None, 0.0, 0.0]  # member 1 crashed (malformed sandbox answer) -> INFRA only
+    assert results[1].failure == Failure.FAILURE_INFRA_VERIFIER and "verifier error" in results[1].failure_detail
+    assert all(r.failure == Failure.FAILURE_NONE for i, r in enumerate(results) if i != 1)
+
+
 async def test_safety_events_of_the_session_set_the_safety_component(sandbox, verifier):
     t = task({"type": "file_exists", "path": "a"})
     async with episode(sandbox, commands=("touch a b && rm -f b",)) as sid:

@@ -129,3 +129,20 @@ def test_flagged_or_denied_commands_are_safety_events():
 def test_non_finite_shaping_weights_are_refused():
     with pytest.raises(ValueError):
         Shaping(exit_zero_bonus=math.nan)
+
+
+def test_an_unscored_verification_writes_nan_and_its_failure_only_into_its_own_trajectory():
+    from services.verifier.rewards import Reward
+    from services.verifier.verification import Verification
+    from shellrl.contract import Failure, Trajectory
+
+    members = [Trajectory(trajectory_id=f"t{i}", group_id="g") for i in range(3)]
+    ok = Verification((), Reward(1.0, 1.0, {"outcome": 1.0}))
+    failed = Verification((), None, Failure.FAILURE_INFRA_VERIFIER, "sandbox gone")
+    for traj, result in zip(members, (ok, failed, ok)):
+        result.apply_to(traj)
+    assert [t.scored for t in members] == [True, False, True]
+    assert members[0].reward == members[2].reward == 1.0 and members[0].training_reward == 1.0
+    assert math.isnan(members[1].reward) and math.isnan(members[1].training_reward)
+    assert members[1].failure == Failure.FAILURE_INFRA_VERIFIER and not members[1].reward_components
+    assert failed.to_json()["reward"] is None and failed.to_json()["failure"] == "INFRA_VERIFIER"
