@@ -43,9 +43,9 @@ REPO = Path(__file__).resolve().parents[1]
 STREAM, GROUP = "shellrl:bench", "bench"
 PROMPT_TOKENS = 596
 SEGMENT_TOKENS = (1200, 300, 1000, 400, 600)  # ACTION, OBSERVATION, ACTION, OBSERVATION, ACTION
-FORMATS = ("pb-bytes", "pb-packed", "json")
+FORMATS = ("pb-bytes", "pb-packed", "json", "pb-bytes@1")
 LABELS = {"pb-bytes": "protobuf, raw LE bytes (contract)", "pb-packed": "protobuf, packed repeated",
-          "json": "JSON (orjson, lists)"}
+          "json": "JSON (orjson, lists)", "pb-bytes@1": "protobuf, raw LE bytes, one add() per trajectory"}
 
 
 # --- the content: a trajectory as plain Python values ------------------------------------
@@ -195,7 +195,10 @@ async def run_producer(url: str, fmt: str, n: int, batch: int) -> dict:
         if len(pending) == batch or i == n - 1:
             if in_flight is not None:
                 await in_flight
-            in_flight = asyncio.create_task(producer.add_many(pending))
+            one = pending[0]
+            in_flight = asyncio.create_task(
+                producer.add(one.pb, idempotency_key=one.idempotency_key, **one.fields) if batch == 1
+                else producer.add_many(pending))
             pending = []
         await asyncio.sleep(0)  # let the in-flight round trip send and receive
     await in_flight
@@ -236,13 +239,17 @@ def _child(args: argparse.Namespace) -> None:
 # --- orchestration --------------------------------------------------------------------------
 
 def _spawn(url: str, role: str, fmt: str, args: argparse.Namespace) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "benchmarks.bench_streams", "--role", role, "--url", url, "--format", fmt,
-           "--n", str(args.n), "--batch", str(args.batch), "--count", str(args.count)]
+    codec, _, batch = fmt.partition("@")
+    cmd = [sys.executable, "-m", "benchmarks.bench_streams", "--role", role, "--url", url, "--format", codec,
+           "--n", str(args.n), "--batch", batch or str(args.batch), "--count", str(args.count)]
     return subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def run_once(url: str, fmt: str, args: argparse.Namespace) -> dict:
-    """One producer process and one consumer process through a fresh stream; returns measurements."""
+    """One producer process and one consumer process through a fresh stream; returns measurements.
+
+    `fmt` is a codec name, optionally with `@B`: the producer appends B entries per round trip
+    (`@1`: one `add` per trajectory) instead of `--batch`."""
     import redis as sync_redis
 
     sync_redis.Redis.from_url(url).flushall()
@@ -319,13 +326,14 @@ def main(argv: list[str] | None = None) -> None:
     med = {f: statistics.median(r["trajectories_per_s"] for r in results[f]) for f in formats}
     baseline = med.get("json", next(iter(med.values())))
     table = Table(title=f"Streams: {args.n} trajectories of 4,096 tokens per run, one producer and one consumer "
-                        f"process, median of {args.rounds} ({os.cpu_count()} CPUs)")
+                        f"process, median of {args.rounds} ({len(os.sched_getaffinity(0))} CPUs usable)")
     for col in ("wire form", "bytes / trajectory", "encode µs", "decode µs", "produce traj/s",
                 "end-to-end traj/s", "runs traj/s", "vs JSON"):
         table.add_column(col, justify="left" if col == "wire form" else "right")
     for f in formats:
+        m = micro[f.partition("@")[0]]
         table.add_row(
-            LABELS[f], f"{micro[f]['bytes']:,}", f"{micro[f]['encode_us']:.0f}", f"{micro[f]['decode_us']:.0f}",
+            LABELS[f], f"{m['bytes']:,}", f"{m['encode_us']:.0f}", f"{m['decode_us']:.0f}",
             f"{statistics.median(r['produce_per_s'] for r in results[f]):,.0f}", f"{med[f]:,.0f}",
             " / ".join(f"{r['trajectories_per_s']:,.0f}" for r in results[f]), f"{med[f] / baseline:.2f}x",
         )

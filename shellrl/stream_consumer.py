@@ -235,14 +235,14 @@ class StreamConsumer:
     async def forward(
         self, entry: StreamEntry, to: StreamProducer, pb: bytes, *, idempotency_key: str, **fields
     ) -> tuple[str, bool]:
-        """Append `pb` to `to.stream` and acknowledge `entry`, atomically (one MULTI/EXEC).
+        """Append `pb` to `to.stream` and acknowledge `entry`, atomically (one Lua script).
 
         Returns (downstream entry_id, duplicate). A re-delivered entry whose result was already
         appended under `idempotency_key` is only acknowledged.
         """
         self._errors.pop(entry.entry_id, None)
-        (result,) = await to._add_entries([OutgoingEntry(pb, idempotency_key, fields)],
-                                          ack=(self.stream, self.group, entry.entry_id))
+        result = await to._add_one(OutgoingEntry(pb, idempotency_key, fields),
+                                   ack=(self.stream, self.group, entry.entry_id))
         await self.redis.hdel(self._error_key, entry.entry_id)
         await to._after_adds(1)
         return result

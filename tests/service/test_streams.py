@@ -58,8 +58,13 @@ async def test_add_many_appends_in_order_and_skips_known_keys(redis):
 
 async def test_concurrent_adds_of_one_key_from_separate_clients_append_exactly_once(redis_server):
     clients = [connect(redis_server.url) for _ in range(8)]
-    results = await asyncio.gather(*(StreamProducer(c, STREAM).add(_traj("a"), idempotency_key="a")
-                                     for c in clients for _ in range(4)))
+    async def one(client, i):  # both paths: the Lua script of add, the WATCH/MULTI of add_many
+        producer = StreamProducer(client, STREAM)
+        if i % 2:
+            return await producer.add(_traj("a"), idempotency_key="a")
+        return (await producer.add_many([OutgoingEntry(_traj("a"), "a")]))[0]
+
+    results = await asyncio.gather(*(one(c, i) for c in clients for i in range(4)))
     (first,) = [eid for eid, dup in results if not dup]
     # a duplicate sees the first id, or "" while the first add is between EXEC and recording its id
     assert {eid for eid, _ in results} <= {first, ""}
