@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
                         f"({os.cpu_count()} CPUs); baseline = bare sandbox exec of `true`")
     for col in ("check type", "p50 ms", "p99 ms", "p50 vs exec"):
         table.add_column(col, justify="left" if col == "check type" else "right")
-    table.add_row("[baseline] sandbox exec `true`", f"{base_p50:.2f}", f"{pct(baseline, 0.99):.2f}", "1.00x")
+    table.add_row("baseline: sandbox exec `true`", f"{base_p50:.2f}", f"{pct(baseline, 0.99):.2f}", "1.00x")
     for name, values in latencies.items():
         table.add_row(name + (" (no session)" if name in ANSWERS else ""), f"{statistics.median(values):.2f}",
                       f"{pct(values, 0.99):.2f}", f"{statistics.median(values) / base_p50:.2f}x")
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
     for col in ("measure", "value"):
         table.add_column(col, justify="left" if col == "measure" else "right")
     table.add_row("verifications/s through shellrl:episodes -> shellrl:trajectories", f"{stream['per_s']:.1f}")
-    table.add_row("[baseline] sandbox `true` execs/s, same concurrency", f"{stream['exec_per_s']:.1f}")
+    table.add_row("baseline: sandbox `true` execs/s, same concurrency", f"{stream['exec_per_s']:.1f}")
     table.add_row("ratio verifications / execs", f"{stream['per_s'] / stream['exec_per_s']:.2f}")
     table.add_row("per-episode latency p50 ms (XADD -> scored, incl. queueing)", f"{statistics.median(lat):.1f}")
     table.add_row("per-episode latency p99 ms", f"{pct(lat, 0.99):.1f}")

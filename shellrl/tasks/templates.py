@@ -268,3 +268,33 @@ def count_matching_users(rng: random.Random) -> Instance:
     return Instance(f"Each line of team.txt has a person's name and a team color. How many people are in the "
                     f"{team} team? Answer with just the number.",
                     write_file("team.txt", text), [_integer(count)], f"grep -c ' {team}$' team.txt", str(count + 1))
+
+
+@template("archive_sum", "hard")
+def archive_sum(rng: random.Random) -> Instance:
+    archive = f"{rng.choice(('numbers', 'readings', 'counts', 'samples'))}.tar.gz"
+    files = {f"{w}.txt": [rng.randint(1, 99) for _ in range(rng.randint(1, 5))]
+             for w in pick_words(rng, rng.randint(2, 5), distinct=True)}
+    total = sum(sum(v) for v in files.values())
+    setup = "mkdir src\n" + "\n".join(write_file(f"src/{name}", lines(v)) for name, v in files.items())
+    setup += f"\ntar -czf {archive} -C src .\nrm -r src"
+    return Instance(f"The archive {archive} holds text files with one number per line. What is the sum of all "
+                    "the numbers in all files of the archive? Answer with just the number.",
+                    setup, [_integer(total)],
+                    f"mkdir -p extracted && tar -xzf {archive} -C extracted && "
+                    "cat extracted/*.txt | awk '{ s += $1 } END { print s }'", str(total + 3))
+
+
+@template("top_words", "hard")
+def top_words(rng: random.Random) -> Instance:
+    name = f"{rng.choice(FILE_STEMS)}.txt"
+    pool = pick_words(rng, rng.randint(4, 7), distinct=True)
+    counts = rng.sample(range(1, 12), len(pool))  # distinct counts: an unambiguous order
+    rows = [w for w, c in zip(pool, counts) for _ in range(c)]
+    rng.shuffle(rows)
+    top = [w for _, w in sorted(zip(counts, pool), reverse=True)[:3]]
+    return Instance(f"The file {name} has one word per line. Which three words appear most often? Answer with "
+                    "the three words separated by single spaces, the most frequent first.",
+                    write_file(name, lines(rows)), [_text(" ".join(top))],
+                    f"sort {name} | uniq -c | sort -rn | head -3 | awk '{{print $2}}' | paste -sd' '",
+                    " ".join(reversed(top)))
