@@ -109,6 +109,8 @@ class WeightSync:
         self.engines = {u: EngineState(u) for u in client.urls}
         self.published_version: int | None = None
         self.last_result: SyncResult | None = None
+        self._probe: asyncio.Future | None = None
+        self._unpublished_reported: int | None = None
 
     def status(self) -> dict:
         return {"transport": self.transport, "deadline_s": self.deadline_s,
@@ -129,17 +131,22 @@ class WeightSync:
         return result
 
     async def reconcile(self, model: torch.nn.Module, version: int) -> SyncResult | None:
-        """Probe engines out of rotation (at most every retry_interval_s); push `version` to those
-        that answer. Also publishes `version` if it never was (no engine had confirmed it)."""
+        """Bring engines out of rotation back: a background health probe (at most every
+        retry_interval_s, never blocking the caller) finds those that answer; they get a full
+        update to `version` here. Also publishes `version` if it never was (no engine had it)."""
+        healthy: list[str] = []
+        if self._probe is not None and self._probe.done():
+            healthy = [u for u, ok in (self._probe.result() or {}).items() if ok]
+            self._probe = None
         now = time.monotonic()
         due = [e for e in self.engines.values() if not e.in_rotation and now - e.last_probe_s >= self.retry_interval_s]
-        for e in due:
-            e.last_probe_s = now
-        healthy = []
-        if due:
-            probes = await _bounded(self.client.health(urls=[e.url for e in due]), min(self.deadline_s, 5.0))
-            healthy = [u for u, ok in (probes or {}).items() if ok]
+        if self._probe is None and due:
+            for e in due:
+                e.last_probe_s = now
+            self._probe = asyncio.ensure_future(
+                _bounded(self.client.health(urls=[e.url for e in due]), min(self.deadline_s, 5.0)))
         result = None
+        healthy = [u for u in healthy if not self.engines[u].in_rotation]
         if healthy:
             log.info("engines answer again; sending a full update", extra={"engines": healthy, "policy_version": version})
             await _bounded(self.client.end_weight_update(urls=healthy), min(self.deadline_s, 5.0))  # a stale session
@@ -258,7 +265,9 @@ class WeightSync:
         """SET + PUBLISH `version` if every engine in rotation (at least one) confirmed it."""
         in_rotation = [u for u, e in self.engines.items() if e.in_rotation]
         if not in_rotation:
-            log.error("no engine has the new weights; version not published", extra={"policy_version": version})
+            if self._unpublished_reported != version:  # once per version, not on every loop
+                self._unpublished_reported = version
+                log.error("no engine has the new weights; version not published", extra={"policy_version": version})
             return False
         if not all(self.engines[u].version == str(version) for u in in_rotation) or self.redis is None:
             return False

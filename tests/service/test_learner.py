@@ -128,3 +128,100 @@ async def _pending_count(redis) -> int:
 
 async def _no_pending(redis) -> bool:
     return await _pending_count(redis) == 0
+
+
+async def test_weight_sync_reports_a_frozen_or_killed_engine_within_the_deadline_and_the_learner_continues(
+        redis_server, tmp_path):
+    engine = ServiceProcess("engine", free_port(), {"SHELLRL_MODEL_PATH": "tiny"}, tmp_path)
+    engine.start(ready_timeout_s=180)
+    redis = streams.connect(redis_server.url)
+    client = EngineClient([engine.url], timeout_s=120)
+    deadline_s = 3.0
+    env = learner_env(redis_server.url, engine.url, tmp_path, weight_sync_timeout_s=deadline_s)
+    learner = ServiceProcess("learner", free_port(), env, tmp_path)
+    try:
+        groups = [await sample_group(client, PROMPT, f"g{i}", 4, temperature=0.8) for i in range(3)]
+        learner.start(ready_timeout_s=120)
+        await wait_for(lambda: redis.get(streams.POLICY_VERSION_KEY), 30, "initial version published")
+
+        engine.signal(signal.SIGSTOP)  # frozen: accepts connections, never answers
+        added = time.monotonic()
+        await add_trajectories(redis, groups[0])
+
+        async def reported():
+            e = (await asyncio.to_thread(status, learner, 2.0))["weight_sync"]["engines"][0]
+            return e if not e["in_rotation"] else None
+        e = await wait_for(reported, 30, "frozen engine reported")
+        assert time.monotonic() - added < deadline_s + 10  # training + the deadline, not a hang
+        assert e["last_error"].startswith("deadline") and e["version"] == "0"
+        await add_trajectories(redis, groups[1])
+        await step_reaches(learner, 2, timeout_s=30)  # the learner continues without its engine
+        assert (await redis.get(streams.POLICY_VERSION_KEY)) == b"0"  # nothing confirmed: not published
+
+        engine.signal(signal.SIGCONT)  # it answers again: brought back with a full update
+
+        async def back():
+            return (await redis.get(streams.POLICY_VERSION_KEY)) == b"2"
+        await wait_for(back, 30, "version 2 published after the engine came back")
+        assert (await client.get_weight_version()) == {engine.url: "2"}
+        assert status(learner)["weight_sync"]["engines"][0]["in_rotation"]
+
+        engine.kill()  # dead: connection refused, reported at once
+        await add_trajectories(redis, groups[2])
+        e = await wait_for(reported, 30, "killed engine reported")
+        assert "EngineUnavailable" in e["last_error"]
+        assert (await asyncio.to_thread(status, learner))["step"] == 3
+        assert (await redis.get(streams.POLICY_VERSION_KEY)) == b"2"
+        text = httpx.get(f"{learner.url}/metrics").text
+        assert 'shellrl_weight_sync_failures_total{reason="deadline"} 1.0' in text
+        assert 'shellrl_weight_sync_failures_total{reason="error"} 1.0' in text
+    finally:
+        engine.signal(signal.SIGCONT)
+        learner.stop()
+        engine.stop()
+        await client.close()
+        await redis.aclose()
+
+
+async def test_learner_killed_between_checkpoints_resumes_without_training_a_trajectory_twice_or_losing_one(
+        engine, redis_server, tmp_path):
+    redis = streams.connect(redis_server.url)
+    client = EngineClient([engine.url], timeout_s=120)
+    env = learner_env(redis_server.url, engine.url, tmp_path, lr=1e-3, warmup_steps=10)
+    learner = ServiceProcess("learner", free_port(), env, tmp_path)
+    try:
+        groups = [await sample_group(client, PROMPT, f"g{i}", 4, temperature=0.8) for i in range(1, 5)]
+        learner.start(ready_timeout_s=120)
+        for step, group in enumerate(groups[:3], start=1):
+            await add_trajectories(redis, group)
+            await step_reaches(learner, step)
+        await add_trajectories(redis, groups[3][:2])  # half a group waits in the assembler
+        await wait_for(lambda: _assembling(learner, 2), 30, "half group read")
+        learner.kill()  # SIGKILL after step 3: the last checkpoint is step 2
+
+        assert await _pending_count(redis) == 6  # step 3's group and the half group: never acknowledged
+        learner.start(ready_timeout_s=120)
+        resumed = await step_reaches(learner, 3)
+        assert resumed["last_step"]["lr"] == pytest.approx(3e-4)  # not 1e-4 (warmup restarted), not 4e-4
+        await add_trajectories(redis, groups[3][2:])
+        await step_reaches(learner, 4)
+        await wait_for(lambda: _no_pending(redis), 30, "all entries acknowledged after the step-4 checkpoint")
+        assert (await redis.get(streams.POLICY_VERSION_KEY)) == b"4"
+        assert (await client.get_weight_version()) == {engine.url: "4"}
+
+        ledger = [json.loads(x) for x in (tmp_path / "ckpt" / "steps.jsonl").read_text().splitlines()]
+        assert {"event": "resume", "step": 2, "checkpoint": "step-000002"} in ledger
+        steps = surviving_steps(ledger)
+        assert sorted(steps) == [1, 2, 3, 4]
+        trained = [i for s in steps.values() for i in s["trajectory_ids"]]
+        everything = sorted(t.trajectory_id for g in groups for t in g)
+        assert sorted(trained) == everything  # none lost, none twice
+        assert [steps[s]["lr"] for s in (1, 2, 3, 4)] == pytest.approx([1e-4, 2e-4, 3e-4, 4e-4])
+    finally:
+        learner.stop()
+        await client.close()
+        await redis.aclose()
+
+
+async def _assembling(learner: ServiceProcess, n: int) -> bool:
+    return (await asyncio.to_thread(status, learner))["pending_trajectories"] == n
