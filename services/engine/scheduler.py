@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 ABORTED = {"type": "abort", "message": "Aborted", "status_code": None, "err_type": None}
 ABORTED_IN_QUEUE = {"type": "abort", "message": "Abort in waiting queue"}
 PAUSE_MODES = ("abort", "retract", "in_place")
+# A waiting request that shares this many uncached prefix tokens with one being prefilled waits one
+# round and then reuses that prefix from the cache (SGLang's in-batch prefix caching does the same).
+IN_BATCH_PREFIX_MIN_TOKENS = 32
 
 
 class DuplicateRequestId(ValueError):
@@ -256,14 +259,18 @@ class Scheduler:
         """Prefill as many waiting requests as the running limit and the token budget allow."""
         group: list[tuple[RequestState, list[int], int, list]] = []
         longest = 0
-        while self._waiting and len(self._running) + len(group) < self.max_running_requests:
-            state = self._waiting[0]
+        for state in list(self._waiting):
+            if len(self._running) + len(group) >= self.max_running_requests:
+                break
             tokens = state.tokens()
             cached, pieces = self.prefix_cache.match(tokens, len(tokens) - 1)
+            if self.prefix_cache.enabled and any(
+                    _shared_prefix(tokens, other) >= cached + IN_BATCH_PREFIX_MIN_TOKENS for _, other, _, _ in group):
+                continue  # in-batch prefix caching: it will find that prefix cached after this prefill
             longest_if_added = max(longest, len(tokens) - cached)
             if group and longest_if_added * (len(group) + 1) > self.max_prefill_tokens:
                 break
-            self._waiting.popleft()
+            self._waiting.remove(state)
             group.append((state, tokens, cached, pieces))
             longest = longest_if_added
         if not group:
@@ -413,7 +420,18 @@ class Scheduler:
         kind = reason["type"]
         metrics.REQUESTS.labels(kind).inc()
         metrics.REQUEST_SECONDS.labels(kind).observe(state.e2e_latency_s)
-        state.loop.call_soon_threadsafe(_resolve, state)
+        try:
+            state.loop.call_soon_threadsafe(_resolve, state)
+        except RuntimeError:  # the event loop is gone (shutdown): nobody waits for this answer
+            pass
+
+
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
 
 
 def _resolve(state: RequestState) -> None:

@@ -1,0 +1,35 @@
+"""Helpers for engine tests: start `python -m services.engine` on the tiny model, reference log-probs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.helpers.processes import REPO, ServiceProcess
+from tests.helpers.redis_server import free_port
+
+
+@contextmanager
+def running_engine(log_dir: Path, model_path: str = "tiny", **env: str):
+    """A real engine process on a free port; stopped (by pid) on exit."""
+    # One torch thread: on a small shared CI machine, OpenMP threads that spin-wait for each other
+    # make every step many times slower as soon as another process competes for a core.
+    settings = {"SHELLRL_MODEL_PATH": model_path, "SHELLRL_LOG_LEVEL": "WARNING", "SHELLRL_NUM_THREADS": "1", **env}
+    engine = ServiceProcess("engine", free_port(), settings, log_dir).start(ready_timeout_s=120)
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+def reference_logprobs(cases: list[dict], work_dir: Path, model: str = "tiny") -> list[list[float]]:
+    """Log-probs recomputed by plain transformers in a separate process (tests/helpers/logprob_reference.py)."""
+    source, target = Path(work_dir) / "reference_in.json", Path(work_dir) / "reference_out.json"
+    source.write_text(json.dumps({"model": model, "cases": cases}))
+    subprocess.run([sys.executable, "-m", "tests.helpers.logprob_reference", str(source), str(target)], cwd=REPO,
+                   check=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return json.loads(target.read_text())

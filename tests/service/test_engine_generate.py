@@ -1,0 +1,187 @@
+"""The engine over real HTTP with the tiny model: log-prob parity, batching, prefix cache, pause/abort,
+bad input. One engine process for the module."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import httpx
+import pytest
+
+from shellrl.engine_client import EngineClient, EngineError
+from tests.helpers.engine import reference_logprobs, running_engine
+
+PARITY_TOLERANCE = 1e-4
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    with running_engine(tmp_path_factory.mktemp("engine")) as process:
+        yield process
+
+
+@pytest.fixture
+async def client(engine):
+    async with EngineClient([engine.url], timeout_s=120) as c:
+        yield c
+
+
+def _tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(100, 40000) for _ in range(n)]
+
+
+async def test_logprobs_match_a_plain_forward_in_another_process_despite_batching_and_prefix_cache(client, tmp_path):
+    rng = random.Random(1)
+    shared = _tokens(rng, 40)
+    sampling = [
+        {"temperature": 0.7}, {"temperature": 1.0, "sampling_seed": 3}, {"temperature": 0.0},
+        {"temperature": 1.0, "top_p": 0.9}, {"temperature": 0.8, "top_k": 50}, {"temperature": 1.3, "min_p": 0.01},
+    ]
+    prompts = [shared + _tokens(rng, rng.randrange(1, 30)) for _ in sampling]
+    first = await asyncio.gather(*(
+        client.generate(p, {**s, "max_new_tokens": 24, "ignore_eos": True}) for p, s in zip(prompts, sampling)))
+    # second turn: previous prompt + its output + new tokens, so the prefix cache serves generated tokens too
+    turns = [p + r.output_ids + _tokens(rng, 5) for p, r in zip(prompts, first)]
+    second = await asyncio.gather(*(
+        client.generate(p, {**s, "max_new_tokens": 16, "ignore_eos": True}) for p, s in zip(turns, sampling)))
+    assert max(r.cached_tokens for r in first[1:]) >= len(shared) - 1
+    assert all(r.cached_tokens >= len(p) for r, p in zip(second, prompts))
+
+    cases, results = [], []
+    for batch_prompts, batch in ((prompts, first), (turns, second)):
+        for prompt, result, s in zip(batch_prompts, batch, sampling):
+            assert len(result.output_ids) == len(result.output_logprobs) > 0
+            cases.append({"prompt": prompt, "output": result.output_ids, "temperature": s["temperature"]})
+            results.append(result)
+    expected = reference_logprobs(cases, tmp_path)
+    worst = max(abs(a - b) for r, e in zip(results, expected) for a, b in zip(r.output_logprobs, e))
+    assert worst <= PARITY_TOLERANCE, f"max |engine - reference| = {worst}"
+
+
+async def test_batched_and_sequential_greedy_generation_give_identical_tokens(client):
+    rng = random.Random(2)
+    prompts = [_tokens(rng, n) for n in (5, 17, 9, 30)]
+    params = {"temperature": 0.0, "max_new_tokens": 20, "ignore_eos": True}
+    batched = await asyncio.gather(*(client.generate(p, params) for p in prompts))
+    await client.flush_cache()
+    sequential = [await client.generate(p, params) for p in prompts]
+    assert [r.output_ids for r in batched] == [r.output_ids for r in sequential]
+    for b, s in zip(batched, sequential):
+        assert max(abs(x - y) for x, y in zip(b.output_logprobs, s.output_logprobs)) <= PARITY_TOLERANCE
+
+
+async def test_seeded_sampling_is_reproducible_alone_and_in_a_batch(client):
+    rng = random.Random(3)
+    prompt = _tokens(rng, 12)
+    params = {"temperature": 1.0, "sampling_seed": 42, "max_new_tokens": 12, "ignore_eos": True}
+    alone = await client.generate(prompt, params)
+    together = await asyncio.gather(client.generate(prompt, params), client.generate(_tokens(rng, 7), params))
+    assert together[0].output_ids == alone.output_ids
+
+
+async def test_batch_request_returns_one_object_per_prompt_in_order(engine):
+    body = {"input_ids": [[101, 102, 103], [104, 105]], "rid": "batch",
+            "sampling_params": [{"max_new_tokens": 3, "temperature": 0}, {"max_new_tokens": 5, "temperature": 0}],
+            "return_logprob": True}
+    response = httpx.post(f"{engine.url}/generate", json=body, timeout=60)
+    assert response.status_code == 200
+    items = response.json()
+    assert [i["meta_info"]["id"] for i in items] == ["batch_0", "batch_1"]
+    assert [len(i["output_ids"]) for i in items] == [3, 5]
+    assert all(i["meta_info"]["finish_reason"] == {"type": "length", "length": len(i["output_ids"])} for i in items)
+    assert all(len(i["meta_info"]["output_token_logprobs"]) == len(i["output_ids"]) for i in items)
+
+
+async def test_max_new_tokens_zero_only_prefills_and_returns_no_tokens(client):
+    result = await client.generate([101, 102, 103, 104], {"max_new_tokens": 0})
+    assert result.output_ids == [] and result.finish_reason == "length" and result.prompt_tokens == 4
+
+
+async def test_abort_by_rid_returns_the_partial_tokens_with_their_logprobs(client):
+    task = asyncio.create_task(client.generate([101, 102, 103], {"max_new_tokens": 5000, "ignore_eos": True},
+                                               rid="long-one"))
+    await asyncio.sleep(1.0)
+    await client.abort_request("long-one")
+    result = await asyncio.wait_for(task, 30)
+    assert result.finish_reason == "abort" and result.rid == "long-one"
+    assert 0 < len(result.output_ids) < 5000 and len(result.output_logprobs) == len(result.output_ids)
+    # the continuation prompt (prompt + partial ids) is served from the prefix cache
+    resumed = await client.generate([101, 102, 103] + result.output_ids, {"max_new_tokens": 2})
+    assert resumed.cached_tokens >= 2 + len(result.output_ids)
+
+
+async def test_pause_holds_new_requests_until_continue(client):
+    await client.pause_generation("abort")
+    try:
+        task = asyncio.create_task(client.generate([101, 102], {"max_new_tokens": 2}))
+        await asyncio.sleep(0.5)
+        assert not task.done()
+        assert (await client.health_generate()) == {client.urls[0]: True}
+    finally:
+        await client.continue_generation()
+    result = await asyncio.wait_for(task, 30)
+    assert result.finish_reason == "length" and len(result.output_ids) == 2
+
+
+async def test_pause_in_abort_mode_returns_in_flight_requests_as_aborted(client):
+    tasks = [asyncio.create_task(client.generate([101 + i, 7, 8], {"max_new_tokens": 5000, "ignore_eos": True}))
+             for i in range(3)]
+    await asyncio.sleep(1.0)
+    await client.pause_generation("abort")
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    finally:
+        await client.continue_generation()
+    assert all(r.finish_reason == "abort" and len(r.output_ids) == len(r.output_logprobs) for r in results)
+
+
+@pytest.mark.parametrize("body,field", [
+    ({"input_ids": [], "sampling_params": {}}, "input_ids"),
+    ({"input_ids": [1, 2, 10_000_000]}, "input_ids"),
+    ({"input_ids": [1, -2]}, "input_ids"),
+    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": -1}}, "sampling_params.max_new_tokens"),
+    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 2.5}}, "sampling_params.max_new_tokens"),
+    ({"input_ids": [1, 2], "sampling_params": {"temprature": 0.5}}, "sampling_params.temprature"),
+    ({"input_ids": [1, 2], "sampling_params": {"top_p": 0}}, "sampling_params.top_p"),
+    ({"input_ids": [1, 2], "sampling_params": {"top_k": 0}}, "sampling_params.top_k"),
+    ({"input_ids": [1, 2], "sampling_params": {"n": 4}}, "sampling_params.n"),
+    ({"input_ids": [1, 2], "return_logprobs": True}, "return_logprobs"),
+    ({"input_ids": [1, 2], "stream": True}, "stream"),
+    ({"sampling_params": {}}, "input_ids"),
+])
+def test_bad_generate_input_gives_400_naming_the_field(engine, body, field):
+    response = httpx.post(f"{engine.url}/generate", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["field"] == field and error["message"]
+
+
+async def test_client_raises_engine_error_with_status_and_body(client):
+    with pytest.raises(EngineError) as info:
+        await client.generate([], {"max_new_tokens": 1})
+    assert info.value.status == 400 and info.value.body["error"]["field"] == "input_ids"
+
+
+async def test_duplicate_rid_in_flight_is_rejected(client):
+    task = asyncio.create_task(client.generate([101, 102], {"max_new_tokens": 5000, "ignore_eos": True}, rid="dup"))
+    await asyncio.sleep(0.5)
+    with pytest.raises(EngineError, match="Duplicate request ID"):
+        await client.generate([101, 102], {"max_new_tokens": 1}, rid="dup")
+    await client.abort_request("dup")
+    assert (await asyncio.wait_for(task, 30)).finish_reason == "abort"
+
+
+async def test_info_health_and_metrics_endpoints(engine, client):
+    info = (await client.get_model_info())[engine.url]
+    assert info["weight_version"] == "default" and info["is_generation"] is True
+    server = (await client.get_server_info())[engine.url]
+    assert server["tp_size"] == 1 and "internal_states" in server
+    assert (await client.health()) == {engine.url: True}
+    text = httpx.get(f"{engine.url}/metrics", timeout=10).text
+    for name in ("shellrl_engine_request_seconds", "shellrl_engine_generation_tokens_total",
+                 "shellrl_engine_batch_size"):
+        assert name in text
+    flushed = httpx.get(f"{engine.url}/flush_cache", timeout=10)
+    assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed")
+    assert httpx.post(f"{engine.url}/abort_request", json={"rid": "nothing"}, timeout=10).text == ""
