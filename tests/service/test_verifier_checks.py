@@ -113,7 +113,7 @@ async def test_file_checks_fail_fast_on_a_1_gb_file(sandbox, verifier):
                       {"type": "file_sha256", "path": "big.bin", "sha256": "0" * 64}):
             reward, checks = await outcome(verifier, task(check), None, sid)
             assert reward == 0.0 and "larger than" in checks[0].detail
-        assert time.perf_counter() - start < 5
+        assert time.perf_counter() - start < 10  # bound, not a benchmark: without the fix it hangs
 
 
 # --- file_sha256 -------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ async def test_file_sha256_of_a_fifo_fails_without_hanging(sandbox, verifier):
     async with episode(sandbox, commands=("mkfifo pipe",)) as sid:
         start = time.perf_counter()
         assert (await outcome(verifier, t, None, sid))[0] == 0.0
-        assert time.perf_counter() - start < 3
+        assert time.perf_counter() - start < 10  # bound, not a benchmark: without the fix it hangs
 
 
 # --- command_output_equals ---------------------------------------------------------------------
@@ -164,7 +164,7 @@ async def test_a_hanging_check_command_fails_within_its_own_timeout(sandbox, ver
         start = time.perf_counter()
         reward, checks = await outcome(verifier, t, None, sid)
         assert reward == 0.0 and "ran past 1 s" in checks[0].detail
-        assert time.perf_counter() - start < 4
+        assert time.perf_counter() - start < 10  # bound, not a benchmark: without the fix it hangs
 
 
 async def test_check_commands_ignore_the_agents_cwd_path_and_exported_variables(sandbox, verifier):
@@ -206,7 +206,7 @@ async def test_command_exit_code_pass_fail_and_a_background_process_holding_stdo
         t = task({"type": "command_exit_code", "command": "sleep 300 & exit 3", "exit_code": 3, "timeout_s": 3})
         start = time.perf_counter()
         assert (await outcome(verifier, t, None, sid))[0] == 1.0
-        assert time.perf_counter() - start < 3
+        assert time.perf_counter() - start < 10  # bound, not a benchmark: without the fix it hangs
 
 
 async def test_command_output_flood_is_a_failure_not_a_crash(sandbox, verifier):
@@ -231,7 +231,7 @@ async def test_answer_checks_pass_fail_and_hostile_answers(sandbox, verifier):
     assert (await outcome(verifier, matches, "aaaa", None))[0] == 1.0
     start = time.perf_counter()
     assert (await outcome(verifier, matches, "a" * 40 + "!", None))[0] == 0.0
-    assert time.perf_counter() - start < 2
+    assert time.perf_counter() - start < 10  # bound, not a benchmark: without the fix it hangs
 
 
 # --- INFRA: never a 0 ----------------------------------------------------------------------------
