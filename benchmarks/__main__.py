@@ -17,32 +17,34 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def available() -> list[str]:
-    return sorted(p.stem.removeprefix("bench_") for p in HERE.glob("bench_*.py"))
+def available(directory: Path = HERE) -> list[str]:
+    return sorted(p.stem.removeprefix("bench_") for p in directory.glob("bench_*.py"))
 
 
-def run(name: str, extra: list[str]) -> tuple[int, float]:
-    code = f"import sys; from benchmarks.bench_{name} import main; main(sys.argv[1:])"
+def run(name: str, extra: list[str], directory: Path = HERE) -> tuple[int, float]:
+    """`<package>.bench_<name>.main(extra)` in a fresh interpreter; returns (exit code, seconds)."""
+    code = f"import sys; from {directory.name}.bench_{name} import main; main(sys.argv[1:])"
     start = time.monotonic()
-    rc = subprocess.run([sys.executable, "-c", code, *extra], cwd=HERE.parent, check=False).returncode
+    rc = subprocess.run([sys.executable, "-c", code, *extra], cwd=directory.parent, check=False).returncode
     return rc, time.monotonic() - start
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, directory: Path = HERE) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra: list[str] = []
     if "--" in argv:
         argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1:]
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
-    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {available()})")
-    names = parser.parse_args(argv).names or available()
-    unknown = [n.removeprefix("bench_") for n in names if n.removeprefix("bench_") not in available()]
+    names_available = available(directory)
+    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {names_available})")
+    names = parser.parse_args(argv).names or names_available
+    unknown = [n.removeprefix("bench_") for n in names if n.removeprefix("bench_") not in names_available]
     if unknown:
-        parser.error(f"unknown benchmark(s) {unknown}; available: {available()}")
+        parser.error(f"unknown benchmark(s) {unknown}; available: {names_available}")
     outcomes = []
     for name in (n.removeprefix("bench_") for n in names):
         print(f"\n=== bench_{name} ===", flush=True)
-        rc, seconds = run(name, extra)
+        rc, seconds = run(name, extra, directory)
         outcomes.append((name, rc, seconds))
     print("\nbenchmarks run:")
     for name, rc, seconds in outcomes:
