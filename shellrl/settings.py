@@ -7,7 +7,6 @@ import time.
 
 from __future__ import annotations
 
-import difflib
 import os
 
 from pydantic import Field, model_validator
@@ -30,12 +29,13 @@ class ServiceSettings(BaseSettings):
     @model_validator(mode="after")
     def _no_mistyped_env(self):
         """`extra="forbid"` covers constructor arguments only: pydantic-settings ignores unknown
-        environment variables. A `SHELLRL_` variable that is no field of this service but close to
-        one (`SHELLRL_REDIS_ULR`) is a typo: fail naming it. Unrelated ones (another service's
-        settings in a shared environment) pass; so do singular/plural twins (`engine_url` vs
-        `engine_urls`), which are different settings of different services."""
-        unknown = unknown_env_settings(type(self))
-        for name, close in unknown.items():
+        environment variables. A `SHELLRL_` variable that is no field of this service but one typo
+        away from one (`SHELLRL_REDIS_ULR`: one insertion, deletion, substitution or swap of
+        neighbours) fails naming both. Anything further away passes, because a shared environment
+        (compose `.env`, the launcher) carries the other services' settings too; singular/plural
+        twins (`engine_url` / `engine_urls`) pass as well. tests/unit/test_settings.py checks that
+        no two services' settings are one typo apart."""
+        for name, close in unknown_env_settings(type(self)).items():
             if close:
                 raise ValueError(f"{ENV_PREFIX}{name.upper()}: unknown setting; did you mean "
                                  f"{ENV_PREFIX}{close.upper()}?")
@@ -48,7 +48,7 @@ class ServiceSettings(BaseSettings):
 
 def unknown_env_settings(cls: type[BaseSettings], environ: dict[str, str] | None = None) -> dict[str, str | None]:
     """`SHELLRL_*` environment variables that are no field of `cls`: {field-like name: the field it
-    is probably a typo of, or None}."""
+    is one typo away from, or None}."""
     environ = os.environ if environ is None else environ
     fields = set(cls.model_fields)
     out: dict[str, str | None] = {}
@@ -56,9 +56,32 @@ def unknown_env_settings(cls: type[BaseSettings], environ: dict[str, str] | None
         if not var.upper().startswith(ENV_PREFIX):
             continue
         name = var[len(ENV_PREFIX):].lower()
-        if name in fields:
-            continue
-        twins = {name + "s", name.removesuffix("s")}
-        matches = [m for m in difflib.get_close_matches(name, fields, n=1, cutoff=0.8) if m not in twins]
-        out[name] = matches[0] if matches else None
+        if name not in fields:
+            out[name] = one_typo_away(name, fields)
     return out
+
+
+def one_typo_away(name: str, fields: set[str] | list[str]) -> str | None:
+    """The field that `name` is one edit from (optimal string alignment distance 1), excluding
+    singular/plural twins and names shorter than 4 characters; None if there is none."""
+    if len(name) < 4:
+        return None
+    twins = {name + "s", name.removesuffix("s")}
+    for field in sorted(fields):
+        if field not in twins and abs(len(field) - len(name)) <= 1 and _osa_distance(name, field) == 1:
+            return field
+    return None
+
+
+def _osa_distance(a: str, b: str) -> int:
+    """Levenshtein distance where swapping two neighbours also counts as one edit."""
+    prev2: list[int] = []
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            cur[j] = min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                cur[j] = min(cur[j], prev2[j - 2] + 1)
+        prev2, prev = prev, cur
+    return prev[-1]

@@ -52,3 +52,37 @@ def test_settings_are_frozen_and_public_dict_is_json():
     with pytest.raises(ValidationError):
         settings.port = 1
     assert settings.public_dict()["port"] == 8100
+
+
+def test_one_typo_means_one_edit_or_one_swap():
+    from shellrl.settings import one_typo_away
+
+    fields = {"redis_url", "exec_timeout_s", "engine_urls", "port"}
+    assert one_typo_away("redis_ulr", fields) == "redis_url"  # swap
+    assert one_typo_away("redis_ur", fields) == "redis_url"  # deletion
+    assert one_typo_away("exec_timeout_ms", fields) == "exec_timeout_s"  # insertion
+    assert one_typo_away("check_timeout_s", fields) is None  # another service's setting
+    assert one_typo_away("engine_url", fields) is None  # singular/plural twin
+    assert one_typo_away("pork", fields) == "port"  # substitution
+    assert one_typo_away("prt", fields) is None  # names under 4 characters are not judged
+
+
+def test_no_two_services_settings_are_one_typo_apart():
+    """A shared environment carries every service's settings; none may look like a typo of another's."""
+    import importlib
+
+    from shellrl.settings import one_typo_away
+
+    fields: dict[str, set[str]] = {}
+    for svc in ("rollout", "sandbox", "verifier", "learner", "engine"):
+        try:
+            module = importlib.import_module(f"services.{svc}.settings")
+        except ModuleNotFoundError:
+            continue
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, ServiceSettings) and obj is not ServiceSettings:
+                fields[f"{svc}.{obj.__name__}"] = set(obj.model_fields)
+    clashes = [(cls, other, one_typo_away(other, own))
+               for cls, own in fields.items() for others in fields.values() for other in others - own
+               if one_typo_away(other, own)]
+    assert not clashes, f"rename one of each pair (class, foreign setting, own setting): {sorted(set(clashes))}"
