@@ -157,7 +157,7 @@ def write_report(out: Path, *, config: dict, before: dict, after: dict, steps: l
               if rss else "- learner RSS: n/a",
               "- staleness at training time (p50/p90/p99 bucket bounds): "
               + " / ".join(str(quantile_from_buckets(stale, q)) for q in (0.5, 0.9, 0.99)),
-              f"- trained-batch reward by step: {' '.join(f'{s.get('reward_mean', 0):.2f}' for s in steps)}",
+              "- trained-batch reward by step: " + " ".join(f"{s.get('reward_mean', 0):.2f}" for s in steps),
               ""]
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in plots] + [""]
     lines += ["## Configuration", "", "```json", json.dumps(config, indent=2, default=str), "```", ""]
