@@ -57,4 +57,9 @@ def load_taskset(name: str, split: str | None = None, *, seed: int = 0) -> list[
     return [t for t in tasks if split is None or split_name(t.split) == split]
 
 
-__all__ = ["load_taskset", "TASKSETS", "SPLITS"]
+def difficulty_of(task: Task) -> str:
+    """The `difficulty:<easy|medium|hard>` tag of a generated or seed task; "" when it has none."""
+    return next((t.split(":", 1)[1] for t in task.tags if t.startswith("difficulty:")), "")
+
+
+__all__ = ["load_taskset", "difficulty_of", "TASKSETS", "SPLITS"]

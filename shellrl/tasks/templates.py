@@ -298,3 +298,12 @@ def top_words(rng: random.Random) -> Instance:
                     write_file(name, lines(rows)), [_text(" ".join(top))],
                     f"sort {name} | uniq -c | sort -rn | head -3 | awk '{{print $2}}' | paste -sd' '",
                     " ".join(reversed(top)))
+
+
+@template("cat_file", "easy")
+def cat_file(rng: random.Random) -> Instance:
+    name = f"{rng.choice(('secret', 'answer', 'code', 'word', 'key', 'token', 'message'))}.txt"
+    word, other = pick_words(rng, 2, distinct=True)
+    value = f"{word}{rng.randint(10, 999)}"
+    return Instance(f"The file {name} contains a single word. What is that word? Answer with just the word.",
+                    write_file(name, lines([value])), [_text(value)], f"cat {name}", other)

@@ -103,3 +103,23 @@ def total_bytes(rng: random.Random) -> Instance:
                     "Answer with just the number.",
                     setup, [{"type": "answer_integer_equals", "expected": sum(sizes)}],
                     f"cat {directory}/* | wc -c", str(sum(sizes) + 1))
+
+
+@template("last_line", "easy", ood=True)
+def last_line(rng: random.Random) -> Instance:
+    name = f"{rng.choice(FILE_STEMS)}.log"
+    rows = list(dict.fromkeys(f"{w} {rng.randint(100, 999)}" for w in pick_words(rng, rng.randint(3, 15))))
+    wrong = rows[0] if len(rows) > 1 else "none"
+    return Instance(f"What is the last line of the file {name}? Answer with the exact text of that line.",
+                    write_file(name, lines(rows)), [{"type": "answer_equals", "expected": rows[-1]}],
+                    f"tail -n 1 {name}", wrong)
+
+
+@template("file_size_bytes", "easy", ood=True)
+def file_size_bytes(rng: random.Random) -> Instance:
+    name = f"{rng.choice(FILE_STEMS)}.txt"
+    text = lines(" ".join(pick_words(rng, rng.randint(1, 6))) for _ in range(rng.randint(1, 8)))
+    size = len(text.encode())
+    return Instance(f"What is the size of the file {name} in bytes? Answer with just the number.",
+                    write_file(name, text), [{"type": "answer_integer_equals", "expected": size}],
+                    f"wc -c < {name}", str(size - 1))

@@ -1,5 +1,5 @@
 """Reference solutions pass and wrong answers fail in a real sandbox, for a sample of every task set:
-the four seeds, one generated task per template (all 30), and 8 AgentBench OS tasks. (The whole
+the four seeds, one generated task per template (all 33), and 8 AgentBench OS tasks. (The whole
 set, 626 tasks, is `python -m shellrl.tasks validate --start-sandbox`; see BENCHMARKS.md.)"""
 
 from __future__ import annotations

@@ -110,3 +110,10 @@ def test_default_set_combines_seeds_generated_and_public():
     assert len(load_taskset("default", "eval_ood")) == 96
     with pytest.raises(ValueError):
         load_taskset("nope")
+
+
+def test_difficulty_of_reads_the_tag():
+    from shellrl.tasks import difficulty_of
+
+    assert difficulty_of(next(t for t in generate("train", 40) if t.template == "cat_file")) == "easy"
+    assert difficulty_of(load_taskset("agentbench_os")[0]) == ""
