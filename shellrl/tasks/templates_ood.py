@@ -1,6 +1,6 @@
 """Out-of-distribution templates (split `eval_ood` only; never trained on): compressed input,
 permission bits, per-row maxima, JSON aggregation, access logs, case conversion, line lengths,
-byte totals. Every expected answer is computed here in Python.
+byte totals, last lines, file sizes. Every expected answer is computed here in Python.
 """
 
 from __future__ import annotations
