@@ -49,7 +49,7 @@ SETUP = "seq 1 100 > data.txt"
 
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
-    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+    return values[min(len(values) - 1, round(q * (len(values) - 1)))]
 
 
 async def check_latency(sandbox_url: str, reps: int) -> tuple[dict[str, list[float]], list[float]]:

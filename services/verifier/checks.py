@@ -263,7 +263,7 @@ async def run_check(check: Check, answer: str | None, workspace: Workspace | Non
         try:
             passed, detail = await asyncio.wait_for(_workspace_check(kind, spec, workspace, limits, timeout_s),
                                                     timeout_s * (2 if kind == "command_output_equals" else 1) + 10)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise CheckInfraError(f"{kind}: the sandbox did not answer within the check's budget") from None
     return CheckResult(kind, passed, detail, (time.perf_counter() - start) * 1000)
 

@@ -49,7 +49,7 @@ def record_check(kind: str, passed: bool, duration_s: float) -> None:
     CHECK_SECONDS.labels(kind, "pass" if passed else "fail").observe(duration_s)
 
 
-def record_verification(source: str, split: str, result: "Verification") -> None:
+def record_verification(source: str, split: str, result: Verification) -> None:
     VERIFICATION_SECONDS.observe(result.duration_ms / 1000)
     if result.reward is None:
         outcome = "infra"

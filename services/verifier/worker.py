@@ -21,9 +21,6 @@ from services.verifier import metrics
 from services.verifier.verification import Verification, Verifier
 from shellrl.contract import ContractError, EpisodeEnd, Failure, Trajectory, parse_trajectory
 from shellrl.streams import (
-    GROUP_VERIFIER,
-    STREAM_EPISODES,
-    STREAM_TRAJECTORIES,
     StreamConsumer,
     StreamEntry,
     StreamProducer,
@@ -155,6 +152,6 @@ async def release_session(sandbox, session_id: str) -> str:
         return "ok"
     except SandboxNotFound:
         return "gone"
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (never raises: the sandbox's TTL removes what we could not)
         log.warning("releasing a sandbox session failed", extra={"session_id": session_id, "error": repr(exc)})
         return "error"

@@ -53,7 +53,7 @@ class SandboxWorkspace:
     """One episode's session. `prepare()` must be called first (it reads the session's workspace
     path and safety events, before any check command can add its own)."""
 
-    def __init__(self, sandbox, session_id: str, task: Task, reference_cache: "ReferenceCache") -> None:
+    def __init__(self, sandbox, session_id: str, task: Task, reference_cache: ReferenceCache) -> None:
         self.sandbox, self.session_id, self.task, self.reference_cache = sandbox, session_id, task, reference_cache
         self.workspace_path: str | None = None
         self.safety_events: list[dict] = []

@@ -41,7 +41,8 @@ def load_taskset(name: str, split: str | None = None, *, seed: int = 0) -> list[
 
         tasks = seed_tasks()
     elif name == "generated":
-        from shellrl.tasks.generator import SPLITS as GENERATED, generate
+        from shellrl.tasks.generator import SPLITS as GENERATED
+        from shellrl.tasks.generator import generate
 
         splits = [split] if split in GENERATED else ([] if split else list(GENERATED))
         tasks = [t for s in splits for t in generate(s, seed=seed)]
@@ -62,4 +63,4 @@ def difficulty_of(task: Task) -> str:
     return next((t.split(":", 1)[1] for t in task.tags if t.startswith("difficulty:")), "")
 
 
-__all__ = ["load_taskset", "difficulty_of", "TASKSETS", "SPLITS"]
+__all__ = ["SPLITS", "TASKSETS", "difficulty_of", "load_taskset"]

@@ -36,7 +36,7 @@ def permission_bits(rng: random.Random) -> Instance:
 @template("csv_max_name", "medium", ood=True)
 def csv_max_name(rng: random.Random) -> Instance:
     people = rng.sample(NAMES, rng.randint(3, 10))
-    scores = dict(zip(people, rng.sample(range(0, 101), len(people))))
+    scores = dict(zip(people, rng.sample(range(101), len(people))))
     best = max(scores, key=scores.get)
     worst = min(scores, key=scores.get)
     text = lines(["name,score", *(f"{p},{s}" for p, s in scores.items())])

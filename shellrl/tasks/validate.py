@@ -113,20 +113,21 @@ async def _verify_in_fresh_session(sandbox, verifier, task: Task, answer_script:
     finally:
         try:
             await sandbox.delete(session_id)
-        except Exception:  # the sandbox's TTL removes it
+        except Exception:  # noqa: BLE001, S110 (the sandbox's TTL removes it)
             pass
 
 
 async def validate_task(task: Task, wrong_answer: str, sandbox, verifier) -> TaskValidation:
     """Validate one task (see the module docstring). Never raises."""
     start = time.perf_counter()
-    meta = dict(task_id=task.task_id, source=task.source, split=split_name(task.split), template=task.template)
+    meta = {"task_id": task.task_id, "source": task.source, "split": split_name(task.split),
+            "template": task.template}
     if not task.reference_solution:
         return TaskValidation(**meta, reference_passed=False, wrong_failed=False, detail="no reference_solution")
     try:
         ref, ran = await _verify_in_fresh_session(sandbox, verifier, task, task.reference_solution, None)
         wrong, _ = await _verify_in_fresh_session(sandbox, verifier, task, None, wrong_answer)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 (a task that cannot run does not validate; reported, never raised)
         return TaskValidation(**meta, reference_passed=False, wrong_failed=False, detail=f"sandbox: {exc!r}",
                               duration_ms=(time.perf_counter() - start) * 1000)
     details = []

@@ -145,7 +145,8 @@ async def test_crash_between_xadd_and_xack_leaves_one_learner_visible_copy(redis
             await wait_for(lambda: _pending_is(redis, 0), what="the re-claimed entry to be acknowledged")
             out = await read_stream(redis, streams.STREAM_TRAJECTORIES)
             assert [t.trajectory_id for t in out] == ["crash-1"]
-            metrics = httpx.get(f"{proc.url}/metrics").text
+            async with httpx.AsyncClient() as http:
+                metrics = (await http.get(f"{proc.url}/metrics")).text
             assert 'shellrl_verifier_trajectories_total{outcome="duplicate"} 1.0' in metrics
         finally:
             proc.stop()
