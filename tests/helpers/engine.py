@@ -26,8 +26,14 @@ def running_engine(log_dir: Path, model_path: str = "tiny", **env: str):
         engine.stop()
 
 
-def reference_logprobs(cases: list[dict], work_dir: Path, model: str = "tiny") -> list[list[float]]:
-    """Log-probs recomputed by plain transformers in a separate process (tests/helpers/logprob_reference.py)."""
+def reference_logprobs(cases: list[dict], work_dir: Path, model: str = "tiny", in_process: bool = False
+                       ) -> list[list[float]]:
+    """Log-probs recomputed by plain transformers (tests/helpers/logprob_reference.py), in a separate
+    process unless `in_process` (the engine is another process either way; this saves a start-up)."""
+    if in_process:
+        from tests.helpers.logprob_reference import compute
+
+        return compute({"model": model, "cases": cases})
     source, target = Path(work_dir) / "reference_in.json", Path(work_dir) / "reference_out.json"
     source.write_text(json.dumps({"model": model, "cases": cases}))
     subprocess.run([sys.executable, "-m", "tests.helpers.logprob_reference", str(source), str(target)], cwd=REPO,

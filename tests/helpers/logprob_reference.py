@@ -20,6 +20,13 @@ from shellrl.models import load_model
 
 def main(argv: list[str]) -> None:
     spec = json.loads(open(argv[0]).read())
+    torch.set_num_threads(1)
+    with open(argv[1], "w") as out:
+        json.dump(compute(spec), out)
+
+
+def compute(spec: dict) -> list[list[float]]:
+    """The reference log-probs for `spec` (see the module docstring)."""
     model = load_model(spec["model"], dtype=torch.float32)
     original = {n: p.detach().clone() for n, p in model.named_parameters()}
     results = []
@@ -38,8 +45,7 @@ def main(argv: list[str]) -> None:
         temperature = case["temperature"]
         logprobs = torch.log_softmax(logits / (temperature if temperature >= 1e-6 else 1.0), dim=-1)
         results.append(logprobs.gather(1, torch.tensor(output)[:, None]).squeeze(1).tolist())
-    with open(argv[1], "w") as out:
-        json.dump(results, out)
+    return results
 
 
 if __name__ == "__main__":

@@ -1,0 +1,183 @@
+"""Weight updates of a real engine process (tiny model) while it serves: versions per token, parity
+with the new weights, pause modes, and refused updates that leave the old weights serving."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+import torch
+
+from shellrl import weight_transport as wt
+from shellrl.engine_client import EngineClient, EngineError, VersionSpan
+from shellrl.models import load_model
+from tests.helpers.engine import reference_logprobs, running_engine
+
+PARITY_TOLERANCE = 1e-4
+PROMPT = [101, 2045, 331, 17, 9000, 42, 7, 7, 512]
+LONG = {"max_new_tokens": 5000, "ignore_eos": True, "temperature": 1.0, "sampling_seed": 11}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    with running_engine(tmp_path_factory.mktemp("engine")) as process:
+        yield process
+
+
+@pytest.fixture(scope="module")
+def base_weights() -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in load_model("tiny").named_parameters()}
+
+
+@pytest.fixture
+async def client(engine):
+    async with EngineClient([engine.url], timeout_s=120) as c:
+        yield c
+
+
+def perturbed(base: dict[str, torch.Tensor], seed: int) -> list[tuple[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [(n, t + 0.05 * torch.randn(t.shape, generator=generator)) for n, t in base.items()]
+
+
+async def push(client: EngineClient, named, version: str) -> None:
+    """What the learner does on CPU: a shared-memory flattened bucket, unlinked after the call."""
+    with wt.SharedMemoryBucket(named) as bucket:
+        await client.update_weights_from_tensor([bucket.payload()], weight_version=version)
+
+
+async def wait_for_tokens(engine_url: str, minimum_running: int = 1) -> None:
+    async with httpx.AsyncClient() as http:
+        for _ in range(200):
+            loads = (await http.get(f"{engine_url}/v1/loads")).json()["loads"][0]
+            if loads["num_running_reqs"] >= minimum_running:
+                await asyncio.sleep(0.3)  # let it produce some tokens
+                return
+            await asyncio.sleep(0.05)
+    raise AssertionError("request never started running")
+
+
+async def test_retract_pause_and_update_mid_generation_labels_tokens_and_matches_both_weight_sets(
+        engine, client, base_weights, tmp_path):
+    weights_a, weights_b = perturbed(base_weights, 1), perturbed(base_weights, 2)
+    wt.save_safetensors_dir(weights_a, tmp_path / "a")
+    wt.save_safetensors_dir(weights_b, tmp_path / "b")
+    await push(client, weights_a, "a")
+    task = asyncio.create_task(client.generate(PROMPT, LONG, rid="retracted"))
+    await wait_for_tokens(engine.url)
+    await client.pause_generation("retract")
+    await push(client, weights_b, "b")
+    await client.continue_generation()
+    await asyncio.sleep(0.5)
+    await client.abort_request("retracted")
+    result = await asyncio.wait_for(task, 60)
+
+    assert result.finish_reason == "abort" and len(result.output_ids) == len(result.output_logprobs)
+    (old, new) = result.weight_versions
+    assert old.version == "a" and new.version == "b" and old.start == 0 and old.end == new.start
+    assert new.end == len(result.output_ids) and 0 < old.end < new.end and result.weight_version == "b"
+    k = old.end
+    expected = reference_logprobs([
+        {"prompt": PROMPT, "output": result.output_ids[:k], "temperature": 1.0, "weights_dir": str(tmp_path / "a")},
+        {"prompt": PROMPT + result.output_ids[:k], "output": result.output_ids[k:], "temperature": 1.0,
+         "weights_dir": str(tmp_path / "b")},
+    ], tmp_path, in_process=True)
+    got = [result.output_logprobs[:k], result.output_logprobs[k:]]
+    worst = max(abs(x - y) for g, e in zip(got, expected) for x, y in zip(g, e))
+    assert worst <= PARITY_TOLERANCE, f"max |engine - reference| = {worst}"
+
+
+async def test_abort_pause_returns_partial_old_version_tokens_and_the_resumed_turn_runs_on_new_weights(
+        engine, client, base_weights):
+    await push(client, perturbed(base_weights, 3), "c")
+    task = asyncio.create_task(client.generate(PROMPT, LONG))
+    await wait_for_tokens(engine.url)
+    await client.pause_generation("abort")
+    partial = await asyncio.wait_for(task, 30)
+    await push(client, perturbed(base_weights, 4), "d")
+    await client.continue_generation()
+    assert partial.finish_reason == "abort" and partial.output_ids
+    assert partial.weight_versions == (VersionSpan("c", 0, len(partial.output_ids)),)
+    resumed = await client.generate(PROMPT + partial.output_ids, {"max_new_tokens": 4, "temperature": 0})
+    assert resumed.weight_version == "d" and resumed.weight_versions == (VersionSpan("d", 0, 4),)
+    assert resumed.cached_tokens == 0, "the prefix cache must be flushed by a weight update"
+
+
+async def test_update_without_pause_waits_for_running_requests_which_finish_on_the_old_version(
+        engine, client, base_weights):
+    await push(client, perturbed(base_weights, 5), "e")
+    task = asyncio.create_task(client.generate(PROMPT, {**LONG, "max_new_tokens": 150}))
+    await wait_for_tokens(engine.url)
+    await push(client, perturbed(base_weights, 6), "f")
+    finished = await asyncio.wait_for(task, 60)
+    assert finished.finish_reason == "length" and finished.weight_versions == (VersionSpan("e", 0, 150),)
+    after = await client.generate(PROMPT, {"max_new_tokens": 2})
+    assert after.weight_version == "f" and (await client.get_weight_version()) == {engine.url: "f"}
+
+
+async def test_in_place_pause_keeps_the_request_and_labels_later_tokens_with_the_new_version(
+        engine, client, base_weights):
+    await push(client, perturbed(base_weights, 7), "g")
+    task = asyncio.create_task(client.generate(PROMPT, LONG, rid="kept"))
+    await wait_for_tokens(engine.url)
+    await client.pause_generation("in_place")
+    await push(client, perturbed(base_weights, 8), "h")
+    await client.continue_generation()
+    await asyncio.sleep(0.5)
+    await client.abort_request("kept")
+    result = await asyncio.wait_for(task, 30)
+    assert [span.version for span in result.weight_versions] == ["g", "h"]
+    assert result.weight_versions[-1].end == len(result.output_ids) == len(result.output_logprobs)
+
+
+async def test_disk_update_serves_logprobs_of_the_checkpoint(engine, client, base_weights, tmp_path):
+    weights = perturbed(base_weights, 9)
+    wt.save_safetensors_dir(weights, tmp_path / "ckpt")
+    await client.update_weights_from_disk(str(tmp_path / "ckpt"), "disk-1")
+    result = await client.generate(PROMPT, {"max_new_tokens": 12, "temperature": 0.7, "ignore_eos": True})
+    assert result.weight_version == "disk-1"
+    (expected,) = reference_logprobs([{"prompt": PROMPT, "output": result.output_ids, "temperature": 0.7,
+                                       "weights_dir": str(tmp_path / "ckpt")}], tmp_path,
+                                     in_process=True)
+    assert max(abs(x - y) for x, y in zip(result.output_logprobs, expected)) <= PARITY_TOLERANCE
+
+
+async def _snapshot(engine_url: str, client: EngineClient) -> tuple:
+    async with httpx.AsyncClient() as http:
+        weights = (await http.post(f"{engine_url}/get_weights_by_name",
+                                   json={"name": "model.layers.0.mlp.up_proj.weight", "truncate_size": 20})).json()
+    greedy = await client.generate(PROMPT, {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True})
+    return weights, greedy.output_ids, greedy.output_logprobs, greedy.weight_version
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda named: named[:3] + [("model.layers.0.mlp.up_proj.weight", torch.zeros(3, 3))], "shape"),
+    (lambda named: named + [("model.layers.99.mlp.up_proj.weight", torch.zeros(2))], "unknown parameter"),
+])
+async def test_refused_tensor_update_gives_400_and_old_weights_keep_serving(
+        engine, client, base_weights, mutate, message):
+    before = await _snapshot(engine.url, client)
+    with pytest.raises(EngineError, match=message) as info:
+        await push(client, mutate(perturbed(base_weights, 10)), "never")
+    assert info.value.status == 400
+    assert await _snapshot(engine.url, client) == before
+
+
+async def test_tensor_update_outside_a_session_and_pickled_payloads_are_refused(engine, client, base_weights):
+    before = await _snapshot(engine.url, client)
+    with wt.SharedMemoryBucket(perturbed(base_weights, 11)) as bucket:
+        body = {"serialized_named_tensors": [bucket.payload()], "load_format": "flattened_bucket",
+                "weight_version": "x"}
+        outside = httpx.post(f"{engine.url}/update_weights_from_tensor", json=body, timeout=30)
+    assert outside.status_code == 400 and "between begin_weight_update() and end_weight_update()" in outside.json()[
+        "message"]
+    with pytest.raises(EngineError, match="never unpickled"):
+        await client.update_weights_from_tensor(["gASVAAAA"], weight_version="x")
+    with pytest.raises(EngineError, match="load_format"):
+        await client.update_weights_from_tensor([json.dumps({"transport": "shm"})], weight_version="x",
+                                                load_format=None)
+    with pytest.raises(EngineError, match="no .*safetensors"):
+        await client.update_weights_from_disk("/nonexistent", "x")
+    assert await _snapshot(engine.url, client) == before
