@@ -47,6 +47,8 @@ def trainer_config(s: LearnerSettings) -> TrainerConfig:
 def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient]:
     """Model, trainer, engines, checkpoint store and the worker (blocking: loads the model)."""
     device = "cuda" if s.device == "auto" and torch.cuda.is_available() else ("cpu" if s.device == "auto" else s.device)
+    if s.num_threads:
+        torch.set_num_threads(s.num_threads)
     torch.manual_seed(s.seed)
     np.random.seed(s.seed)
     random.seed(s.seed)

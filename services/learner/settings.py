@@ -24,6 +24,8 @@ class LearnerSettings(ServiceSettings):
                                                                     "receives every weight update.")
     consumer_name: str = Field("learner-0", description="Stable consumer name in group 'learner': after a restart "
                                                         "the same name re-reads its own pending entries.")
+    num_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default (1 avoids "
+                                                 "thread oversubscription on a shared, busy CPU).")
     seed: int = Field(0, description="torch/numpy/python seed at a fresh start (a resume restores the RNG states).")
 
     # batches and groups (DESIGN.md section 5)

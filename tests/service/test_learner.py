@@ -24,11 +24,12 @@ from tests.helpers.trajectories import sample_group
 
 pytestmark = pytest.mark.slow
 PROMPT = [1, 9690, 28, 253, 1061, 30]
+ENGINE_ENV = {"SHELLRL_MODEL_PATH": "tiny", "SHELLRL_NUM_THREADS": "1"}
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    proc = ServiceProcess("engine", free_port(), {"SHELLRL_MODEL_PATH": "tiny"}, tmp_path_factory.mktemp("engine"))
+    proc = ServiceProcess("engine", free_port(), ENGINE_ENV, tmp_path_factory.mktemp("engine"))
     proc.start(ready_timeout_s=180)
     yield proc
     proc.stop()
@@ -39,7 +40,8 @@ def learner_env(redis_url: str, engine_url: str, tmp: Path, **extra) -> dict[str
            "SHELLRL_CHECKPOINT_DIR": str(tmp / "ckpt"), "SHELLRL_WEIGHT_SYNC_DIR": str(tmp / "sync"),
            "SHELLRL_GROUPS_PER_STEP": "1", "SHELLRL_CHECKPOINT_INTERVAL_STEPS": "2", "SHELLRL_MAX_STALENESS": "100",
            "SHELLRL_GROUP_TIMEOUT_S": "60", "SHELLRL_BLOCK_MS": "200", "SHELLRL_PAD_TO_MULTIPLE_OF": "8",
-           "SHELLRL_WEIGHT_SYNC_TIMEOUT_S": "10", "SHELLRL_ENGINE_RETRY_INTERVAL_S": "1"}
+           "SHELLRL_WEIGHT_SYNC_TIMEOUT_S": "10", "SHELLRL_ENGINE_RETRY_INTERVAL_S": "1",
+           "SHELLRL_NUM_THREADS": "1"}
     return env | {f"SHELLRL_{k.upper()}": str(v) for k, v in extra.items()}
 
 
@@ -132,7 +134,7 @@ async def _no_pending(redis) -> bool:
 
 async def test_weight_sync_reports_a_frozen_or_killed_engine_within_the_deadline_and_the_learner_continues(
         redis_server, tmp_path):
-    engine = ServiceProcess("engine", free_port(), {"SHELLRL_MODEL_PATH": "tiny"}, tmp_path)
+    engine = ServiceProcess("engine", free_port(), ENGINE_ENV, tmp_path)
     engine.start(ready_timeout_s=180)
     redis = streams.connect(redis_server.url)
     client = EngineClient([engine.url], timeout_s=120)
