@@ -117,7 +117,8 @@ def build_app(settings: RolloutSettings) -> FastAPI:
                                RolloutConfig(group_size=settings.group_size, sampling=_train_sampling(settings),
                                              max_attempts=settings.max_attempts,
                                              retry_backoff_s=settings.retry_backoff_s,
-                                             episodes_backlog_bound=settings.episodes_backlog_bound))
+                                             episodes_backlog_bound=settings.episodes_backlog_bound,
+                                             episodes_stream_maxlen=settings.episodes_stream_maxlen))
         state.update(redis=redis, store=store, chat=chat, engine=engine, sandbox=sandbox, agent=agent,
                      evaluations=evaluations, admission=admission, pool=pool, worker=worker, gate=gate, watcher=watcher)
         await evaluations.mark_interrupted()

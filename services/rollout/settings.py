@@ -31,6 +31,8 @@ class RolloutSettings(ServiceSettings):
     episodes_backlog_bound: int = Field(
         512, ge=1, description="Admission waits while shellrl:episodes has this many entries unacknowledged "
                                "by the verifier group.")
+    episodes_stream_maxlen: int = Field(
+        100_000, ge=1, description="shellrl:episodes is trimmed past this many entries, acknowledged ones only.")
     pool_seed: int = Field(0, description="Seed of the per-epoch shuffle of the training pool.")
     worker_enabled: bool = Field(True, description="Run the training scheduler (False: REST and evaluations only).")
     consumer_name: str = Field("rollout-0", description="Stable name of this replica (stream consumer, in-flight keys).")

@@ -92,6 +92,7 @@ class RolloutConfig:
     max_attempts: int = 3
     retry_backoff_s: float = 1.0
     episodes_backlog_bound: int = 512
+    episodes_stream_maxlen: int | None = None
 
 
 class RolloutWorker:
@@ -99,7 +100,7 @@ class RolloutWorker:
                  agent: AgentLoop, capacity: Capacity, gate: InfraGate, config: RolloutConfig) -> None:
         self.redis, self.store, self.pool, self.admission = redis, store, pool, admission
         self.agent, self.capacity, self.gate, self.config = agent, capacity, gate, config
-        self.producer = StreamProducer(redis, STREAM_EPISODES)
+        self.producer = StreamProducer(redis, STREAM_EPISODES, maxlen=config.episodes_stream_maxlen)
         self._groups: set[asyncio.Task] = set()
         self._stopping = asyncio.Event()
         self.published = 0

@@ -1,0 +1,336 @@
+"""Rollout gateway benchmarks (issue 5): `python -m benchmarks.bench_rollout [--quick]`.
+
+1. Gateway overhead. The real agent loop (`AgentLoop` with the real `EngineClient`, `SandboxClient`,
+   SmolLM2's tokenizer and chat template, protobuf trajectories XADDed to a real Redis) against a
+   zero-latency FAKE engine (every reply `<bash>true</bash><|im_end|>`) and a zero-latency FAKE
+   sandbox, each its own process (tests/fakes). 256 concurrent episodes of 8 turns, back to back.
+   Baseline in the same run: the same two HTTP calls per turn (generate + exec) with the same
+   clients and the same concurrency, without the agent loop. Also: latency of one turn with a single
+   episode against one bare generate + exec pair (the added latency per turn), and the gateway
+   process's CPU time per turn.
+2. Long tail. The real scheduler, admission and worker (`RolloutWorker`, `Admission`, `TaskPool`,
+   real Redis) with an in-process FAKE engine that sleeps: every episode takes 10 s except one
+   episode in every 8th group that takes 80 s, scaled down by `--tail-scale` (default 1/20: 0.5 s
+   and 4 s). 8 groups of 8 fit the in-flight cap; a simulated learner takes complete groups from
+   shellrl:episodes in completion order, 8 groups per step, bumps shellrl:policy:version and
+   records each trajectory's staleness (learner version at training - oldest ACTION version).
+   Batch-synchronous = max_staleness 0 (admit 8 groups, wait for the step); asynchronous =
+   max_staleness k with the strict bound (default) and with DESIGN's plain bound. Slot utilisation =
+   busy episode-seconds / (64 slots x window); trajectories/minute over the same window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from services.rollout.admission import Admission, PolicyVersionWatcher  # noqa: E402
+from services.rollout.agent_loop import AgentLoop, EpisodeLimits, EpisodeSpec, Sampling  # noqa: E402
+from services.rollout.prompt import ChatFormat, load_chat_tokenizer  # noqa: E402
+from services.rollout.scheduler import TaskPool  # noqa: E402
+from services.rollout.task_store import TaskStore  # noqa: E402
+from services.rollout.worker import Capacity, InfraGate, RolloutConfig, RolloutWorker  # noqa: E402
+from shellrl import streams  # noqa: E402
+from shellrl.contract import min_policy_version, parse_trajectory, task_from_json  # noqa: E402
+from shellrl.engine_client import EngineClient, GenerateResult  # noqa: E402
+from shellrl.sandbox_client import SandboxClient  # noqa: E402
+from tests.helpers.redis_server import RedisServer, free_port  # noqa: E402
+
+console = Console(width=150)
+
+
+# --- 1. gateway overhead ---------------------------------------------------------------------------
+
+def _start(module: str, port: int, *extra: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *extra], cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/readyz" if "sandbox" in module else f"http://127.0.0.1:{port}/health",
+                      timeout=0.5)
+            return proc
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"{module} did not start")
+
+
+@dataclass
+class OverheadResult:
+    concurrency: int
+    turns_per_s: float
+    pairs_per_s: float
+    cpu_ms_per_turn: float
+    turn_latency_ms: float
+    pair_latency_ms: float
+    episodes: int = 0
+
+
+async def _bare_pairs(engine: EngineClient, sandbox: SandboxClient, prompt: list[int], concurrency: int,
+                      duration_s: float) -> float:
+    """generate + exec pairs per second, no agent loop (the baseline)."""
+    session = (await sandbox.create_session())["session_id"]
+    count = 0
+    stop_at = time.monotonic() + duration_s
+    params = {"max_new_tokens": 40, "temperature": 1.0}
+
+    async def loop() -> None:
+        nonlocal count
+        while time.monotonic() < stop_at:
+            await engine.generate(prompt, params, return_logprob=True)
+            await sandbox.exec(session, "true", timeout_s=5)
+            count += 1
+
+    start = time.monotonic()
+    await asyncio.gather(*(loop() for _ in range(concurrency)))
+    return count / (time.monotonic() - start)
+
+
+async def _agent_turns(agent: AgentLoop, producer: streams.StreamProducer, concurrency: int, duration_s: float,
+                       turns: int) -> tuple[float, float, int]:
+    """(turns/s, gateway CPU ms per turn, episodes) with `concurrency` episodes running back to back."""
+    task = task_from_json({"task_id": "bench", "instruction": "Print the number of files in this directory.",
+                           "check": {"type": "answer_integer_equals", "expected": 0}, "max_turns": turns})
+    done_turns = episodes = 0
+    stop_at = time.monotonic() + duration_s
+
+    async def loop(worker: int) -> None:
+        nonlocal done_turns, episodes
+        n = 0
+        while time.monotonic() < stop_at:
+            traj = await agent.run(EpisodeSpec(task, f"bench-{worker}-{n}", group_id=f"g-{worker}", group_size=1))
+            await producer.add(traj.SerializeToString(), idempotency_key=traj.trajectory_id, task_id=traj.task_id,
+                               group_id=traj.group_id, version=min_policy_version(traj) or 0)
+            done_turns += traj.num_turns
+            episodes += 1
+            n += 1
+
+    cpu, start = time.process_time(), time.monotonic()
+    await asyncio.gather(*(loop(i) for i in range(concurrency)))
+    wall, cpu = time.monotonic() - start, time.process_time() - cpu
+    return done_turns / wall, 1000 * cpu / max(done_turns, 1), episodes
+
+
+async def bench_overhead(concurrency: int, duration_s: float, turns: int) -> OverheadResult:
+    engine_port, sandbox_port = free_port(), free_port()
+    redis_dir = tempfile.mkdtemp(prefix="bench-rollout-redis-")
+    redis_server = RedisServer(Path(redis_dir)).start()
+    procs = [_start("tests.fakes.fake_engine", engine_port, "--model-path", "tiny"),
+             _start("tests.fakes.fake_sandbox", sandbox_port)]
+    try:
+        chat = ChatFormat.from_tokenizer(load_chat_tokenizer("tiny"))
+        redis = streams.connect(redis_server.url)
+        producer = streams.StreamProducer(redis, streams.STREAM_EPISODES)
+        async with EngineClient(f"http://127.0.0.1:{engine_port}") as engine, \
+                SandboxClient(f"http://127.0.0.1:{sandbox_port}") as sandbox:
+            agent = AgentLoop(engine, sandbox, chat, EpisodeLimits(max_turns=turns, max_context_tokens=8192))
+            prompt = chat.prompt_ids("Print the number of files in this directory.")
+            await _bare_pairs(engine, sandbox, prompt, 4, 1.0)  # warm up connections and both servers
+            pairs_per_s = await _bare_pairs(engine, sandbox, prompt, concurrency, duration_s)
+            turns_per_s, cpu_ms, episodes = await _agent_turns(agent, producer, concurrency, duration_s, turns)
+            one_pair = await _bare_pairs(engine, sandbox, prompt, 1, 2.0)
+            one_turns, _, _ = await _agent_turns(agent, producer, 1, 2.0, turns)
+        await redis.aclose()
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(10)
+        redis_server.stop()
+    return OverheadResult(concurrency, turns_per_s, pairs_per_s, cpu_ms, 1000 / one_turns, 1000 / one_pair, episodes)
+
+
+# --- 2. long tail ----------------------------------------------------------------------------------
+
+class FakeTailEngine:
+    """FAKE engine (in process) that sleeps per episode: `long_s` for sample 0 of every 8th group,
+    `short_s` otherwise; replies `<answer>1</answer><|im_end|>` and reports the learner's version
+    at the start of the request (the weights that produced the tokens)."""
+
+    def __init__(self, chat: ChatFormat, short_s: float, long_s: float, every: int = 8) -> None:
+        self.reply = chat.tokenizer("<answer>1</answer>", add_special_tokens=False)["input_ids"] + [chat.end_of_turn_id]
+        self.short_s, self.long_s, self.every = short_s, long_s, every
+        self.version = 0
+        self._groups: dict[str, int] = {}
+        self.busy_s: list[tuple[float, float]] = []
+
+    async def generate(self, input_ids, sampling_params, *, return_logprob=True, rid=None) -> GenerateResult:
+        group_id, index = rid.split("-")[0] + "-" + rid.split("-")[1], int(rid.split("-")[2])
+        ordinal = self._groups.setdefault(group_id, len(self._groups))
+        delay = self.long_s if ordinal % self.every == 0 and index == 0 else self.short_s
+        version, start = self.version, time.monotonic()
+        await asyncio.sleep(delay)
+        self.busy_s.append((start, time.monotonic()))
+        return GenerateResult(list(self.reply), [-0.1] * len(self.reply), "stop", self.reply[-1], str(version),
+                              len(input_ids), len(self.reply), "", "fake")
+
+    async def health(self) -> dict:
+        return {"fake": True}
+
+
+class FakeSandbox:
+    """FAKE sandbox (in process): sessions only; the long-tail episodes never run a command."""
+
+    async def create_session(self, **_) -> dict:
+        return {"session_id": uuid.uuid4().hex, "isolation": "fake"}
+
+    async def delete(self, session_id: str) -> None:
+        return None
+
+
+@dataclass
+class TailResult:
+    mode: str
+    max_staleness: int
+    strict: bool
+    utilisation: float
+    trajectories_per_min: float
+    steps: int
+    max_staleness_seen: int
+    over_bound: int
+    trained: int
+    staleness: list[int] = field(default_factory=list)
+
+
+async def _learner(redis, engine: FakeTailEngine, group_size: int, groups_per_step: int, result: TailResult,
+                   stop: asyncio.Event) -> None:
+    """Simulated learner: complete groups in completion order, `groups_per_step` per step; staleness
+    of each trained trajectory = version at training - its oldest ACTION version."""
+    groups: dict[str, list] = {}
+    complete: list[list] = []
+    last = "0-0"
+    while not stop.is_set():
+        resp = await redis.xread({streams.STREAM_EPISODES: last}, block=100, count=256)
+        for _, entries in resp or []:
+            for entry_id, fields in entries:
+                last = entry_id.decode()
+                traj = parse_trajectory(fields[b"pb"])
+                members = groups.setdefault(traj.group_id, [])
+                members.append(traj)
+                if len(members) == group_size:
+                    complete.append(groups.pop(traj.group_id))
+        while len(complete) >= groups_per_step:
+            batch, complete[:] = complete[:groups_per_step], complete[groups_per_step:]
+            for group in batch:
+                for traj in group:
+                    result.staleness.append(engine.version - min_policy_version(traj))
+            engine.version += 1
+            result.steps += 1
+            await redis.set(streams.POLICY_VERSION_KEY, engine.version)
+            await redis.publish(streams.POLICY_UPDATES_CHANNEL, str(engine.version))
+
+
+async def bench_tail(mode: str, max_staleness: int, strict: bool, *, scale: float, window_s: float,
+                     group_size: int = 8, groups: int = 8) -> TailResult:
+    redis_server = RedisServer(Path(tempfile.mkdtemp(prefix="bench-rollout-tail-"))).start()
+    redis = streams.connect(redis_server.url)
+    chat = ChatFormat.from_tokenizer(load_chat_tokenizer("tiny"))
+    engine = FakeTailEngine(chat, short_s=10 * scale, long_s=80 * scale)
+    store = TaskStore(redis)
+    for i in range(16):
+        await store.submit(task_from_json({"task_id": f"tail-{i}", "instruction": f"task {i}",
+                                           "check": {"type": "answer_equals", "expected": "1"}}))
+    agent = AgentLoop(engine, FakeSandbox(), chat, EpisodeLimits(max_turns=1))
+    watcher = PolicyVersionWatcher(redis, poll_s=0.05)
+    admission = Admission(redis, watcher, replica="bench", max_staleness=max_staleness, groups_per_step=groups,
+                          strict=strict, poll_s=0.05)
+    pool = TaskPool(redis, store, consumer="bench")
+    worker = RolloutWorker(redis, store, pool, admission, agent, Capacity(groups * group_size),
+                           InfraGate({}), RolloutConfig(group_size=group_size, episodes_backlog_bound=100_000))
+    result = TailResult(mode, max_staleness, strict, 0.0, 0.0, 0, 0, 0, 0)
+    stop = asyncio.Event()
+    background = [asyncio.create_task(watcher.run()), asyncio.create_task(pool.feed()),
+                  asyncio.create_task(_learner(redis, engine, group_size, groups, result, stop))]
+    start = time.monotonic()
+    main = asyncio.create_task(worker.run())
+    await asyncio.sleep(window_s)
+    end = time.monotonic()
+    worker.stop_admitting()
+    main.cancel()
+    await asyncio.gather(main, return_exceptions=True)
+    finished = sum(1 for s, e in engine.busy_s if e <= end)
+    busy = sum(max(0.0, min(e, end) - max(s, start)) for s, e in engine.busy_s)
+    await worker.drain(0.0)
+    stop.set()
+    for task in background:
+        task.cancel()
+    await asyncio.gather(*background, return_exceptions=True)
+    await redis.aclose()
+    redis_server.stop()
+    result.utilisation = busy / (groups * group_size * (end - start))
+    result.trajectories_per_min = 60 * finished / (end - start)
+    result.trained = len(result.staleness)
+    result.max_staleness_seen = max(result.staleness, default=0)
+    result.over_bound = sum(s > max_staleness for s in result.staleness)
+    return result
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_rollout", description=__doc__.splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=256)
+    parser.add_argument("--turns", type=int, default=8, help="turns per overhead episode")
+    parser.add_argument("--duration-s", type=float, default=10.0, help="measuring time of each overhead run")
+    parser.add_argument("--tail-scale", type=float, default=0.05, help="10 s / 80 s episodes times this")
+    parser.add_argument("--tail-window-s", type=float, default=40.0, help="measuring window of each tail mode")
+    parser.add_argument("--async-staleness", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--quick", action="store_true", help="short runs (a smoke test of the benchmark)")
+    parser.add_argument("--skip-overhead", action="store_true")
+    parser.add_argument("--skip-tail", action="store_true")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.duration_s, args.tail_window_s, args.async_staleness = 3.0, 12.0, [2]
+    console.print(f"[bold]Rollout gateway[/bold] on {os.cpu_count()} CPU cores")
+
+    if not args.skip_overhead:
+        r = asyncio.run(bench_overhead(args.concurrency, args.duration_s, args.turns))
+        table = Table(title=f"Gateway overhead: zero-latency engine and sandbox doubles, {r.concurrency} concurrent "
+                            f"episodes x {args.turns} turns")
+        for col in ("measure", "agent loop", "baseline (bare generate+exec)", "ratio"):
+            table.add_column(col, justify="right")
+        table.add_row("turns/s", f"{r.turns_per_s:.0f}", f"{r.pairs_per_s:.0f} pairs/s",
+                      f"{r.turns_per_s / r.pairs_per_s:.2f}")
+        table.add_row("latency per turn, 1 episode (ms)", f"{r.turn_latency_ms:.2f}", f"{r.pair_latency_ms:.2f}",
+                      f"+{r.turn_latency_ms - r.pair_latency_ms:.2f} ms added")
+        table.add_row("gateway CPU per turn (ms)", f"{r.cpu_ms_per_turn:.2f}", "", "")
+        table.add_row("episodes finished", f"{r.episodes}", "", "")
+        console.print(table)
+
+    if not args.skip_tail:
+        modes = [("batch-synchronous", 0, True)]
+        modes += [(f"async strict k={k}", k, True) for k in args.async_staleness]
+        modes += [(f"async plain k={k}", k, False) for k in args.async_staleness[:1]]
+        results = [asyncio.run(bench_tail(name, k, strict, scale=args.tail_scale, window_s=args.tail_window_s))
+                   for name, k, strict in modes]
+        base = results[0]
+        table = Table(title=f"Long tail: 8 groups x 8 in flight, episodes {10 * args.tail_scale:g} s, one per 8 groups "
+                            f"{80 * args.tail_scale:g} s (10 s / 80 s x {args.tail_scale:g}); window {args.tail_window_s:g} s")
+        for col in ("admission", "slot utilisation", "vs sync", "trajectories/min", "learner steps",
+                    "max staleness", "trained > max_staleness"):
+            table.add_column(col, justify="right")
+        for r in results:
+            table.add_row(r.mode, f"{100 * r.utilisation:.1f}%", f"{r.utilisation / base.utilisation:.2f}x",
+                          f"{r.trajectories_per_min:.0f}", str(r.steps), str(r.max_staleness_seen),
+                          f"{r.over_bound} of {r.trained}")
+        console.print(table)
+
+
+if __name__ == "__main__":
+    main()
