@@ -3,21 +3,44 @@
 `PolicySet.load(path)` reads every named policy; `Policy.evaluate(command)` returns the verdict
 before the command runs: the first matching `deny` rule in file order, else the first matching
 `flag` rule, else `allow`. Commands are matched as typed and with quotes/backslashes removed.
+
+Cost is kept linear in the command length by matching a normalized text: every token of 65 or
+more non-blank characters (data, not a command word or flag) becomes `W`, and a line break is
+inserted after every 64 words, so no simple command seen by a rule exceeds 64 words (a longer
+`rm a b … /` is still flagged by its first words, but a deny on a target past the 64th word is
+missed; the sandbox's read-only root contains it anyway). As a backstop the patterns run on the
+`regex` engine with a time budget (`EVALUATION_BUDGET_S`, enforced loosely by the engine): a
+command whose evaluation takes longer is denied with rule `policy_timeout`.
 """
 
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Literal
 
+import regex
 import yaml
 
 Verdict = Literal["allow", "flag", "deny"]
 _VERDICTS = ("deny", "flag")
 _UNQUOTE = re.compile(r"[\"'\\]")
+_LONG_TOKEN = re.compile(r"[^\s;&|()<>]{65,}")
+WORDS_PER_LINE = 64
+
+
+def normalize(text: str) -> str:
+    """Long tokens → `W`; a newline after every 64 words (see the module docstring). Linear time."""
+    lines = []
+    for line in _LONG_TOKEN.sub("W", text).split("\n"):
+        words = line.split()
+        if len(words) > WORDS_PER_LINE:
+            line = "\n".join(" ".join(words[i:i + WORDS_PER_LINE]) for i in range(0, len(words), WORDS_PER_LINE))
+        lines.append(line)
+    return "\n".join(lines)
 
 
 @dataclass(frozen=True)
@@ -30,13 +53,15 @@ class PolicyVerdict:
 
 
 ALLOW = PolicyVerdict("allow", None)
+TIMEOUT = PolicyVerdict("deny", "policy_timeout")
+EVALUATION_BUDGET_S = 2.0
 
 
 @dataclass(frozen=True)
 class Rule:
     name: str
     verdict: Literal["flag", "deny"]
-    pattern: re.Pattern
+    pattern: regex.Pattern
     description: str = ""
 
 
@@ -46,13 +71,20 @@ class Policy:
     rules: tuple[Rule, ...]
     network: bool = False
 
-    def evaluate(self, command: str) -> PolicyVerdict:
-        """Verdict for `command` (pure, deterministic)."""
-        texts = (command, _UNQUOTE.sub("", command))
-        for wanted in _VERDICTS:
-            for rule in self.rules:
-                if rule.verdict == wanted and any(rule.pattern.search(t) for t in texts):
-                    return PolicyVerdict(rule.verdict, rule.name)
+    def evaluate(self, command: str, budget_s: float = EVALUATION_BUDGET_S) -> PolicyVerdict:
+        """Verdict for `command`: deterministic for every command evaluated within `budget_s`."""
+        texts = (normalize(command), normalize(_UNQUOTE.sub("", command)))
+        deadline = time.monotonic() + budget_s
+        try:
+            for wanted in _VERDICTS:
+                for rule in self.rules:
+                    if rule.verdict != wanted:
+                        continue
+                    for text in texts:
+                        if rule.pattern.search(text, concurrent=True, timeout=max(1e-3, deadline - time.monotonic())):
+                            return PolicyVerdict(rule.verdict, rule.name)
+        except TimeoutError:
+            return TIMEOUT
         return ALLOW
 
 
@@ -104,8 +136,8 @@ def _parse_policy(source: str, name: str, spec: dict, parent: Policy | None) -> 
         if r["verdict"] not in _VERDICTS:
             raise ValueError(f"{where}: verdict must be 'deny' or 'flag', got {r['verdict']!r}")
         try:
-            pattern = re.compile(r["pattern"])
-        except re.error as exc:
+            pattern = regex.compile(r["pattern"], regex.V0)
+        except regex.error as exc:
             raise ValueError(f"{where}: bad pattern: {exc}") from None
         rules.append(Rule(r["name"], r["verdict"], pattern, r.get("description", "")))
     network = bool(spec.get("network", parent.network if parent else False))

@@ -277,7 +277,9 @@ class SessionManager:
                                "command")
         if timeout_s is not None and timeout_s > self.max_timeout_s:
             raise SessionError(400, "invalid_timeout", f"timeout_s must be <= {self.max_timeout_s}", "timeout_s")
-        verdict = session.policy.evaluate(command)
+        # long commands are evaluated off the event loop (the regex engine releases the GIL)
+        verdict = (session.policy.evaluate(command) if len(command) < 65536
+                   else await asyncio.to_thread(session.policy.evaluate, command))
         metrics.POLICY_VERDICTS.labels(verdict.verdict, verdict.rule or "").inc()
         async with session.lock:
             if session.closed:
