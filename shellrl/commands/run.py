@@ -47,5 +47,9 @@ def run(args) -> int:
                     temperature=args.temperature, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
                     train_set=args.train_set, eval_id_episodes=args.eval_id_episodes,
                     eval_ood_episodes=args.eval_ood_episodes, agentbench_eval_tasks=args.agentbench_eval_tasks)
-    run_job(cfg)
+    try:
+        run_job(cfg)
+    except KeyboardInterrupt:  # the Stack context manager has stopped every process by now
+        print("interrupted: the stack is stopped; logs and checkpoints stay in", state)
+        return 130
     return 0
