@@ -14,6 +14,9 @@ Transports of the buffer (the `serialized_named_tensors` entries of `/update_wei
   memory handle (from torch.multiprocessing's reductions) and the GPU's UUID, so it opens under any
   `CUDA_VISIBLE_DEVICES` numbering (`serialize_cuda_bucket` / `open_cuda_bucket`).
 * disk: a safetensors directory (`save_safetensors_dir` / `load_safetensors_dir`).
+Kept buffers for repeated pushes (issue 9): `CudaIpcBucket` (a bucket on the engine's GPU whose IPC
+handle stays the same) and `PinnedHostBucket` (a page-locked shm segment, for GPUs without peer
+access); benchmarks/bench_gpu_weight_sync.py measures them.
 SGLang pickles these payloads (`MultiprocessingSerializer`); shellrl's engine never unpickles an
 HTTP body, so every payload here is plain JSON plus a segment name or handle bytes (docs/sglang.md).
 """
@@ -193,6 +196,14 @@ def open_shared_memory_bucket(payload: dict) -> Iterator[list[tuple[str, torch.T
     The views are valid only inside the `with` block: copy what you keep. Raises ValueError for a
     bad payload, FileNotFoundError when the segment does not exist.
     """
+    with open_shared_memory_buffer(payload) as (buffer, metadata):
+        yield unflatten_tensors(buffer, metadata)
+
+
+@contextmanager
+def open_shared_memory_buffer(payload: dict) -> Iterator[tuple[torch.Tensor, list[TensorMeta]]]:
+    """Like `open_shared_memory_bucket`, but yields (the whole mapping as a 1-D uint8 tensor,
+    validated metadata), for a receiver that copies the bucket in one piece."""
     segment = str(payload.get("segment", ""))
     if not segment or "/" in segment or len(segment) > 200:
         raise ValueError(f"bad shared-memory segment name {segment!r}")
@@ -202,13 +213,16 @@ def open_shared_memory_bucket(payload: dict) -> Iterator[list[tuple[str, torch.T
     fd = os.open(Path("/dev/shm") / segment, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
-        mapping = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else None
+        # Private (copy-on-write) like ACCESS_COPY; MAP_POPULATE maps every page now, in one call,
+        # instead of one page fault per 4 KiB during the copy (Linux; 0 elsewhere).
+        mapping = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0),
+                            prot=mmap.PROT_READ | mmap.PROT_WRITE) if size else None
     finally:
         os.close(fd)
     torch = _torch()
     try:
         buffer = torch.frombuffer(mapping, dtype=torch.uint8) if mapping else torch.empty(0, dtype=torch.uint8)
-        yield unflatten_tensors(buffer, metadata)
+        yield buffer, metadata
     finally:
         buffer = None
         if mapping is not None:
@@ -274,6 +288,140 @@ def open_cuda_bucket(payload: dict) -> tuple[torch.Tensor, list[TensorMeta]]:
     except (KeyError, TypeError) as exc:
         raise ValueError(f"bad CUDA IPC handle: {exc}") from exc
     return buffer, metadata
+
+
+class CudaIpcBucket:
+    """Learner side: one flattened bucket on `device` (the engine's GPU), kept and refilled by every push.
+
+    Keeping the buffer is what makes CUDA IPC cheap: its IPC handle stays the same, so an engine that
+    keeps the last bucket it opened (services/engine/weights.py) maps it once, not once per push.
+    `fill` copies the tensors in and returns the `serialized_named_tensors` JSON entry:
+    * staging="bucket": flatten on the tensors' own GPU into a second kept buffer (fast local copies),
+      then ONE copy of all bytes to `device` (one DMA over NVLink/PCIe);
+    * staging="direct": copy each tensor straight into the bucket on `device` (a copy per tensor
+      across the link; the per-tensor baseline).
+    Both devices are synchronized before the payload is returned, so the engine may read at once.
+    Memory: the bucket (sum of the tensors' bytes, 64-byte aligned) on `device`, plus as much again
+    on the source GPU with staging="bucket". The buffer must outlive the engine's copy; `close()`
+    drops it (the caching allocator frees it once no engine holds the handle open).
+    """
+
+    def __init__(self, device) -> None:
+        torch = _torch()
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"CudaIpcBucket needs a CUDA device; got {device!r}")
+        self.buffer: torch.Tensor | None = None
+        self._source: torch.Tensor | None = None
+
+    @staticmethod
+    def _ensure(buffer, nbytes: int, device):
+        if buffer is None or buffer.numel() < nbytes or buffer.device != device:
+            return _torch().empty(nbytes, dtype=_torch().uint8, device=device)
+        return buffer
+
+    def fill(self, named_tensors: Iterable[tuple[str, torch.Tensor]], staging: str = "bucket") -> str:
+        """Copy `named_tensors` into the bucket; returns the CUDA IPC payload (JSON string).
+
+        Raises ValueError for an empty list or an unknown `staging`.
+        """
+        torch = _torch()
+        named_tensors = list(named_tensors)
+        if not named_tensors:
+            raise ValueError("cannot fill a bucket with an empty list of tensors")
+        if staging not in ("bucket", "direct"):
+            raise ValueError(f"staging must be 'bucket' or 'direct'; got {staging!r}")
+        metadata, nbytes = plan_bucket(named_tensors)
+        self.buffer = self._ensure(self.buffer, nbytes, self.device)
+        source = named_tensors[0][1].device
+        if staging == "direct" or source == self.device:
+            flatten_into(named_tensors, self.buffer)
+        else:
+            self._source = self._ensure(self._source, nbytes, source)
+            flatten_into(named_tensors, self._source)
+            self.buffer[:nbytes].copy_(self._source[:nbytes])
+        for device in {self.device, source}:
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+        return serialize_cuda_bucket(self.buffer, metadata)
+
+    def close(self) -> None:
+        self.buffer = self._source = None
+
+
+def _cudart():
+    torch = _torch()
+    return torch.cuda.cudart() if torch.cuda.is_available() else None
+
+
+class PinnedHostBucket:
+    """Learner side, for GPUs without peer access: the bucket staged in host memory.
+
+    One named POSIX shared-memory segment, kept and refilled by every push and page-locked
+    (cudaHostRegister) when CUDA is available, so the GPU-to-host copy runs at DMA speed. A GPU
+    model is flattened on its GPU first (into a kept buffer) and copied down in ONE copy. The
+    engine reads the segment as an ordinary "shm" payload (`open_shared_memory_bucket`).
+    Use as a context manager or call `close()`: it unregisters, unmaps and unlinks the segment.
+    """
+
+    def __init__(self, *, prefix: str = "shellrl_p") -> None:
+        self.prefix = prefix
+        self.name: str | None = None
+        self.pinned = False
+        self._shm: shared_memory.SharedMemory | None = None
+        self._host: torch.Tensor | None = None
+        self._source: torch.Tensor | None = None
+
+    def _segment(self, nbytes: int):
+        if self._host is not None and self._host.numel() >= nbytes:
+            return self._host
+        self.close()
+        torch = _torch()
+        self.name = f"{self.prefix}_{os.getpid()}_{secrets.token_hex(6)}"
+        self._shm = shared_memory.SharedMemory(name=self.name, create=True, size=max(nbytes, 1))
+        self._host = torch.frombuffer(self._shm.buf, dtype=torch.uint8, count=max(nbytes, 1))
+        cudart = _cudart()
+        if cudart is not None:
+            self.pinned = int(cudart.cudaHostRegister(self._host.data_ptr(), self._host.numel(), 0)) == 0
+        return self._host
+
+    def fill(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+        """Copy `named_tensors` into the segment; returns the shm payload (JSON string)."""
+        named_tensors = list(named_tensors)
+        if not named_tensors:
+            raise ValueError("cannot fill a bucket with an empty list of tensors")
+        metadata, nbytes = plan_bucket(named_tensors)
+        host = self._segment(nbytes)
+        source = named_tensors[0][1].device
+        if source.type == "cuda":
+            self._source = CudaIpcBucket._ensure(self._source, nbytes, source)
+            flatten_into(named_tensors, self._source)
+            host[:nbytes].copy_(self._source[:nbytes])  # synchronous: the bytes are on the host after this
+        else:
+            flatten_into(named_tensors, host)
+        return json.dumps({"transport": "shm", "segment": self.name, "nbytes": nbytes,
+                           "metadata": _metadata_json(metadata)})
+
+    def close(self) -> None:
+        """Unregister, unmap and unlink the segment (idempotent)."""
+        if self._shm is None:
+            return
+        if self.pinned:
+            _cudart().cudaHostUnregister(self._host.data_ptr())
+            self.pinned = False
+        self._host = None  # no exported view may outlive the mapping
+        self._shm.close()
+        try:
+            self._shm.unlink()
+        except FileNotFoundError:
+            pass
+        self._shm = None
+
+    def __enter__(self) -> "PinnedHostBucket":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 # ----- disk (safetensors) -------------------------------------------------------------------------------

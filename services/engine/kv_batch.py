@@ -153,17 +153,28 @@ class BatchKV:
 
 @torch.inference_mode()
 def forward_columns(model, batch: BatchKV, input_ids: torch.Tensor, positions: torch.Tensor,
-                    query_valid: torch.Tensor) -> torch.Tensor:
+                    query_valid: torch.Tensor, *, fp32_lm_head: bool = False) -> torch.Tensor:
     """Run `q` new columns for every row and append their K/V; returns last-column logits [B, V] float32.
 
     input_ids, positions: [B, q] int64 (positions are each token's real position in its sequence);
     query_valid: [B, q] bool, False for padding. The last column must be a real token for every row.
+    fp32_lm_head: the LM head runs as `linear(hidden.float(), weight.float())`, the learner's
+    computation (shellrl.rl.logprobs.head_logprobs), instead of in the model's dtype (bf16 logits
+    round by up to 2^-8 relative: ~0.06 at a logit of 16).
     """
     q = input_ids.shape[1]
     batch.ensure_capacity(q)
     mask = batch.attention_mask(query_valid)
-    out = model(input_ids=input_ids, position_ids=positions, attention_mask=mask, cache=batch.cache(),
-                use_cache=True, logits_to_keep=1)
+    if fp32_lm_head:
+        hidden = model.get_decoder()(input_ids=input_ids, position_ids=positions, attention_mask=mask,
+                                     cache=batch.cache(), use_cache=True).last_hidden_state[:, -1, :]
+        head = model.get_output_embeddings()
+        logits = torch.nn.functional.linear(hidden.float(), head.weight.float(),
+                                            None if head.bias is None else head.bias.float())
+    else:
+        out = model(input_ids=input_ids, position_ids=positions, attention_mask=mask, cache=batch.cache(),
+                    use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1, :].float()
     batch.valid[:, batch.length:batch.length + q] = query_valid
     batch.length += q
-    return out.logits[:, -1, :].float()
+    return logits

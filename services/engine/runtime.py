@@ -65,7 +65,7 @@ class EngineRuntime:
         self.scheduler = Scheduler(self.model, self.tokenizer, weight_version=settings.weight_version,
                                    max_running_requests=settings.max_running_requests,
                                    max_prefill_tokens=settings.max_prefill_tokens, prefix_cache=self.prefix_cache,
-                                   eos_token_ids=eos_ids)
+                                   eos_token_ids=eos_ids, fp32_lm_head=settings.fp32_lm_head)
         self.started_at = time.time()
         self._session: _Session | None = None
         self._update_lock = asyncio.Lock()

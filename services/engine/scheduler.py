@@ -84,8 +84,10 @@ class Scheduler:
     """Owns the model, the running batch and the prefix cache (see the module docstring)."""
 
     def __init__(self, model, tokenizer, *, weight_version: str, max_running_requests: int,
-                 max_prefill_tokens: int, prefix_cache: PrefixCache, eos_token_ids: set[int]) -> None:
+                 max_prefill_tokens: int, prefix_cache: PrefixCache, eos_token_ids: set[int],
+                 fp32_lm_head: bool = False) -> None:
         self.model, self.tokenizer = model, tokenizer
+        self.fp32_lm_head = fp32_lm_head
         self.weight_version = weight_version
         self.max_running_requests, self.max_prefill_tokens = max_running_requests, max_prefill_tokens
         self.prefix_cache, self.eos_token_ids = prefix_cache, eos_token_ids
@@ -315,7 +317,7 @@ class Scheduler:
         for c0 in range(0, suffix_max, chunk):
             c1 = min(suffix_max, c0 + chunk)
             logits = forward_columns(self.model, batch, ids[:, c0:c1].to(device), positions[:, c0:c1].to(device),
-                                     query_valid[:, c0:c1].to(device))
+                                     query_valid[:, c0:c1].to(device), fp32_lm_head=self.fp32_lm_head)
         generation = self.prefix_cache.generation
         for row, (state, tokens, cached, _) in enumerate(group):
             state.kv_generation, state.kv_inserted = generation, cached
@@ -343,7 +345,7 @@ class Scheduler:
         positions = torch.tensor([[len(s.spec.input_ids) + len(s.output_ids) - 1] for s in self._running],
                                  dtype=torch.long, device=device)
         valid = torch.ones(len(self._running), 1, dtype=torch.bool, device=device)
-        logits = forward_columns(self.model, self._batch, ids, positions, valid)
+        logits = forward_columns(self.model, self._batch, ids, positions, valid, fp32_lm_head=self.fp32_lm_head)
         metrics.BATCH_SIZE.set(len(self._running))
         self._sample_and_finish(logits, first_row=0)
         metrics.DECODE_STEP_SECONDS.observe(time.perf_counter() - start)

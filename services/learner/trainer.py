@@ -102,6 +102,7 @@ class Trainer:
     def step(self, batch: TrainBatch, learner_version: int) -> StepResult:
         """Train on `batch` (advantages set) with the weights of `learner_version`; one step."""
         start, cfg = time.perf_counter(), self.config
+        batch = batch.to(self.params[0].device)  # built on CPU by the worker; the model may be on a GPU
         lr = self.lr
         weights = loss_weights(batch.loss_mask, cfg.loss.aggregation)
         proximal = torch.zeros_like(batch.loss_mask)
@@ -163,6 +164,7 @@ class Trainer:
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
         """[B, L-1] float32 log-probs of the batch's scored tokens under the current weights."""
+        batch = batch.to(self.params[0].device)
         out = torch.zeros_like(batch.loss_mask)
         for lo in range(0, batch.size, self.config.micro_batch_size):
             hi = min(lo + self.config.micro_batch_size, batch.size)

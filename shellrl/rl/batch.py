@@ -79,6 +79,13 @@ class TrainBatch:
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask.sum().item())
 
+    def to(self, device) -> TrainBatch:
+        """The same batch with every tensor on `device` (self when already there)."""
+        if self.input_ids.device == torch.device(device):
+            return self
+        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
+                                if isinstance(getattr(self, f.name), torch.Tensor)})
+
     def rows(self, start: int, stop: int) -> TrainBatch:
         """Rows [start, stop), cut to their own longest row rounded up to `pad_to_multiple_of`."""
         length = int(self.lengths[start:stop].max().item())

@@ -1,0 +1,324 @@
+"""Weight sync learner GPU -> engine GPU, log-prob parity and learner memory, on two GPUs (issue 9).
+
+Learner: this process, model on --learner-device (cuda:0). Engine: the project's engine
+(`python -m services.engine`, bf16) in its own process on --engine-device (cuda:1). Models:
+Qwen2.5-0.5B and Qwen2.5-7B architectures with random weights (shellrl.model_shapes; nothing is
+downloaded). One update = from "optimizer step done" (learner GPU synchronized) to "the engine
+serves the new version": learner-side copies, begin_weight_update, update_weights_from_tensor (or
+_from_disk), end_weight_update (the engine swaps the staged tensors into its parameters and drops
+its prefix cache), and a /model_info read that reports the new weight_version.
+
+Paths (sync section):
+  a  per-tensor     each tensor copied straight from the learner GPU into a kept bucket on the
+                    engine GPU (one copy per tensor across the link), CUDA IPC handle to the engine
+  b  bucket         flatten on the learner GPU, ONE copy of the bucket to the engine GPU, CUDA IPC
+  c  host-staged    flatten on the learner GPU, ONE copy to a page-locked shared-memory segment,
+                    the engine copies it up (for GPUs without peer access)
+  d  disk           safetensors on local disk + /update_weights_from_disk
+  w  WeightSync     services.learner.weight_sync.WeightSync.push (the learner service's own code:
+                    a new bucket on the learner GPU per push, the engine pulls it over CUDA IPC)
+  floor             raw device-to-device copy of the same bytes (cuda:0 -> cuda:1), no engine
+
+Parity section: shellrl/rl/logprobs.py (float32 per sequence) vs the engine's sampled log-probs,
+before and after one Trainer step + weight push (benchmarks/gpu_parity.py). Memory section:
+log-prob + backward at B=8, L=1000 (benchmarks/gpu_memory.py).
+
+Run (on the lent nvidia-h200-x2): `python -m benchmarks.bench_gpu_weight_sync --out DIR`; writes
+DIR/results.json and DIR/results.md. Without CUDA it prints a skip line and returns (make bench).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import io
+import json
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+from benchmarks.gpu_common import EngineProcess, summary_ms
+
+PATHS = {"a": "per-tensor copies + CUDA IPC", "b": "bucket, one copy + CUDA IPC",
+         "c": "host-staged pinned shm", "d": "safetensors on disk", "w": "WeightSync.push (learner service)"}
+console = Console(width=140)
+
+
+def copy_floor(nbytes: int, src_device: str, dst_device: str, repeats: int = 20) -> dict:
+    """Raw copy of `nbytes` from src to dst (both preallocated): the lower bound of any path."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device=src_device)
+    dst = torch.empty(nbytes, dtype=torch.uint8, device=dst_device)
+    samples = []
+    for i in range(repeats + 3):
+        for d in {src.device, dst.device}:
+            torch.cuda.synchronize(d)
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        for d in {src.device, dst.device}:
+            torch.cuda.synchronize(d)
+        if i >= 3:
+            samples.append(time.perf_counter() - t0)
+    del src, dst
+    torch.cuda.empty_cache()
+    out = summary_ms(samples)
+    out["gb_per_s"] = nbytes / (out["median_ms"] / 1e3) / 1e9
+    return out
+
+
+def mark_version(model, version: int) -> float:
+    """Write a value only this version has into the model (outside the timed region)."""
+    import torch
+
+    with torch.no_grad():
+        model.model.norm.weight[0] = float(version % 200)
+    return float(version % 200)
+
+
+async def run_path(path: str, model, client, url: str, work: Path, args, start_version: int) -> dict:
+    """`args.updates` timed updates (after warm-ups) of one path; returns timings and checks."""
+    import torch
+
+    from shellrl import weight_transport as wt
+
+    learner = torch.device(args.learner_device)
+    named = [(n, p.detach()) for n, p in model.named_parameters()]
+    on_gpu = learner.type == "cuda"
+    ipc = wt.CudaIpcBucket(args.engine_device) if path in "ab" else None
+    pinned = wt.PinnedHostBucket() if path == "c" else None
+    sync = None
+    if path == "w":
+        from services.learner.weight_sync import WeightSync
+        sync = WeightSync(client, None, transport="cuda_ipc" if on_gpu else "shm", deadline_s=300.0,
+                          sync_dir=work / "sync")
+    warmup = 1 if path == "d" else 3
+    totals, fills, updates, verifies = [], [], [], []
+    version = start_version
+    try:
+        for i in range(warmup + args.updates):
+            version += 1
+            expected = mark_version(model, version)
+            if on_gpu:
+                torch.cuda.synchronize(learner)  # "optimizer step done"
+            t0 = time.perf_counter()
+            if path == "w":
+                result = await sync.push(model, version)
+                if not result.confirmed:
+                    raise RuntimeError(f"WeightSync.push failed: {result.failed}")
+                t1 = t2 = time.perf_counter()
+            else:
+                if path == "d":
+                    directory = wt.save_safetensors_dir(named, work / "disk" / f"v{version}").parent
+                elif path == "c":
+                    payload = pinned.fill(named)
+                else:
+                    payload = ipc.fill(named, staging="direct" if path == "a" else "bucket")
+                t1 = time.perf_counter()
+                if path == "d":
+                    await client.update_weights_from_disk(str(directory), weight_version=str(version), urls=[url])
+                else:
+                    await client.update_weights_from_tensor([payload], weight_version=str(version), urls=[url])
+                t2 = time.perf_counter()
+            got = (await client.get_weight_version(urls=[url]))[url]
+            t3 = time.perf_counter()
+            if got != str(version):
+                raise RuntimeError(f"path {path}: engine reports version {got!r}, expected {version}")
+            if path == "d" and version - 1 > start_version:
+                shutil.rmtree(work / "disk" / f"v{version - 1}", ignore_errors=True)
+            if i >= warmup:
+                totals.append(t3 - t0)
+                fills.append(t1 - t0)
+                updates.append(t2 - t1)
+                verifies.append(t3 - t2)
+        async with httpx.AsyncClient(timeout=60.0) as http:
+            served = (await http.post(f"{url}/get_weights_by_name",
+                                      json={"name": "model.norm.weight", "truncate_size": 2})).json()
+    finally:
+        if pinned is not None:
+            pinned.close()
+        if ipc is not None:
+            ipc.close()
+        shutil.rmtree(work / "disk", ignore_errors=True)
+    return {"path": path, "name": PATHS[path], "total": summary_ms(totals), "learner_copy": summary_ms(fills),
+            "engine_update": summary_ms(updates), "verify": summary_ms(verifies),
+            "served_value_ok": abs(served[0] - expected) < 1e-6, "last_version": version,
+            "pinned": None if pinned is None else True}
+
+
+async def sync_section(shape: str, paths: str, args, results: dict, parity: bool) -> None:
+    """Build the model, start the engine, time every path; run the parity section on the same engine."""
+    import torch
+
+    from shellrl import weight_transport as wt
+    from shellrl.engine_client import EngineClient
+    from shellrl.model_shapes import save_random_model
+
+    work = Path(args.work_dir) / shape
+    shutil.rmtree(work, ignore_errors=True)
+    dtype = torch.bfloat16 if args.learner_device.startswith("cuda") else torch.float32
+    t0 = time.perf_counter()
+    model = save_random_model(shape, work / "model", device=args.learner_device, dtype=dtype, logit_std=4.0)
+    original_norm = model.model.norm.weight.detach().clone()
+    named = [(n, p.detach()) for n, p in model.named_parameters()]
+    nbytes = wt.plan_bucket(named)[1]
+    out = results.setdefault("sync", {}).setdefault(shape, {})
+    out.update({"bytes": nbytes, "tensors": len(named), "build_s": time.perf_counter() - t0})
+    console.print(f"[bold]{shape}[/]: {len(named)} tensors, {nbytes / 1e9:.3f} GB; built in {out['build_s']:.0f} s")
+    if args.learner_device.startswith("cuda") and args.engine_device.startswith("cuda"):
+        out["floor"] = copy_floor(nbytes, args.learner_device, args.engine_device)
+        out["floor_local"] = copy_floor(nbytes, args.engine_device, args.engine_device)
+        console.print(f"  floor {out['floor']['median_ms']:.2f} ms ({out['floor']['gb_per_s']:.0f} GB/s)")
+    engine = EngineProcess(work / "model", args.engine_device, work / "engine.log")
+    t0 = time.perf_counter()
+    engine.start()
+    out["engine_start_s"] = time.perf_counter() - t0
+    client = EngineClient(engine.url, timeout_s=600.0)
+    version = 0
+    try:
+        for path in paths:
+            try:
+                r = await run_path(path, model, client, engine.url, work, args, version)
+                version = r["last_version"]
+                out[path] = r
+                console.print(f"  {path} {r['name']}: median {r['total']['median_ms']:.2f} ms, "
+                              f"p90 {r['total']['p90_ms']:.2f} ms, served value ok={r['served_value_ok']}")
+            except Exception as exc:  # one path failing must not lose the others' numbers
+                out[path] = {"path": path, "name": PATHS[path], "error": f"{type(exc).__name__}: {exc}",
+                             "engine_log": engine.tail()}
+                console.print(f"  [red]{path} failed: {exc}[/]")
+                version += 1000
+            write_results(results, args)
+        with torch.no_grad():
+            model.model.norm.weight.copy_(original_norm)
+        if parity:
+            from benchmarks.gpu_parity import parity_section
+
+            try:
+                results["parity"] = await parity_section(model, client, engine.url, args, version + 1000)
+            except Exception as exc:
+                results["parity"] = {"error": f"{type(exc).__name__}: {exc}", "engine_log": engine.tail()}
+                console.print(f"  [red]parity failed: {exc}[/]")
+            write_results(results, args)
+    finally:
+        await client.close()
+        engine.stop()
+        del model, named
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def sync_table(results: dict) -> Table:
+    table = Table(title="Weight sync, end to end (optimizer step done -> engine serves the new version)")
+    for col in ("model", "path", "median ms", "p90 ms", "x floor", "learner copy ms", "engine update ms",
+                "verify ms", "n"):
+        table.add_column(col, justify="right" if col != "path" else "left")
+    for shape, out in results.get("sync", {}).items():
+        floor = out.get("floor", {}).get("median_ms")
+        if floor:
+            table.add_row(shape, f"floor: raw copy {out['bytes'] / 1e9:.2f} GB "
+                                 f"({out['floor']['gb_per_s']:.0f} GB/s)", f"{floor:.2f}",
+                          f"{out['floor']['p90_ms']:.2f}", "1.00", "", "", "", str(out["floor"]["n"]))
+        for path in PATHS:
+            r = out.get(path)
+            if r is None:
+                continue
+            if "error" in r:
+                table.add_row(shape, f"{path} {r['name']}", "failed", r["error"][:60], "", "", "", "", "")
+                continue
+            t = r["total"]
+            table.add_row(shape, f"{path} {r['name']}", f"{t['median_ms']:.2f}", f"{t['p90_ms']:.2f}",
+                          f"{t['median_ms'] / floor:.2f}" if floor else "-",
+                          f"{r['learner_copy']['median_ms']:.2f}", f"{r['engine_update']['median_ms']:.2f}",
+                          f"{r['verify']['median_ms']:.2f}", str(t["n"]))
+    return table
+
+
+def write_results(results: dict, args) -> None:
+    if not args.out:
+        return
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    record = Console(record=True, width=160, file=io.StringIO())
+    record.print(sync_table(results))
+    if "parity" in results:
+        from benchmarks.gpu_parity import parity_table
+        record.print(parity_table(results["parity"]))
+    if "memory" in results:
+        from benchmarks.gpu_memory import memory_table
+        record.print(memory_table(results["memory"]))
+    (out / "results.md").write_text(record.export_text())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu_weight_sync",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("--learner-device", default="cuda:0")
+    parser.add_argument("--engine-device", default="cuda:1")
+    parser.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-7b")
+    parser.add_argument("--paths", default="abcdw", help="paths for the first shape (see the module docstring)")
+    parser.add_argument("--paths-large", default="abw", help="paths for the other shapes")
+    parser.add_argument("--sections", default="sync,parity,memory")
+    parser.add_argument("--updates", type=int, default=20, help="timed updates per path (after warm-ups)")
+    parser.add_argument("--parity-prompts", type=int, default=40)
+    parser.add_argument("--parity-new-tokens", type=int, default=256)
+    parser.add_argument("--memory-shape", default="qwen2.5-0.5b")
+    parser.add_argument("--work-dir", default="/tmp/shellrl-gpu-bench")
+    parser.add_argument("--out", default="", help="directory for results.json and results.md")
+    args = parser.parse_args(argv)
+    import torch
+
+    if args.learner_device.startswith("cuda") and torch.cuda.device_count() < 2:
+        console.print(f"bench_gpu_weight_sync: skipped (needs 2 CUDA GPUs; this machine has "
+                      f"{torch.cuda.device_count()})")
+        return
+    sections = set(args.sections.split(","))
+    results: dict = {"devices": _devices(), "args": vars(args)}
+    shapes = [s for s in args.shapes.split(",") if s]
+    started = time.perf_counter()
+    for i, shape in enumerate(shapes):
+        if "sync" in sections or ("parity" in sections and i == 0):
+            asyncio.run(sync_section(shape, (args.paths if i == 0 else args.paths_large) if "sync" in sections else "",
+                                     args, results, parity="parity" in sections and i == 0))
+    console.print(sync_table(results))
+    if "parity" in results:
+        from benchmarks.gpu_parity import parity_table
+        console.print(parity_table(results["parity"]))
+    if "memory" in sections:
+        from benchmarks.gpu_memory import memory_section, memory_table
+        try:
+            results["memory"] = memory_section(args)
+        except Exception as exc:
+            results["memory"] = {"error": f"{type(exc).__name__}: {exc}"}
+        console.print(memory_table(results["memory"]))
+    results["wall_s"] = time.perf_counter() - started
+    write_results(results, args)
+
+
+def _devices() -> dict:
+    import torch
+
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus": []}
+    for i in range(torch.cuda.device_count()):
+        p = torch.cuda.get_device_properties(i)
+        info["gpus"].append({"index": i, "name": p.name, "memory_gb": round(p.total_memory / 2**30, 1)})
+    if torch.cuda.device_count() >= 2:
+        info["peer_access_0_1"] = torch.cuda.can_device_access_peer(0, 1)
+    try:
+        import transformers
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return info
+
+
+if __name__ == "__main__":
+    main()

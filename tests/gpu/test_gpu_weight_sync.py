@@ -1,0 +1,97 @@
+"""Weight sync learner GPU -> engine GPU through the real engine process (issue 9): CUDA IPC with a
+kept bucket (both stagings), the learner service's WeightSync.push, the pinned host path, and a
+refused payload. Every check reads the engine's parameters back over HTTP."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from shellrl import weight_transport as wt
+from shellrl.engine_client import EngineClient, EngineError
+from tests.gpu.conftest import ENGINE_DEVICE, requires_cuda
+
+torch = pytest.importorskip("torch")
+pytestmark = requires_cuda
+
+CHECKED = ("model.norm.weight", "model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight",
+           "lm_head.weight")
+
+
+def perturb(model, seed: int) -> None:
+    """A new 'optimizer step': every checked tensor changes."""
+    g = torch.Generator(device=model.device).manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).to(p.dtype) * 1e-2)
+
+
+async def served(url: str, name: str, n: int = 100) -> torch.Tensor:
+    async with httpx.AsyncClient(timeout=60.0) as http:
+        r = await http.post(f"{url}/get_weights_by_name", json={"name": name, "truncate_size": n})
+    r.raise_for_status()
+    return torch.tensor(r.json())
+
+
+async def assert_engine_serves(model, url: str, version: int) -> None:
+    async with EngineClient(url) as client:
+        assert (await client.get_weight_version(urls=[url]))[url] == str(version)
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for name in CHECKED:
+        expected = params[name].detach().flatten()[:100].float().cpu()
+        assert torch.equal(await served(url, name), expected), name
+
+
+@pytest.mark.parametrize("staging", ["bucket", "direct"])
+async def test_a_kept_cuda_ipc_bucket_delivers_every_new_version_to_the_engine(learner_model, gpu_engine, staging):
+    bucket = wt.CudaIpcBucket(ENGINE_DEVICE)
+    handles = set()
+    async with EngineClient(gpu_engine.url) as client:
+        for step in range(3):
+            perturb(learner_model, seed=step + (10 if staging == "direct" else 0))
+            payload = bucket.fill(learner_model.named_parameters(), staging=staging)
+            handles.add(json.loads(payload)["handle"]["handle"])
+            version = 100 + step + (10 if staging == "direct" else 0)
+            await client.update_weights_from_tensor([payload], weight_version=str(version))
+            await assert_engine_serves(learner_model, gpu_engine.url, version)
+    bucket.close()
+    assert len(handles) == 1  # the same buffer every time: the engine maps it once
+
+
+async def test_weight_sync_push_over_cuda_ipc_is_served_by_the_engine(learner_model, gpu_engine, tmp_path):
+    from services.learner.weight_sync import WeightSync
+
+    async with EngineClient(gpu_engine.url) as client:
+        sync = WeightSync(client, None, transport="cuda_ipc", deadline_s=120.0, sync_dir=tmp_path)
+        for version in (200, 201):
+            perturb(learner_model, seed=version)
+            result = await sync.push(learner_model, version)
+            assert result.confirmed == (gpu_engine.url,) and not result.failed
+            await assert_engine_serves(learner_model, gpu_engine.url, version)
+
+
+async def test_a_pinned_host_bucket_delivers_weights_to_a_gpu_engine(learner_model, gpu_engine):
+    async with EngineClient(gpu_engine.url) as client:
+        with wt.PinnedHostBucket() as bucket:
+            for version in (300, 301):
+                perturb(learner_model, seed=version)
+                payload = bucket.fill(learner_model.named_parameters())
+                assert bucket.pinned
+                await client.update_weights_from_tensor([payload], weight_version=str(version))
+                await assert_engine_serves(learner_model, gpu_engine.url, version)
+
+
+async def test_a_bucket_with_a_wrong_shape_is_refused_and_the_old_weights_stay_live(learner_model, gpu_engine):
+    bucket = wt.CudaIpcBucket(ENGINE_DEVICE)
+    async with EngineClient(gpu_engine.url) as client:
+        await client.update_weights_from_tensor([bucket.fill(learner_model.named_parameters())], weight_version="400")
+        payload = json.loads(bucket.fill(learner_model.named_parameters()))
+        meta = payload["metadata"][0]
+        assert meta["name"] == "model.embed_tokens.weight"
+        meta["shape"] = [meta["shape"][0] // 2, meta["shape"][1] * 2]  # same bytes, wrong shape
+        with pytest.raises(EngineError):
+            await client.update_weights_from_tensor([json.dumps(payload)], weight_version="401")
+    await assert_engine_serves(learner_model, gpu_engine.url, 400)
+    bucket.close()

@@ -1,0 +1,80 @@
+"""Kept weight buckets (shellrl.weight_transport.PinnedHostBucket; CudaIpcBucket is covered on GPU
+in tests/gpu) and the engine's one-copy staging of a flattened bucket (WeightStore.stage_bucket)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from services.engine.weights import WeightStore, WeightUpdateError
+from shellrl import weight_transport as wt
+
+
+class TwoLayers(torch.nn.Module):
+    def __init__(self, dtype=torch.float32) -> None:
+        super().__init__()
+        self.a = torch.nn.Linear(8, 4, bias=True, dtype=dtype)
+        self.b = torch.nn.Linear(4, 3, bias=False, dtype=dtype)
+
+
+def named(model) -> list[tuple[str, torch.Tensor]]:
+    return [(n, p.detach()) for n, p in model.named_parameters()]
+
+
+def test_a_pinned_host_bucket_keeps_its_segment_and_carries_each_refill():
+    model = TwoLayers()
+    with wt.PinnedHostBucket() as bucket:
+        first = json.loads(bucket.fill(named(model)))
+        with torch.no_grad():
+            model.a.weight.fill_(7.0)
+        second = json.loads(bucket.fill(named(model)))
+        assert first["segment"] == second["segment"] and first["transport"] == "shm"
+        with wt.open_shared_memory_bucket(second) as views:
+            got = dict(views)
+            assert torch.equal(got["a.weight"], torch.full((4, 8), 7.0))
+            assert torch.equal(got["b.weight"], model.b.weight.detach())
+        segment = Path("/dev/shm") / second["segment"]
+        assert segment.exists()
+    assert not segment.exists()  # unlinked on exit
+
+
+def test_stage_bucket_copies_a_same_dtype_bucket_once_and_stages_views_of_that_copy():
+    source, engine = TwoLayers(), TwoLayers()
+    buffer, metadata = wt.flatten_tensors(named(source))
+    staged = WeightStore(engine).stage_bucket(buffer, metadata)
+    storages = {t.untyped_storage().data_ptr() for t in staged.tensors.values()}
+    assert len(storages) == 1 and buffer.data_ptr() not in storages  # one new buffer, not the sender's
+    for name, tensor in named(source):
+        assert torch.equal(staged.tensors[name], tensor)
+    buffer.zero_()  # the sender reuses its bucket: staged weights must not change
+    assert torch.equal(staged.tensors["a.weight"], source.a.weight.detach())
+
+
+def test_stage_bucket_converts_each_tensor_when_the_dtypes_differ():
+    source, engine = TwoLayers(torch.float32), TwoLayers(torch.bfloat16)
+    buffer, metadata = wt.flatten_tensors(named(source))
+    staged = WeightStore(engine).stage_bucket(buffer, metadata)
+    assert all(t.dtype == torch.bfloat16 for t in staged.tensors.values())
+    assert torch.equal(staged.tensors["b.weight"], source.b.weight.detach().bfloat16())
+
+
+def test_stage_bucket_refuses_a_wrong_shape_before_copying_anything():
+    source = TwoLayers()
+    buffer, metadata = wt.flatten_tensors(named(source))
+    bad = [wt.TensorMeta(m.name, m.dtype, (8, 4) if m.name == "a.weight" else m.shape, m.start_idx, m.end_idx, m.numel)
+           for m in metadata]
+    with pytest.raises(WeightUpdateError, match="a.weight: shape"):
+        WeightStore(TwoLayers()).stage_bucket(buffer, bad)
+
+
+def test_a_shm_payload_from_a_pinned_host_bucket_is_staged_by_the_engine():
+    source, engine = TwoLayers(), TwoLayers()
+    store = WeightStore(engine)
+    with wt.PinnedHostBucket() as bucket:
+        staged = store.stage_serialized([bucket.fill(named(source))], wt.LOAD_FORMAT)
+    store.commit(staged)
+    for name, tensor in named(source):
+        assert torch.equal(dict(engine.named_parameters())[name], tensor)
