@@ -71,3 +71,12 @@ def test_observation_reports_stderr_timeout_denial_and_replacement_characters():
     denied = render_tool_response("", "", None, denied_rule="rm_root")
     assert "[command denied by policy: rm_root]" in denied and "[exit code none]" in denied
     assert render_parse_error("error: x") == "<tool_response>\nerror: x\n</tool_response>"
+
+
+def test_rust_tokenizer_path_gives_the_same_ids_and_text_as_the_transformers_call(chat):
+    tok = chat.tokenizer
+    for text in ["<|im_end|>\n<|im_start|>user\n<tool_response>\nA\ufffdB  x\n[exit code 0]\n</tool_response>",
+                 "  leading spaces and\ttabs\n\n", "naïve café — 東京 😀", "<bash>ls -la</bash><|im_end|>", ""]:
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        assert chat.encode(text) == ids
+        assert chat.decode(ids) == tok.decode(ids, skip_special_tokens=False)
