@@ -215,16 +215,24 @@ class Runner:
                 payload = payload[os.write(1, payload):]
 
 
-def make_undumpable():
-    """PR_SET_DUMPABLE 0: commands (same uid) cannot ptrace or read /proc of the runner."""
+def harden():
+    """PR_SET_DUMPABLE 0: commands (same uid) cannot ptrace or read /proc of the runner.
+    Outside a pid namespace (fallback layer) also PR_SET_PDEATHSIG: die with the service."""
     import ctypes
 
-    if ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0) != 0:
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(4, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0)")
+    if os.getpid() != 1:
+        parent = os.getppid()
+        if libc.prctl(1, SIGKILL, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+        if os.getppid() != parent or parent == 1:
+            sys.exit("runner: the service is gone")
 
 
 def main():
-    make_undumpable()
+    harden()
     _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
     os.write(1, b"READY\n")
     runner = Runner("")
