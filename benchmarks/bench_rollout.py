@@ -40,17 +40,17 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from services.rollout.admission import Admission, PolicyVersionWatcher  # noqa: E402
-from services.rollout.agent_loop import AgentLoop, EpisodeLimits, EpisodeSpec, Sampling  # noqa: E402
-from services.rollout.prompt import ChatFormat, load_chat_tokenizer  # noqa: E402
-from services.rollout.scheduler import TaskPool  # noqa: E402
-from services.rollout.task_store import TaskStore  # noqa: E402
-from services.rollout.worker import Capacity, InfraGate, RolloutConfig, RolloutWorker  # noqa: E402
-from shellrl import streams  # noqa: E402
-from shellrl.contract import min_policy_version, parse_trajectory, task_from_json  # noqa: E402
-from shellrl.engine_client import EngineClient, GenerateResult  # noqa: E402
-from shellrl.sandbox_client import SandboxClient  # noqa: E402
-from tests.helpers.redis_server import RedisServer, free_port  # noqa: E402
+from services.rollout.admission import Admission, PolicyVersionWatcher
+from services.rollout.agent_loop import AgentLoop, EpisodeLimits, EpisodeSpec
+from services.rollout.prompt import ChatFormat, load_chat_tokenizer
+from services.rollout.scheduler import TaskPool
+from services.rollout.task_store import TaskStore
+from services.rollout.worker import Capacity, InfraGate, RolloutConfig, RolloutWorker
+from shellrl import streams
+from shellrl.contract import min_policy_version, parse_trajectory, task_from_json
+from shellrl.engine_client import EngineClient, GenerateResult
+from shellrl.sandbox_client import SandboxClient
+from tests.helpers.redis_server import RedisServer, free_port
 
 console = Console(width=150)
 

@@ -119,7 +119,7 @@ class PolicyVersionWatcher:
         """Until the version changes (or anything else calls `wake`), at most `timeout_s`."""
         try:
             await asyncio.wait_for(self._changed.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
         self._changed.clear()
 
@@ -141,8 +141,8 @@ class PolicyVersionWatcher:
             finally:
                 try:
                     await pubsub.aclose()
-                except Exception:
-                    pass
+                except Exception as exc:
+                    log.debug("closing pub/sub: %s", exc)
 
 
 class Admission:

@@ -116,7 +116,7 @@ class ChatFormat:
     @classmethod
     def from_tokenizer(cls, tokenizer, *, system_prompt: str = SYSTEM_PROMPT,
                        one_shot: tuple[str, str, str, str] | None = ONE_SHOT,
-                       observation_role: str = "user") -> "ChatFormat":
+                       observation_role: str = "user") -> ChatFormat:
         """Raises ValueError when the template does not render assistant/observation turns as expected."""
         messages = [
             {"role": "system", "content": "s"}, {"role": "user", "content": "u"},

@@ -122,7 +122,7 @@ class TaskPool:
                 self._arrived.clear()
                 try:
                     await asyncio.wait_for(self._arrived.wait(), poll_s)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
                 continue
             epoch = await self.epoch() + 1

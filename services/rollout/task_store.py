@@ -225,7 +225,7 @@ def _s(v) -> str:
 
 def _view(task_id: str, raw: dict, versions: dict, failures: dict, *, with_task: bool) -> dict:
     h = {_s(k): v for k, v in raw.items()}
-    num = lambda name: int(float(_s(h.get(name, b"0"))))  # noqa: E731
+    num = lambda name: int(float(_s(h.get(name, b"0"))))
     scored = num("episodes_scored")
     reward_sum = float(_s(h.get("reward_sum", b"0")))
     out = {

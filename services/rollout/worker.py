@@ -21,7 +21,7 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -88,7 +88,7 @@ class InfraGate:
 @dataclass(frozen=True)
 class RolloutConfig:
     group_size: int = 8
-    sampling: Sampling = Sampling()
+    sampling: Sampling = field(default_factory=Sampling)
     max_attempts: int = 3
     retry_backoff_s: float = 1.0
     episodes_backlog_bound: int = 512
@@ -154,7 +154,7 @@ class RolloutWorker:
             await _shielded(self.admission.finish(ticket, give_back=usable < 2))
         return [t for t in results if t is not None]
 
-    async def run_sample(self, task: Task, ticket: Ticket, index: int, slots: "_GroupSlots") -> Trajectory | None:
+    async def run_sample(self, task: Task, ticket: Ticket, index: int, slots: _GroupSlots) -> Trajectory | None:
         """One sample of a group, retried with attempt+1 on INFRA failures. Holds one capacity slot."""
         traj = None
         self.running += 1

@@ -163,7 +163,7 @@ class ThreadServer:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout_s: float = 10.0) -> "ThreadServer":
+    def start(self, timeout_s: float = 10.0) -> ThreadServer:
         self.thread.start()
         deadline = time.monotonic() + timeout_s
         while not self.server.started:

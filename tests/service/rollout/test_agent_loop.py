@@ -5,6 +5,7 @@ malformed actions (a scripted FAKE engine, since a model cannot be made to emit 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import numpy as np
@@ -65,7 +66,7 @@ async def test_three_turn_episode_stores_exactly_the_tokens_the_engine_saw_and_r
         assert segment.policy_version == 0  # the engine's "default" version = the initial weights
         position = len(request["input_ids"])
         assert arrays.input_ids[position:position + len(response["output_ids"])].tolist() == response["output_ids"]
-    for earlier, later in zip(calls, calls[1:]):  # each request extends the previous request + its output
+    for earlier, later in itertools.pairwise(calls):  # each request extends the previous request + its output
         prefix = earlier[0]["input_ids"] + earlier[1]["output_ids"]
         assert later[0]["input_ids"][:len(prefix)] == prefix
     is_action = np.concatenate([np.full(len(ids_of(s)), s.kind == ACTION) for s in traj.segments])
@@ -150,7 +151,7 @@ async def test_weight_updates_mid_turn_and_mid_episode_split_segments_by_version
 async def test_malformed_actions_get_an_observation_that_says_so_and_the_episode_continues(sandbox_process, chat):
     tok = chat.tokenizer
     eot = chat.end_of_turn_id
-    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]
     script = iter([
         Reply(enc("I will just think about it.") + [eot], matched=eot),            # no tag
         Reply(enc("<bash>ls</bash><bash>pwd</bash>") + [eot], matched=eot),      # two commands
