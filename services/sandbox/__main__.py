@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     manager.clean_stale()
     details = {"isolation": isolation.layer, "exec_mode": settings.exec_mode, "network_isolated": isolation.network_isolated,
-               "cgroups": cgroups.available, "private_mount_namespace": private_mounts,
+               "cgroups": cgroups.available, "seccomp": isolation.seccomp_path is not None,
+               "private_mount_namespace": private_mounts,
                "uid_block": [uids.first, uids.probe_uid], "probes": probes}
     metrics.ISOLATION.info({"layer": isolation.layer, "cgroups": str(cgroups.available).lower(),
                             "network_isolated": str(isolation.network_isolated).lower()})

@@ -114,10 +114,16 @@ async def run_launch(
     loop = asyncio.get_running_loop()
     out, err = OutputBuffer(max_output_bytes), OutputBuffer(max_output_bytes)
     start = time.perf_counter()
-    transport, protocol = await loop.subprocess_exec(
-        lambda: _Protocol(out, err), *launch.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, env=launch.env, cwd=launch.cwd, start_new_session=True, close_fds=True,
-    )
+    argv, pass_fds = launch.spawn_args()
+    try:
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _Protocol(out, err), *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, env=launch.env, cwd=launch.cwd, start_new_session=True, close_fds=True,
+            pass_fds=pass_fds,
+        )
+    finally:
+        for fd in pass_fds:
+            os.close(fd)
     pid = transport.get_pid()
     timed_out = False
     try:

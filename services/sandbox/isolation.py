@@ -3,6 +3,7 @@
 Ladder, best first, chosen by a start-up probe that really runs `true` in the layer:
 
 * `bubblewrap`: bwrap run as the session's unprivileged uid with new user (nested ones disabled),
+  a seccomp denylist (seccomp.py),
   pid, net, ipc, uts and cgroup namespaces; read-only /usr and a curated /etc, a private /proc and
   /dev, the workspace at /workspace, the session's /tmp, `--remount-ro /`, `--die-with-parent`,
   `--new-session`, all capabilities dropped, bwrap itself started with a minimal environment.
@@ -61,11 +62,23 @@ class LaunchSpec:
     runner_file: Path | None = None  # host path of runner.py (session mode)
 
 
+SECCOMP_FD = "{seccomp_fd}"  # placeholder in argv, replaced by `spawn_args`
+
+
 @dataclass(frozen=True)
 class Launch:
     argv: list[str]
     env: dict[str, str]
     cwd: str
+    seccomp_path: Path | None = None
+
+    def spawn_args(self) -> tuple[list[str], tuple[int, ...]]:
+        """argv with the seccomp program opened on a fresh fd (bwrap reads it from there), and the fds
+        to pass; the caller closes the fds after spawning."""
+        if self.seccomp_path is None:
+            return self.argv, ()
+        fd = os.open(self.seccomp_path, os.O_RDONLY | os.O_CLOEXEC)
+        return [str(fd) if a == SECCOMP_FD else a for a in self.argv], (fd,)
 
 
 def base_env(workspace: str) -> dict[str, str]:
@@ -112,6 +125,7 @@ class Isolation:
         if layer not in LAYERS:
             raise ValueError(f"isolation layer must be one of {LAYERS}, got {layer!r}")
         self.layer = layer
+        self.seccomp_path: Path | None = None  # set once the program is written (bubblewrap only)
 
     @property
     def network_isolated(self) -> bool:
@@ -164,9 +178,11 @@ class Isolation:
             for i, procs in enumerate(spec.cgroup_procs):
                 argv += ["--bind", str(procs), f"{IN_SANDBOX_RUN}/cgroup/{i}"]
             argv += ["--remount-ro", "/", "--chdir", IN_SANDBOX_WORKSPACE, "--clearenv"]
+            if self.seccomp_path is not None:
+                argv += ["--seccomp", SECCOMP_FD]
             for key, value in spec.env.items():
                 argv += ["--setenv", key, value]
-            return Launch(argv + ["--", *program], dict(LAUNCHER_ENV), "/")
+            return Launch(argv + ["--", *program], dict(LAUNCHER_ENV), "/", self.seccomp_path)
         env = {**spec.env, "TMPDIR": str(p.tmp)}
         if self.layer == "unshare":
             net = [] if spec.network else ["--net"]

@@ -40,11 +40,16 @@ class RunnerLink:
 
     async def start(self, prelude: str) -> None:
         """Spawn the sandbox with the runner, wait for its READY line, send the prelude."""
-        self.proc = await asyncio.create_subprocess_exec(
-            *self.launch.argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE, env=self.launch.env, cwd=self.launch.cwd, start_new_session=True,
-            limit=1 << 26,
-        )
+        argv, pass_fds = self.launch.spawn_args()
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE, env=self.launch.env, cwd=self.launch.cwd, start_new_session=True,
+                limit=1 << 26, pass_fds=pass_fds,
+            )
+        finally:
+            for fd in pass_fds:
+                os.close(fd)
         self._stderr_task = asyncio.create_task(self._log_stderr(self.proc))
         try:
             line = await asyncio.wait_for(self.proc.stdout.readline(), START_TIMEOUT_S)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.sandbox import metrics
+from services.sandbox import metrics, seccomp
 from services.sandbox.cgroups import CgroupSupport, SessionCgroup
 from services.sandbox.executor import RawExec, kill_process_group, run_launch
 from services.sandbox.isolation import Isolation, LaunchSpec, base_env, prepare_etc
@@ -176,6 +176,12 @@ class SessionManager:
         self.runner_file = runtime / "runner.py"
         shutil.copyfile(RUNNER_SOURCE, self.runner_file)
         os.chmod(self.runner_file, 0o644)
+        program = seccomp.denylist_program()
+        if self.isolation.layer == "bubblewrap" and program is not None:
+            (runtime / "seccomp.bpf").write_bytes(program)
+            self.isolation.seccomp_path = runtime / "seccomp.bpf"
+        elif self.isolation.layer == "bubblewrap":
+            log.warning("no seccomp filter for this architecture; bubblewrap runs without one")
 
     async def close(self) -> None:
         for session_id in list(self.sessions):

@@ -263,3 +263,15 @@ async def test_readyz_and_metrics_report_the_isolation_layer(client, sandbox_ser
     assert "shellrl_sandbox_exec_seconds_bucket" in text and "shellrl_sandbox_sessions " in text
     assert 'shellrl_sandbox_policy_verdicts_total{rule="mkfs",verdict="deny"}' in text
     await client.delete(session["session_id"])
+
+
+async def test_bubblewrap_commands_run_under_the_seccomp_denylist(client):
+    assert (await client.ready())["seccomp"] is True
+    session = await client.create_session()
+    probe = ("grep ^Seccomp: /proc/self/status; unshare -U true 2>/dev/null || echo unshare-denied; "
+             "python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+             "print(libc.mount(b\"x\", b\"/tmp\", b\"tmpfs\", 0, None), os.strerror(ctypes.get_errno()))'")
+    result = await client.exec(session["session_id"], probe)
+    assert result.stdout == "Seccomp:\t2\nunshare-denied\n-1 Operation not permitted\n"
+    assert (await client.exec(session["session_id"], "sleep 0.1 & wait; echo ok")).stdout == "ok\n"
+    await client.delete(session["session_id"])
