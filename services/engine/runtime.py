@@ -108,6 +108,8 @@ class EngineRuntime:
     def begin_session(self) -> None:
         if self._session is not None:
             raise WeightUpdateError("a weight-update session is already open; call end_weight_update first")
+        if self._update_lock.locked():
+            raise WeightUpdateError("an update_weights_from_disk is in progress")
         self._session = _Session()
 
     async def update_from_tensor(self, serialized_named_tensors, load_format, weight_version, abort_all: bool) -> str:
@@ -140,6 +142,8 @@ class EngineRuntime:
 
     async def update_from_disk(self, model_path: str, weight_version, abort_all: bool) -> str:
         started = time.perf_counter()
+        if self._session is not None:  # both would stage into the same spare arena
+            raise WeightUpdateError("a weight-update session is open; end it before update_weights_from_disk")
         async with self._update_lock:
             staged = await asyncio.to_thread(self.weights.stage_disk, model_path)
             if abort_all:

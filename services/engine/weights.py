@@ -7,7 +7,14 @@ device, each checked against the parameter it replaces (known name, identical sh
 touched until the scheduler calls `commit` between two decoding steps, so a bad payload leaves
 the engine serving its old weights and no token is computed with half-old, half-new weights.
 
-Commit swaps `param.data` (no copy). Tied parameters (lm_head/embed_tokens) are one Parameter,
+Where staged tensors live: two arenas (double buffering), each one contiguous buffer with every
+parameter at the offsets of `plan_bucket(model parameters)`. A parameter is staged into the arena
+it does not live in, and `commit` points the parameter at it (`param.data = view`, no copy). The
+arenas are allocated once and reused, so after the first two updates a whole-model update costs
+one copy into memory that is already mapped (a fresh allocation pays a page fault per 4 KiB,
+several times the copy itself on a small VM). A bucket laid out like the arena (the learner
+flattens `named_parameters()` in order) is staged with ONE copy; anything else tensor by tensor.
+Memory: twice the model's parameters. Tied parameters (lm_head/embed_tokens) are one Parameter,
 reachable by both names.
 """
 
@@ -27,7 +34,7 @@ class WeightUpdateError(ValueError):
 
 @dataclass
 class StagedWeights:
-    """New parameter tensors waiting for `commit`, by parameter name."""
+    """New parameter tensors waiting for `commit`, by parameter name (views into an arena)."""
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
 
@@ -36,7 +43,11 @@ class StagedWeights:
 
 
 class WeightStore:
-    """Names, shapes, dtype and device of the model's parameters; stages and commits updates."""
+    """Names, shapes, dtype and device of the model's parameters; stages and commits updates.
+
+    Staging is not thread-safe and must not overlap another uncommitted staging of the same
+    parameter with a different payload (the runtime serializes updates).
+    """
 
     def __init__(self, model) -> None:
         self.model = model
@@ -44,6 +55,13 @@ class WeightStore:
         first = next(iter(self.params.values()))
         self.dtype, self.device = first.dtype, first.device
         self._ipc_bucket: torch.Tensor | None = None  # the last CUDA IPC bucket opened (see stage_serialized)
+        unique = list(model.named_parameters())
+        by_param = {id(p): n for n, p in unique}
+        self._canonical = {n: by_param[id(p)] for n, p in self.params.items()}
+        layout, self._arena_bytes = wt.plan_bucket((n, p.detach()) for n, p in unique)
+        self._layout = {m.name: m for m in layout}
+        self._arenas: list[torch.Tensor | None] = [None, None]
+        self._home = {n: -1 for n, _ in unique}  # arena each parameter lives in (-1: its load-time storage)
 
     def _check(self, named_tensors: list) -> None:
         """WeightUpdateError for an unknown name, a shape mismatch or a float-to-int replacement."""
@@ -57,34 +75,63 @@ class WeightStore:
             if not (tensor.dtype.is_floating_point or not param.dtype.is_floating_point):
                 raise WeightUpdateError(f"{name}: dtype {tensor.dtype} cannot replace {param.dtype}")
 
+    def _target(self, name: str) -> int:
+        """The arena `name` is staged into: the one its parameter does not live in."""
+        return 1 if self._home[self._canonical[name]] == 0 else 0
+
+    def _arena(self, index: int) -> torch.Tensor:
+        if self._arenas[index] is None:
+            self._arenas[index] = torch.empty(self._arena_bytes, dtype=torch.uint8, device=self.device)
+        return self._arenas[index]
+
+    def _slot(self, name: str, index: int) -> torch.Tensor:
+        meta = self._layout[self._canonical[name]]
+        return wt.unflatten_tensors(self._arena(index), [meta])[0][1]
+
     def stage(self, named_tensors, source_dtype_ok: bool = True) -> StagedWeights:
-        """Validate every (name, tensor) and return copies in the model's dtype/device.
+        """Validate every (name, tensor), then copy each into its arena slot (converting dtype/device).
 
         Raises WeightUpdateError for an unknown name or a shape mismatch (before copying anything).
         """
         named_tensors = list(named_tensors)
         self._check(named_tensors)
         staged = StagedWeights()
-        for name, tensor in named_tensors:
-            staged.tensors[name] = tensor.to(device=self.device, dtype=self.dtype, copy=True).contiguous()
+        with torch.no_grad():
+            for name, tensor in named_tensors:
+                slot = self._slot(name, self._target(name))
+                slot.copy_(tensor)
+                staged.tensors[name] = slot
         return staged
 
     def stage_bucket(self, buffer: torch.Tensor, metadata: list[wt.TensorMeta]) -> StagedWeights:
         """Stage a flattened bucket (1-D uint8 `buffer` on any device, its metadata).
 
-        When every entry already has the model's dtype, the used bytes are copied to the model's
-        device in ONE copy (one DMA, not one per tensor: on a GPU, ~290 small copies of a 0.5B
-        model cost milliseconds of launches alone) and the staged tensors are views into that
-        copy. Otherwise each tensor is converted on its own (`stage`). Validation comes first.
+        When the bucket has the model's dtype and the arena's layout (same order and alignment, all
+        parameters bound for the same arena), its used bytes are copied in ONE copy (one DMA on a
+        GPU, not one per tensor). Otherwise each tensor is copied on its own (`stage`). Validation
+        comes first; the sender's buffer may be reused as soon as this returns.
         """
         views = wt.unflatten_tensors(buffer, metadata)
         self._check(views)
+        if not self._arena_layout(metadata):
+            return self.stage(views)
+        index = self._target(metadata[0].name)
+        first, last = self._layout[self._canonical[metadata[0].name]], metadata[-1]
+        used = last.end_idx - metadata[0].start_idx
+        with torch.no_grad():
+            self._arena(index)[first.start_idx:first.start_idx + used].copy_(
+                buffer[metadata[0].start_idx:metadata[0].start_idx + used])
+        return StagedWeights({m.name: self._slot(m.name, index) for m in metadata})
+
+    def _arena_layout(self, metadata: list[wt.TensorMeta]) -> bool:
         dtype_name = str(self.dtype).removeprefix("torch.")
         if not metadata or any(m.dtype != dtype_name for m in metadata):
-            return self.stage(views)
-        used = max(m.end_idx for m in metadata)
-        local = buffer[:used].to(self.device, copy=True)
-        return StagedWeights(dict(wt.unflatten_tensors(local, metadata)))
+            return False
+        names = [self._canonical[m.name] for m in metadata]
+        if len(set(names)) != len(names) or len({self._target(n) for n in names}) != 1:
+            return False
+        base, arena_base = metadata[0].start_idx, self._layout[names[0]].start_idx
+        return all(m.start_idx - base == self._layout[n].start_idx - arena_base for m, n in zip(metadata, names))
 
     def stage_serialized(self, serialized_named_tensors: list[str], load_format: str | None) -> StagedWeights:
         """Stage the `serialized_named_tensors` of `/update_weights_from_tensor` (JSON payloads only)."""
@@ -130,8 +177,11 @@ class WeightStore:
         return self.stage((n, t) for n, t in named if n not in buffers)
 
     def commit(self, staged: StagedWeights) -> int:
-        """Swap staged tensors in (scheduler thread, between steps). Returns the number of tensors."""
+        """Point the parameters at their staged arena slots (scheduler thread, between steps; no copy).
+        Returns the number of tensors."""
+        homes = {self._canonical[name]: self._target(name) for name in staged.tensors}  # before any flips
         with torch.no_grad():
             for name, tensor in staged.tensors.items():
                 self.params[name].data = tensor
+        self._home.update(homes)
         return len(staged.tensors)

@@ -81,3 +81,16 @@ def test_safetensors_dir_round_trip(tmp_path):
     assert all(torch.equal(loaded[name], tensor) for name, tensor in tensors)
     with pytest.raises(FileNotFoundError):
         wt.load_safetensors_dir(tmp_path)
+
+
+def test_shared_memory_bucket_refill_reuses_the_segment():
+    tensors = _tensors()
+    with wt.SharedMemoryBucket(tensors) as bucket:
+        name = bucket.name
+        changed = [(n, t + 1) for n, t in tensors]
+        payload = json.loads(bucket.refill(changed).payload())
+        assert payload["segment"] == name
+        with wt.open_shared_memory_bucket(payload) as views:
+            assert all(torch.equal(v, t) for (_, v), (_, t) in zip(views, changed))
+        with pytest.raises(ValueError, match="do not fit"):
+            bucket.refill(tensors + [("big", torch.zeros(1000))])

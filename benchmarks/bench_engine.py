@@ -1,0 +1,188 @@
+"""Engine benchmarks (issue 4): `python -m benchmarks.bench_engine [--quick] [--threads N]`.
+
+Every measurement goes through a real `python -m services.engine` process with SmolLM2-135M-Instruct
+and the real `EngineClient` over HTTP; each table compares against a baseline of the same run.
+
+1. Batching: output tokens/s with 1, 4, 8 and 16 concurrent requests (distinct 64-token prompts,
+   64 new tokens each, T = 1, EOS ignored). Baseline: 1 request at a time.
+2. Prefix cache: 32 concurrent episode-like requests sharing a 300-token prefix (plus a distinct
+   20-token suffix, 16 new tokens), with the prefix cache against an engine started with
+   `--disable-radix-cache`.
+3. Weight update of the whole model, learner view end to end (tensors in memory -> engine reports
+   the new version): flattened bucket in shared memory through `/update_weights_from_tensor`
+   (inside begin/end_weight_update), with a segment kept and refilled by every push and with a new
+   segment per push, against a safetensors directory through `/update_weights_from_disk`
+   (write + load). Two warm-up pushes first (the engine allocates its staging arenas once).
+   Median of `--repeats`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from shellrl.engine_client import EngineClient  # noqa: E402
+from tests.helpers.processes import ServiceProcess  # noqa: E402
+from tests.helpers.redis_server import free_port  # noqa: E402
+
+console = Console()
+
+
+def start_engine(log_dir: Path, threads: int, *args: str) -> ServiceProcess:
+    env = {"SHELLRL_MODEL_PATH": "smollm2", "SHELLRL_LOG_LEVEL": "WARNING", "SHELLRL_NUM_THREADS": str(threads)}
+    return ServiceProcess("engine", free_port(), env, log_dir, args=list(args)).start(ready_timeout_s=300)
+
+
+def _prompt(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(200, 40000) for _ in range(n)]
+
+
+async def _wave(client: EngineClient, prompts: list[list[int]], params: dict) -> tuple[int, float]:
+    start = time.perf_counter()
+    results = await asyncio.gather(*(client.generate(p, params) for p in prompts))
+    return sum(len(r.output_ids) for r in results), time.perf_counter() - start
+
+
+async def bench_batching(url: str, levels: list[int], new_tokens: int) -> Table:
+    rng = random.Random(0)
+    params = {"max_new_tokens": new_tokens, "temperature": 1.0, "ignore_eos": True}
+    table = Table(title=f"Engine batching: output tokens/s (SmolLM2-135M, 64-token prompts, {new_tokens} new tokens)")
+    for column in ("concurrent requests", "output tokens", "wall s", "tokens/s", "vs 1 request"):
+        table.add_column(column, justify="right")
+    async with EngineClient([url], timeout_s=1800) as client:
+        await _wave(client, [_prompt(rng, 64)], {**params, "max_new_tokens": 4})  # warm-up
+        base = None
+        for level in levels:
+            tokens, wall = await _wave(client, [_prompt(rng, 64) for _ in range(level)], params)
+            rate = tokens / wall
+            base = base or rate
+            table.add_row(str(level), str(tokens), f"{wall:.1f}", f"{rate:.1f}", f"{rate / base:.2f}x")
+    return table
+
+
+async def _episodes(url: str, requests: int) -> float:
+    rng = random.Random(1)
+    shared = _prompt(rng, 300)
+    prompts = [shared + _prompt(rng, 20) for _ in range(requests)]
+    async with EngineClient([url], timeout_s=1800) as client:
+        await _wave(client, [_prompt(rng, 8)], {"max_new_tokens": 2})  # warm-up, unrelated prefix
+        _, wall = await _wave(client, prompts, {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True})
+    return wall
+
+
+async def bench_weight_update(url: str, repeats: int) -> Table:
+    from shellrl import weight_transport as wt
+    from shellrl.models import load_model
+
+    named = [(n, p.detach().clone()) for n, p in load_model("smollm2").named_parameters()]
+    nbytes = sum(t.numel() * t.element_size() for _, t in named)
+    times: dict[str, list[float]] = {"kept": [], "fresh": [], "disk": [], "durable": []}
+    scratch = tempfile.mkdtemp(prefix="bench-engine-")
+    async with EngineClient([url], timeout_s=600) as client:
+        kept = wt.SharedMemoryBucket(named)  # the learner's segment, refilled by every push
+        try:
+            for i in range(2):  # warm-up: the engine allocates its two staging arenas once
+                await client.update_weights_from_tensor([kept.refill(named).payload()], weight_version=f"warm-{i}")
+            for i in range(repeats):
+                for t in (t for _, t in named):
+                    t.add_(1e-4)  # a new version each time
+                start = time.perf_counter()
+                await client.update_weights_from_tensor([kept.refill(named).payload()], weight_version=f"kept-{i}")
+                assert (await client.get_weight_version())[url] == f"kept-{i}"
+                times["kept"].append(time.perf_counter() - start)
+
+                start = time.perf_counter()
+                with wt.SharedMemoryBucket(named) as bucket:
+                    await client.update_weights_from_tensor([bucket.payload()], weight_version=f"fresh-{i}")
+                assert (await client.get_weight_version())[url] == f"fresh-{i}"
+                times["fresh"].append(time.perf_counter() - start)
+
+                start = time.perf_counter()
+                directory = Path(scratch) / f"v{i}"
+                wt.save_safetensors_dir(named, directory)
+                await client.update_weights_from_disk(str(directory), f"disk-{i}")
+                assert (await client.get_weight_version())[url] == f"disk-{i}"
+                times["disk"].append(time.perf_counter() - start)
+                shutil.rmtree(directory)
+
+                start = time.perf_counter()  # the same, made durable first (shared storage across hosts)
+                directory = Path(scratch) / f"d{i}"
+                path = wt.save_safetensors_dir(named, directory)
+                descriptor = os.open(path, os.O_RDONLY)
+                os.fsync(descriptor)
+                os.close(descriptor)
+                await client.update_weights_from_disk(str(directory), f"durable-{i}")
+                assert (await client.get_weight_version())[url] == f"durable-{i}"
+                times["durable"].append(time.perf_counter() - start)
+                shutil.rmtree(directory)
+        finally:
+            kept.close()
+            shutil.rmtree(scratch, ignore_errors=True)
+    median = {k: statistics.median(v) for k, v in times.items()}
+    table = Table(title=f"Whole-model weight update, learner memory to live weights ({nbytes / 2**20:.0f} MiB "
+                        f"float32, median of {repeats})")
+    for column in ("transport", "seconds", "vs disk"):
+        table.add_column(column, justify="right")
+    table.add_row("safetensors on disk: write + /update_weights_from_disk", f"{median['disk']:.3f}", "1.00x")
+    table.add_row("safetensors on disk, fsync'd before the call", f"{median['durable']:.3f}",
+                  f"{median['disk'] / median['durable']:.2f}x faster")
+    table.add_row("shared memory, new segment per push: /update_weights_from_tensor", f"{median['fresh']:.3f}",
+                  f"{median['disk'] / median['fresh']:.2f}x faster")
+    table.add_row("shared memory, kept segment (refill): /update_weights_from_tensor", f"{median['kept']:.3f}",
+                  f"{median['disk'] / median['kept']:.2f}x faster")
+    return table
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_engine", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer tokens and repeats (smoke run)")
+    parser.add_argument("--threads", type=int, default=0, help="engine torch threads (0: torch's default)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", choices=("batching", "prefix", "weights"), action="append")
+    args = parser.parse_args(argv)
+    parts = args.only or ["batching", "prefix", "weights"]
+    new_tokens = 16 if args.quick else 64
+    repeats = 1 if args.quick else args.repeats
+    console.print(f"machine: {os.cpu_count()} CPUs; engine threads: {args.threads or 'torch default'}")
+    with tempfile.TemporaryDirectory() as logs:
+        engine = start_engine(Path(logs), args.threads)
+        try:
+            if "batching" in parts:
+                console.print(asyncio.run(bench_batching(engine.url, [1, 4, 8, 16], new_tokens)))
+            if "prefix" in parts:
+                with_cache = asyncio.run(_episodes(engine.url, 32))
+            if "weights" in parts:
+                console.print(asyncio.run(bench_weight_update(engine.url, repeats)))
+        finally:
+            engine.stop()
+        if "prefix" in parts:
+            engine = start_engine(Path(logs), args.threads, "--disable-radix-cache")
+            try:
+                without_cache = asyncio.run(_episodes(engine.url, 32))
+            finally:
+                engine.stop()
+            table = Table(title="32 episode-like requests sharing a 300-token prefix (+20 own tokens, 16 new tokens)")
+            for column in ("engine", "wall s", "speed-up"):
+                table.add_column(column, justify="right")
+            table.add_row("without prefix cache (--disable-radix-cache)", f"{without_cache:.1f}", "1.00x")
+            table.add_row("with prefix cache", f"{with_cache:.1f}", f"{without_cache / with_cache:.2f}x")
+            console.print(table)
+
+
+if __name__ == "__main__":
+    main()
