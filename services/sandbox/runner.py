@@ -118,6 +118,25 @@ class Runner:
         del self.inbuf[: i + 1]
         return line
 
+    def kill_all(self):
+        """SIGKILL -1 (all but this runner), reap, forget the background pipes."""
+        try:
+            os.kill(-1, SIGKILL)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                pid, _ = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                time.sleep(0.001)
+        self.statuses.clear()
+        for fd in self.background:
+            os.close(fd)
+        self.background.clear()
+
     # ---- one command ---------------------------------------------------------------------
     def run(self, command, timeout_s, cap):
         start = time.monotonic()
@@ -200,6 +219,10 @@ class Runner:
                 header = self.read_line().split()
             except EOFError:
                 return
+            if header == [b"KILL"]:
+                self.kill_all()
+                os.write(1, b"KILLED\n")
+                continue
             if not header or header[0] != b"EXEC" or len(header) != 4:
                 sys.stderr.write(f"runner: bad request header {header!r}\n")
                 return

@@ -98,6 +98,20 @@ class RunnerLink:
             duration_ms=(time.perf_counter() - start) * 1000.0,
         )
 
+    async def kill_all(self) -> None:
+        """Every process of the session but the runner dies (before a reset); RunnerFailed if the
+        runner does not confirm within GRACE_S."""
+        if not self.alive:
+            raise RunnerFailed("runner is not running")
+        try:
+            self.proc.stdin.write(b"KILL\n")
+            await self.proc.stdin.drain()
+            line = await asyncio.wait_for(self.proc.stdout.readline(), GRACE_S)
+        except (asyncio.TimeoutError, ConnectionError) as exc:
+            raise RunnerFailed(f"runner did not confirm KILL: {exc!r}") from None
+        if line != b"KILLED\n":
+            raise RunnerFailed(f"runner answered {line[:200]!r} to KILL")
+
     async def stop(self) -> None:
         """SIGKILL the launcher's process group; bwrap/unshare take the namespace down with it.
         The caller also sweeps the session cgroup (the fallback layer has no namespace)."""

@@ -372,11 +372,17 @@ class SessionManager:
         session = self.get(session_id)
         async with session.lock:
             start = time.perf_counter()
-            if session.cgroup is None:  # the uid sweep would take the runner too
-                await self._stop_runner(session)
-            self._kill_all(session, "reset")
+            if session.runner is not None and session.runner.alive:
+                try:
+                    await session.runner.kill_all()  # keeps the runner: no sandbox restart
+                except RunnerFailed:
+                    await self._stop_runner(session)
+            if session.cgroup is not None:
+                self._kill_all(session, "reset")  # the runner is not in the cgroup
+            elif session.runner is None:
+                self._kill_all(session, "reset")
             await asyncio.to_thread(session.workspace.reset)
-            if session.runner is None or not session.runner.alive:
+            if self.exec_mode == "session" and (session.runner is None or not session.runner.alive):
                 await self._restart_runner(session)
             session.last_used_at = time.time()
             duration_s = time.perf_counter() - start
