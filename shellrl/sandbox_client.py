@@ -16,7 +16,7 @@ except that none of these calls is retried here: exec is not idempotent.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 from urllib.parse import quote
 
 import httpx
@@ -71,7 +71,7 @@ class ExecResult:
     policy: PolicyVerdict
 
     @classmethod
-    def from_json(cls, data: dict) -> "ExecResult":
+    def from_json(cls, data: dict) -> ExecResult:
         try:
             policy = data.get("policy") or {"verdict": "allow", "rule": None}
             return cls(
@@ -103,7 +103,7 @@ class SandboxClient:
         self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport,
                                        limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
 
-    async def __aenter__(self) -> "SandboxClient":
+    async def __aenter__(self) -> Self:
         return self
 
     async def __aexit__(self, *exc) -> None:

@@ -45,7 +45,7 @@ class CgroupSupport:
             log.warning("cgroups v1 unavailable; process cap falls back to RLIMIT_NPROC", extra={"error": str(exc)})
             return False
 
-    def group(self, name: str) -> "SessionCgroup | None":
+    def group(self, name: str) -> SessionCgroup | None:
         return SessionCgroup(self.root, name) if self.available else None
 
 

@@ -129,7 +129,7 @@ async def run_launch(
     try:
         try:
             await asyncio.wait_for(asyncio.shield(protocol.exited), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             timed_out = True
             kill_tree(pid)
             await protocol.exited
@@ -138,7 +138,7 @@ async def run_launch(
             kill_tree(pid)  # leftovers holding the pipes (fallback layer without a pid namespace)
             try:
                 await asyncio.wait_for(asyncio.shield(protocol.closed), drain_s)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
     finally:
         if transport.get_returncode() is None:

@@ -98,9 +98,9 @@ def bash_prelude(limits: Limits, command_source: str, state_dir: str, cgroup_pro
     st = shlex.quote(state_dir)
     steps = [f"echo 0 > {shlex.quote(p)} || exit 125" for p in cgroup_procs]
     steps += [
-        f"ulimit -HS -c 0 -t {limits.cpu_s} -v {limits.address_space_bytes // 1024}"
-        f" -f {limits.file_size_bytes // 1024} -n {limits.nofile} -u {limits.pids}"
-        " || { echo 'sandbox: cannot set resource limits' >&2; exit 125; }",
+        (f"ulimit -HS -c 0 -t {limits.cpu_s} -v {limits.address_space_bytes // 1024}"
+         f" -f {limits.file_size_bytes // 1024} -n {limits.nofile} -u {limits.pids}"
+         " || { echo 'sandbox: cannot set resource limits' >&2; exit 125; }"),
         f"IFS= read -r -d '' __shellrl_command {command_source}",
         "exec 3<&-",
         f"{{ [ -r {st}/env ] && . {st}/env; }} >/dev/null 2>&1",
@@ -237,7 +237,7 @@ def probe(layer: str, uid: int) -> str | None:
             "unshare": [*_PROBE_UNSHARE, *program], "fallback": program}[layer]
     env = dict(LAUNCHER_ENV, WS="/nonexistent") if layer != "bubblewrap" else dict(LAUNCHER_ENV)
     try:
-        out = subprocess.run(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
+        out = subprocess.run(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{argv[0]}: {exc}"
     if out.returncode != 0 or b"ok" not in out.stdout:

@@ -42,7 +42,7 @@ class Limits:
     max_output_bytes: int
     nofile: int
 
-    def merged(self, request: LimitsRequest | None) -> "Limits":
+    def merged(self, request: LimitsRequest | None) -> Limits:
         if request is None:
             return self
         overrides = {k: v for k, v in request.model_dump().items() if v is not None}

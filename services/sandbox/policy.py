@@ -96,7 +96,7 @@ class PolicySet:
         return self.policies.get(name)
 
     @classmethod
-    def load(cls, path: Path | None = None) -> "PolicySet":
+    def load(cls, path: Path | None = None) -> PolicySet:
         """Parse a policy file; ValueError naming the policy and rule on any mistake."""
         if path is None:
             text = resources.files("services.sandbox").joinpath("policies/default.yaml").read_text()

@@ -18,12 +18,11 @@ Start-up: the runner writes b"READY\n", then reads b"INIT <len>\n" + the bash pr
 runs first (it joins the session cgroup, sets rlimits, restores cwd/env: see isolation.py).
 """
 
+import _signal
 import os
 import select
 import sys
 import time
-
-import _signal
 
 CHUNK = 1 << 16
 DRAIN_GRACE_S = 0.02
@@ -182,7 +181,7 @@ class Runner:
                 poller.register(pidfd, select.POLLIN)
             wait_s = max(0.0, (drain_until if exited else deadline) - now)
             ready = {fd for fd, _ in poller.poll(min(wait_s, 3600.0) * 1000.0)}
-            for fd in list(open_fds):
+            for fd in list(open_fds):  # the loop discards closed fds
                 if fd in ready:
                     try:
                         data = os.read(fd, CHUNK)

@@ -53,7 +53,7 @@ class RunnerLink:
         self._stderr_task = asyncio.create_task(self._log_stderr(self.proc))
         try:
             line = await asyncio.wait_for(self.proc.stdout.readline(), START_TIMEOUT_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             line = b""
         if line != b"READY\n":
             await self.stop()
@@ -81,7 +81,7 @@ class RunnerLink:
                 raise RunnerFailed(f"runner ended or answered {line[:200]!r}")
             exit_code, timed_out, out_total, err_total, _, *lengths = (int(x) for x in fields[1:])
             blob = await asyncio.wait_for(self.proc.stdout.readexactly(sum(lengths)), GRACE_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise RunnerFailed(f"runner gave no result within timeout_s + {GRACE_S} s", hung=True) from None
         except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
             raise RunnerFailed(f"runner connection failed: {exc!r}") from None
@@ -107,7 +107,7 @@ class RunnerLink:
             self.proc.stdin.write(b"KILL\n")
             await self.proc.stdin.drain()
             line = await asyncio.wait_for(self.proc.stdout.readline(), GRACE_S)
-        except (asyncio.TimeoutError, ConnectionError) as exc:
+        except (TimeoutError, ConnectionError) as exc:
             raise RunnerFailed(f"runner did not confirm KILL: {exc!r}") from None
         if line != b"KILLED\n":
             raise RunnerFailed(f"runner answered {line[:200]!r} to KILL")
@@ -126,7 +126,7 @@ class RunnerLink:
             proc.stdin.close()
         try:
             await asyncio.wait_for(proc.wait(), 5.0)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.error("runner launcher did not exit after SIGKILL", extra={"pid": proc.pid})
         if self._stderr_task is not None:
             self._stderr_task.cancel()

@@ -57,7 +57,7 @@ class ExecResult:
     policy: PolicyVerdict
 
     @classmethod
-    def from_raw(cls, raw: RawExec, policy: PolicyVerdict) -> "ExecResult":
+    def from_raw(cls, raw: RawExec, policy: PolicyVerdict) -> ExecResult:
         return cls(raw.stdout, raw.stderr, raw.exit_code, raw.timed_out, raw.stdout_truncated_bytes,
                    raw.stderr_truncated_bytes, round(raw.duration_ms, 3), policy)
 
@@ -132,7 +132,8 @@ def kill_uid(uid: int) -> None:
     """SIGKILL every process of `uid` (kill(-1) sent as that uid): catches setsid/double-fork."""
     subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--", "/usr/bin/kill", "-9", "-1"],
                    env={"PATH": "/usr/bin:/bin"}, cwd="/",
-                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10,
+                   check=False)
 
 
 class SessionManager:
