@@ -72,6 +72,21 @@ def copy_floor(nbytes: int, src_device: str, dst_device: str, repeats: int = 20)
     return out
 
 
+async def http_round_trips(url: str, repeats: int = 30) -> dict:
+    """Median HTTP round trip to the engine (keep-alive connection): the floor of every update call."""
+    out = {}
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        for path in ("healthz", "model_info"):
+            samples = []
+            for i in range(repeats + 3):
+                t0 = time.perf_counter()
+                (await http.get(f"{url}/{path}")).raise_for_status()
+                if i >= 3:
+                    samples.append(time.perf_counter() - t0)
+            out[path] = summary_ms(samples)
+    return out
+
+
 def mark_version(model, version: int) -> float:
     """Write a value only this version has into the model (outside the timed region)."""
     import torch
@@ -179,6 +194,9 @@ async def sync_section(shape: str, paths: str, args, results: dict, parity: bool
     engine.start()
     out["engine_start_s"] = time.perf_counter() - t0
     client = EngineClient(engine.url, timeout_s=600.0)
+    out["http_rtt"] = await http_round_trips(engine.url)
+    console.print(f"  HTTP round trip: /healthz {out['http_rtt']['healthz']['median_ms']:.2f} ms, "
+                  f"/model_info {out['http_rtt']['model_info']['median_ms']:.2f} ms")
     version = 0
     try:
         for path in paths:
@@ -188,7 +206,7 @@ async def sync_section(shape: str, paths: str, args, results: dict, parity: bool
                 out[path] = r
                 console.print(f"  {path} {r['name']}: median {r['total']['median_ms']:.2f} ms, "
                               f"p90 {r['total']['p90_ms']:.2f} ms, served value ok={r['served_value_ok']}")
-            except Exception as exc:  # one path failing must not lose the others' numbers
+            except Exception as exc:  # noqa: BLE001 - one path failing must not lose the others' numbers
                 out[path] = {"path": path, "name": PATHS[path], "error": f"{type(exc).__name__}: {exc}",
                              "engine_log": engine.tail()}
                 console.print(f"  [red]{path} failed: {exc}[/]")
@@ -201,7 +219,7 @@ async def sync_section(shape: str, paths: str, args, results: dict, parity: bool
 
             try:
                 results["parity"] = await parity_section(model, client, engine.url, args, version + 1000)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - reported in the results, the rest still runs
                 results["parity"] = {"error": f"{type(exc).__name__}: {exc}", "engine_log": engine.tail()}
                 console.print(f"  [red]parity failed: {exc}[/]")
             write_results(results, args)
@@ -226,6 +244,10 @@ def sync_table(results: dict) -> Table:
             table.add_row(shape, f"floor: raw copy {out['bytes'] / 1e9:.2f} GB "
                                  f"({out['floor']['gb_per_s']:.0f} GB/s)", f"{floor:.2f}",
                           f"{out['floor']['p90_ms']:.2f}", "1.00", "", "", "", str(out["floor"]["n"]))
+        rtt = out.get("http_rtt", {}).get("model_info")
+        if rtt:
+            table.add_row(shape, "one HTTP round trip (GET /model_info)", f"{rtt['median_ms']:.2f}",
+                          f"{rtt['p90_ms']:.2f}", "", "", "", "", str(rtt["n"]))
         for path in PATHS:
             r = out.get(path)
             if r is None:
@@ -276,9 +298,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import torch
 
-    if args.learner_device.startswith("cuda") and torch.cuda.device_count() < 2:
-        console.print(f"bench_gpu_weight_sync: skipped (needs 2 CUDA GPUs; this machine has "
-                      f"{torch.cuda.device_count()})")
+    needed = [torch.device(d) for d in (args.learner_device, args.engine_device) if d.startswith("cuda")]
+    if needed and torch.cuda.device_count() <= max(d.index or 0 for d in needed):
+        console.print(f"bench_gpu_weight_sync: skipped (needs {args.learner_device} and {args.engine_device}; "
+                      f"this machine has {torch.cuda.device_count()} CUDA GPUs)")
         return
     sections = set(args.sections.split(","))
     results: dict = {"devices": _devices(), "args": vars(args)}
@@ -296,7 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         from benchmarks.gpu_memory import memory_section, memory_table
         try:
             results["memory"] = memory_section(args)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - reported in the results
             results["memory"] = {"error": f"{type(exc).__name__}: {exc}"}
         console.print(memory_table(results["memory"]))
     results["wall_s"] = time.perf_counter() - started

@@ -31,7 +31,7 @@ def summary_ms(samples_s: list[float]) -> dict:
     ms = sorted(x * 1e3 for x in samples_s)
     if not ms:
         return {"n": 0}
-    p90 = ms[min(len(ms) - 1, int(round(0.9 * (len(ms) - 1))))]
+    p90 = ms[min(len(ms) - 1, round(0.9 * (len(ms) - 1)))]
     return {"n": len(ms), "median_ms": statistics.median(ms), "p90_ms": p90, "min_ms": ms[0], "max_ms": ms[-1]}
 
 
@@ -48,10 +48,10 @@ class EngineProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, ready_timeout_s: float = 600.0) -> "EngineProcess":
+    def start(self, ready_timeout_s: float = 600.0) -> EngineProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "SHELLRL_LOG_LEVEL": "WARNING", **self.env}
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log = open(self.log_path, "ab")
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it until stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "services.engine", "--model-path", str(self.model_dir), "--device", self.device,
              "--host", "127.0.0.1", "--port", str(self.port)],

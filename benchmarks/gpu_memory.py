@@ -9,8 +9,8 @@ decoder layers (the Trainer's setting):
 
 Each runs forward + backward of the mean log-prob 4 times (first one a warm-up); reported: peak
 allocated GPU memory (absolute, and above the weights), median seconds, and the error of its
-log-probs against a float64 LM head on a slice (sequence 0, first 256 positions; same bf16 hidden
-states, so only the head's precision differs).
+log-probs against a float64 LM head on a slice (sequence 0, the first 256 scored positions, i.e.
+response tokens; same bf16 hidden states, so only the head's precision differs).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from shellrl.rl.batch import TrainSample, build_batch
 from shellrl.rl.logprobs import enable_gradient_checkpointing, token_logprobs
 
 BATCH, LENGTH, PROMPT = 8, 1000, 100
-SLICE = 256
+SLICE = slice(PROMPT - 1, PROMPT - 1 + 256)  # columns of sequence 0 that score response tokens
 
 
 def fp32_per_sequence(model, batch):
@@ -68,9 +68,9 @@ def _batch(vocab: int, device):
 @torch.no_grad()
 def _reference(model, batch) -> torch.Tensor:
     hidden = model.get_decoder()(input_ids=batch.input_ids[:1], attention_mask=batch.attention_mask[:1],
-                                 position_ids=batch.position_ids[:1], use_cache=False).last_hidden_state[0, :SLICE]
+                                 position_ids=batch.position_ids[:1], use_cache=False).last_hidden_state[0, SLICE]
     logits = F.linear(hidden.double(), model.get_output_embeddings().weight.double())
-    return logits.log_softmax(-1).gather(-1, batch.target_ids[0, :SLICE, None]).squeeze(-1)
+    return logits.log_softmax(-1).gather(-1, batch.target_ids[0, SLICE, None]).squeeze(-1)
 
 
 def measure(model, batch, fn, repeats: int = 4) -> dict:
@@ -95,7 +95,7 @@ def measure(model, batch, fn, repeats: int = 4) -> dict:
         peak = torch.cuda.max_memory_allocated(device)
         peaks.append(peak)
         above.append(peak - base)
-        values = logp.detach()[0, :SLICE].double()
+        values = logp.detach()[0, SLICE].double()
         del logp, loss
     model.zero_grad(set_to_none=True)
     return {"peak_gb": max(peaks) / 1e9, "peak_above_weights_gb": max(above) / 1e9,

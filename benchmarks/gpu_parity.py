@@ -96,6 +96,28 @@ def gap(learner: torch.Tensor, batch: TrainBatch) -> dict:
             "tokens": int(mask.sum())}
 
 
+async def scale_sweep(model, bucket, client, url: str, args, version: int) -> dict:
+    """Parity vs the logit scale: the final norm's weight set for logit std 0.6 (the random init),
+    2 and 4 (the main run), 16 prompts x 128 tokens each; the weights are restored afterwards."""
+    norm = model.model.norm.weight
+    kept = norm.detach().clone()
+    base = 1.0 / (model.config.initializer_range * model.config.hidden_size ** 0.5)
+    out = {}
+    try:
+        for i, logit_std in enumerate((None, 2.0, 4.0)):
+            with torch.no_grad():
+                norm.fill_(1.0 if logit_std is None else logit_std * base)
+            await push(model, bucket, client, url, version + i)
+            batch = (await sample(client, url, 16, 128, model.config.vocab_size, 100 + i, version + i)).to(norm.device)
+            out["init" if logit_std is None else f"logit_std_{logit_std:g}"] = {
+                **gap(score(model, batch), batch),
+                "mean_behavior_logprob": float(batch.behavior_logprobs[batch.loss_mask > 0].mean())}
+    finally:
+        with torch.no_grad():
+            norm.copy_(kept)
+    return out
+
+
 async def parity_section(model, client, url: str, args, version: int) -> dict:
     from services.learner.trainer import Trainer, TrainerConfig
 
@@ -109,9 +131,18 @@ async def parity_section(model, client, url: str, args, version: int) -> dict:
         batch1 = (await sample(client, url, args.parity_prompts, args.parity_new_tokens, vocab, 1, version)).to(device)
         out["sample_s"] = time.perf_counter() - t0
         out["mean_behavior_logprob"] = float(batch1.behavior_logprobs[batch1.loss_mask > 0].mean())
-        out["before"] = {"learner_fp32": gap(score(model, batch1), batch1),
+        learner = score(model, batch1)
+        out["before"] = {"learner_fp32": gap(learner, batch1),
                          "control_T1": gap(score(model, batch1, temperature=1.0), batch1),
                          "control_bf16_head": gap(score(model, batch1, bf16_head=True), batch1)}
+        # Which side is noisier: both against the same weights run entirely in float32.
+        reference = copy.deepcopy(model).float()
+        truth = score(reference, batch1)
+        del reference
+        out["vs_float32_model"] = {"engine": gap(truth, batch1),
+                                   "learner_bf16": gap(truth, replace(batch1, behavior_logprobs=learner))}
+        out["logit_scale_sweep"] = await scale_sweep(model, bucket, client, url, args, version + 100)
+        await push(model, bucket, client, url, version)
         stale = copy.deepcopy(model)
         trainer = Trainer(model, TrainerConfig(lr=1e-3, micro_batch_size=8, grad_clip_norm=1.0))
         step1 = trainer.step(batch1, learner_version=version)
@@ -145,6 +176,12 @@ def parity_table(parity: dict) -> Table:
         for name, g in parity.get(when, {}).items():
             table.add_row(f"{when} the step", name, str(g["tokens"]), f"{g['mean']:.4f}", f"{g['p99']:.4f}",
                           f"{g['max']:.4f}")
+    for name, g in parity.get("vs_float32_model", {}).items():
+        table.add_row("before the step", f"{name} vs the same weights in float32", str(g["tokens"]),
+                      f"{g['mean']:.4f}", f"{g['p99']:.4f}", f"{g['max']:.4f}")
+    for name, g in parity.get("logit_scale_sweep", {}).items():
+        table.add_row(f"sweep {name} (mean lp {g['mean_behavior_logprob']:.2f})", "learner_fp32", str(g["tokens"]),
+                      f"{g['mean']:.4f}", f"{g['p99']:.4f}", f"{g['max']:.4f}")
     for step in ("step1", "step2"):
         s = parity.get(step)
         if s:

@@ -16,20 +16,20 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-QWEN2_COMMON = dict(hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
-                    use_sliding_window=False, attention_dropout=0.0, initializer_range=0.02,
-                    bos_token_id=1, eos_token_id=2, pad_token_id=2)
+QWEN2_COMMON = {"hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000.0, "use_sliding_window": False, "attention_dropout": 0.0,
+                "initializer_range": 0.02, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
 
 SHAPES: dict[str, dict] = {
     # Qwen/Qwen2.5-0.5B: 494M parameters, 0.99 GB in bf16 (embeddings tied to the LM head).
-    "qwen2.5-0.5b": dict(hidden_size=896, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
-                         intermediate_size=4864, vocab_size=151936, tie_word_embeddings=True),
+    "qwen2.5-0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+                     "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True},
     # Qwen/Qwen2.5-7B: 7.6B parameters, 15.2 GB in bf16 (separate LM head).
-    "qwen2.5-7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
-                       intermediate_size=18944, vocab_size=152064, tie_word_embeddings=False),
+    "qwen2.5-7b": {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+                   "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False},
     # A small Qwen2 for GPU tests: same code paths, seconds to build and load.
-    "qwen2-small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                        intermediate_size=512, vocab_size=32000, tie_word_embeddings=True),
+    "qwen2-small": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+                    "intermediate_size": 512, "vocab_size": 32000, "tie_word_embeddings": True},
 }
 
 

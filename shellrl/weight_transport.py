@@ -478,7 +478,7 @@ class PinnedHostBucket:
             pass
         self._shm = None
 
-    def __enter__(self) -> "PinnedHostBucket":
+    def __enter__(self) -> PinnedHostBucket:  # noqa: PYI034
         return self
 
     def __exit__(self, *exc) -> None:
