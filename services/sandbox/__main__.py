@@ -39,6 +39,10 @@ def main(argv: list[str] | None = None) -> None:
     policies = PolicySet.load(settings.policy_file)
     if settings.default_policy not in policies.policies:
         raise ValueError(f"default_policy {settings.default_policy!r} is not in the policy file")
+    exec_mode = settings.exec_mode
+    if exec_mode == "session" and not os.access("/usr/bin/python3", os.X_OK):
+        log.warning("no /usr/bin/python3 for the session runner: falling back to exec_mode=per_command")
+        exec_mode = "per_command"
     uids = UidPool(settings.uid_base, settings.uid_block_size)
     isolation, probes = detect(settings.isolation, uids.probe_uid)
     cgroups = CgroupSupport(settings.cgroup_root)
@@ -52,10 +56,10 @@ def main(argv: list[str] | None = None) -> None:
         default_policy=settings.default_policy, default_limits=defaults, max_sessions=settings.max_sessions,
         session_ttl_s=settings.session_ttl_s, setup_timeout_s=settings.setup_timeout_s,
         max_timeout_s=settings.max_timeout_s, max_command_bytes=settings.max_command_bytes,
-        max_concurrent_execs=settings.max_concurrent_execs, exec_mode=settings.exec_mode,
+        max_concurrent_execs=settings.max_concurrent_execs, exec_mode=exec_mode,
     )
     manager.clean_stale()
-    details = {"isolation": isolation.layer, "exec_mode": settings.exec_mode, "network_isolated": isolation.network_isolated,
+    details = {"isolation": isolation.layer, "exec_mode": exec_mode, "network_isolated": isolation.network_isolated,
                "cgroups": cgroups.available, "seccomp": isolation.seccomp_path is not None,
                "private_mount_namespace": private_mounts,
                "uid_block": [uids.first, uids.probe_uid], "probes": probes}

@@ -181,17 +181,16 @@ class Runner:
                 poller.register(pidfd, select.POLLIN)
             wait_s = max(0.0, (drain_until if exited else deadline) - now)
             ready = {fd for fd, _ in poller.poll(min(wait_s, 3600.0) * 1000.0)}
-            for fd in list(open_fds):  # the loop discards closed fds
-                if fd in ready:
-                    try:
-                        data = os.read(fd, CHUNK)
-                    except BlockingIOError:
-                        continue
-                    if data:
-                        captures[fd].feed(data)
-                    else:
-                        os.close(fd)
-                        open_fds.discard(fd)
+            for fd in open_fds & ready:  # a new set: the loop discards closed fds from open_fds
+                try:
+                    data = os.read(fd, CHUNK)
+                except BlockingIOError:
+                    continue
+                if data:
+                    captures[fd].feed(data)
+                else:
+                    os.close(fd)
+                    open_fds.discard(fd)
             self.drain_background(ready)
             if not exited and pidfd in ready:
                 exited = True

@@ -252,6 +252,10 @@ class SessionManager:
                                    + (" (timed out)" if result.timed_out else ""), "setup", result.as_dict())
             await asyncio.to_thread(self._snapshot, session)
             await self._start_runner(session)
+        except RunnerFailed as exc:
+            metrics.SESSIONS_CREATED.labels("error").inc()
+            await self._destroy(session)
+            raise SessionError(503, "sandbox_unavailable", f"the session's sandbox did not start: {exc}") from None
         except BaseException as exc:
             metrics.SESSIONS_CREATED.labels("setup_failed" if isinstance(exc, SessionError) else "error").inc()
             if session is not None:
