@@ -42,6 +42,7 @@ if str(REPO) not in sys.path:
 
 from services.rollout.admission import Admission, PolicyVersionWatcher
 from services.rollout.agent_loop import AgentLoop, EpisodeLimits, EpisodeSpec
+from services.rollout.app import connect_redis
 from services.rollout.prompt import ChatFormat, load_chat_tokenizer
 from services.rollout.scheduler import TaskPool
 from services.rollout.task_store import TaskStore
@@ -74,18 +75,31 @@ def _start(module: str, port: int, *extra: str) -> subprocess.Popen:
 
 @dataclass
 class OverheadResult:
+    transport: str
     concurrency: int
     turns_per_s: float
     pairs_per_s: float
     cpu_ms_per_turn: float
+    cpu_ms_per_pair: float
     turn_latency_ms: float
     pair_latency_ms: float
     episodes: int = 0
 
 
+def _aiohttp_transport():
+    """httpx's transport on aiohttp (package httpx-aiohttp) when installed, else None. Not a project
+    dependency: measured here as the way to the target (httpx's own pool costs ~2 ms CPU/request)."""
+    try:
+        from httpx_aiohttp import AiohttpTransport
+    except ImportError:
+        return None
+    return AiohttpTransport(limits=httpx.Limits(max_connections=512, max_keepalive_connections=512,
+                                                keepalive_expiry=2.0))  # below uvicorn's 5 s keep-alive
+
+
 async def _bare_pairs(engine: EngineClient, sandbox: SandboxClient, prompt: list[int], concurrency: int,
-                      duration_s: float) -> float:
-    """generate + exec pairs per second, no agent loop (the baseline)."""
+                      duration_s: float) -> tuple[float, float]:
+    """(generate + exec pairs per second, CPU ms per pair) without the agent loop (the baseline)."""
     session = (await sandbox.create_session())["session_id"]
     count = 0
     stop_at = time.monotonic() + duration_s
@@ -98,9 +112,9 @@ async def _bare_pairs(engine: EngineClient, sandbox: SandboxClient, prompt: list
             await sandbox.exec(session, "true", timeout_s=5)
             count += 1
 
-    start = time.monotonic()
+    cpu, start = time.process_time(), time.monotonic()
     await asyncio.gather(*(loop() for _ in range(concurrency)))
-    return count / (time.monotonic() - start)
+    return count / (time.monotonic() - start), 1000 * (time.process_time() - cpu) / max(count, 1)
 
 
 async def _agent_turns(agent: AgentLoop, producer: streams.StreamProducer, concurrency: int, duration_s: float,
@@ -128,7 +142,8 @@ async def _agent_turns(agent: AgentLoop, producer: streams.StreamProducer, concu
     return done_turns / wall, 1000 * cpu / max(done_turns, 1), episodes
 
 
-async def bench_overhead(concurrency: int, duration_s: float, turns: int) -> OverheadResult:
+async def bench_overhead(concurrency: int, duration_s: float, turns: int, transport: str = "httpx") -> OverheadResult:
+    """transport: "httpx" (the clients as shipped) or "aiohttp" (httpx-aiohttp's transport under both)."""
     engine_port, sandbox_port = free_port(), free_port()
     redis_dir = tempfile.mkdtemp(prefix="bench-rollout-redis-")
     redis_server = RedisServer(Path(redis_dir)).start()
@@ -136,16 +151,20 @@ async def bench_overhead(concurrency: int, duration_s: float, turns: int) -> Ove
              _start("tests.fakes.fake_sandbox", sandbox_port)]
     try:
         chat = ChatFormat.from_tokenizer(load_chat_tokenizer("tiny"))
-        redis = streams.connect(redis_server.url)
+        redis = connect_redis(redis_server.url, concurrency + 32)
         producer = streams.StreamProducer(redis, streams.STREAM_EPISODES)
         async with EngineClient(f"http://127.0.0.1:{engine_port}") as engine, \
-                SandboxClient(f"http://127.0.0.1:{sandbox_port}") as sandbox:
+                SandboxClient(f"http://127.0.0.1:{sandbox_port}",
+                              transport=_aiohttp_transport() if transport == "aiohttp" else None) as sandbox:
+            if transport == "aiohttp":  # EngineClient takes no transport: swap its httpx client (benchmark only)
+                await engine._http.aclose()
+                engine._http = httpx.AsyncClient(timeout=600.0, transport=_aiohttp_transport())
             agent = AgentLoop(engine, sandbox, chat, EpisodeLimits(max_turns=turns, max_context_tokens=8192))
             prompt = chat.prompt_ids("Print the number of files in this directory.")
             await _bare_pairs(engine, sandbox, prompt, 4, 1.0)  # warm up connections and both servers
-            pairs_per_s = await _bare_pairs(engine, sandbox, prompt, concurrency, duration_s)
+            pairs_per_s, cpu_pair = await _bare_pairs(engine, sandbox, prompt, concurrency, duration_s)
             turns_per_s, cpu_ms, episodes = await _agent_turns(agent, producer, concurrency, duration_s, turns)
-            one_pair = await _bare_pairs(engine, sandbox, prompt, 1, 2.0)
+            one_pair, _ = await _bare_pairs(engine, sandbox, prompt, 1, 2.0)
             one_turns, _, _ = await _agent_turns(agent, producer, 1, 2.0, turns)
         await redis.aclose()
     finally:
@@ -153,7 +172,8 @@ async def bench_overhead(concurrency: int, duration_s: float, turns: int) -> Ove
             proc.terminate()
             proc.wait(10)
         redis_server.stop()
-    return OverheadResult(concurrency, turns_per_s, pairs_per_s, cpu_ms, 1000 / one_turns, 1000 / one_pair, episodes)
+    return OverheadResult(transport, concurrency, turns_per_s, pairs_per_s, cpu_ms, cpu_pair, 1000 / one_turns,
+                          1000 / one_pair, episodes)
 
 
 # --- 2. long tail ----------------------------------------------------------------------------------
@@ -300,18 +320,22 @@ def main(argv: list[str] | None = None) -> None:
     console.print(f"[bold]Rollout gateway[/bold] on {os.cpu_count()} CPU cores")
 
     if not args.skip_overhead:
-        r = asyncio.run(bench_overhead(args.concurrency, args.duration_s, args.turns))
-        table = Table(title=f"Gateway overhead: zero-latency engine and sandbox doubles, {r.concurrency} concurrent "
-                            f"episodes x {args.turns} turns")
-        for col in ("measure", "agent loop", "baseline (bare generate+exec)", "ratio"):
+        transports = ["httpx"] + (["aiohttp"] if _aiohttp_transport() is not None else [])
+        rows = [asyncio.run(bench_overhead(args.concurrency, args.duration_s, args.turns, t)) for t in transports]
+        table = Table(title=f"Gateway overhead: zero-latency FAKE engine and sandbox processes, {args.concurrency} "
+                            f"concurrent episodes x {args.turns} turns; baseline = bare generate+exec pairs, same "
+                            "clients, same concurrency")
+        for col in ("HTTP transport", "turns/s", "pairs/s", "ratio", "CPU ms/turn", "CPU ms/pair",
+                    "agent-loop CPU ms/turn", "latency ms/turn (1 episode)", "ms/pair (1)", "added ms/turn"):
             table.add_column(col, justify="right")
-        table.add_row("turns/s", f"{r.turns_per_s:.0f}", f"{r.pairs_per_s:.0f} pairs/s",
-                      f"{r.turns_per_s / r.pairs_per_s:.2f}")
-        table.add_row("latency per turn, 1 episode (ms)", f"{r.turn_latency_ms:.2f}", f"{r.pair_latency_ms:.2f}",
-                      f"+{r.turn_latency_ms - r.pair_latency_ms:.2f} ms added")
-        table.add_row("gateway CPU per turn (ms)", f"{r.cpu_ms_per_turn:.2f}", "", "")
-        table.add_row("episodes finished", f"{r.episodes}", "", "")
+        for r in rows:
+            table.add_row(r.transport, f"{r.turns_per_s:.0f}", f"{r.pairs_per_s:.0f}",
+                          f"{r.turns_per_s / r.pairs_per_s:.2f}", f"{r.cpu_ms_per_turn:.2f}", f"{r.cpu_ms_per_pair:.2f}",
+                          f"{r.cpu_ms_per_turn - r.cpu_ms_per_pair:+.2f}", f"{r.turn_latency_ms:.2f}",
+                          f"{r.pair_latency_ms:.2f}", f"{r.turn_latency_ms - r.pair_latency_ms:+.2f}")
         console.print(table)
+        if len(rows) == 1:
+            console.print("(aiohttp transport row skipped: pip install httpx-aiohttp to measure it)")
 
     if not args.skip_tail:
         modes = [("batch-synchronous", 0, True)]

@@ -95,7 +95,7 @@ def build_app(settings: RolloutSettings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        redis = streams.connect(settings.redis_url)
+        redis = connect_redis(settings.redis_url, settings.max_episodes_in_flight + settings.eval_max_in_flight + 32)
         store = TaskStore(redis)
         chat = ChatFormat.from_tokenizer(load_chat_tokenizer(settings.model_path))
         engine = EngineClient(settings.engine_url_list)
@@ -273,6 +273,18 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         }
 
     return app
+
+
+def connect_redis(url: str, max_connections: int):
+    """An asyncio Redis client whose pool WAITS for a free connection (up to 30 s) instead of
+    failing: redis-py's default pool raises MaxConnectionsError past 100 concurrent commands, and
+    hundreds of episodes publish and count at once. Socket timeout as in shellrl.streams.connect."""
+    import redis.asyncio as aioredis
+
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=30,
+                                                    socket_timeout=streams.SOCKET_TIMEOUT_S,
+                                                    health_check_interval=15)
+    return aioredis.Redis.from_pool(pool)
 
 
 async def _read_json(request: Request) -> Any:
