@@ -31,7 +31,11 @@ class ServiceProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}", *self.args], cwd=REPO,
                                      env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
                                      start_new_session=True)
-        self.wait_ready(ready_timeout_s)
+        try:
+            self.wait_ready(ready_timeout_s)
+        except BaseException:
+            self.stop()  # a service that never became ready must not outlive the test
+            raise
         return self
 
     def wait_ready(self, timeout_s: float) -> None:

@@ -49,9 +49,11 @@ class RedisServer:
             except OSError:
                 pass
             if self.proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited: {(self.directory / 'redis.log').read_text()[-2000:]}")
+                log = self.directory / "redis.log"
+                raise RuntimeError(f"redis-server exited: {log.read_text()[-2000:] if log.exists() else ''}")
             time.sleep(0.05)
-        raise RuntimeError("redis-server did not answer PING")
+        self.stop(signal.SIGKILL)  # alive but not answering: never leave it running
+        raise RuntimeError(f"redis-server on port {self.port} did not answer PING within {timeout_s}s")
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
         """SIGTERM (Redis fsyncs the AOF on shutdown) or SIGKILL; waits for the pid."""
