@@ -64,7 +64,7 @@ def _truncated_probs(logprobs: torch.Tensor, spec: SamplingSpec) -> torch.Tensor
             keep[spec.top_k:] = False
         if spec.top_p < 1.0:  # keep the smallest head whose mass reaches top_p (the first token always)
             before = torch.cumsum(sorted_probs, 0) - sorted_probs
-            keep &= before < spec.top_p
+            keep &= before <= spec.top_p
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs * keep)
     if spec.min_p > 0.0:
         probs = torch.where(probs >= spec.min_p * probs.max(), probs, torch.zeros_like(probs))
