@@ -3,8 +3,9 @@
 Consumes `shellrl:tasks` (consumer group `rollout`): each training task joins the pool (a Redis
 set) and the current epoch's order, atomically with its XACK, so a crash never loses a task and
 a re-delivery never adds it twice. Produces task ids in shuffled epochs: every epoch is a fresh
-permutation of the pool (seeded by `seed + epoch`, reproducible); a task submitted mid-epoch is
-appended to the current epoch once. The order lives in Redis (`shellrl:rollout:epoch:order`), so a
+permutation of the pool (seeded by `seed` and the epoch number, reproducible); a task submitted
+mid-epoch joins the rest of the current epoch once, at a uniformly random position (epoch 0 is the
+tasks as they arrive, shuffled that way). The order lives in Redis (`shellrl:rollout:epoch:order`), so a
 restart continues the epoch where it stopped.
 
 Keys: shellrl:rollout:pool (set of task ids), shellrl:rollout:epoch (int),
@@ -32,11 +33,18 @@ EPOCH_KEY = "shellrl:rollout:epoch"
 ORDER_KEY = "shellrl:rollout:epoch:order"
 
 # KEYS[1] pool, KEYS[2] order, KEYS[3] task hash, KEYS[4] tasks stream; ARGV[1] task id, ARGV[2] group,
-# ARGV[3] entry id, ARGV[4] pooled state name
+# ARGV[3] entry id, ARGV[4] pooled state name, ARGV[5] u in [0, 1): the newcomer's position in the rest
+# of the current epoch (uniform, so even the first epoch, filled by arrivals, is shuffled)
 _JOIN = """
 local added = redis.call('SADD', KEYS[1], ARGV[1])
 if added == 1 then
-  redis.call('RPUSH', KEYS[2], ARGV[1])
+  local n = redis.call('LLEN', KEYS[2])
+  local pos = math.floor(tonumber(ARGV[5]) * (n + 1))
+  if pos >= n then
+    redis.call('RPUSH', KEYS[2], ARGV[1])
+  else
+    redis.call('LINSERT', KEYS[2], 'BEFORE', redis.call('LINDEX', KEYS[2], pos), ARGV[1])
+  end
   if redis.call('EXISTS', KEYS[3]) == 1 then redis.call('HSET', KEYS[3], 'state', ARGV[4]) end
 end
 redis.call('XACK', KEYS[4], ARGV[2], ARGV[3])
@@ -66,6 +74,7 @@ class TaskPool:
         self._join = redis.register_script(_JOIN)
         self._new_epoch = redis.register_script(_NEW_EPOCH)
         self._arrived = asyncio.Event()
+        self._rng = random.Random(seed)
 
     async def feed(self) -> None:
         """Forever: move training tasks from shellrl:tasks into the pool (survives Redis outages)."""
@@ -94,7 +103,7 @@ class TaskPool:
             await self.consumer.ack(entry.entry_id)
             return
         added = await self._join(keys=[POOL_KEY, ORDER_KEY, task_key(task.task_id), STREAM_TASKS],
-                                 args=[task.task_id, GROUP_ROLLOUT, entry.entry_id, STATE_POOLED])
+                                 args=[task.task_id, GROUP_ROLLOUT, entry.entry_id, STATE_POOLED, self._rng.random()])
         if added:
             m.POOL_TASKS.inc()
             self._arrived.set()
