@@ -152,11 +152,20 @@ class SandboxClient:
         response = await self._request("POST", "/v1/sessions", json=body, timeout_s=setup_timeout_s)
         return response.json()
 
-    async def exec(self, session_id: str, command: str, timeout_s: float | None = None) -> ExecResult:
-        """POST /v1/sessions/{id}/exec. Raises SandboxNotFound, SandboxBadRequest (e.g. NUL byte), SandboxError."""
+    async def exec(self, session_id: str, command: str, timeout_s: float | None = None, fresh_state: bool = False
+                   ) -> ExecResult:
+        """POST /v1/sessions/{id}/exec. Raises SandboxNotFound, SandboxBadRequest (e.g. NUL byte), SandboxError.
+
+        fresh_state: run without the session's saved shell state (for verifier checks): bash
+        without startup files, the environment as at session creation (task env; no BASH_ENV,
+        ENV, BASH_FUNC_*), PATH fixed to the system directories, cwd = the workspace root; the
+        saved cwd/variables are neither read nor updated.
+        """
         body: dict[str, Any] = {"command": command}
         if timeout_s is not None:
             body["timeout_s"] = timeout_s
+        if fresh_state:
+            body["fresh_state"] = True
         http_timeout_s = self.timeout_s + (timeout_s if timeout_s is not None else 600.0)
         response = await self._request("POST", f"/v1/sessions/{session_id}/exec", json=body, timeout_s=http_timeout_s)
         return ExecResult.from_json(response.json())
@@ -172,6 +181,11 @@ class SandboxClient:
     async def session_info(self, session_id: str) -> dict[str, Any]:
         """GET /v1/sessions/{id} → {"commands", "safety_events": [{"rule", "verdict", "command"}], ...}."""
         return (await self._request("GET", f"/v1/sessions/{session_id}")).json()
+
+    async def kill_processes(self, session_id: str) -> dict[str, Any]:
+        """POST /v1/sessions/{id}/kill: every process of the session dies (background ones too);
+        the workspace and shell state stay. → {"session_id", "killed": true, "duration_ms"}."""
+        return (await self._request("POST", f"/v1/sessions/{session_id}/kill")).json()
 
     async def reset(self, session_id: str) -> dict[str, Any]:
         """POST /v1/sessions/{id}/reset: back to the state right after setup."""

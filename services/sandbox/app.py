@@ -1,7 +1,8 @@
 """HTTP API of the sandbox executor (DESIGN.md section 2).
 
     POST   /v1/sessions                      {"setup", "env", "limits"?, "policy"?} → 201 session + setup result
-    POST   /v1/sessions/{id}/exec            {"command", "timeout_s"?} → 200 exec result
+    POST   /v1/sessions/{id}/exec            {"command", "timeout_s"?, "fresh_state"?} → 200 exec result
+    POST   /v1/sessions/{id}/kill            → every process of the session killed (workspace kept)
     GET    /v1/sessions/{id}/files/{path}    ?max_bytes=N → raw bytes
     GET    /v1/sessions/{id}                 → commands, safety events, timestamps
     POST   /v1/sessions/{id}/reset           → state right after setup
@@ -41,6 +42,15 @@ class ExecRequest(BaseModel):
 
     command: str = Field(..., description="Bash source, run like `bash -c` in the session.")
     timeout_s: float | None = Field(None, gt=0, description="Wall-clock limit; default: the session's timeout_s.")
+    fresh_state: bool = Field(
+        False, description=(
+            "Run without the session's saved shell state: `bash --noprofile --norc`, the environment "
+            "as at session creation (the task env and the fixed variables) without BASH_ENV, ENV and "
+            "BASH_FUNC_*, PATH fixed to the system directories, cwd = the workspace root; no file the "
+            "session's commands can write is read (saved cwd/variables, startup files), and the saved "
+            "state is not updated. For verifier checks: earlier commands cannot shape how this one runs "
+            "(except through the workspace and /tmp contents, and processes they left running: "
+            "see POST /v1/sessions/{id}/kill)."))
 
 
 def _api_error(exc: SessionError) -> ApiError | JSONResponse:
@@ -88,8 +98,15 @@ def build_app(manager: SessionManager, config: dict, ready_details: dict, ttl_sw
 
     @app.post("/v1/sessions/{session_id}/exec", tags=["sessions"])
     async def exec_command(session_id: str, req: ExecRequest):
-        result = await call(manager.exec(session_id, req.command, req.timeout_s))
+        result = await call(manager.exec(session_id, req.command, req.timeout_s, req.fresh_state))
         return result.as_dict()
+
+    @app.post("/v1/sessions/{session_id}/kill", tags=["sessions"])
+    async def kill_processes(session_id: str):
+        """Kill every process of the session (background, setsid and double-forked ones included);
+        the workspace, /tmp and the saved shell state stay. The verifier calls it before its checks."""
+        duration_ms = await call(manager.kill_processes(session_id))
+        return {"session_id": session_id, "killed": True, "duration_ms": round(duration_ms, 3)}
 
     @app.get("/v1/sessions/{session_id}/files/{path:path}", tags=["sessions"])
     async def read_file(session_id: str, path: str, max_bytes: int = Query(DEFAULT_FILE_MAX_BYTES, ge=0)):

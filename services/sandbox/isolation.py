@@ -17,6 +17,12 @@ Every layer: the command joins the session cgroups first (`/bin/sh` prefix), har
 set in bash before the command (they cannot be raised again), stdin is /dev/null, the command
 text is read from a root-owned file (so 1 MB commands work), and the environment is rebuilt from
 a fixed allowlist plus the task's `env`.
+
+Two preludes: the saved-state one (agent commands: the cwd and exported variables of the last
+command carry over through files the session can write) and the fresh-state one (`fresh_state`
+execs, e.g. the verifier's checks): `bash --noprofile --norc`, the session's environment as at
+creation minus BASH_ENV / ENV / BASH_FUNC_* (`fresh_env`), PATH = SANDBOX_PATH, cwd = the workspace
+root, and no file of the session read or written.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import logging
 import os
 import shlex
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from services.sandbox import mounts
@@ -81,12 +87,27 @@ class Launch:
         return [str(fd) if a == SECCOMP_FD else a for a in self.argv], (fd,)
 
 
+FRESH_BASH = ["/usr/bin/bash", "--noprofile", "--norc", "-c"]
+FRESH_ENV_DROPPED = ("BASH_ENV", "ENV")  # startup files a non-interactive bash would source
+
+
 def base_env(workspace: str) -> dict[str, str]:
     """The fixed sanitized environment every command gets before the task's `env`."""
     return {"PATH": SANDBOX_PATH, "HOME": workspace, "LC_ALL": "C", "LANG": "C", "TERM": "dumb"}
 
 
-def bash_prelude(limits: Limits, command_source: str, state_dir: str, cgroup_procs: tuple[str, ...] = ()) -> str:
+def fresh_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment of a fresh-state command: the session's, without the variables that make
+    bash read a file (BASH_ENV, ENV) or import functions (BASH_FUNC_*), with PATH = SANDBOX_PATH.
+    runner.py drops the same variables from its own environment (it cannot import this module); the
+    fresh prelude sets PATH there."""
+    out = {k: v for k, v in env.items() if k not in FRESH_ENV_DROPPED and not k.startswith("BASH_FUNC_")}
+    out["PATH"] = SANDBOX_PATH
+    return out
+
+
+def bash_prelude(limits: Limits, command_source: str, state_dir: str, cgroup_procs: tuple[str, ...] = (),
+                 fresh_cwd: str | None = None) -> str:
     """Bash run before the command, on one line (so the command's own line numbers start at 1).
 
     Joins the session cgroups (per-command mode; the runner joins them itself in session mode),
@@ -94,6 +115,9 @@ def bash_prelude(limits: Limits, command_source: str, state_dir: str, cgroup_pro
     variables, installs an EXIT trap that saves them again, then evals the command read from
     `command_source` (a redirection such as `<&3` or `< /path`). Error messages read like
     `bash -c`: "bash: line 1: foo: command not found".
+
+    With `fresh_cwd` (the workspace root as the command sees it) nothing under `state_dir` is
+    read or written: PATH becomes SANDBOX_PATH, the cwd `fresh_cwd`, and no EXIT trap is set.
     """
     st = shlex.quote(state_dir)
     steps = [f"echo 0 > {shlex.quote(p)} || exit 125" for p in cgroup_procs]
@@ -103,12 +127,20 @@ def bash_prelude(limits: Limits, command_source: str, state_dir: str, cgroup_pro
          " || { echo 'sandbox: cannot set resource limits' >&2; exit 125; }"),
         f"IFS= read -r -d '' __shellrl_command {command_source}",
         "exec 3<&-",
-        f"{{ [ -r {st}/env ] && . {st}/env; }} >/dev/null 2>&1",
-        f"__shellrl_cwd=; {{ IFS= read -r -d '' __shellrl_cwd < {st}/cwd; }} 2>/dev/null",
-        'cd -- "${__shellrl_cwd:-$HOME}" 2>/dev/null || cd -- "$HOME" 2>/dev/null; unset __shellrl_cwd',
-        f"trap '{{ printf %s \"$PWD\" > {st}/cwd; export -p > {st}/env; }} 2>/dev/null' EXIT",
-        'eval "$__shellrl_command"',
     ]
+    if fresh_cwd is not None:
+        steps += [
+            f"export PATH={shlex.quote(SANDBOX_PATH)}",
+            f"cd -- {shlex.quote(fresh_cwd)} || {{ echo 'sandbox: cannot enter the workspace' >&2; exit 125; }}",
+        ]
+    else:
+        steps += [
+            f"{{ [ -r {st}/env ] && . {st}/env; }} >/dev/null 2>&1",
+            f"__shellrl_cwd=; {{ IFS= read -r -d '' __shellrl_cwd < {st}/cwd; }} 2>/dev/null",
+            'cd -- "${__shellrl_cwd:-$HOME}" 2>/dev/null || cd -- "$HOME" 2>/dev/null; unset __shellrl_cwd',
+            f"trap '{{ printf %s \"$PWD\" > {st}/cwd; export -p > {st}/env; }} 2>/dev/null' EXIT",
+        ]
+    steps.append('eval "$__shellrl_command"')
     return "; ".join(steps)
 
 
@@ -145,18 +177,26 @@ class Isolation:
         return {"command": str(p.command_file), "state": str(p.state), "runner": str(spec.runner_file),
                 "cgroups": tuple(str(c) for c in spec.cgroup_procs)}
 
-    def command(self, spec: LaunchSpec) -> Launch:
-        """Per-command mode: a fresh sandbox running `bash -c <prelude>` for one command."""
+    def command(self, spec: LaunchSpec, fresh_state: bool = False) -> Launch:
+        """Per-command mode: a fresh sandbox running `bash -c <prelude>` for one command
+        (`bash --noprofile --norc -c <fresh prelude>` in `fresh_env` with `fresh_state`)."""
         inside = self._inside(spec)
-        prelude = bash_prelude(spec.limits, f"< {shlex.quote(inside['command'])}", inside["state"], inside["cgroups"])
+        source = f"< {shlex.quote(inside['command'])}"
+        if fresh_state:
+            prelude = bash_prelude(spec.limits, source, inside["state"], inside["cgroups"], self.workspace_path(spec.paths))
+            spec = replace(spec, env=fresh_env(spec.env))
+            return self._wrap(spec, [*FRESH_BASH, prelude, "bash"], as_pid1=False)
+        prelude = bash_prelude(spec.limits, source, inside["state"], inside["cgroups"])
         return self._wrap(spec, ["/usr/bin/bash", "-c", prelude, "bash"], as_pid1=False)
 
-    def runner(self, spec: LaunchSpec) -> tuple[Launch, str]:
+    def runner(self, spec: LaunchSpec) -> tuple[Launch, str, str]:
         """Session mode: a long-lived runner.py (pid 1 where there is a pid namespace) and the
-        prelude it runs before each command (sent in its INIT message, so `ps` stays readable)."""
+        two preludes it runs before each command, saved-state and fresh-state (sent in its INIT
+        message, so `ps` stays readable)."""
         inside = self._inside(spec)
         prelude = bash_prelude(spec.limits, "<&3", inside["state"], inside["cgroups"])
-        return self._wrap(spec, ["/usr/bin/python3", "-I", "-S", inside["runner"]], as_pid1=True), prelude
+        fresh = bash_prelude(spec.limits, "<&3", inside["state"], inside["cgroups"], self.workspace_path(spec.paths))
+        return self._wrap(spec, ["/usr/bin/python3", "-I", "-S", inside["runner"]], as_pid1=True), prelude, fresh
 
     def _wrap(self, spec: LaunchSpec, program: list[str], as_pid1: bool) -> Launch:
         p = spec.paths

@@ -4,7 +4,8 @@ builtin modules only; it never imports shellrl.
 
 Protocol on stdin/stdout (binary, one request at a time):
 
-    request:  b"EXEC <timeout_ms> <max_output_bytes> <command_len>\\n" + command bytes
+    request:  b"EXEC <timeout_ms> <max_output_bytes> <command_len> <fresh_state 0|1>\\n"
+              + command bytes
     response: b"DONE <exit_code> <timed_out 0|1> <stdout_total> <stderr_total> <duration_us>"
               b" <len stdout_head> <len stdout_tail> <len stderr_head> <len stderr_tail>\\n" + the four byte strings
 
@@ -14,8 +15,13 @@ is done when bash exits (not when the pipes close); pipes still held by backgrou
 then drained and discarded in the background so those processes never block or get EPIPE.
 On timeout the runner sends SIGKILL to -1: as pid 1 of the namespace (or as the session's own uid
 in the fallback layer) that kills every process of the session except the runner.
-Start-up: the runner writes b"READY\n", then reads b"INIT <len>\n" + the bash prelude every command
-runs first (it joins the session cgroup, sets rlimits, restores cwd/env: see isolation.py).
+fresh_state 1: `bash --noprofile --norc -c <fresh prelude>` in the runner's own environment (the
+session's, fixed at its start) without BASH_ENV, ENV and BASH_FUNC_*; nothing the session wrote
+is read.
+Request b"KILL\n" (answered b"KILLED\n"): every process of the session but the runner is killed.
+Start-up: the runner writes b"READY\n", then reads b"INIT <len> <fresh_len>\n" + the bash prelude
+every command runs first (it joins the session cgroup, sets rlimits, restores cwd/env: see
+isolation.py) + the fresh-state prelude.
 """
 
 import _signal
@@ -30,6 +36,7 @@ MAX_BACKGROUND_PIPES = 64
 SIGKILL = 9
 TIMEOUT_EXIT_CODE = 124  # like timeout(1)
 RESET_SIGNALS = [s for s in range(1, 65) if s not in (9, 19, 32, 33)]
+FRESH_ENV_DROPPED = ("BASH_ENV", "ENV")  # as services/sandbox/isolation.py fresh_env
 
 
 class Capture:
@@ -55,9 +62,11 @@ class Capture:
 
 
 class Runner:
-    def __init__(self, prelude):
-        self.prelude = prelude
+    def __init__(self, prelude, fresh_prelude=""):
+        self.prelude, self.fresh_prelude = prelude, fresh_prelude
         self.env = dict(os.environ)
+        self.fresh_env = {k: v for k, v in self.env.items()
+                          if k not in FRESH_ENV_DROPPED and not k.startswith("BASH_FUNC_")}
         self.devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         self.background = []  # read ends still held open by background processes
         self.statuses = {}
@@ -137,8 +146,12 @@ class Runner:
         self.background.clear()
 
     # ---- one command ---------------------------------------------------------------------
-    def run(self, command, timeout_s, cap):
+    def run(self, command, timeout_s, cap, fresh_state=False):
         start = time.monotonic()
+        if fresh_state:
+            argv, env = ["bash", "--noprofile", "--norc", "-c", self.fresh_prelude, "bash"], self.fresh_env
+        else:
+            argv, env = ["bash", "-c", self.prelude, "bash"], self.env
         memfd = os.memfd_create("shellrl-command")
         view = memoryview(command)
         while view:
@@ -148,7 +161,7 @@ class Runner:
         err_r, err_w = os.pipe()
         try:
             pid = os.posix_spawn(
-                "/usr/bin/bash", ["bash", "-c", self.prelude, "bash"], self.env,
+                "/usr/bin/bash", argv, env,
                 file_actions=[(os.POSIX_SPAWN_DUP2, self.devnull, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
                               (os.POSIX_SPAWN_DUP2, err_w, 2), (os.POSIX_SPAWN_DUP2, memfd, 3)],
                 setsid=True, setsigdef=RESET_SIGNALS,
@@ -221,12 +234,12 @@ class Runner:
                 self.kill_all()
                 os.write(1, b"KILLED\n")
                 continue
-            if not header or header[0] != b"EXEC" or len(header) != 4:
+            if not header or header[0] != b"EXEC" or len(header) != 5:
                 sys.stderr.write(f"runner: bad request header {header!r}\n")
                 return
-            timeout_ms, cap, length = (int(x) for x in header[1:])
+            timeout_ms, cap, length, fresh_state = (int(x) for x in header[1:])
             command = self.read_exact(length)
-            exit_code, timed_out, out, err, duration_us = self.run(command, timeout_ms / 1000.0, cap)
+            exit_code, timed_out, out, err, duration_us = self.run(command, timeout_ms / 1000.0, cap, bool(fresh_state))
             oh, ot = out.parts()
             eh, et = err.parts()
             head = (f"DONE {exit_code} {int(timed_out)} {out.total} {err.total} {duration_us}"
@@ -258,10 +271,11 @@ def main():
     os.write(1, b"READY\n")
     runner = Runner("")
     header = runner.read_line().split()
-    if len(header) != 2 or header[0] != b"INIT":
+    if len(header) != 3 or header[0] != b"INIT":
         sys.stderr.write(f"runner: expected INIT, got {header!r}\n")
         return
     runner.prelude = runner.read_exact(int(header[1])).decode()
+    runner.fresh_prelude = runner.read_exact(int(header[2])).decode()
     runner.serve()
 
 

@@ -38,8 +38,9 @@ class RunnerLink:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 
-    async def start(self, prelude: str) -> None:
-        """Spawn the sandbox with the runner, wait for its READY line, send the prelude."""
+    async def start(self, prelude: str, fresh_prelude: str) -> None:
+        """Spawn the sandbox with the runner, wait for its READY line, send the saved-state and
+        fresh-state preludes."""
         argv, pass_fds = self.launch.spawn_args()
         try:
             self.proc = await asyncio.create_subprocess_exec(
@@ -58,20 +59,23 @@ class RunnerLink:
         if line != b"READY\n":
             await self.stop()
             raise RunnerFailed(f"runner did not start (first line {line[:200]!r})")
-        data = prelude.encode()
-        self.proc.stdin.write(b"INIT %d\n" % len(data) + data)
+        data, fresh = prelude.encode(), fresh_prelude.encode()
+        self.proc.stdin.write(b"INIT %d %d\n" % (len(data), len(fresh)) + data + fresh)
         await self.proc.stdin.drain()
 
     async def _log_stderr(self, proc) -> None:
         while line := await proc.stderr.readline():
             log.warning("runner stderr", extra={"line": line.decode(errors="replace").rstrip()[:2000]})
 
-    async def exec(self, command: bytes, timeout_s: float, max_output_bytes: int) -> RawExec:
-        """Run one command; RunnerFailed when the runner cannot deliver a result."""
+    async def exec(self, command: bytes, timeout_s: float, max_output_bytes: int, fresh_state: bool = False
+                   ) -> RawExec:
+        """Run one command (with the fresh-state prelude if `fresh_state`); RunnerFailed when the
+        runner cannot deliver a result."""
         if not self.alive:
             raise RunnerFailed("runner is not running")
         start = time.perf_counter()
-        header = f"EXEC {max(1, int(timeout_s * 1000))} {max_output_bytes} {len(command)}\n".encode()
+        header = (f"EXEC {max(1, int(timeout_s * 1000))} {max_output_bytes} {len(command)}"
+                  f" {int(fresh_state)}\n").encode()
         try:
             self.proc.stdin.write(header + command)
             await self.proc.stdin.drain()

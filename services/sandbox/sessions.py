@@ -1,4 +1,4 @@
-"""Session registry: create (workspace + setup + snapshot), exec, reset, delete, idle expiry.
+"""Session registry: create (workspace + setup + snapshot), exec, kill, reset, delete, idle expiry.
 
 One session = one workspace, one unprivileged uid (from this instance's locked uid block), one
 cgroup, one policy, one task environment. Commands of a session run one at a time, in order;
@@ -279,7 +279,10 @@ class SessionManager:
         self._kill_all(session, "setup_leftover")
         session.workspace.snapshot()
 
-    async def exec(self, session_id: str, command: str, timeout_s: float | None) -> ExecResult:
+    async def exec(self, session_id: str, command: str, timeout_s: float | None, fresh_state: bool = False
+                   ) -> ExecResult:
+        """Run `command` in the session. `fresh_state`: in the session's environment as at creation
+        (fresh_env) at the workspace root, reading nothing the session wrote (isolation.py)."""
         session = self.get(session_id)
         if "\x00" in command:
             raise SessionError(400, "invalid_command", "command contains a NUL byte (\\x00); remove it", "command")
@@ -303,7 +306,7 @@ class SessionManager:
             if verdict.verdict == "deny":
                 return ExecResult("", f"sandbox: command denied by policy rule {verdict.rule!r}\n", None, False,
                                   0, 0, 0.0, verdict)
-            raw = await self._run(session, command, timeout_s or session.limits.timeout_s)
+            raw = await self._run(session, command, timeout_s or session.limits.timeout_s, fresh_state)
             session.last_used_at = time.time()
         metrics.EXEC_SECONDS.labels(self.isolation.layer).observe(raw.duration_ms / 1000.0)
         metrics.OUTPUT_TRUNCATED_BYTES.inc(raw.stdout_truncated_bytes + raw.stderr_truncated_bytes)
@@ -315,16 +318,16 @@ class SessionManager:
         return LaunchSpec(session.workspace.paths, session.uid, session.env, session.limits, session.policy.network,
                           tuple(session.cgroup.procs_files) if session.cgroup else (), self.runner_file)
 
-    async def _run(self, session: Session, command: str, timeout_s: float) -> RawExec:
+    async def _run(self, session: Session, command: str, timeout_s: float, fresh_state: bool = False) -> RawExec:
         if self.exec_mode == "per_command":
-            return await self._run_per_command(session, command, timeout_s)
+            return await self._run_per_command(session, command, timeout_s, fresh_state)
         data = command.encode("utf-8", errors="surrogateescape")
         start = time.perf_counter()
         async with self.exec_slots:
             if session.runner is None or not session.runner.alive:
                 await self._restart_runner(session)
             try:
-                return await session.runner.exec(data, timeout_s, session.limits.max_output_bytes)
+                return await session.runner.exec(data, timeout_s, session.limits.max_output_bytes, fresh_state)
             except RunnerFailed as exc:
                 log.warning("session runner failed; restarting it", extra={"session_id": session.session_id,
                                                                            "error": str(exc)})
@@ -333,9 +336,10 @@ class SessionManager:
                         " (workspace kept)\n")
                 return RawExec("", note, 124 if exc.hung else 137, exc.hung, 0, 0, (time.perf_counter() - start) * 1e3)
 
-    async def _run_per_command(self, session: Session, command: str, timeout_s: float) -> RawExec:
+    async def _run_per_command(self, session: Session, command: str, timeout_s: float, fresh_state: bool = False
+                               ) -> RawExec:
         session.workspace.paths.command_file.write_bytes(command.encode("utf-8", errors="surrogateescape"))
-        launch = self.isolation.command(self._spec(session))
+        launch = self.isolation.command(self._spec(session), fresh_state)
         async with self.exec_slots:
             return await run_launch(launch, timeout_s, session.limits.max_output_bytes,
                                     lambda pid: self._kill_tree(session, pid))
@@ -343,9 +347,9 @@ class SessionManager:
     async def _start_runner(self, session: Session) -> None:
         if self.exec_mode != "session":
             return
-        launch, prelude = self.isolation.runner(self._spec(session))
+        launch, prelude, fresh_prelude = self.isolation.runner(self._spec(session))
         runner = RunnerLink(launch)
-        await runner.start(prelude)
+        await runner.start(prelude, fresh_prelude)
         session.runner = runner
 
     async def _stop_runner(self, session: Session) -> None:
@@ -372,20 +376,38 @@ class SessionManager:
         elif self.is_root:
             kill_uid(session.uid)
 
+    async def kill_processes(self, session_id: str) -> float:
+        """Kill every process of the session (background ones included) but keep its workspace,
+        shell state and runner; returns the duration in ms."""
+        session = self.get(session_id)
+        async with session.lock:
+            if session.closed:
+                raise SessionError(404, "session_not_found", f"session {session_id!r} was deleted", "session_id")
+            start = time.perf_counter()
+            await self._kill_processes(session, "kill_request")
+            if self.exec_mode == "session" and (session.runner is None or not session.runner.alive):
+                await self._restart_runner(session)
+            session.last_used_at = time.time()
+        return (time.perf_counter() - start) * 1000.0
+
+    async def _kill_processes(self, session: Session, reason: str) -> None:
+        """Every process of the session but its runner dies (the runner too if it fails to confirm)."""
+        if session.runner is not None and session.runner.alive:
+            try:
+                await session.runner.kill_all()  # keeps the runner: no sandbox restart
+            except RunnerFailed:
+                await self._stop_runner(session)
+        if session.cgroup is not None:
+            self._kill_all(session, reason)  # the runner is not in the cgroup
+        elif session.runner is None:
+            self._kill_all(session, reason)
+
     async def reset(self, session_id: str) -> float:
         """Restore the post-setup snapshot; returns the duration in ms."""
         session = self.get(session_id)
         async with session.lock:
             start = time.perf_counter()
-            if session.runner is not None and session.runner.alive:
-                try:
-                    await session.runner.kill_all()  # keeps the runner: no sandbox restart
-                except RunnerFailed:
-                    await self._stop_runner(session)
-            if session.cgroup is not None:
-                self._kill_all(session, "reset")  # the runner is not in the cgroup
-            elif session.runner is None:
-                self._kill_all(session, "reset")
+            await self._kill_processes(session, "reset")
             await asyncio.to_thread(session.workspace.reset)
             if self.exec_mode == "session" and (session.runner is None or not session.runner.alive):
                 await self._restart_runner(session)

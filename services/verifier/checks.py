@@ -28,8 +28,9 @@ import regex
 
 from shellrl.contract import Check
 
-VERIFIER_VERSION = "verifier-1"
-"""Version of the check semantics and the reward function; stamped on every scored trajectory."""
+VERIFIER_VERSION = "verifier-2"
+"""Version of the check semantics and the reward function; stamped on every scored trajectory.
+verifier-2: check commands run with the sandbox's fresh_state (fixed PATH) after a kill of the session's processes."""
 
 INTEGER = re.compile(r"[+-]?[0-9]+")
 REGEX_FLAGS = regex.VERSION0  # the `re`-compatible dialect of the regex module

@@ -2,10 +2,13 @@
 
 * Check commands run in the episode's session, but never in the agent's shell state: the sandbox
   replays the cwd and exported variables the agent left (agents expect `cd` and `export` to
-  persist), so each check command is wrapped to start at the workspace root with a clean
-  environment (the sandbox's fixed variables plus the task's `env`) and a bash that reads no
-  startup files (`FRESH_SHELL`). `exec` replaces the replaying shell, so the agent's saved
-  state is not rewritten by checks either.
+  persist) from files the agent can write, so checks run with the sandbox's `fresh_state` exec:
+  a bash that reads no startup file and no saved state, the session's environment as at creation
+  (the sandbox's fixed variables plus the task's `env`), PATH fixed to the system directories,
+  cwd = the workspace root. The agent's saved state is not rewritten by checks either.
+* No process of the session is alive when a check starts: `prepare()` kills the agent's leftover
+  (background) processes, and every check command is followed by another kill, so nothing can
+  rewrite files between checks or tamper with a later check command (ptrace, /proc/<pid>/fd).
 * Files are read by the sandbox's host side (openat2 RESOLVE_BENEATH): symlinks that stay inside
   the workspace are followed, anything leaving it is refused (403), so is a non-regular file.
 * `reference_command` runs in a fresh session with the task's setup (the post-setup state), once
@@ -17,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import shlex
 from collections import OrderedDict
 
 from services.verifier import metrics
@@ -25,19 +27,7 @@ from services.verifier.checks import CheckInfraError, CommandOutput, FileRefused
 from shellrl.contract import Task
 from shellrl.sandbox_client import ExecResult, SandboxBusy, SandboxError, SandboxNotFound, SandboxSetupFailed
 
-SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-"""PATH of the sandbox's fixed environment (services/sandbox/isolation.py base_env)."""
-WORKSPACE_TOKEN = "<workspace>"
 BUSY_RETRIES = 6
-
-
-def fresh_shell(command: str, workspace_path: str, task_env: dict[str, str]) -> str:
-    """`command` wrapped to run at the workspace root in a clean environment (see module doc)."""
-    env = {"PATH": SANDBOX_PATH, "HOME": workspace_path, "LC_ALL": "C", "LANG": "C", "TERM": "dumb"}
-    env.update({k: v.replace(WORKSPACE_TOKEN, workspace_path) for k, v in task_env.items()})
-    assignments = " ".join(shlex.quote(f"{k}={v}") for k, v in env.items())
-    return (f"cd -- {shlex.quote(workspace_path)} && exec /usr/bin/env -i {assignments} "
-            f"/usr/bin/bash --noprofile --norc -c {shlex.quote(command)}")
 
 
 def command_output(result: ExecResult) -> CommandOutput:
@@ -59,7 +49,8 @@ class SandboxWorkspace:
         self.safety_events: list[dict] = []
 
     async def prepare(self) -> None:
-        """Raises CheckInfraError when the session is gone or the sandbox cannot answer."""
+        """Read the session (workspace path, safety events), then kill its processes.
+        Raises CheckInfraError when the session is gone or the sandbox cannot answer."""
         try:
             info = await self.sandbox.session_info(self.session_id)
         except SandboxError as exc:
@@ -67,13 +58,21 @@ class SandboxWorkspace:
             raise CheckInfraError(f"sandbox session {self.session_id} {gone}") from None
         self.workspace_path = info["workspace"]
         self.safety_events = [e for e in info.get("safety_events", []) if isinstance(e, dict)]
+        await self._kill_processes()
+
+    async def _kill_processes(self) -> None:
+        try:
+            await self.sandbox.kill_processes(self.session_id)
+        except SandboxError as exc:
+            raise CheckInfraError(f"killing the processes of session {self.session_id} failed: {exc}") from None
 
     async def run(self, command: str, timeout_s: float) -> CommandOutput:
-        wrapped = fresh_shell(command, self.workspace_path, dict(self.task.env))
         try:
-            return command_output(await self.sandbox.exec(self.session_id, wrapped, timeout_s=timeout_s))
+            result = await self.sandbox.exec(self.session_id, command, timeout_s=timeout_s, fresh_state=True)
         except SandboxError as exc:
             raise CheckInfraError(f"exec in session {self.session_id} failed: {exc}") from None
+        await self._kill_processes()  # whatever the check command left running
+        return command_output(result)
 
     async def read_file(self, path: str, max_bytes: int) -> bytes:
         try:
@@ -131,8 +130,8 @@ class ReferenceCache:
     async def _run(self, task: Task, command: str, timeout_s: float) -> CommandOutput:
         session = await self._create(task)
         try:
-            wrapped = fresh_shell(command, session["workspace"], dict(task.env))
-            return command_output(await self.sandbox.exec(session["session_id"], wrapped, timeout_s=timeout_s))
+            return command_output(await self.sandbox.exec(session["session_id"], command, timeout_s=timeout_s,
+                                                          fresh_state=True))
         except SandboxError as exc:
             raise CheckInfraError(f"reference command failed to run: {exc}") from None
         finally:

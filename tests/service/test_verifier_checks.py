@@ -180,14 +180,25 @@ async def test_check_commands_ignore_the_agents_cwd_path_and_exported_variables(
         assert (await outcome(verifier, t, None, sid))[0] == 1.0  # runs at the root, not in sub/
 
 
-@pytest.mark.xfail(reason="sandbox exec always sources the session's saved shell state, which the agent can "
-                          "write (a function named `exec`); needs a sandbox exec mode without saved state "
-                          "(docs/checks.md, 'Known limit')", strict=False)
 async def test_a_forged_shell_state_file_cannot_fake_a_command_check(sandbox, verifier):
     t = task({"type": "command_output_equals", "command": "cat numbers.txt", "expected": "1\n2"})
-    forge = "trap - EXIT; printf 'exec() { echo 1; echo 2; }\\n' > /run/shellrl/state/env"
+    forge = "trap - EXIT; printf 'exec() { echo 1; echo 2; }\\ncat() { echo 1; echo 2; }\\n' > /run/shellrl/state/env"
     async with episode(sandbox, commands=(forge,)) as sid:
         assert (await outcome(verifier, t, None, sid))[0] == 0.0  # numbers.txt does not exist
+        assert (await sandbox.exec(sid, "cat numbers.txt")).stdout == "1\n2\n"  # the forgery is in place
+
+
+async def test_the_agents_background_processes_are_dead_before_the_checks_run(sandbox, verifier):
+    # a leftover process could rewrite files between checks or tamper with a check command
+    t = task({"type": "file_exists", "path": "out.txt"},
+             {"type": "command_output_equals", "command": "sleep 0.5; cat out.txt", "expected": "done"})
+    flipper = ("setsid sh -c 'echo done > out.txt; sleep 0.3; echo changed > out.txt; sleep 300' >/dev/null 2>&1 &"
+               " until [ -s out.txt ]; do sleep 0.01; done")
+    async with episode(sandbox, commands=(flipper,)) as sid:
+        reward, checks = await outcome(verifier, t, None, sid)
+        assert reward == 1.0, checks  # without the kill the second check reads "changed"
+        left = await sandbox.exec(sid, "ps -e -o comm= | grep -c sleep")
+        assert left.stdout == "0\n"
 
 
 async def test_task_env_applies_to_check_commands(sandbox, verifier):

@@ -13,6 +13,7 @@ import time
 import httpx
 import pytest
 
+from services.verifier.checks import VERIFIER_VERSION
 from services.verifier.worker import STREAM_EVALUATIONS
 from shellrl import streams
 from shellrl.contract import (
@@ -108,7 +109,7 @@ async def test_group_members_are_scored_independently_and_failures_pass_through(
             assert not by_id["t2"].scored and by_id["t2"].failure == Failure.FAILURE_INFRA_VERIFIER
             assert math.isnan(by_id["t2"].reward) and "gone" in by_id["t2"].failure_detail
             assert not by_id["t3"].scored and by_id["t3"].failure == Failure.FAILURE_INFRA_ENGINE
-            assert all(t.verifier_version == "verifier-1" for t in out)
+            assert all(t.verifier_version == VERIFIER_VERSION == "verifier-2" for t in out)
             evals = await wait_for(lambda: _len_at_least(redis, STREAM_EVALUATIONS, 1), what="eval result")
             assert evals[0].trajectory_id == "e0" and evals[0].reward == 0.0  # routed apart, never trained on
             dead = await wait_for(lambda: redis.xrange(streams.STREAM_DEAD), what="dead letter")
