@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
 import time
 
 import numpy as np
@@ -25,7 +26,7 @@ from shellrl.engine_client import EngineClient
 from shellrl.models import resolve_model_path
 from shellrl.sandbox_client import SandboxClient
 from tests.fakes.fake_engine import RecordingProxy, Reply, ScriptedEngine, serve_in_thread
-from tests.service.rollout.conftest import make_agent, make_task
+from tests.service.rollout.conftest import make_agent, make_task, start_sandbox
 
 ACTION, OBSERVATION = SegmentKind.SEGMENT_KIND_ACTION, SegmentKind.SEGMENT_KIND_OBSERVATION
 
@@ -199,3 +200,27 @@ async def test_episode_budget_and_unreachable_engine_are_failure_classes_not_rew
     assert traj.failure == Failure.FAILURE_TIMEOUT_BUDGET and traj.end == EpisodeEnd.EPISODE_END_FAILURE
     assert infra.failure == Failure.FAILURE_INFRA_ENGINE and "cannot connect" in infra.failure_detail
     assert traj.reward == 0 and not traj.scored and traj.sandbox_session_id == "" == infra.sandbox_session_id
+
+
+async def test_sandbox_at_its_session_cap_makes_episodes_wait_not_fail(chat, tmp_path):
+    """The sandbox answers 429 past max_sessions: the second episode waits for the first one's
+    session to go, then runs; neither fails."""
+    sandbox_proc, root = start_sandbox(tmp_path, {"SHELLRL_MAX_SESSIONS": "1"})
+    eot = chat.end_of_turn_id
+    answer = chat.encode("<answer>5</answer>") + [eot]
+    fake = ScriptedEngine(lambda body: Reply(list(answer), delay_s=1.0, matched=eot))
+    server = serve_in_thread(fake.app())
+    try:
+        async with EngineClient(server.url) as engine, SandboxClient(sandbox_proc.url) as sandbox:
+            agent = make_agent(engine, sandbox, chat, sandbox_busy_poll_s=0.1)
+            specs = [EpisodeSpec(make_task(), f"capped-{i}", keep_session=False) for i in range(2)]
+            start = time.monotonic()
+            first, second = await asyncio.gather(*(agent.run(spec) for spec in specs))
+            elapsed = time.monotonic() - start
+    finally:
+        server.stop()
+        sandbox_proc.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    assert first.failure == second.failure == Failure.FAILURE_NONE
+    assert first.answer == second.answer == "5"
+    assert elapsed >= 2.0  # one after the other: the sandbox never held two sessions

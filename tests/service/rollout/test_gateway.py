@@ -178,6 +178,12 @@ def test_sandbox_killed_mid_episode_gives_infra_trajectories_and_the_gateway_sta
     wait_for(lambda: http.get("/v1/status").json()["infra_down"] == ["sandbox"], 30, "admission gated on the sandbox")
     assert http.get("/healthz").status_code == 200 and http.get("/readyz").status_code == 200
     assert http.post("/v1/tasks", json=dict(TASK, task_id="while-down", split="eval")).status_code == 201
+    metrics = http.get("/metrics").text
+    for line in ('shellrl_rollout_failures_total{failure="infra_sandbox"}', 'shellrl_rollout_tokens_total{kind="action"}',
+                 "shellrl_episodes_in_flight", 'shellrl_rollout_admission_wait_seconds_count{reason="staleness"}',
+                 "shellrl_rollout_generate_seconds_count", "shellrl_rollout_exec_seconds_count",
+                 'shellrl_rollout_episodes_by_version_total{policy_version='):
+        assert line in metrics, line
     sandbox.start(60)  # same port: the gate's probe sees it again and admission resumes
     wait_for(lambda: http.get("/v1/status").json()["infra_down"] == [], 30, "admission to resume")
     count = redis.xlen(STREAM_EPISODES)
