@@ -120,8 +120,11 @@ class BatchKV:
         return out
 
     @staticmethod
-    def concat(first: "BatchKV", second: "BatchKV") -> "BatchKV":
-        """Rows of `first` then `second`, right-aligned to the longer of the two."""
+    def concat(first: "BatchKV", second: "BatchKV", first_rows: list[int] | None = None) -> "BatchKV":
+        """Rows `first_rows` of `first` (default all), then all rows of `second`, right-aligned to the
+        longer of the two."""
+        if first_rows is not None and first_rows != list(range(first.rows)):
+            first = first.select(first_rows)
         length = max(first.length, second.length)
         out = BatchKV(first.shape, first.rows + second.rows, length)
         for part, row0 in ((first, 0), (second, first.rows)):

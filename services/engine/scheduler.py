@@ -41,6 +41,9 @@ PAUSE_MODES = ("abort", "retract", "in_place")
 # A waiting request that shares this many uncached prefix tokens with one being prefilled waits one
 # round and then reuses that prefix from the cache (SGLang's in-batch prefix caching does the same).
 IN_BATCH_PREFIX_MIN_TOKENS = 32
+# Finished rows stay in the batch as padding (a few wasted rows per step) until this many, or as
+# many as the live rows, have piled up; compacting copies every live row's KV.
+COMPACT_MIN_DEAD_ROWS = 8
 
 
 class DuplicateRequestId(ValueError):
@@ -100,7 +103,7 @@ class Scheduler:
         self._rids: set[str] = set()
         self._waiting: deque[RequestState] = deque()
         self._held: list[RequestState] = []  # arrived while paused
-        self._running: list[RequestState] = []
+        self._running: list[RequestState | None] = []  # batch rows; None = finished, awaiting compaction
         self._batch: BatchKV | None = None
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
@@ -146,7 +149,7 @@ class Scheduler:
         return command.result
 
     def loads(self) -> dict:
-        return {"num_running_reqs": len(self._running), "num_waiting_reqs": len(self._waiting) + len(self._held),
+        return {"num_running_reqs": len(self._live()), "num_waiting_reqs": len(self._waiting) + len(self._held),
                 "paused": self.paused}
 
     # ----- commands (run on the scheduler thread through `call`) -----------------------------------
@@ -161,9 +164,10 @@ class Scheduler:
             self.abort(rid="", abort_all=True)
         elif mode == "retract":
             for row, state in enumerate(self._running):
-                self._offer_to_prefix_cache(state, row)
-                state.num_retractions += 1
-            self._waiting.extendleft(reversed(self._running))
+                if state is not None:
+                    self._offer_to_prefix_cache(state, row)
+                    state.num_retractions += 1
+            self._waiting.extendleft(reversed(self._live()))
             self._running, self._batch = [], None
 
     def resume(self) -> None:
@@ -183,7 +187,7 @@ class Scheduler:
                 state.aborted_in_queue = not state.output_ids
                 self._finish(state, dict(ABORTED if state.output_ids else ABORTED_IN_QUEUE))
                 count += 1
-        rows = [i for i, s in enumerate(self._running) if hit(s)]
+        rows = [i for i, s in enumerate(self._running) if s is not None and hit(s)]
         for row in rows:
             self._offer_to_prefix_cache(self._running[row], row)
             self._finish(self._running[row], dict(ABORTED))
@@ -192,7 +196,7 @@ class Scheduler:
 
     def flush_cache(self) -> bool:
         """Drop the prefix cache; refused (False) while requests are running, as SGLang."""
-        if self._running:
+        if self._live():
             return False
         self.prefix_cache.clear()
         return True
@@ -213,14 +217,14 @@ class Scheduler:
             self._take_inbox()
             idle_pending = self._run_commands()
             admitted = False if (self.paused or idle_pending) else self._admit()
-            if self._running and self.paused is None:
+            if self._live() and self.paused is None:
                 self._guarded(self._decode_step)
             elif not admitted:
                 self._wake.wait(0.5)
-            metrics.RUNNING.set(len(self._running))
+            metrics.RUNNING.set(len(self._live()))
             metrics.WAITING.set(len(self._waiting) + len(self._held))
             metrics.PREFIX_CACHE_BYTES.set(self.prefix_cache.bytes)
-        for state in [*self._running, *self._waiting, *self._held]:
+        for state in [*self._live(), *self._waiting, *self._held]:
             self._finish(state, dict(ABORTED, message="engine shutting down"))
 
     def _take_inbox(self) -> None:
@@ -234,7 +238,7 @@ class Scheduler:
             commands = list(self._commands)
         waiting_for_idle = False
         for command in commands:
-            if command.when_idle and self._running and self.paused is None:
+            if command.when_idle and self._live() and self.paused is None:
                 waiting_for_idle = True
                 continue
             with self._lock:
@@ -250,7 +254,7 @@ class Scheduler:
             step()
         except Exception as exc:  # a failed forward fails its requests, never the engine
             log.exception("engine step failed")
-            for state in self._running:
+            for state in self._live():
                 self._finish(state, {"type": "abort", "message": f"engine error: {exc!r}", "status_code": 500,
                                      "err_type": "InternalServerError"})
             self._running, self._batch = [], None
@@ -262,7 +266,7 @@ class Scheduler:
         group: list[tuple[RequestState, list[int], int, list]] = []
         longest = 0
         for state in list(self._waiting):
-            if len(self._running) + len(group) >= self.max_running_requests:
+            if len(self._live()) + len(group) >= self.max_running_requests:
                 break
             tokens = state.tokens()
             cached, pieces = self.prefix_cache.match(tokens, len(tokens) - 1)
@@ -332,8 +336,9 @@ class Scheduler:
             return
         if done:
             batch, states, logits = batch.select(keep), [states[r] for r in keep], logits[keep]
-        self._batch = batch if self._batch is None else BatchKV.concat(self._batch, batch)
-        self._running.extend(states)
+        live_rows = [row for row, state in enumerate(self._running) if state is not None]
+        self._batch = batch if not live_rows else BatchKV.concat(self._batch, batch, first_rows=live_rows)
+        self._running = [*self._live(), *states]  # finished rows are dropped by the copy above
         self._sample_and_finish(logits, first_row=len(self._running) - len(states))
 
     # ----- decode ------------------------------------------------------------------------------------
@@ -341,25 +346,27 @@ class Scheduler:
     def _decode_step(self) -> None:
         start = time.perf_counter()
         device = self.kv_shape.device
-        ids = torch.tensor([[s.output_ids[-1]] for s in self._running], dtype=torch.long, device=device)
-        positions = torch.tensor([[len(s.spec.input_ids) + len(s.output_ids) - 1] for s in self._running],
+        rows = self._running  # finished rows (None) ride along as padding until compaction
+        ids = torch.tensor([[s.output_ids[-1] if s else 0] for s in rows], dtype=torch.long, device=device)
+        positions = torch.tensor([[len(s.spec.input_ids) + len(s.output_ids) - 1 if s else 0] for s in rows],
                                  dtype=torch.long, device=device)
-        valid = torch.ones(len(self._running), 1, dtype=torch.bool, device=device)
+        valid = torch.tensor([[s is not None] for s in rows], dtype=torch.bool, device=device)
         logits = forward_columns(self.model, self._batch, ids, positions, valid, fp32_lm_head=self.fp32_lm_head)
-        metrics.BATCH_SIZE.set(len(self._running))
+        metrics.BATCH_SIZE.set(len(self._live()))
         self._sample_and_finish(logits, first_row=0)
         metrics.DECODE_STEP_SECONDS.observe(time.perf_counter() - start)
 
     def _sample_and_finish(self, logits: torch.Tensor, first_row: int) -> None:
         """Sample one token for running rows [first_row, first_row + len(logits)), then retire finished rows."""
-        states = self._running[first_row:first_row + logits.shape[0]]
+        rows = [first_row + i for i in range(logits.shape[0]) if self._running[first_row + i] is not None]
+        states = [self._running[row] for row in rows]
+        logits = logits[[row - first_row for row in rows]] if len(rows) < logits.shape[0] else logits
         tokens, logprobs = sample_next(logits, [s.spec.sampling for s in states], [s.generator for s in states])
         finished = []
-        for offset, (state, token, logprob) in enumerate(zip(states, tokens.tolist(), logprobs.tolist())):
+        for row, state, token, logprob in zip(rows, states, tokens.tolist(), logprobs.tolist()):
             self._append(state, token, logprob)
             reason = self._stop_reason(state)
             if reason is not None:
-                row = first_row + offset
                 self._offer_to_prefix_cache(state, row)
                 self._finish(state, reason)
                 finished.append(row)
@@ -395,12 +402,21 @@ class Scheduler:
 
     # ----- bookkeeping -------------------------------------------------------------------------------
 
+    def _live(self) -> list[RequestState]:
+        return [state for state in self._running if state is not None]
+
     def _drop_rows(self, rows: list[int]) -> None:
-        if not rows:
-            return
-        keep = [r for r in range(len(self._running)) if r not in set(rows)]
-        self._running = [self._running[r] for r in keep]
-        self._batch = self._batch.select(keep) if keep else None
+        """Retire finished rows. Their KV stays as padding until enough rows are dead to repay the
+        copy of compacting the batch (every live row's KV is copied), or the batch is empty."""
+        for row in rows:
+            self._running[row] = None
+        live = [row for row, state in enumerate(self._running) if state is not None]
+        dead = len(self._running) - len(live)
+        if not live:
+            self._running, self._batch = [], None
+        elif dead and dead >= max(COMPACT_MIN_DEAD_ROWS, len(live)):
+            self._batch = self._batch.select(live)
+            self._running = [self._running[row] for row in live]
 
     def _offer_to_prefix_cache(self, state: RequestState, row: int, batch: BatchKV | None = None,
                                upto: int | None = None) -> None:

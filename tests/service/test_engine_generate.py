@@ -39,8 +39,14 @@ async def test_logprobs_match_a_plain_forward_in_another_process_despite_batchin
         {"temperature": 1.0, "top_p": 0.9}, {"temperature": 0.8, "top_k": 50}, {"temperature": 1.3, "min_p": 0.01},
     ]
     prompts = [shared + _tokens(rng, rng.randrange(1, 30)) for _ in sampling]
-    first = await asyncio.gather(*(
-        client.generate(p, {**s, "max_new_tokens": 24, "ignore_eos": True}) for p, s in zip(prompts, sampling)))
+    # different lengths: rows finish at different steps and stay as padding until compaction, while
+    # a late request joins the running batch
+    late_prompt = _tokens(rng, 17)
+    wave = [asyncio.create_task(client.generate(p, {**s, "max_new_tokens": 6 + 4 * i, "ignore_eos": True}))
+            for i, (p, s) in enumerate(zip(prompts, sampling))]
+    await asyncio.sleep(0.3)
+    late = await client.generate(late_prompt, {"temperature": 0.9, "max_new_tokens": 20, "ignore_eos": True})
+    first = await asyncio.gather(*wave)
     # second turn: previous prompt + its output + new tokens, so the prefix cache serves generated tokens too
     turns = [p + r.output_ids + _tokens(rng, 5) for p, r in zip(prompts, first)]
     second = await asyncio.gather(*(
@@ -54,6 +60,8 @@ async def test_logprobs_match_a_plain_forward_in_another_process_despite_batchin
             assert len(result.output_ids) == len(result.output_logprobs) > 0
             cases.append({"prompt": prompt, "output": result.output_ids, "temperature": s["temperature"]})
             results.append(result)
+    cases.append({"prompt": late_prompt, "output": late.output_ids, "temperature": 0.9})
+    results.append(late)
     expected = reference_logprobs(cases, tmp_path)
     worst = max(abs(a - b) for r, e in zip(results, expected) for a, b in zip(r.output_logprobs, e))
     assert worst <= PARITY_TOLERANCE, f"max |engine - reference| = {worst}"
