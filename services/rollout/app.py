@@ -41,6 +41,7 @@ from shellrl.contract import LIMITS, TaskValidationError, task_from_json
 from shellrl.engine_client import EngineClient
 from shellrl.http import ApiError, create_app
 from shellrl.sandbox_client import SandboxClient
+from shellrl.stream_consumer import export_stream_stats
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,8 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         main = None
         if settings.worker_enabled:
             background.append(asyncio.create_task(pool.feed(), name="task-pool-feeder"))
+            watched = [(streams.STREAM_TASKS, streams.GROUP_ROLLOUT), (streams.STREAM_EPISODES, streams.GROUP_VERIFIER)]
+            background.append(asyncio.create_task(export_stream_stats(redis, watched), name="stream-stats"))
             main = asyncio.create_task(worker.run(), name="rollout-worker")
             main.add_done_callback(_log_crash)
         log.info("rollout gateway started", extra={"config": settings.public_dict()})
@@ -246,7 +249,7 @@ def build_app(settings: RolloutSettings) -> FastAPI:
 
     @app.get("/v1/evaluations", tags=["evaluations"], summary="Latest evaluations (summaries)")
     async def list_evaluations(limit: int = Query(20, ge=1, le=200)) -> dict:
-        return {"evaluations": await state["evaluations"].list(limit)}
+        return {"evaluations": await state["evaluations"].recent(limit)}
 
     @app.get("/v1/status", tags=["status"], summary="Admission, pool, episodes in flight, streams")
     async def status() -> dict:

@@ -197,7 +197,7 @@ class Evaluations:
             out["results"] = results
         return out
 
-    async def list(self, limit: int = 50) -> list[dict]:
+    async def recent(self, limit: int = 50) -> list[dict]:
         ids = [r.decode() for r in await self.redis.zrevrange(INDEX, 0, limit - 1)]
         return [d for d in [await self.describe(i, with_results=False) for i in ids] if d is not None]
 

@@ -158,6 +158,8 @@ def test_evaluation_runs_the_eval_split_greedily_outside_the_training_stream(sta
     assert done["episodes_scored"] == 3 and done["success_rate"] is not None, done  # verifier and sandbox are up
     assert all(r["trajectory_id"].startswith(evaluation_id) for r in done["results"])
     assert redis.xlen(STREAM_EPISODES) == before  # eval episodes never enter the training stream
+    listed = http.get("/v1/evaluations").json()["evaluations"]
+    assert listed[0]["evaluation_id"] == evaluation_id and "results" not in listed[0]
 
 
 def _open_admission(redis, version: int) -> None:
