@@ -29,6 +29,7 @@ from shellrl import streams
 from shellrl.engine_client import EngineClient
 from shellrl.http import ApiError, create_app
 from shellrl.models import load_model, load_tokenizer
+from shellrl.stream_consumer import export_stream_stats
 from shellrl.rl.losses import PPOConfig
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,7 @@ def build_app(settings: LearnerSettings) -> FastAPI:
         task = asyncio.create_task(worker.run(stop))
         task.add_done_callback(_log_exit)
         state["task"] = task
+        stats = asyncio.create_task(export_stream_stats(redis, [(streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER)]))
         log.info("learner started", extra={"config": settings.public_dict(), "transport": worker.sync.transport})
         try:
             yield
@@ -91,6 +93,7 @@ def build_app(settings: LearnerSettings) -> FastAPI:
             stop.set()
             await asyncio.wait([task], timeout=settings.shutdown_grace_s + 30)
             task.cancel()
+            stats.cancel()
             await client.close()
             await redis.aclose()
 

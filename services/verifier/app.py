@@ -33,6 +33,7 @@ from shellrl import streams
 from shellrl.contract import TaskValidationError, ToolEvent, task_from_json
 from shellrl.http import ApiError, create_app
 from shellrl.sandbox_client import SandboxClient
+from shellrl.stream_consumer import export_stream_stats
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def build_app(settings: VerifierSettings) -> FastAPI:
         sandbox = SandboxClient(settings.sandbox_url)
         state["sandbox"], state["verifier"] = sandbox, build_verifier(settings, sandbox)
         state["http"] = httpx.AsyncClient(timeout=2.0)
-        stop, worker_task = asyncio.Event(), None
+        stop, worker_task, stats_task = asyncio.Event(), None, None
         if settings.worker_enabled:
             redis = streams.connect(settings.redis_url)
             state["redis"] = redis
@@ -88,6 +89,7 @@ def build_app(settings: VerifierSettings) -> FastAPI:
                                     streams.StreamProducer(redis, STREAM_EVALUATIONS), state["verifier"], sandbox,
                                     concurrency=settings.concurrency, release_sessions=settings.release_sessions)
             worker_task = asyncio.create_task(worker.run(stop, settings.shutdown_grace_s))
+            stats_task = asyncio.create_task(export_stream_stats(redis, [(consumer.stream, consumer.group)]))
         log.info("verifier started", extra={"config": settings.public_dict(), "verifier_version": VERIFIER_VERSION,
                                             "consumer": consumer_name(settings)})
         try:
@@ -97,6 +99,8 @@ def build_app(settings: VerifierSettings) -> FastAPI:
             if worker_task is not None:
                 await asyncio.wait([worker_task], timeout=settings.shutdown_grace_s + settings.block_ms / 1000 + 1)
                 worker_task.cancel()
+            if stats_task is not None:
+                stats_task.cancel()
             if "redis" in state:
                 await state["redis"].aclose()
             await state["http"].aclose()

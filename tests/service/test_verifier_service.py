@@ -118,6 +118,12 @@ async def test_group_members_are_scored_independently_and_failures_pass_through(
                 with pytest.raises(SandboxNotFound):
                     await sandbox.session_info(sid)
             await wait_for(lambda: _pending_is(redis, 0), what="nothing pending")
+            async with httpx.AsyncClient() as http:  # the worker exports its stream's gauges
+                text = (await http.get(f"{proc.url}/metrics")).text
+            for series in ('shellrl_stream_length{stream="shellrl:episodes"}',
+                           'shellrl_stream_pending{group="verifier",stream="shellrl:episodes"}',
+                           'shellrl_stream_lag{group="verifier",stream="shellrl:episodes"}'):
+                assert series in text
     finally:
         proc.stop()
         await redis.aclose()
