@@ -42,7 +42,6 @@ from shellrl.engine_client import EngineClient
 from shellrl.http import ApiError, create_app
 from shellrl.sandbox_client import SandboxClient
 from shellrl.stream_consumer import export_stream_stats
-from shellrl.stream_consumer import export_stream_stats
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +130,6 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         main = None
         if settings.worker_enabled:
             background.append(asyncio.create_task(pool.feed(), name="task-pool-feeder"))
-            watched = [(streams.STREAM_TASKS, streams.GROUP_ROLLOUT), (streams.STREAM_EPISODES, streams.GROUP_VERIFIER)]
-            background.append(asyncio.create_task(export_stream_stats(redis, watched), name="stream-stats"))
             watched = [(streams.STREAM_TASKS, streams.GROUP_ROLLOUT), (streams.STREAM_EPISODES, streams.GROUP_VERIFIER)]
             background.append(asyncio.create_task(export_stream_stats(redis, watched), name="stream-stats"))
             main = asyncio.create_task(worker.run(), name="rollout-worker")
