@@ -19,8 +19,9 @@ import torch
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from services.learner import metrics
 from services.learner.checkpoint import CheckpointStore
-from services.learner.group_assembler import GroupAssembler
+from services.learner.group_assembler import DROP_REASONS, GroupAssembler
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import Trainer, TrainerConfig
 from services.learner.weight_sync import WeightSync, choose_transport
@@ -29,8 +30,8 @@ from shellrl import streams
 from shellrl.engine_client import EngineClient
 from shellrl.http import ApiError, create_app
 from shellrl.models import load_model, load_tokenizer
-from shellrl.stream_consumer import export_stream_stats
 from shellrl.rl.losses import PPOConfig
+from shellrl.stream_consumer import export_stream_stats
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +79,7 @@ def build_app(settings: LearnerSettings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
+        metrics.init_series(DROP_REASONS)
         redis = streams.connect(settings.redis_url)
         worker, client = await asyncio.to_thread(build_worker, settings, redis)
         stop = asyncio.Event()

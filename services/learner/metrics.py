@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from shellrl import metrics as m
 from shellrl.metrics import STALENESS_BUCKETS
 
@@ -14,6 +16,15 @@ AGE = m.histogram("shellrl_trajectory_age_seconds", "Seconds from episode end (f
 TRAINED = m.counter("shellrl_learner_trajectories_trained_total", "Trajectories that entered a training batch.")
 DROPPED = m.counter("shellrl_trajectories_dropped_total", "Trajectories the learner did not train on, by reason.",
                     ("reason",))
+
+
+def init_series(drop_reasons: Iterable[str]) -> None:
+    """Create the labelled series known at start-up (value 0): dashboards then show 0, not "no data",
+    before the first drop. drop_reasons: group_assembler.DROP_REASONS."""
+    for reason in drop_reasons:
+        DROPPED.labels(reason)
+
+
 GROUPS = m.counter("shellrl_learner_groups_total", "Released groups by outcome: trained, zero_variance "
                    "(no gradient), dropped (counted, nothing trainable), not_counted (< 2 usable samples).",
                    ("outcome",))

@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> None:
                "uid_block": [uids.first, uids.probe_uid], "probes": probes}
     metrics.ISOLATION.info({"layer": isolation.layer, "cgroups": str(cgroups.available).lower(),
                             "network_isolated": str(isolation.network_isolated).lower()})
+    metrics.init_series(isolation.layer)
     level = logging.INFO if isolation.layer == "bubblewrap" else logging.WARNING
     log.log(level, f"sandbox isolation layer: {isolation.layer.upper()}"
             + ("" if isolation.layer == "bubblewrap" else " (DEGRADED: see README, Security)"), extra=details)

@@ -13,3 +13,11 @@ KILLS = counter("shellrl_sandbox_kills_total", "SIGKILLs sent to sandbox process
 POLICY_VERDICTS = counter("shellrl_sandbox_policy_verdicts_total", "Policy verdicts.", ("verdict", "rule"))
 OUTPUT_TRUNCATED_BYTES = counter("shellrl_sandbox_output_truncated_bytes_total", "Output bytes dropped by caps.")
 ISOLATION = info("shellrl_sandbox_isolation", "Isolation layer this instance runs (probed at start-up).")
+
+
+def init_series(layer: str) -> None:
+    """Create the labelled series known at start-up (value 0) for this instance's isolation `layer`,
+    so dashboards show 0 instead of "no data" before the first exec / session."""
+    EXEC_SECONDS.labels(layer)
+    for outcome in ("ok", "setup_failed", "error"):  # as sessions.SessionManager.create counts them
+        SESSIONS_CREATED.labels(outcome)

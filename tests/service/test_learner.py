@@ -118,6 +118,7 @@ async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versi
         assert 'shellrl_weight_sync_seconds_count{phase="transfer"}' in text
         assert "shellrl_policy_version 2.0" in text and "shellrl_logprob_diff" in text
         assert 'shellrl_stream_pending{group="learner",stream="shellrl:trajectories"}' in text
+        assert 'shellrl_trajectories_dropped_total{reason="stale"}' in text  # initialised at start-up
     finally:
         learner.stop()
         await client.close()

@@ -265,6 +265,15 @@ async def test_readyz_and_metrics_report_the_isolation_layer(client, sandbox_ser
     await client.delete(session["session_id"])
 
 
+async def test_metrics_have_this_layers_series_at_start_up_before_any_exec(sandbox_services):
+    service = sandbox_services.get("bubblewrap", session_ttl_s=3599)  # an instance no other test uses
+    async with httpx.AsyncClient(base_url=service.url) as http:
+        text = (await http.get("/metrics")).text
+    assert 'shellrl_sandbox_exec_seconds_count{isolation="bubblewrap"} 0.0' in text
+    for outcome in ("ok", "setup_failed", "error"):
+        assert f'shellrl_sandbox_sessions_created_total{{outcome="{outcome}"}} 0.0' in text
+
+
 async def test_bubblewrap_commands_run_under_the_seccomp_denylist(client):
     assert (await client.ready())["seccomp"] is True
     session = await client.create_session()
