@@ -37,8 +37,8 @@ async def test_a_forged_shell_state_does_not_reach_a_fresh_state_exec(client):
         setup="echo real > a.txt; mkdir sub", env={"GREETING": "hi", "PATH": "<workspace>/bin:/usr/bin:/bin",
                                                    "BASH_ENV": "<workspace>/rc"})
     sid, ws = session["session_id"], session["workspace"]
-    agent = ("mkdir -p bin && printf '#!/bin/sh\\necho fake-cat\\n' > bin/cat && chmod +x bin/cat"
-             " && echo 'echo from-bash-env' > rc && echo 'echo from-bashrc' > .bashrc",
+    agent = (("mkdir -p bin && printf '#!/bin/sh\\necho fake-cat\\n' > bin/cat && chmod +x bin/cat"
+              " && echo 'echo from-bash-env' > rc && echo 'echo from-bashrc' > .bashrc"),
              f"{STATE_DIR}; trap - EXIT; printf %s {shlex.quote(FORGED_STATE)} > $st/env; printf /tmp > $st/cwd")
     for command in agent:
         assert (await client.exec(sid, command)).exit_code == 0
