@@ -119,16 +119,20 @@ async def test_weight_updates_mid_turn_and_mid_episode_split_segments_by_version
     generating -> its tokens so far form an ACTION segment of version 0 (finish abort), the same turn
     continues as version 1 from prompt + partial ids; a second update before turn 1 -> version 2.
     No token is lost or duplicated: the turn's segments hold exactly max_new_tokens tokens."""
-    max_new = 192
+    max_new = 256
     tiny_dir = str(resolve_model_path("tiny"))
     async with EngineClient(proxy.url) as engine, SandboxClient(sandbox_process.url) as sandbox, \
             EngineClient(engine_process.url) as control:
         agent = make_agent(engine, sandbox, chat, max_turns=2)
-        episode = asyncio.create_task(agent.run(EpisodeSpec(
-            make_task(setup=""), "partial-1", sampling=Sampling(max_new_tokens=max_new))))
+        task = make_task(setup="")
+        start = time.monotonic()  # how long this machine takes for one such turn right now
+        await control.generate(agent.prompt_ids(task.instruction), {"max_new_tokens": max_new, "temperature": 1.0})
+        turn_s = time.monotonic() - start
+        episode = asyncio.create_task(agent.run(EpisodeSpec(task, "partial-1",
+                                                            sampling=Sampling(max_new_tokens=max_new))))
         while proxy.in_flight == 0:
             await asyncio.sleep(0.01)
-        await asyncio.sleep(0.5)  # tokens are being generated
+        await asyncio.sleep(0.4 * turn_s)  # turn 0 is part-way through its tokens
         proxy.hold_call(2)  # the turn-1 request waits at the proxy while the version moves to 2
         await control.update_weights_from_disk(tiny_dir, "1", abort_all_requests=True)
         while not proxy.held.is_set():
@@ -139,7 +143,8 @@ async def test_weight_updates_mid_turn_and_mid_episode_split_segments_by_version
     assert traj.failure == Failure.FAILURE_NONE, traj.failure_detail
     actions = [s for s in traj.segments if s.kind == ACTION]
     turn0 = [s for s in actions if s.turn == 0]
-    assert [s.policy_version for s in turn0] == [0, 1]
+    assert [s.policy_version for s in turn0] == [0, 1], (
+        [(s.policy_version, len(ids_of(s)), s.finish_reason) for s in turn0], turn_s)
     assert turn0[0].finish_reason == FinishReason.FINISH_REASON_ABORT and len(ids_of(turn0[0])) > 0
     assert sum(len(ids_of(s)) for s in turn0) == max_new or turn0[-1].finish_reason == FinishReason.FINISH_REASON_STOP
     assert {s.policy_version for s in actions if s.turn == 1} == {2}
