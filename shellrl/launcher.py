@@ -105,7 +105,12 @@ class Stack:
         cfg = self.config
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        busy = [f"{n}:{p}" for n, p in cfg.ports.items() if n in ("redis", *cfg.services) and not port_is_free(p)]
+        deadline = time.monotonic() + 20  # a stack that was just stopped may still hold its ports
+        while True:
+            busy = [f"{n}:{p}" for n, p in cfg.ports.items() if n in ("redis", *cfg.services) and not port_is_free(p)]
+            if not busy or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
         if busy:
             raise RuntimeError(f"ports in use: {', '.join(busy)} (another stack running? try `shellrl down`)")
         try:

@@ -113,7 +113,7 @@ class AgentLoop:
 
     def __init__(self, engine, sandbox, chat: ChatFormat, limits: EpisodeLimits) -> None:
         self.engine, self.sandbox, self.chat, self.limits = engine, sandbox, chat, limits
-        digest = hashlib.sha256(repr((chat.system_prompt, chat.one_shot, chat.observation_role, chat.close_and_open,
+        digest = hashlib.sha256(repr((chat.system_prompt, chat.examples, chat.observation_role, chat.close_and_open,
                                       chat.after_observation)).encode()).hexdigest()[:10]
         self.harness_version = f"{HARNESS}+{digest}"
         self._prompt_cache: dict[str, list[int]] = {}

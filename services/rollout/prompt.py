@@ -20,14 +20,21 @@ from dataclasses import dataclass
 SYSTEM_PROMPT = (
     "You are an agent that solves tasks in a Linux shell. You work in a fresh workspace directory.\n"
     "To run one shell command, reply with <bash>COMMAND</bash>. You will then see its output.\n"
-    "When you know the result, reply with <answer>RESULT</answer>. Use exactly one tag per reply."
+    "Never guess: first run a command that finds the result, then reply with <answer>RESULT</answer>.\n"
+    "Use exactly one tag per reply."
 )
 
-ONE_SHOT = (
-    "How many lines does the file notes.txt have?",
-    "<bash>wc -l < notes.txt</bash>",
-    "3\n",
-    "<answer>3</answer>",
+# Worked examples (user -> <bash> -> tool response -> <answer>), shown before the task. Three
+# examples gave SmolLM2-135M a consistent bash-then-answer format where one did not (the model
+# answered at once, without running a command: 1/64 greedy successes on eval_id with one example;
+# ../shared/reference/feasibility.md saw the same).
+FEW_SHOT: tuple[tuple[str, str, str, str], ...] = (
+    ("How many lines of the file app.log contain the word ERROR?",
+     "<bash>grep -c ERROR app.log</bash>", "2\n", "<answer>2</answer>"),
+    ("What is the size of the file data.bin in bytes?",
+     "<bash>wc -c < data.bin</bash>", "1024\n", "<answer>1024</answer>"),
+    ("Print the second line of the file names.txt.",
+     "<bash>sed -n 2p names.txt</bash>", "bob\n", "<answer>bob</answer>"),
 )
 
 _ASSISTANT_MARK = "\x00ASSISTANT\x00"
@@ -106,7 +113,7 @@ class ChatFormat:
 
     tokenizer: object
     system_prompt: str
-    one_shot: tuple[str, str, str, str] | None
+    examples: tuple[tuple[str, str, str, str], ...]
     observation_role: str
     end_of_turn: str
     end_of_turn_id: int
@@ -115,7 +122,7 @@ class ChatFormat:
 
     @classmethod
     def from_tokenizer(cls, tokenizer, *, system_prompt: str = SYSTEM_PROMPT,
-                       one_shot: tuple[str, str, str, str] | None = ONE_SHOT,
+                       examples: tuple[tuple[str, str, str, str], ...] = FEW_SHOT,
                        observation_role: str = "user") -> ChatFormat:
         """Raises ValueError when the template does not render assistant/observation turns as expected."""
         messages = [
@@ -136,13 +143,12 @@ class ChatFormat:
         end_of_turn = tokenizer.convert_ids_to_tokens(end_of_turn_id)
         if not close_and_open.startswith(end_of_turn):
             raise ValueError(f"chat template: end-of-turn text {end_of_turn!r} is not a prefix of {close_and_open!r}")
-        return cls(tokenizer, system_prompt, one_shot, observation_role, end_of_turn, end_of_turn_id,
+        return cls(tokenizer, system_prompt, tuple(examples), observation_role, end_of_turn, end_of_turn_id,
                    close_and_open, after_observation)
 
     def messages(self, instruction: str) -> list[dict]:
         out = [{"role": "system", "content": self.system_prompt}]
-        if self.one_shot:
-            question, action, output, answer = self.one_shot
+        for question, action, output, answer in self.examples:
             out += [
                 {"role": "user", "content": question},
                 {"role": "assistant", "content": action},

@@ -25,10 +25,11 @@ def test_fast_tokenizer_gives_the_same_prompt_ids_as_load_tokenizer(chat):
     assert chat.prompt_ids(instruction) == reference.prompt_ids(instruction)
 
 
-def test_prompt_has_system_protocol_one_shot_and_instruction_once(chat):
+def test_prompt_has_system_protocol_few_shot_examples_and_instruction_once(chat):
     text = chat.tokenizer.decode(chat.prompt_ids("How many files are here?"))
     assert text.startswith("<|im_start|>system\n") and "<bash>COMMAND</bash>" in text
-    assert text.count("<|im_start|>assistant\n") == 3  # two one-shot replies + the generation prompt
+    # two replies per worked example + the generation prompt
+    assert text.count("<|im_start|>assistant\n") == 2 * len(chat.examples) + 1 == 7
     assert text.endswith("<|im_start|>user\nHow many files are here?<|im_end|>\n<|im_start|>assistant\n")
 
 
