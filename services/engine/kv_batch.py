@@ -19,12 +19,50 @@ into preallocated columns instead of concatenating (no O(length) copy per decode
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 HEADROOM_COLUMNS = 128
+POOL_BLOCKS = 3  # freed KV buffers kept for reuse (see BufferPool)
+
+
+class BufferPool:
+    """Freed KV buffers, reused by the next batch that fits (best fit, zeroed on reuse).
+
+    A fresh multi-hundred-MB allocation costs a page fault per 4 KiB, several times the copy that
+    fills it on a small VM; batches are rebuilt on every join and compaction, so buffers recycle.
+    """
+
+    def __init__(self, max_blocks: int = POOL_BLOCKS) -> None:
+        self.max_blocks = max_blocks
+        self._free: list[torch.Tensor] = []
+
+    def take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """A 1-D block of at least `numel` elements whose first `numel` are zero (an inference tensor:
+        KV buffers are only ever used under `torch.inference_mode()`)."""
+        with torch.inference_mode():
+            return self._take(numel, dtype, device)
+
+    def _take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        fits = [b for b in self._free if b.numel() >= numel and b.dtype == dtype and b.device == device]
+        if not fits:
+            return torch.zeros(numel, dtype=dtype, device=device)
+        block = min(fits, key=lambda b: b.numel())
+        self._free = [b for b in self._free if b is not block]  # by identity: == on tensors is elementwise
+        block[:numel].zero_()
+        return block
+
+    def give(self, block: torch.Tensor) -> None:
+        """Return a buffer nothing else references any more."""
+        self._free.append(block)
+        self._free.sort(key=lambda b: b.numel(), reverse=True)
+        del self._free[self.max_blocks:]
+
+
+POOL = BufferPool()
 
 
 class _SlotLayer(DynamicLayer):
@@ -83,9 +121,16 @@ class BatchKV:
     def __init__(self, shape: KVShape, rows: int, length: int, capacity: int | None = None) -> None:
         capacity = max(capacity or 0, length + HEADROOM_COLUMNS)
         self.shape, self.length = shape, length
-        self.kv = torch.zeros(shape.layers, 2, rows, shape.kv_heads, capacity, shape.head_dim, dtype=shape.dtype,
-                              device=shape.device)
+        dims = (shape.layers, 2, rows, shape.kv_heads, capacity, shape.head_dim)
+        self._block = POOL.take(math.prod(dims), shape.dtype, shape.device)
+        self.kv = self._block[:math.prod(dims)].view(dims)
         self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=shape.device)
+
+    def release(self) -> None:
+        """Give the KV buffer back to the pool; this BatchKV must not be used afterwards."""
+        if self._block is not None:
+            POOL.give(self._block)
+            self._block = self.kv = None
 
     @property
     def rows(self) -> int:
@@ -102,7 +147,8 @@ class BatchKV:
         grown = BatchKV(self.shape, self.rows, self.length, self.length + extra_columns + self.capacity // 2)
         grown.kv[:, :, :, :, :self.length] = self.kv[:, :, :, :, :self.length]
         grown.valid[:, :self.length] = self.valid[:, :self.length]
-        self.kv, self.valid = grown.kv, grown.valid
+        self.release()
+        self.kv, self.valid, self._block = grown.kv, grown.valid, grown._block
 
     def cache(self) -> Cache:
         """A transformers Cache view over the buffer at the current length."""
@@ -123,7 +169,8 @@ class BatchKV:
     def concat(first: "BatchKV", second: "BatchKV", first_rows: list[int] | None = None) -> "BatchKV":
         """Rows `first_rows` of `first` (default all), then all rows of `second`, right-aligned to the
         longer of the two."""
-        if first_rows is not None and first_rows != list(range(first.rows)):
+        selected = first_rows is not None and first_rows != list(range(first.rows))
+        if selected:
             first = first.select(first_rows)
         length = max(first.length, second.length)
         out = BatchKV(first.shape, first.rows + second.rows, length)
@@ -131,6 +178,8 @@ class BatchKV:
             rows, col0 = slice(row0, row0 + part.rows), length - part.length
             out.kv[:, :, rows, :, col0:length] = part.kv[:, :, :, :, :part.length]
             out.valid[rows, col0:length] = part.valid[:, :part.length]
+        if selected:
+            first.release()  # our temporary; the caller owns the originals
         return out
 
     def row_tail(self, row: int, tokens: int) -> torch.Tensor:

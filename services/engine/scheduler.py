@@ -168,7 +168,7 @@ class Scheduler:
                     self._offer_to_prefix_cache(state, row)
                     state.num_retractions += 1
             self._waiting.extendleft(reversed(self._live()))
-            self._running, self._batch = [], None
+            self._set_batch(None, [])
 
     def resume(self) -> None:
         self.paused = None
@@ -211,7 +211,12 @@ class Scheduler:
     # ----- the loop ----------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        torch.set_grad_enabled(False)
+        # Everything on this thread runs in inference mode: KV buffers are inference tensors, and
+        # pooled ones are written again later (in-place updates need inference mode).
+        with torch.inference_mode():
+            self._loop()
+
+    def _loop(self) -> None:
         while not self._stopping:
             self._wake.clear()
             self._take_inbox()
@@ -257,7 +262,7 @@ class Scheduler:
             for state in self._live():
                 self._finish(state, {"type": "abort", "message": f"engine error: {exc!r}", "status_code": 500,
                                      "err_type": "InternalServerError"})
-            self._running, self._batch = [], None
+            self._set_batch(None, [])
 
     # ----- prefill -----------------------------------------------------------------------------------
 
@@ -335,10 +340,15 @@ class Scheduler:
         if not keep:
             return
         if done:
-            batch, states, logits = batch.select(keep), [states[r] for r in keep], logits[keep]
+            kept = batch.select(keep)
+            batch.release()
+            batch, states, logits = kept, [states[r] for r in keep], logits[keep]
         live_rows = [row for row, state in enumerate(self._running) if state is not None]
-        self._batch = batch if not live_rows else BatchKV.concat(self._batch, batch, first_rows=live_rows)
-        self._running = [*self._live(), *states]  # finished rows are dropped by the copy above
+        if live_rows:  # finished rows are dropped by this copy
+            merged = BatchKV.concat(self._batch, batch, first_rows=live_rows)
+            batch.release()
+            batch = merged
+        self._set_batch(batch, [*self._live(), *states])
         self._sample_and_finish(logits, first_row=len(self._running) - len(states))
 
     # ----- decode ------------------------------------------------------------------------------------
@@ -413,10 +423,15 @@ class Scheduler:
         live = [row for row, state in enumerate(self._running) if state is not None]
         dead = len(self._running) - len(live)
         if not live:
-            self._running, self._batch = [], None
+            self._set_batch(None, [])
         elif dead and dead >= max(COMPACT_MIN_DEAD_ROWS, len(live)):
-            self._batch = self._batch.select(live)
-            self._running = [self._running[row] for row in live]
+            self._set_batch(self._batch.select(live), [self._running[row] for row in live])
+
+    def _set_batch(self, batch: BatchKV | None, running: list[RequestState | None]) -> None:
+        """Replace the running batch; the old KV buffer goes back to the pool."""
+        if self._batch is not None and self._batch is not batch:
+            self._batch.release()
+        self._batch, self._running = batch, running
 
     def _offer_to_prefix_cache(self, state: RequestState, row: int, batch: BatchKV | None = None,
                                upto: int | None = None) -> None:

@@ -20,6 +20,7 @@ def reference_last_logprobs(model, tokens: list[int]) -> torch.Tensor:
         return torch.log_softmax(model(torch.tensor([tokens])).logits[0, -1].float(), -1)
 
 
+@torch.inference_mode()  # as on the engine's scheduler thread
 def test_rows_with_cached_prefixes_holes_and_padding_match_unpadded_forwards(model):
     shape = KVShape.of(model)
     sequences = [list(range(100, 130)), list(range(200, 207)), list(range(300, 345))]
