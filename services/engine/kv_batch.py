@@ -26,7 +26,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 HEADROOM_COLUMNS = 128
-POOL_BLOCKS = 3  # freed KV buffers kept for reuse (see BufferPool)
+POOL_BLOCKS = 2  # freed KV buffers kept for reuse (see BufferPool): a ping-pong pair
 
 
 class BufferPool:
