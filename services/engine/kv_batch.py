@@ -27,6 +27,7 @@ from transformers.cache_utils import Cache, DynamicLayer
 
 HEADROOM_COLUMNS = 128
 POOL_BLOCKS = 2  # freed KV buffers kept for reuse (see BufferPool): a ping-pong pair
+POOL_MAX_BYTES = 1 << 30  # ... holding at most this much memory together
 
 
 class BufferPool:
@@ -36,8 +37,8 @@ class BufferPool:
     fills it on a small VM; batches are rebuilt on every join and compaction, so buffers recycle.
     """
 
-    def __init__(self, max_blocks: int = POOL_BLOCKS) -> None:
-        self.max_blocks = max_blocks
+    def __init__(self, max_blocks: int = POOL_BLOCKS, max_bytes: int = POOL_MAX_BYTES) -> None:
+        self.max_blocks, self.max_bytes = max_blocks, max_bytes
         self._free: list[torch.Tensor] = []
 
     def take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -56,10 +57,19 @@ class BufferPool:
         return block
 
     def give(self, block: torch.Tensor) -> None:
-        """Return a buffer nothing else references any more."""
-        self._free.append(block)
-        self._free.sort(key=lambda b: b.numel(), reverse=True)
-        del self._free[self.max_blocks:]
+        """Return a buffer nothing else references any more. The most recently freed blocks are kept,
+        within `max_blocks` and `max_bytes`; the others go back to the allocator."""
+        kept, total = [], 0
+        for candidate in [block, *self._free]:
+            size = candidate.numel() * candidate.element_size()
+            if len(kept) < self.max_blocks and total + size <= self.max_bytes:
+                kept.append(candidate)
+                total += size
+        self._free = kept
+
+    def clear(self) -> None:
+        """Drop every kept block (an idle engine holds no KV memory)."""
+        self._free = []
 
 
 POOL = BufferPool()

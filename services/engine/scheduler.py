@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from services.engine import metrics
-from services.engine.kv_batch import BatchKV, KVShape, forward_columns
+from services.engine.kv_batch import POOL, BatchKV, KVShape, forward_columns
 from services.engine.prefix_cache import PrefixCache
 from services.engine.protocol import RequestSpec
 from services.engine.sampling import sample_next
@@ -424,6 +424,8 @@ class Scheduler:
         dead = len(self._running) - len(live)
         if not live:
             self._set_batch(None, [])
+            if not self._waiting:
+                POOL.clear()  # idle: give the KV memory back
         elif dead and dead >= max(COMPACT_MIN_DEAD_ROWS, len(live)):
             self._set_batch(self._batch.select(live), [self._running[row] for row in live])
 

@@ -63,3 +63,20 @@ def test_rows_with_cached_prefixes_holes_and_padding_match_unpadded_forwards(mod
     for out_row, (seq, first, second) in enumerate(((sequences[0], 7, 11), (sequences[2], 9, 12))):
         expected = reference_last_logprobs(model, seq + [first, second])
         assert (torch.log_softmax(logits[out_row], -1) - expected).abs().max() <= 1e-5
+
+
+@torch.inference_mode()  # pooled blocks are inference tensors, as on the scheduler thread
+def test_buffer_pool_reuses_a_freed_block_within_its_byte_budget():
+    from services.engine.kv_batch import BufferPool
+
+    pool = BufferPool(max_blocks=2, max_bytes=4096)
+    block = pool.take(100, torch.float32, torch.device("cpu"))
+    block.fill_(7.0)
+    pool.give(block)
+    again = pool.take(50, torch.float32, torch.device("cpu"))
+    assert again is block and again[:50].eq(0).all(), "reused, and zeroed where it will be used"
+    pool.give(torch.zeros(2000))  # 8000 bytes: over the budget, not kept
+    assert pool.take(10, torch.float32, torch.device("cpu")) is not block
+    pool.give(block)
+    pool.clear()
+    assert pool.take(10, torch.float32, torch.device("cpu")) is not block
