@@ -12,7 +12,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
+import signal
 
 import numpy as np
 import torch
@@ -60,13 +62,15 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
     client = EngineClient(s.engine_url_list, timeout_s=s.weight_sync_timeout_s, connect_retries=1)
     transport = choose_transport(s.weight_transport, next(model.parameters()).device, s.engine_url_list)
     sync = WeightSync(client, redis, transport=transport, deadline_s=s.weight_sync_timeout_s,
-                      sync_dir=s.weight_sync_dir, retry_interval_s=s.engine_retry_interval_s)
+                      sync_dir=s.weight_sync_dir, retry_interval_s=s.engine_retry_interval_s,
+                      engine_device=s.engine_cuda_device or None)
     consumer = streams.StreamConsumer(redis, streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER, s.consumer_name,
                                       block_ms=s.block_ms, count=s.read_count,
                                       claim_min_idle_ms=s.claim_min_idle_ms, max_deliveries=s.max_deliveries)
     assembler = GroupAssembler(group_timeout_s=s.group_timeout_s, max_staleness=s.max_staleness)
     config = WorkerConfig(groups_per_step=s.groups_per_step, checkpoint_interval_steps=s.checkpoint_interval_steps,
                           train_zero_variance_groups=s.train_zero_variance_groups,
+                          overlong_filtering=s.overlong_filtering,
                           fixed_temperature=s.fixed_temperature if s.temperature_source == "fixed" else None,
                           pad_token_id=int(pad), pad_to_multiple_of=s.pad_to_multiple_of, read_count=s.read_count)
     worker = LearnerWorker(consumer, assembler, Trainer(model, trainer_config(s)), sync,
@@ -96,6 +100,7 @@ def build_app(settings: LearnerSettings) -> FastAPI:
             await asyncio.wait([task], timeout=settings.shutdown_grace_s + 30)
             task.cancel()
             stats.cancel()
+            worker.sync.close()
             await client.close()
             await redis.aclose()
 
@@ -134,5 +139,8 @@ def build_app(settings: LearnerSettings) -> FastAPI:
 
 
 def _log_exit(task: asyncio.Task) -> None:
+    """A worker that died of an error takes the process down (SIGTERM to itself), so the
+    supervisor restarts it from the last checkpoint instead of serving a learner that never trains."""
     if not task.cancelled() and task.exception() is not None:
-        log.error("learner worker stopped with an error", exc_info=task.exception())
+        log.error("learner worker stopped with an error; exiting", exc_info=task.exception())
+        os.kill(os.getpid(), signal.SIGTERM)

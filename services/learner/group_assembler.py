@@ -27,11 +27,11 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from shellrl.contract import Failure, SegmentKind, Trajectory, TrajectoryArrays, min_policy_version, trajectory_arrays
+from shellrl.contract import Failure, FinishReason, SegmentKind, Trajectory, TrajectoryArrays, min_policy_version, trajectory_arrays
 from shellrl.rl.advantages import group_advantages
 from shellrl.rl.batch import TrainSample
 from shellrl.rl.staleness import staleness
@@ -121,6 +121,7 @@ class GroupAssembler:
         self.remember_groups, self.clock = remember_groups, clock
         self._pending: dict[str, _Pending] = {}
         self._released: OrderedDict[str, None] = OrderedDict()
+        self._held: set[str] = set()  # entry ids in pending groups
 
     @property
     def pending_groups(self) -> int:
@@ -132,7 +133,10 @@ class GroupAssembler:
 
     def add(self, entry_id: str, traj: Trajectory, learner_version: int) -> Dropped | None:
         """Take one trajectory. Returns a Dropped record when it is rejected on its own (it is then
-        not held); otherwise None (held, or counted as a dropped member of its pending group)."""
+        not held); otherwise None (held, or counted as a dropped member of its pending group, or
+        the same stream entry delivered again while held: ignored)."""
+        if entry_id in self._held:
+            return None
         group_id = traj.group_id or traj.trajectory_id
         if group_id in self._released:
             return Dropped(entry_id, traj.trajectory_id, group_id, "late_member")
@@ -151,6 +155,7 @@ class GroupAssembler:
             pending.dropped.append(Dropped(entry_id, traj.trajectory_id, group_id, reason, stale))
         else:
             pending.members[traj.trajectory_id] = Member(entry_id, traj, arrays, oldest, self.clock())
+        self._held.add(entry_id)
         return None
 
     def pop_ready(self, learner_version: int) -> list[RolloutGroup]:
@@ -163,23 +168,32 @@ class GroupAssembler:
                 out.append(self._release(pending, learner_version, timed_out=not complete))
         for group in out:
             del self._pending[group.group_id]
+            self._held.difference_update(group.entry_ids)
             self._released[group.group_id] = None
             while len(self._released) > self.remember_groups:
                 self._released.popitem(last=False)
         return out
 
     def _release(self, pending: _Pending, learner_version: int, timed_out: bool) -> RolloutGroup:
-        members, dropped = [], list(pending.dropped)
-        for m in pending.members.values():
+        group = RolloutGroup(pending.group_id, tuple(pending.members.values()), tuple(pending.dropped),
+                             pending.expected_size, timed_out)
+        return self.recheck(group, learner_version)
+
+    def recheck(self, group: RolloutGroup, learner_version: int) -> RolloutGroup:
+        """The group as it may be trained at `learner_version`: members staler than max_staleness
+        dropped ("stale"), and all of them ("group_too_small") when fewer than min_group_size remain.
+        Call it again right before training: a released group may wait for a later step."""
+        members, dropped = [], list(group.dropped)
+        for m in group.members:
             stale = staleness(learner_version, m.min_policy_version)
             if stale > self.max_staleness:
-                dropped.append(Dropped(m.entry_id, m.trajectory_id, pending.group_id, "stale", stale))
+                dropped.append(Dropped(m.entry_id, m.trajectory_id, group.group_id, "stale", stale))
             else:
                 members.append(m)
         if len(members) < self.min_group_size:
-            dropped += [Dropped(m.entry_id, m.trajectory_id, pending.group_id, "group_too_small") for m in members]
+            dropped += [Dropped(m.entry_id, m.trajectory_id, group.group_id, "group_too_small") for m in members]
             members = []
-        return RolloutGroup(pending.group_id, tuple(members), tuple(dropped), pending.expected_size, timed_out)
+        return replace(group, members=tuple(members), dropped=tuple(dropped))
 
     def released_group_ids(self) -> list[str]:
         """For checkpoints: the remembered released group ids, oldest first."""
@@ -231,8 +245,20 @@ class GroupSamples:
     zero_variance: bool
 
 
-def group_samples(group: RolloutGroup, fixed_temperature: float | None = None) -> GroupSamples:
+def is_truncated(traj: Trajectory) -> bool:
+    """Cut off by a length limit: the context budget (`truncated`) or a last ACTION segment that
+    ended with finish_reason LENGTH. An EOS on the last allowed position is a STOP, not a cut
+    (known_pitfalls C06: the test is the finish reason, not the absence of EOS)."""
+    actions = [seg for seg in traj.segments if seg.kind == SegmentKind.SEGMENT_KIND_ACTION]
+    return traj.truncated or bool(actions and actions[-1].finish_reason == FinishReason.FINISH_REASON_LENGTH)
+
+
+def group_samples(group: RolloutGroup, fixed_temperature: float | None = None,
+                  overlong_filtering: bool = False) -> GroupSamples:
     """GRPO advantages over the members' training_reward, broadcast to their ACTION tokens.
+
+    overlong_filtering: truncated members (`is_truncated`) keep their place in the group's
+    reward statistics but get loss mask 0 (DAPO, arXiv 2503.14476 section 3.4).
     Raises ValueError for a group with fewer than 2 members (see RolloutGroup.trainable)."""
     if not group.trainable:
         raise ValueError(f"group {group.group_id} has {len(group.members)} members; need >= 2")
@@ -241,7 +267,9 @@ def group_samples(group: RolloutGroup, fixed_temperature: float | None = None) -
     samples = tuple(
         TrainSample(
             trajectory_id=m.trajectory_id, prompt_ids=m.arrays.prompt_ids, response_ids=m.arrays.response_ids,
-            behavior_logprobs=m.arrays.behavior_logprobs, loss_mask=m.arrays.loss_mask,
+            behavior_logprobs=m.arrays.behavior_logprobs,
+            loss_mask=np.zeros_like(m.arrays.loss_mask) if overlong_filtering and is_truncated(m.trajectory)
+            else m.arrays.loss_mask,
             policy_versions=m.arrays.policy_versions, temperatures=token_temperatures(m.trajectory, fixed_temperature),
             advantage=float(a),
         )

@@ -52,3 +52,5 @@ RSS_BYTES = m.gauge("shellrl_learner_rss_bytes", "Resident set size after the la
 PEAK_MEMORY_BYTES = m.gauge("shellrl_learner_peak_memory_bytes", "Peak RSS of the process (ru_maxrss), bytes.")
 CHECKPOINT_SECONDS = m.histogram("shellrl_learner_checkpoint_seconds", "Time to write one checkpoint, seconds.")
 SKIPPED_UPDATES = m.counter("shellrl_learner_skipped_updates_total", "Optimizer updates skipped (non-finite grad).")
+ZERO_VARIANCE_FRACTION = m.gauge("shellrl_learner_zero_variance_fraction", "Fraction of the last step's counted "
+                                 "groups whose rewards were all equal (no gradient; known_pitfalls C10).")

@@ -35,6 +35,8 @@ class LearnerSettings(ServiceSettings):
     max_staleness: int = Field(1, ge=0, description="Versions a trajectory may lag the learner at training time.")
     train_zero_variance_groups: bool = Field(False, description="Train on groups whose rewards are all equal "
                                                                 "(advantage 0: only the KL term moves).")
+    overlong_filtering: bool = Field(False, description="Loss mask 0 for trajectories cut by a length limit "
+                                                        "(finish_reason LENGTH or context budget); DAPO.")
     temperature_source: Literal["trajectory", "fixed"] = Field(
         "trajectory", description="Where the log-prob temperature comes from: each segment's sampling.temperature "
                                   "(the engine's), or fixed_temperature for every token.")
@@ -69,6 +71,8 @@ class LearnerSettings(ServiceSettings):
     weight_transport: Literal["auto", "shm", "cuda_ipc", "disk"] = Field(
         "auto", description="auto: CUDA IPC when the model is on a GPU and the engine on this host, shared "
                             "memory on CPU with a local engine, else disk.")
+    engine_cuda_device: str = Field("", description="cuda_ipc: the engines' GPU, e.g. 'cuda:1' ('' = the "
+                                                    "learner's device); the bucket is staged there.")
     weight_sync_dir: str = Field(".shellrl/weight_sync", description="Safetensors of the disk transport (must be "
                                                                       "readable by the engines).")
     weight_sync_timeout_s: float = Field(60.0, gt=0, description="Deadline of one engine's whole update.")

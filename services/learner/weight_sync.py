@@ -7,8 +7,10 @@
 
 Transports (DESIGN.md section 6, shellrl.weight_transport): shared memory when the model is on
 CPU and the engine on this host; CUDA IPC of a bucket on the GPU when the model is on a GPU of
-this host; safetensors on disk (`update_weights_from_disk`) otherwise. Phases are timed into
-`shellrl_weight_sync_seconds{phase}`.
+this host; safetensors on disk (`update_weights_from_disk`) otherwise. The shared-memory segments
+and CUDA IPC buckets are kept and refilled push after push (no page faults, a stable IPC handle);
+after a push that an engine abandoned at the deadline they are dropped and made anew, because that
+engine may still read them. Phases are timed into `shellrl_weight_sync_seconds{phase}`.
 
 Guarantees:
 * Never hangs: each engine's whole update runs under `deadline_s`; at the deadline the call is
@@ -28,10 +30,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
+import re
 import shutil
 import socket
 import time
-from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from urllib.parse import urlparse
@@ -100,10 +103,16 @@ class WeightSync:
     """Pushes weights to `client.urls`. redis: where the version is published (None: never)."""
 
     def __init__(self, client: EngineClient, redis: aioredis.Redis | None, *, transport: str, deadline_s: float,
-                 sync_dir: str | Path, retry_interval_s: float = 5.0, bucket_bytes: int = BUCKET_BYTES) -> None:
+                 sync_dir: str | Path, retry_interval_s: float = 5.0, bucket_bytes: int = BUCKET_BYTES,
+                 engine_device: str | None = None) -> None:
+        """engine_device: the engines' CUDA device for cuda_ipc (None: the model's device)."""
         if transport not in ("shm", "cuda_ipc", "disk"):
             raise ValueError(f"transport must be shm, cuda_ipc or disk (resolve 'auto' first); got {transport!r}")
         self.client, self.redis, self.transport = client, redis, transport
+        self.engine_device = engine_device
+        self._kept: list = []  # SharedMemoryBucket or CudaIpcBucket per bucket, refilled by every push
+        if transport == "shm":
+            remove_orphan_segments()
         self.deadline_s, self.retry_interval_s, self.bucket_bytes = deadline_s, retry_interval_s, bucket_bytes
         self.sync_dir = Path(sync_dir)
         self.engines = {u: EngineState(u) for u in client.urls}
@@ -111,6 +120,12 @@ class WeightSync:
         self.last_result: SyncResult | None = None
         self._probe: asyncio.Future | None = None
         self._unpublished_reported: int | None = None
+
+    def close(self) -> None:
+        """Release the kept buckets (unlink the shared-memory segments)."""
+        for bucket in self._kept:
+            bucket.close()
+        self._kept = []
 
     def status(self) -> dict:
         return {"transport": self.transport, "deadline_s": self.deadline_s,
@@ -166,20 +181,19 @@ class WeightSync:
         failed: dict[str, str] = {}
         confirmed: list[str] = []
         if targets:
-            with ExitStack() as stack:
-                t0 = time.perf_counter()
-                prepared = await asyncio.to_thread(self._prepare, model, version, stack)
-                phases["flatten"] = time.perf_counter() - t0
-                outcomes = await asyncio.gather(*(self._update_within_deadline(u, prepared, version) for u in targets))
-                for url, (ok, detail) in zip(targets, outcomes):
-                    if ok:
-                        confirmed.append(url)
-                        for phase, seconds in detail.items():
-                            phases[phase] = max(phases.get(phase, 0.0), seconds)
-                    else:
-                        failed[url] = detail
-                if self.transport == "cuda_ipc":
-                    torch.cuda.ipc_collect()
+            t0 = time.perf_counter()
+            prepared = await asyncio.to_thread(self._prepare, model, version)
+            phases["flatten"] = time.perf_counter() - t0
+            outcomes = await asyncio.gather(*(self._update_within_deadline(u, prepared, version) for u in targets))
+            for url, (ok, detail) in zip(targets, outcomes):
+                if ok:
+                    confirmed.append(url)
+                    for phase, seconds in detail.items():
+                        phases[phase] = max(phases.get(phase, 0.0), seconds)
+                else:
+                    failed[url] = detail
+            if any(reason.startswith("deadline") for reason in failed.values()):
+                self.close()  # an abandoned engine may still read these buffers: never refill them
         phases["total"] = time.perf_counter() - start
         for phase, seconds in phases.items():
             metrics.WEIGHT_SYNC_SECONDS.labels(phase).observe(seconds)
@@ -201,8 +215,8 @@ class WeightSync:
         partial = bool(failed) or any(not e.in_rotation for e in self.engines.values())
         return SyncResult(version, tuple(confirmed), failed, False, partial, phases)
 
-    def _prepare(self, model: torch.nn.Module, version: int, stack: ExitStack) -> dict:
-        """Build the payload(s) once for every engine (blocking; runs in a thread)."""
+    def _prepare(self, model: torch.nn.Module, version: int) -> dict:
+        """Write the weights once for every engine (blocking; runs in a thread)."""
         named = [(n, p.detach()) for n, p in model.named_parameters()]
         if self.transport == "disk":
             directory = self.sync_dir / f"v{version:08d}"
@@ -210,15 +224,26 @@ class WeightSync:
             for old in sorted(self.sync_dir.glob("v*"))[:-2]:
                 shutil.rmtree(old, ignore_errors=True)
             return {"model_path": str(directory.resolve())}
-        payloads, buffers = [], []
-        for bucket in _buckets(named, self.bucket_bytes):
-            if self.transport == "shm":
-                payloads.append(stack.enter_context(wt.SharedMemoryBucket(bucket)).payload())
-            else:
-                buffer, metadata = wt.flatten_tensors(bucket)
-                buffers.append(buffer)  # alive until every engine copied it (the ExitStack's scope)
-                payloads.append(wt.serialize_cuda_bucket(buffer, metadata))
-        return {"payloads": payloads, "buffers": buffers}
+        buckets = _buckets(named, self.bucket_bytes)
+        if len(self._kept) != len(buckets):
+            self.close()
+        if self.transport == "shm":
+            payloads = []
+            for i, bucket in enumerate(buckets):
+                try:
+                    kept = self._kept[i].refill(bucket) if i < len(self._kept) else None
+                except ValueError:  # the tensors grew: a new segment
+                    self._kept[i].close()
+                    kept = None
+                if kept is None:
+                    kept = wt.SharedMemoryBucket(bucket)
+                    self._kept[i:i + 1] = [kept]
+                payloads.append(kept.payload())
+            return {"payloads": payloads}
+        device = self.engine_device or named[0][1].device
+        if not self._kept:
+            self._kept = [wt.CudaIpcBucket(device) for _ in buckets]
+        return {"payloads": [kept.fill(bucket) for kept, bucket in zip(self._kept, buckets)]}
 
     async def _update_within_deadline(self, url: str, prepared: dict, version: int) -> tuple[bool, dict | str]:
         task = asyncio.ensure_future(self._update(url, prepared, version))
@@ -322,3 +347,30 @@ async def _bounded(coro, timeout_s: float):
         return task.result()
     except Exception:
         return None
+
+
+def remove_orphan_segments(prefix: str = "shellrl_w", directory: Path = Path("/dev/shm")) -> int:
+    """Unlink shared-memory segments `<prefix>_<pid>_<token>` whose creating process is gone (a
+    learner killed with SIGKILL leaves its kept segment behind). Returns how many were removed."""
+    removed = 0
+    pattern = re.compile(rf"^{re.escape(prefix)}_(\d+)_[0-9a-f]+$")
+    for path in directory.glob(f"{prefix}_*") if directory.is_dir() else ():
+        match = pattern.match(path.name)
+        if not match or _alive(int(match.group(1))):
+            continue
+        try:
+            path.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

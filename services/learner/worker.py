@@ -43,6 +43,7 @@ class WorkerConfig:
     groups_per_step: int
     checkpoint_interval_steps: int
     train_zero_variance_groups: bool = False
+    overlong_filtering: bool = False
     fixed_temperature: float | None = None
     pad_token_id: int = 0
     pad_to_multiple_of: int = 1
@@ -78,7 +79,7 @@ class LearnerWorker:
             if not self.running.is_set():
                 await _wait_any(self.running, stop, timeout_s=1.0)
                 continue
-            self.intake(await self.read())
+            await self.intake(await self.read())
             self.ready += self.assembler.pop_ready(self.version)
             await self.sync.reconcile(self.trainer.model, self.version)
             if sum(g.counts for g in self.ready) < self.config.groups_per_step:
@@ -117,18 +118,18 @@ class LearnerWorker:
             await asyncio.sleep(1.0)
             return []
 
-    def intake(self, entries: list[StreamEntry]) -> None:
+    async def intake(self, entries: list[StreamEntry]) -> None:
         """Parse entries; skip consumed trajectory ids; hand the rest to the assembler."""
         for entry in entries:
             try:
                 traj = parse_trajectory(entry.pb)
             except ContractError as exc:
-                asyncio.ensure_future(self.consumer.dead_letter(entry, f"undecodable trajectory: {exc}"))
+                await self.consumer.dead_letter(entry, f"undecodable trajectory: {exc}")
                 metrics.DROPPED.labels("invalid").inc()
                 continue
             if traj.trajectory_id in self.consumed:
                 if self.consumed[traj.trajectory_id] <= self.checkpointed_step:
-                    asyncio.ensure_future(self.consumer.ack(entry.entry_id))  # a checkpoint already covers it
+                    await self.consumer.ack(entry.entry_id)  # a checkpoint already covers it
                 continue
             dropped = self.assembler.add(entry.entry_id, traj, self.version)
             if dropped is not None:
@@ -148,11 +149,12 @@ class LearnerWorker:
         start, version = time.perf_counter(), self.version
         samples, rewards, outcomes = [], [], []
         for g in groups:
+            g = self.assembler.recheck(g, version)  # staleness at training time (C18)
             self.resolve_dropped(g.dropped)
             if not g.trainable:
                 outcomes.append("dropped" if g.counts else "not_counted")
                 continue
-            gs = group_samples(g, self.config.fixed_temperature)
+            gs = group_samples(g, self.config.fixed_temperature, self.config.overlong_filtering)
             rewards += [(m.trajectory.training_reward, m.trajectory.reward) for m in g.members]
             if gs.zero_variance and not self.config.train_zero_variance_groups:
                 outcomes.append("zero_variance")
@@ -248,7 +250,11 @@ class LearnerWorker:
         success = sum(o >= 1.0 for _, o in rewards) / len(rewards) if rewards else 0.0
         metrics.REWARD.set(reward_mean)
         metrics.SUCCESS_RATE.set(success)
+        counted = [o for o in outcomes if o != "not_counted"]
+        zero_fraction = counted.count("zero_variance") / len(counted) if counted else 0.0
+        metrics.ZERO_VARIANCE_FRACTION.set(zero_fraction)
         self.last = {"step": step, "trained_on_version": version, "groups": len(groups),
+                     "zero_variance_fraction": zero_fraction,
                      "outcomes": {o: outcomes.count(o) for o in set(outcomes)}, "trajectories": len(samples),
                      "reward_mean": reward_mean, "success_rate": success, "seconds": seconds}
         if result is not None:

@@ -144,3 +144,52 @@ def test_a_group_with_one_usable_sample_does_not_count_toward_a_step():
     clock.now = 10.0
     (group,) = a.pop_ready(0)
     assert not group.counts and not group.trainable
+
+
+def test_a_released_group_is_rechecked_for_staleness_when_it_is_finally_trained():
+    a, _ = assembler(max_staleness=1)
+    for i in range(2):
+        a.add(f"e{i}", make_trajectory("g", i, group_size=2, version=3), 3)
+    (group,) = a.pop_ready(4)
+    assert group.trainable
+    later = a.recheck(group, 5)  # it waited one step in the ready queue
+    assert not later.trainable and sorted(d.reason for d in later.dropped) == ["stale", "stale"]
+    assert sorted(later.entry_ids) == ["e0", "e1"]
+
+
+def test_the_same_entry_delivered_twice_while_held_is_ignored():
+    a, _ = assembler()
+    t = make_trajectory("g", 1, group_size=2)
+    a.add("e0", t, 0)
+    assert a.add("e0", t, 0) is None and a.pending_trajectories == 1
+
+
+def test_overlong_filtering_masks_only_the_sample_cut_by_the_length_limit():
+    # known_pitfalls C06: max_new_tokens 8; s2 ends with EOS exactly at the limit (a stop, not a cut)
+    from shellrl.contract import FinishReason
+
+    a, _ = assembler()
+    lengths, reasons = [5, 8, 8, 3], [FinishReason.FINISH_REASON_STOP, FinishReason.FINISH_REASON_STOP,
+                                      FinishReason.FINISH_REASON_LENGTH, FinishReason.FINISH_REASON_STOP]
+    for i, (n, reason) in enumerate(zip(lengths, reasons)):
+        t = make_trajectory("g", [1, 0, 0, 1][i], actions=(tuple(range(10, 10 + n)),))
+        t.segments[0].finish_reason = reason
+        a.add(f"e{i}", t, 0)
+    (group,) = a.pop_ready(0)
+    on = group_samples(group, overlong_filtering=True)
+    off = group_samples(group)
+    assert [int(s.loss_mask.sum()) for s in on.samples] == [5, 8, 0, 3]
+    assert [int(s.loss_mask.sum()) for s in off.samples] == [5, 8, 8, 3]
+    assert [s.advantage for s in on.samples] == [s.advantage for s in off.samples]  # still in the baseline
+
+
+def test_nan_rewards_leave_the_group_and_the_valid_pair_gets_plus_minus_one():
+    # known_pitfalls C12: g1 = [1, NaN, 0, NaN] -> [0.9998, -0.9998]; g3 all NaN -> dropped
+    a, clock = assembler()
+    for i, r in enumerate([1.0, math.nan, 0.0, math.nan]):
+        a.add(f"a{i}", make_trajectory("g1", r), 0)
+    for i in range(4):
+        a.add(f"c{i}", make_trajectory("g3", math.nan), 0)
+    g1, g3 = a.pop_ready(0)
+    np.testing.assert_allclose([s.advantage for s in group_samples(g1).samples], [0.9998, -0.9998], atol=1e-4)
+    assert not g3.trainable and [d.reason for d in g3.dropped].count("nan_reward") == 4

@@ -1,0 +1,32 @@
+import os
+import subprocess
+import sys
+
+import torch
+
+from services.learner.weight_sync import _buckets, choose_transport, remove_orphan_segments
+
+
+def test_orphan_segments_of_dead_learners_are_removed_and_live_ones_kept(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead_pid = int(dead.stdout)
+    (tmp_path / f"shellrl_w_{dead_pid}_abc123").write_bytes(b"x")
+    (tmp_path / f"shellrl_w_{os.getpid()}_def456").write_bytes(b"x")
+    (tmp_path / "other_segment").write_bytes(b"x")
+    assert remove_orphan_segments(directory=tmp_path) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"shellrl_w_{os.getpid()}_def456", "other_segment"])
+
+
+def test_transport_follows_the_topology():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert choose_transport("auto", cpu, ["http://127.0.0.1:30000"]) == "shm"
+    assert choose_transport("auto", gpu, ["http://localhost:30000"]) == "cuda_ipc"
+    assert choose_transport("auto", cpu, ["http://127.0.0.1:30000", "http://10.0.0.7:30000"]) == "disk"
+    assert choose_transport("disk", cpu, ["http://127.0.0.1:30000"]) == "disk"
+
+
+def test_buckets_keep_order_and_respect_the_size_bound():
+    named = [(f"t{i}", torch.zeros(256)) for i in range(5)]  # 1 KiB each
+    buckets = _buckets(named, bucket_bytes=2200)
+    assert [[n for n, _ in b] for b in buckets] == [["t0", "t1"], ["t2", "t3"], ["t4"]]
+    assert len(_buckets([("big", torch.zeros(10_000))], bucket_bytes=100)) == 1
