@@ -129,8 +129,10 @@ def write_report(out: Path, *, config: dict, before: dict, after: dict, steps: l
         plots.append(p)
     plots.append(_plot_eval(before, after, out))
 
-    step_s = [float(s["seconds"]) for s in steps if s.get("seconds")]
-    tok_s = [float(s["tokens_per_second"]) for s in steps if s.get("tokens_per_second")]
+    # zero-variance steps take no learner compute: report compute over the steps that trained, and
+    # wall-clock per policy version over the whole training phase
+    step_s = [float(s["seconds"]) for s in steps if s.get("trajectories")]
+    tok_s = [float(s["tokens_per_second"]) for s in steps if s.get("trajectories") and s.get("tokens_per_second")]
     rss = [int(s["rss_bytes"]) for s in steps if s.get("rss_bytes")]
     lines = ["# shellrl main job report", ""]
     lines += ["## Evaluation (greedy, fixed task instances, one episode each)", "",
@@ -151,8 +153,12 @@ def write_report(out: Path, *, config: dict, before: dict, after: dict, steps: l
             lines.append(f"| {name}: {key} | {bb[0]}/{bb[1]} | {aa[0]}/{aa[1]} |")
     lines += ["", "## Training", "",
               f"- learner steps: {len(steps)} in {train_s / 60:.1f} min of training; whole job {total_s / 60:.1f} min",
-              f"- step time: median {statistics.median(step_s):.1f} s, max {max(step_s):.1f} s" if step_s else "- step time: n/a",
-              f"- learner tokens/s: median {statistics.median(tok_s):.0f}" if tok_s else "- learner tokens/s: n/a",
+              f"- wall-clock per policy version: {train_s / max(len(steps), 1):.1f} s "
+              f"({sum(bool(s.get('trajectories')) for s in steps)} of {len(steps)} steps had a group with reward variance)",
+              f"- learner compute of steps that trained: median {statistics.median(step_s):.1f} s, max {max(step_s):.1f} s"
+              if step_s else "- learner compute of steps that trained: n/a (every group had zero variance)",
+              f"- learner tokens/s (steps that trained): median {statistics.median(tok_s):.0f}" if tok_s
+              else "- learner tokens/s: n/a",
               f"- learner RSS: first {rss[0] / 2**30:.2f} GiB, peak {max(rss) / 2**30:.2f} GiB, last {rss[-1] / 2**30:.2f} GiB"
               if rss else "- learner RSS: n/a",
               "- staleness at training time (p50/p90/p99 bucket bounds): "
