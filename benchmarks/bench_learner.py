@@ -1,4 +1,6 @@
-"""Learner benchmarks (issue 7): `python -m benchmarks.bench_learner [--quick] [--threads N]`.
+"""Learner benchmarks (issue 7): `python -m benchmarks.bench_learner [--quick] [--threads N] [--glibc]`.
+
+Runs on jemalloc, as `python -m services.learner` does (services/learner/allocator.py).
 
 SmolLM2-135M-Instruct in float32 on CPU, the learner's own code (shellrl.rl, services.learner):
 
@@ -9,8 +11,9 @@ SmolLM2-135M-Instruct in float32 on CPU, the learner's own code (shellrl.rl, ser
    shared memory, until the engine reports the new version).
 2. Peak memory of one forward+backward over the same batch with float32 log-probs computed one
    sequence at a time (shellrl.rl.logprobs) against the whole-batch float32 baseline
-   (log_softmax over [B, L, V]), each in a fresh process, peak RSS (VmHWM reset before the pass)
-   above the RSS after loading. Target: <= 0.5x of the baseline.
+   (log_softmax over [B, L, V]), each in a fresh process: peak RSS (VmHWM reset before the pass)
+   above the RSS after loading, on jemalloc as the learner runs (--glibc adds a glibc row), and
+   the peak of live tensor bytes from the profiler (allocator-independent). Target: <= 0.5x.
 3. Weight push end to end (median of --repeats): shared-memory bucket against the disk
    (safetensors) transport as the baseline. Target: <= 1 s.
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import os
 import statistics
 import sys
 import tempfile
@@ -32,6 +36,8 @@ from rich.table import Table
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+
+from services.learner.allocator import jemalloc_path, reexec_with_jemalloc  # noqa: E402
 
 console = Console()
 
@@ -62,9 +68,10 @@ def _status_kb(field: str) -> int:
     raise KeyError(field)
 
 
-def _memory_child(mode: str, trajectories: int, tokens: int, threads: int, out, model_path: str = "smollm2") -> None:
-    """One forward+backward in a fresh process; sends (peak tensor bytes allocated during the pass,
-    peak RSS above the RSS before it, seconds)."""
+def _memory_child(mode: str, trajectories: int, tokens: int, threads: int, out, model_path: str,
+                  profile_tensors: bool) -> None:
+    """One forward+backward in a fresh process. Sends (peak RSS above the RSS before the pass, peak
+    bytes of live tensors during the pass or 0 when not profiled, seconds)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -80,8 +87,8 @@ def _memory_child(mode: str, trajectories: int, tokens: int, threads: int, out, 
         model(input_ids=batch.input_ids[:1, :8])
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM (peak RSS) to the current RSS
     base_kb = _status_kb("VmRSS")
-    start = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+
+    def one_pass() -> None:
         if mode == "per_sequence":
             logp = token_logprobs(model, batch)
         else:  # whole batch: [B, L-1, V] float32 logits, log_softmax, gather
@@ -91,24 +98,44 @@ def _memory_child(mode: str, trajectories: int, tokens: int, threads: int, out, 
             logp = torch.log_softmax(logits, -1).gather(-1, batch.target_ids.unsqueeze(-1)).squeeze(-1)
             logp = logp * batch.loss_mask
         (-(logp * batch.advantages).sum() / batch.loss_mask.sum()).backward()
+
+    start = time.perf_counter()
+    peak = 0
+    if profile_tensors:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            one_pass()
+        events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                        key=lambda e: e.start_ns())
+        live = 0
+        for e in events:  # +bytes on allocation, -bytes on free: the peak of live tensor memory
+            live += e.nbytes()
+            peak = max(peak, live)
+    else:
+        one_pass()
     seconds = time.perf_counter() - start
-    rss = (_status_kb("VmHWM") - base_kb) * 1024
-    events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                    key=lambda e: e.start_ns())
-    live = peak = 0
-    for e in events:  # +bytes on allocation, -bytes on free: the peak of live tensor memory
-        live += e.nbytes()
-        peak = max(peak, live)
-    out.send((peak, rss, seconds))
+    out.send(((_status_kb("VmHWM") - base_kb) * 1024, peak, seconds))
 
 
-def measure_memory(mode: str, trajectories: int, tokens: int, threads: int,
-                   model_path: str = "smollm2") -> tuple[int, int, float]:
-    """(peak tensor bytes, peak RSS bytes above the start, seconds) of one pass in a fresh process."""
+def measure_memory(mode: str, trajectories: int, tokens: int, threads: int, *, model_path: str = "smollm2",
+                   profile_tensors: bool = False, jemalloc: bool = True) -> tuple[int, int, float]:
+    """(peak RSS bytes, peak tensor bytes, seconds) of one pass in a fresh process, on jemalloc (as
+    the learner runs) or glibc malloc."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_memory_child, args=(mode, trajectories, tokens, threads, child, model_path))
-    proc.start()
+    proc = ctx.Process(target=_memory_child, args=(mode, trajectories, tokens, threads, child, model_path,
+                                                   profile_tensors))
+    saved = os.environ.get("LD_PRELOAD")
+    library = jemalloc_path()
+    if jemalloc and library:
+        os.environ["LD_PRELOAD"] = library
+    else:
+        os.environ.pop("LD_PRELOAD", None)
+    try:
+        proc.start()
+    finally:
+        os.environ.pop("LD_PRELOAD", None)
+        if saved is not None:
+            os.environ["LD_PRELOAD"] = saved
     while not parent.poll(1.0):
         if not proc.is_alive():
             raise RuntimeError(f"the {mode} memory measurement died with exit code {proc.exitcode} "
@@ -132,7 +159,7 @@ async def bench_step_and_push(trajectories: int, tokens: int, threads: int, repe
     env = {"SHELLRL_MODEL_PATH": "smollm2", "SHELLRL_LOG_LEVEL": "WARNING", "SHELLRL_NUM_THREADS": str(threads)}
     engine = ServiceProcess("engine", free_port(), env, log_dir).start(ready_timeout_s=300)
     try:
-        model = load_model(model_path, dtype=torch.float32)
+        model = load_model("smollm2", dtype=torch.float32)
         trainer = Trainer(model, TrainerConfig(micro_batch_size=4))
         batch = make_batch(trajectories, tokens)
         t0 = time.perf_counter()
@@ -161,7 +188,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--glibc", action="store_true", help="also measure per-sequence RSS on glibc malloc")
     args = parser.parse_args(argv)
+    reexec_with_jemalloc("benchmarks.bench_learner", list(sys.argv[1:] if argv is None else argv))
     if args.quick:
         args.trajectories, args.tokens, args.repeats = 4, 256, 1
     b, n = args.trajectories, args.tokens
@@ -180,16 +209,24 @@ def main(argv: list[str] | None = None) -> None:
         table.add_row(name, f"{seconds:.2f}", f"{seconds / total:.0%}")
     console.print(table)
 
-    whole = measure_memory("whole_batch", b, n, args.threads)
-    seq = measure_memory("per_sequence", b, n, args.threads)
-    table = Table(title=f"Peak memory of one forward+backward over {b} x ~{n} tokens, above the loaded model "
-                        "(tensors: profiler allocation peak; RSS: VmHWM, includes allocator overhead)")
-    for column in ("log-probs", "peak tensors MiB", "vs whole batch", "peak RSS MiB", "vs whole batch", "seconds"):
+    rows = [("whole-batch float32 [B, L, V] (baseline)", "whole_batch", True),
+            ("per-sequence float32 (shellrl.rl.logprobs)", "per_sequence", True)]
+    if args.glibc:
+        rows.append(("per-sequence float32, glibc malloc", "per_sequence", False))
+    results = []
+    for name, mode, jemalloc in rows:
+        rss, _, seconds = measure_memory(mode, b, n, args.threads, jemalloc=jemalloc)
+        tensors = measure_memory(mode, b, n, args.threads, profile_tensors=True, jemalloc=jemalloc)[1] if jemalloc else 0
+        results.append((name, rss, tensors, seconds))
+    base_rss, base_tensors = results[0][1], results[0][2]
+    table = Table(title=f"Peak memory of one forward+backward over {b} x ~{n} tokens above the loaded model: "
+                        "RSS (VmHWM; jemalloc, as the learner runs) and live tensors (profiler)")
+    for column in ("log-probs", "peak RSS MiB", "vs whole batch", "peak tensors MiB", "vs whole batch", "seconds"):
         table.add_column(column, justify="right")
-    for name, (tensors, rss, seconds) in (("whole-batch float32 [B, L, V] (baseline)", whole),
-                                          ("per-sequence float32 (shellrl.rl.logprobs)", seq)):
-        table.add_row(name, f"{tensors / 2**20:.0f}", f"{tensors / whole[0]:.2f}x", f"{rss / 2**20:.0f}",
-                      f"{rss / whole[1]:.2f}x", f"{seconds:.1f}")
+    for name, rss, tensors, seconds in results:
+        table.add_row(name, f"{rss / 2**20:.0f}", f"{rss / base_rss:.2f}x",
+                      f"{tensors / 2**20:.0f}" if tensors else "-", f"{tensors / base_tensors:.2f}x" if tensors else "-",
+                      f"{seconds:.1f}")
     console.print(table)
 
     table = Table(title=f"Weight push end to end to a running engine, median of {args.repeats} (seconds)")

@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from services.learner.app import build_app
-from services.learner.settings import LearnerSettings
-from shellrl.http import serve
-from shellrl.logging import setup_logging
+from services.learner.allocator import reexec_with_jemalloc
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    reexec_with_jemalloc("services.learner", argv)  # before torch allocates anything (allocator.py)
+    from services.learner.app import build_app
+    from services.learner.settings import LearnerSettings
+    from shellrl.http import serve
+    from shellrl.logging import setup_logging
+
     parser = argparse.ArgumentParser(prog="python -m services.learner", description=__doc__)
     parser.add_argument("--host", help="interface to bind (default: SHELLRL_HOST or 127.0.0.1)")
     parser.add_argument("--port", type=int, help="port (default: SHELLRL_PORT or 8103)")

@@ -26,6 +26,9 @@ class LearnerSettings(ServiceSettings):
                                                         "the same name re-reads its own pending entries.")
     num_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default (1 avoids "
                                                  "thread oversubscription on a shared, busy CPU).")
+    malloc: Literal["jemalloc", "system"] = Field(
+        "jemalloc", description="Allocator of the learner process (read by __main__ before start-up, see "
+                                "allocator.py): jemalloc when libjemalloc.so.2 is installed, else glibc.")
     seed: int = Field(0, description="torch/numpy/python seed at a fresh start (a resume restores the RNG states).")
 
     # batches and groups (DESIGN.md section 5)

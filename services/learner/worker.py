@@ -127,9 +127,12 @@ class LearnerWorker:
                 await self.consumer.dead_letter(entry, f"undecodable trajectory: {exc}")
                 metrics.DROPPED.labels("invalid").inc()
                 continue
-            if traj.trajectory_id in self.consumed:
+            if traj.trajectory_id in self.consumed:  # trained or dropped already: never twice
+                metrics.DROPPED.labels("duplicate").inc()
                 if self.consumed[traj.trajectory_id] <= self.checkpointed_step:
                     await self.consumer.ack(entry.entry_id)  # a checkpoint already covers it
+                else:
+                    self.unacked.append(entry.entry_id)  # acknowledged with the next checkpoint
                 continue
             dropped = self.assembler.add(entry.entry_id, traj, self.version)
             if dropped is not None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from services.learner.allocator import jemalloc_path
 from services.learner.checkpoint import surviving_steps
 from shellrl import streams
 from shellrl.engine_client import EngineClient
@@ -88,6 +89,8 @@ async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versi
         learner.start(ready_timeout_s=120)
         await wait_for(lambda: redis.get(streams.POLICY_VERSION_KEY), 30, "initial version published")
         assert (await redis.get(streams.POLICY_VERSION_KEY)) == b"0"
+        if jemalloc_path():  # the process re-executed itself on jemalloc, keeping its pid
+            assert "jemalloc" in Path(f"/proc/{learner.proc.pid}/maps").read_text()
 
         ids = await add_group(redis, client, "g1")
         first = await step_reaches(learner, 1)
@@ -103,8 +106,11 @@ async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versi
         # g2 was sampled by the pushed version 1 and trained at version 1: the push carried exact weights
         assert s["last_step"]["parity_tokens"] == 16 and s["last_step"]["parity_max"] <= 1e-4
 
-        assert (await redis.get(streams.POLICY_VERSION_KEY)) == b"2"
+        async def published():  # the step is reported before its push confirms
+            return (await redis.get(streams.POLICY_VERSION_KEY)) == b"2"
+        await wait_for(published, 30, "version 2 published")
         assert (await client.get_weight_version()) == {engine.url: "2"}
+        s = status(learner)
         engines = s["weight_sync"]["engines"]
         assert engines[0]["in_rotation"] and engines[0]["version"] == "2"
         # checkpoint at step 2, then everything acknowledged
