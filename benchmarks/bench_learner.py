@@ -175,6 +175,7 @@ async def bench_step_and_push(trajectories: int, tokens: int, threads: int, repe
                     r = await sync.push(model, 1 + i + (100 if transport == "disk" else 0))
                     assert r.confirmed == (engine.url,), r.failed
                     runs.append(r.phases)
+                sync.close()
                 pushes[transport] = {k: statistics.median(p[k] for p in runs) for k in runs[0]}
         return recompute, result, pushes, batch.num_loss_tokens
     finally:
