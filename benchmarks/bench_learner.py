@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from services.learner.allocator import jemalloc_path, reexec_with_jemalloc  # noqa: E402
+from services.learner.allocator import jemalloc_path, reexec_with_jemalloc
 
 console = Console()
 

@@ -121,7 +121,7 @@ def build_app(settings: LearnerSettings) -> FastAPI:
         future = state["worker"].request_checkpoint()
         try:
             result = await asyncio.wait_for(asyncio.shield(future), timeout=600)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise ApiError(504, "checkpoint_timeout", "the checkpoint did not finish within 600 s") from None
         return JSONResponse(result, status_code=201)
 

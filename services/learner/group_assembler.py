@@ -31,7 +31,15 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from shellrl.contract import Failure, FinishReason, SegmentKind, Trajectory, TrajectoryArrays, min_policy_version, trajectory_arrays
+from shellrl.contract import (
+    Failure,
+    FinishReason,
+    SegmentKind,
+    Trajectory,
+    TrajectoryArrays,
+    min_policy_version,
+    trajectory_arrays,
+)
 from shellrl.rl.advantages import group_advantages
 from shellrl.rl.batch import TrainSample
 from shellrl.rl.staleness import staleness

@@ -226,7 +226,7 @@ class LearnerWorker:
             path = await self.checkpoint()
             for f in requests:
                 f.done() or f.set_result({"step": self.version, "path": path})
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 (handed to the HTTP callers, who report it)
             for f in requests:
                 f.done() or f.set_exception(exc)
 

@@ -70,6 +70,11 @@ async def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.1):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
+async def http(learner: ServiceProcess, method: str, path: str) -> httpx.Response:
+    async with httpx.AsyncClient(timeout=60) as c:
+        return await c.request(method, learner.url + path)
+
+
 def status(learner: ServiceProcess, timeout_s: float = 5.0) -> dict:
     return httpx.get(f"{learner.url}/v1/status", timeout=timeout_s).json()
 
@@ -97,11 +102,11 @@ async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versi
         assert first["last_step"]["parity_tokens"] == 16  # sampled by version 0, trained at version 0
         assert first["last_step"]["parity_max"] <= 1e-4  # unchanged weights: learner == engine log-probs
 
-        assert httpx.post(f"{learner.url}/v1/pause").json()["paused"] is True
+        assert (await http(learner, "POST", "/v1/pause")).json()["paused"] is True
         ids += await add_group(redis, client, "g2")
         await asyncio.sleep(1.5)
         assert status(learner)["step"] == 1 and status(learner)["paused"]
-        httpx.post(f"{learner.url}/v1/resume")
+        await http(learner, "POST", "/v1/resume")
         s = await step_reaches(learner, 2)
         # g2 was sampled by the pushed version 1 and trained at version 1: the push carried exact weights
         assert s["last_step"]["parity_tokens"] == 16 and s["last_step"]["parity_max"] <= 1e-4
@@ -118,9 +123,9 @@ async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versi
         ledger = [json.loads(x) for x in (tmp_path / "ckpt" / "steps.jsonl").read_text().splitlines()]
         assert sorted(i for r in ledger if "trajectory_ids" in r for i in r["trajectory_ids"]) == sorted(ids)
 
-        created = httpx.post(f"{learner.url}/v1/checkpoints", timeout=60)
+        created = await http(learner, "POST", "/v1/checkpoints")
         assert created.status_code == 201 and created.json()["step"] == 2
-        text = httpx.get(f"{learner.url}/metrics").text
+        text = (await http(learner, "GET", "/metrics")).text
         assert 'shellrl_weight_sync_seconds_count{phase="transfer"}' in text
         assert "shellrl_policy_version 2.0" in text and "shellrl_logprob_diff" in text
         assert 'shellrl_stream_pending{group="learner",stream="shellrl:trajectories"}' in text
@@ -182,7 +187,7 @@ async def test_weight_sync_reports_a_frozen_or_killed_engine_within_the_deadline
         assert "EngineUnavailable" in e["last_error"]
         assert (await asyncio.to_thread(status, learner))["step"] == 3
         assert (await redis.get(streams.POLICY_VERSION_KEY)) == b"2"
-        text = httpx.get(f"{learner.url}/metrics").text
+        text = (await http(learner, "GET", "/metrics")).text
         assert 'shellrl_weight_sync_failures_total{reason="deadline"} 1.0' in text
         assert 'shellrl_weight_sync_failures_total{reason="error"} 1.0' in text
     finally:

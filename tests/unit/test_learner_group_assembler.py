@@ -185,7 +185,7 @@ def test_overlong_filtering_masks_only_the_sample_cut_by_the_length_limit():
 
 def test_nan_rewards_leave_the_group_and_the_valid_pair_gets_plus_minus_one():
     # known_pitfalls C12: g1 = [1, NaN, 0, NaN] -> [0.9998, -0.9998]; g3 all NaN -> dropped
-    a, clock = assembler()
+    a, _ = assembler()
     for i, r in enumerate([1.0, math.nan, 0.0, math.nan]):
         a.add(f"a{i}", make_trajectory("g1", r), 0)
     for i in range(4):

@@ -8,7 +8,8 @@ from services.learner.weight_sync import _buckets, choose_transport, remove_orph
 
 
 def test_orphan_segments_of_dead_learners_are_removed_and_live_ones_kept(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True)
     dead_pid = int(dead.stdout)
     (tmp_path / f"shellrl_w_{dead_pid}_abc123").write_bytes(b"x")
     (tmp_path / f"shellrl_w_{os.getpid()}_def456").write_bytes(b"x")

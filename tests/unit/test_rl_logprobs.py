@@ -74,7 +74,7 @@ def test_loss_and_gradients_do_not_depend_on_the_micro_batch_size(tiny, aggregat
         trainer = Trainer(tiny, TrainerConfig(micro_batch_size=mb, ppo_epochs=1, grad_clip_norm=0.0,
                                               loss=PPOConfig(aggregation=aggregation)))
         captured = []  # gradients at the clip, before the update
-        trainer._clip = lambda: captured.append(torch.cat([p.grad.flatten() for p in trainer.params])) or 0.0
+        trainer._clip = lambda c=captured, t=trainer: c.append(torch.cat([p.grad.flatten() for p in t.params])) or 0.0
         result = trainer.step(batch, learner_version=0)
         grads = captured[0]
         results.append((result.stats["policy_loss"], grads))

@@ -7,7 +7,7 @@ from shellrl.rl.losses import LossStats, PPOConfig, decoupled_ppo_loss, k3_kl, l
 
 
 def loss_of(logp, prox, behavior, adv, mask=None, **cfg):
-    t = lambda x: torch.tensor([x], dtype=torch.float32)  # noqa: E731
+    t = lambda x: torch.tensor([x], dtype=torch.float32)
     mask = t(mask if mask is not None else [1.0] * len(logp))
     weights = loss_weights(mask)
     return decoupled_ppo_loss(t(logp), t(prox), t(behavior), t(adv), mask, weights, PPOConfig(**cfg))
