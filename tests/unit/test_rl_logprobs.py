@@ -1,5 +1,7 @@
 """Log-probs and the trainer's micro-batch invariance on the real tiny model (2-layer Llama)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -83,3 +85,16 @@ def test_loss_and_gradients_do_not_depend_on_the_micro_batch_size(tiny, aggregat
     assert abs(loss1 - loss2) < 1e-6 and abs(loss1 - loss6) < 1e-6
     assert (g1 - g2).abs().max() < 1e-6 and (g1 - g6).abs().max() < 1e-6
     assert g1.abs().max() > 1e-4  # the comparison is not between zeros
+
+
+def test_proximal_logprobs_from_the_first_epoch_equal_a_separate_no_grad_pass(tiny):
+    batch = build_batch(make_samples(4, seed=3), pad_token_id=2)
+    state = {k: v.clone() for k, v in tiny.state_dict().items()}
+    trainer = Trainer(tiny, TrainerConfig(micro_batch_size=2, ppo_epochs=2, lr=1e-2))
+    separate = trainer.logprobs(batch)  # what a separate proximal pass would give
+    fresh = replace(batch, behavior_logprobs=separate, policy_versions=torch.where(
+        batch.loss_mask > 0, torch.zeros_like(batch.policy_versions), batch.policy_versions))
+    result = trainer.step(fresh, learner_version=0)
+    tiny.load_state_dict(state)
+    assert result.parity_tokens == int(batch.loss_mask.sum()) and result.parity_max == 0.0
+    assert result.stats["ratio_max"] != 1.0  # the second epoch ran on updated weights
