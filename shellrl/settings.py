@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "SHELLRL_"
@@ -45,6 +45,24 @@ class ServiceSettings(BaseSettings):
         """The resolved config for logs and `GET /v1/config` (secrets never live in settings)."""
         return self.model_dump(mode="json")
 
+
+
+class EngineFleetSettings(ServiceSettings):
+    """Settings of a service that talks to inference engines (rollout, learner)."""
+
+    engine_urls: str = Field("http://127.0.0.1:30000", description="Comma-separated engine base URLs (SGLang API); "
+                             "the learner pushes weights to every one.")
+
+    @field_validator("engine_urls")
+    @classmethod
+    def _urls(cls, value: str) -> str:
+        if not [u for u in value.split(",") if u.strip()]:
+            raise ValueError("engine_urls: at least one URL")
+        return value
+
+    @property
+    def engine_url_list(self) -> list[str]:
+        return [u.strip().rstrip("/") for u in self.engine_urls.split(",") if u.strip()]
 
 def unknown_env_settings(cls: type[BaseSettings], environ: dict[str, str] | None = None) -> dict[str, str | None]:
     """`SHELLRL_*` environment variables that are no field of `cls`: {field-like name: the field it

@@ -9,19 +9,17 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from shellrl.settings import ServiceSettings
+from shellrl.settings import EngineFleetSettings
 
 DEFAULT_PORT = 8103
 
 
-class LearnerSettings(ServiceSettings):
+class LearnerSettings(EngineFleetSettings):
     # model and engines
     model_path: str = Field("smollm2", description="'smollm2', 'tiny' or a HF directory (the initial policy).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu.")
-    engine_urls: str = Field("http://127.0.0.1:30000", description="Comma-separated engine base URLs; every one "
-                                                                    "receives every weight update.")
     consumer_name: str = Field("learner-0", description="Stable consumer name in group 'learner': after a restart "
                                                         "the same name re-reads its own pending entries.")
     num_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default (1 avoids "
@@ -88,17 +86,6 @@ class LearnerSettings(ServiceSettings):
         86_400_000, ge=1000, description="The learner holds entries until a checkpoint covers them, so only "
                                          "entries idle for a day are re-claimed (one learner consumer).")
     max_deliveries: int = Field(5, ge=1)
-
-    @field_validator("engine_urls")
-    @classmethod
-    def _urls(cls, value: str) -> str:
-        if not [u for u in value.split(",") if u.strip()]:
-            raise ValueError("engine_urls: at least one URL")
-        return value
-
-    @property
-    def engine_url_list(self) -> list[str]:
-        return [u.strip().rstrip("/") for u in self.engine_urls.split(",") if u.strip()]
 
     @property
     def listen_port(self) -> int:

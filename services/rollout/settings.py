@@ -6,16 +6,15 @@ Defaults suit SmolLM2-135M on a 2-core CPU (../shared/reference/feasibility.md: 
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from shellrl.settings import ServiceSettings
+from shellrl.settings import EngineFleetSettings
 
 DEFAULT_PORT = 8100
 
 
-class RolloutSettings(ServiceSettings):
+class RolloutSettings(EngineFleetSettings):
     # where the other services are
-    engine_urls: str = Field("http://127.0.0.1:30000", description="Comma-separated engine base URLs (SGLang API).")
     sandbox_url: str = Field("http://127.0.0.1:8101", description="Sandbox service base URL.")
     verifier_url: str = Field("http://127.0.0.1:8102", description="Verifier base URL (POST /v1/verify, evaluations).")
     model_path: str = Field("smollm2", description="Tokenizer / chat template: 'smollm2', 'tiny' or a HF directory.")
@@ -60,17 +59,6 @@ class RolloutSettings(ServiceSettings):
 
     # task statistics
     stats_enabled: bool = Field(True, description="Consume shellrl:trajectories (group rollout-stats) into task stats.")
-
-    @field_validator("engine_urls")
-    @classmethod
-    def _urls(cls, value: str) -> str:
-        if not [u for u in value.split(",") if u.strip()]:
-            raise ValueError("engine_urls: at least one URL")
-        return value
-
-    @property
-    def engine_url_list(self) -> list[str]:
-        return [u.strip().rstrip("/") for u in self.engine_urls.split(",") if u.strip()]
 
     @property
     def resolved_port(self) -> int:
