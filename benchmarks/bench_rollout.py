@@ -48,6 +48,7 @@ from services.rollout.scheduler import TaskPool
 from services.rollout.task_store import TaskStore
 from services.rollout.worker import Capacity, InfraGate, RolloutConfig, RolloutWorker
 from shellrl import streams
+from shellrl.aio import cancel_and_wait
 from shellrl.contract import min_policy_version, parse_trajectory, task_from_json
 from shellrl.engine_client import EngineClient, GenerateResult
 from shellrl.sandbox_client import SandboxClient
@@ -282,15 +283,12 @@ async def bench_tail(mode: str, max_staleness: int, strict: bool, *, scale: floa
     await asyncio.sleep(window_s)
     end = time.monotonic()
     worker.stop_admitting()
-    main.cancel()
-    await asyncio.gather(main, return_exceptions=True)
+    await cancel_and_wait(main)
     finished = sum(1 for s, e in engine.busy_s if e <= end)
     busy = sum(max(0.0, min(e, end) - max(s, start)) for s, e in engine.busy_s)
     await worker.drain(0.0)
     stop.set()
-    for task in background:
-        task.cancel()
-    await asyncio.gather(*background, return_exceptions=True)
+    await cancel_and_wait(*background)
     await redis.aclose()
     redis_server.stop()
     result.utilisation = busy / (groups * group_size * (end - start))

@@ -29,6 +29,7 @@ from services.learner.trainer import Trainer, TrainerConfig
 from services.learner.weight_sync import WeightSync, choose_transport
 from services.learner.worker import LearnerWorker, WorkerConfig
 from shellrl import streams
+from shellrl.aio import cancel_and_wait
 from shellrl.engine_client import EngineClient
 from shellrl.http import ApiError, create_app
 from shellrl.models import load_model, load_tokenizer
@@ -98,8 +99,7 @@ def build_app(settings: LearnerSettings) -> FastAPI:
         finally:
             stop.set()
             await asyncio.wait([task], timeout=settings.shutdown_grace_s + 30)
-            task.cancel()
-            stats.cancel()
+            await cancel_and_wait(task, stats, timeout_s=10.0)
             worker.sync.close()
             await client.close()
             await redis.aclose()

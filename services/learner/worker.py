@@ -29,6 +29,7 @@ from services.learner.checkpoint import CheckpointStore, LearnerState
 from services.learner.group_assembler import Dropped, GroupAssembler, RolloutGroup, group_samples
 from services.learner.trainer import Trainer
 from services.learner.weight_sync import WeightSync
+from shellrl.aio import cancel_and_wait
 from shellrl.contract import ContractError, parse_trajectory
 from shellrl.rl.batch import build_batch
 from shellrl.streams import StreamConsumer, StreamEntry
@@ -310,6 +311,5 @@ def _memory() -> tuple[int, int]:
 async def _wait_any(a: asyncio.Event, b: asyncio.Event, timeout_s: float) -> None:
     waits = [asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())]
     await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
-    for w in waits:
-        w.cancel()
+    await cancel_and_wait(*waits)
 

@@ -37,6 +37,7 @@ from services.rollout.stats import TaskStats
 from services.rollout.task_store import TaskConflict, TaskStore
 from services.rollout.worker import Capacity, InfraGate, RolloutConfig, RolloutWorker
 from shellrl import streams
+from shellrl.aio import cancel_and_wait
 from shellrl.contract import LIMITS, TaskValidationError, task_from_json
 from shellrl.engine_client import EngineClient
 from shellrl.http import ApiError, create_app
@@ -140,13 +141,10 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         finally:
             worker.stop_admitting()
             if main is not None:
-                main.cancel()
-                await asyncio.gather(main, return_exceptions=True)
+                await cancel_and_wait(main)
                 await worker.drain(settings.shutdown_grace_s)
             await evaluations.shutdown()
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await cancel_and_wait(*background)
             await engine.close()
             await sandbox.aclose()
             await verifier.aclose()

@@ -30,6 +30,7 @@ import redis.asyncio as aioredis
 from services.rollout import metrics as m
 from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling
 from services.rollout.task_store import TaskStore
+from shellrl.aio import cancel_and_wait
 from shellrl.contract import EpisodeEnd, Failure, Task, Trajectory, min_policy_version, task_to_json
 from shellrl.streams import POLICY_VERSION_KEY
 
@@ -202,10 +203,7 @@ class Evaluations:
         return [d for d in [await self.describe(i, with_results=False) for i in ids] if d is not None]
 
     async def shutdown(self) -> None:
-        for runner in list(self._running.values()):
-            runner.cancel()
-        if self._running:
-            await asyncio.gather(*self._running.values(), return_exceptions=True)
+        await cancel_and_wait(*self._running.values())
 
 
 def _per_task(results: list[dict]) -> dict:

@@ -31,6 +31,7 @@ from services.rollout.admission import Admission, Ticket
 from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling, is_setup_failure
 from services.rollout.scheduler import TaskPool
 from services.rollout.task_store import TaskStore
+from shellrl.aio import cancel_and_wait
 from shellrl.contract import Failure, Task, Trajectory, min_policy_version
 from shellrl.streams import GROUP_VERIFIER, STREAM_EPISODES, StreamProducer
 
@@ -215,10 +216,7 @@ class RolloutWorker:
         """Let running groups finish for `grace_s`, then cancel the rest."""
         if self._groups:
             _, pending = await asyncio.wait(set(self._groups), timeout=grace_s)
-            for group in pending:
-                group.cancel()
-            if pending:
-                await asyncio.gather(*pending, return_exceptions=True)
+            await cancel_and_wait(*pending)
 
     async def _wait(self, reason: str, awaitable) -> None:
         start = time.monotonic()

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.sandbox.limits import LimitsRequest
 from services.sandbox.sessions import SessionError, SessionManager
 from services.sandbox.workspace import FileReadError
+from shellrl.aio import cancel_and_wait
 from shellrl.http import ApiError, create_app, error_body
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def build_app(manager: SessionManager, config: dict, ready_details: dict, ttl_sw
         try:
             yield
         finally:
-            expiry.cancel()
+            await cancel_and_wait(expiry)
             await manager.close()
 
     async def ready_check() -> dict:

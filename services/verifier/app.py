@@ -30,6 +30,7 @@ from services.verifier.verification import Verifier
 from services.verifier.worker import STREAM_EVALUATIONS, VerifierWorker, release_session
 from services.verifier.workspace import ReferenceCache
 from shellrl import streams
+from shellrl.aio import cancel_and_wait
 from shellrl.contract import TaskValidationError, ToolEvent, task_from_json
 from shellrl.http import ApiError, create_app
 from shellrl.sandbox_client import SandboxClient
@@ -98,9 +99,7 @@ def build_app(settings: VerifierSettings) -> FastAPI:
             stop.set()
             if worker_task is not None:
                 await asyncio.wait([worker_task], timeout=settings.shutdown_grace_s + settings.block_ms / 1000 + 1)
-                worker_task.cancel()
-            if stats_task is not None:
-                stats_task.cancel()
+            await cancel_and_wait(worker_task, stats_task, timeout_s=10.0)
             if "redis" in state:
                 await state["redis"].aclose()
             await state["http"].aclose()

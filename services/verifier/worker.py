@@ -19,6 +19,7 @@ import logging
 
 from services.verifier import metrics
 from services.verifier.verification import Verification, Verifier
+from shellrl.aio import cancel_and_wait
 from shellrl.contract import ContractError, EpisodeEnd, Failure, Trajectory, parse_trajectory
 from shellrl.streams import (
     StreamConsumer,
@@ -83,8 +84,8 @@ class VerifierWorker:
                 task.add_done_callback(lambda t: (self._in_flight.discard(t), slots.release()))
         if self._in_flight:
             done, pending = await asyncio.wait(self._in_flight, timeout=grace_s)
-            for task in pending:  # left pending in Redis: re-claimed by another replica or after restart
-                task.cancel()
+            # left pending in Redis: re-claimed by another replica or after restart
+            await cancel_and_wait(*pending, timeout_s=5.0)
             log.info("worker drained", extra={"finished": len(done), "left_pending": len(pending)})
 
     async def handle(self, entry: StreamEntry) -> None:

@@ -10,6 +10,7 @@ import time
 import httpx
 from prometheus_client import REGISTRY
 
+from shellrl.aio import cancel_and_wait
 from shellrl.contract import Trajectory
 from shellrl.stream_consumer import export_stream_stats
 from shellrl.streams import (
@@ -61,7 +62,7 @@ async def test_exporter_sets_every_watched_groups_gauges_and_refreshes_them(redi
         await StreamProducer(redis, STREAM_TASKS).add_many(entries(1, "u"))
         await until(lambda: gauges(STREAM_TASKS, GROUP_ROLLOUT) == (6, 0, 4))  # the next round
     finally:
-        exporter.cancel()
+        await cancel_and_wait(exporter)
         await redis.aclose()
 
 
@@ -79,7 +80,7 @@ async def test_exporter_survives_a_redis_outage_and_resumes(redis_server):
         await StreamProducer(redis, STREAM_EPISODES).add_many(entries(1, "b"))
         await until(lambda: gauges(STREAM_EPISODES, GROUP_VERIFIER) == (3, 0, 3))
     finally:
-        exporter.cancel()
+        await cancel_and_wait(exporter)
         await redis.aclose()
 
 

@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from services.rollout.admission import ADMITTED_KEY, Admission, PolicyVersionWatcher
+from shellrl.aio import cancel_and_wait
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY, connect
 
 
@@ -30,9 +31,7 @@ async def test_learner_that_never_advances_gets_at_most_k_plus_1_times_groups_pe
     admitted = [t for t in attempts if t.done()]
     assert len(admitted) == (k + 1) * b == 9
     assert int(await redis.get(ADMITTED_KEY)) == 9
-    for t in attempts:
-        t.cancel()
-    await asyncio.gather(*attempts, return_exceptions=True)
+    await cancel_and_wait(*attempts)
 
 
 async def test_max_staleness_zero_is_batch_synchronous_and_a_version_bump_wakes_admission(redis):
@@ -50,8 +49,7 @@ async def test_max_staleness_zero_is_batch_synchronous_and_a_version_bump_wakes_
     await redis.publish(POLICY_UPDATES_CHANNEL, "1")
     third = await asyncio.wait_for(waiting, 2.0)
     assert [t.policy_version for t in tickets] == [0, 0] and third.policy_version == 1 and third.bound == 4
-    watcher.cancel()
-    await asyncio.gather(watcher, return_exceptions=True)
+    await cancel_and_wait(watcher)
 
 
 async def test_strict_bound_waits_for_the_oldest_group_in_flight(redis):

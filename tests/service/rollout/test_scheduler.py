@@ -8,6 +8,7 @@ import pytest
 
 from services.rollout.scheduler import TaskPool
 from services.rollout.task_store import TaskStore
+from shellrl.aio import cancel_and_wait
 from shellrl.contract import task_from_json
 from shellrl.streams import STREAM_DEAD, STREAM_TASKS, connect
 
@@ -48,8 +49,7 @@ async def test_every_epoch_is_a_seeded_permutation_of_the_pool_and_eval_tasks_ne
     assert (await store.describe("t0"))["state"] == "pooled" and (await store.describe("t99"))["state"] == "held_out"
     dead = await redis.xrange(STREAM_DEAD)
     assert len(dead) == 1 and b"not a valid shellrl.v1.Task" in dead[0][1][b"reason"]
-    feeder.cancel()
-    await asyncio.gather(feeder, return_exceptions=True)
+    await cancel_and_wait(feeder)
 
 
 async def test_a_task_submitted_mid_epoch_runs_once_in_it_and_a_restart_continues_the_epoch(redis):
@@ -61,8 +61,7 @@ async def test_a_task_submitted_mid_epoch_runs_once_in_it_and_a_restart_continue
     first = [(await pool.next_task()).task.task_id for _ in range(2)]
     await store.submit(task(4))
     await feed_until(pool, 5)
-    feeder.cancel()
-    await asyncio.gather(feeder, return_exceptions=True)
+    await cancel_and_wait(feeder)
     restarted = TaskPool(redis, store, consumer="rollout-0", seed=1)  # a new process: same Redis state
     rest = [(await restarted.next_task()).task.task_id for _ in range(3)]
     assert sorted(first + rest) == [f"t{i}" for i in range(5)]  # t4 joined the running epoch exactly once
