@@ -40,7 +40,7 @@ class JobConfig:
     group_size: int = 8
     groups_per_step: int = 4
     max_staleness: int = 1
-    lr: float = 1e-5
+    lr: float = 2e-5
     temperature: float = 1.0
     max_new_tokens: int = 40
     max_turns: int = 2
@@ -49,6 +49,10 @@ class JobConfig:
     eval_ood_episodes: int = 32
     agentbench_eval_tasks: int = 8
     seed: int = 0
+    # torch intra-op threads of the engine and the learner: both run at once (asynchronous RL), and
+    # two processes of 2 spinning OpenMP threads each on 2 cores slow each other down many times over
+    engine_threads: int = 1
+    learner_threads: int = 1
     extra_env: dict = field(default_factory=dict)
 
     def stack_config(self) -> StackConfig:
@@ -65,7 +69,10 @@ class JobConfig:
             "SHELLRL_MAX_TURNS": str(self.max_turns),
             **self.extra_env,
         }
-        return StackConfig(state_dir=self.state_dir, model_path=self.model_path, env=env, echo_logs=False)
+        service_env = {"engine": {"SHELLRL_NUM_THREADS": str(self.engine_threads)},
+                       "learner": {"SHELLRL_NUM_THREADS": str(self.learner_threads)}}
+        return StackConfig(state_dir=self.state_dir, model_path=self.model_path, env=env, service_env=service_env,
+                           echo_logs=False)
 
 
 # --- task sets -----------------------------------------------------------------------------

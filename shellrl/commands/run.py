@@ -25,6 +25,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--temperature", type=float, default=d.temperature)
     parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     parser.add_argument("--max-turns", type=int, default=d.max_turns)
+    parser.add_argument("--engine-threads", type=int, default=d.engine_threads,
+                        help="torch threads of the engine (0 = torch's default)")
+    parser.add_argument("--learner-threads", type=int, default=d.learner_threads,
+                        help="torch threads of the learner (0 = torch's default)")
     parser.add_argument("--train-set", default=d.train_set, help="curriculum (default), default, generated, or a .jsonl")
     parser.add_argument("--eval-id-episodes", type=int, default=d.eval_id_episodes)
     parser.add_argument("--eval-ood-episodes", type=int, default=d.eval_ood_episodes)
@@ -46,7 +50,8 @@ def run(args) -> int:
                     groups_per_step=args.groups_per_step, max_staleness=args.max_staleness, lr=args.lr,
                     temperature=args.temperature, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
                     train_set=args.train_set, eval_id_episodes=args.eval_id_episodes,
-                    eval_ood_episodes=args.eval_ood_episodes, agentbench_eval_tasks=args.agentbench_eval_tasks)
+                    eval_ood_episodes=args.eval_ood_episodes, agentbench_eval_tasks=args.agentbench_eval_tasks,
+                    engine_threads=args.engine_threads, learner_threads=args.learner_threads)
     try:
         run_job(cfg)
     except KeyboardInterrupt:  # the Stack context manager has stopped every process by now
