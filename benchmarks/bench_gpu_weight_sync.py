@@ -6,7 +6,9 @@ Qwen2.5-0.5B and Qwen2.5-7B architectures with random weights (shellrl.model_sha
 downloaded). One update = from "optimizer step done" (learner GPU synchronized) to "the engine
 serves the new version": learner-side copies, begin_weight_update, update_weights_from_tensor (or
 _from_disk), end_weight_update (the engine swaps the staged tensors into its parameters and drops
-its prefix cache), and a /model_info read that reports the new weight_version.
+its prefix cache), and a /model_info read that reports the new weight_version. "serving" is the
+same without that read: end_weight_update returns after the swap, so the engine already serves the
+new version when it answers (the read is a check, which WeightSync.push also makes).
 
 Paths (sync section):
   a  per-tensor     each tensor copied straight from the learner GPU into a kept bucket on the
@@ -113,7 +115,7 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
         sync = WeightSync(client, None, transport="cuda_ipc" if on_gpu else "shm", deadline_s=300.0,
                           sync_dir=work / "sync")
     warmup = 1 if path == "d" else 3
-    totals, fills, updates, verifies = [], [], [], []
+    totals, servings, fills, updates, verifies = [], [], [], [], []
     version = start_version
     try:
         for i in range(warmup + args.updates):
@@ -148,6 +150,7 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
                 shutil.rmtree(work / "disk" / f"v{version - 1}", ignore_errors=True)
             if i >= warmup:
                 totals.append(t3 - t0)
+                servings.append(t2 - t0)
                 fills.append(t1 - t0)
                 updates.append(t2 - t1)
                 verifies.append(t3 - t2)
@@ -160,7 +163,8 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
         if ipc is not None:
             ipc.close()
         shutil.rmtree(work / "disk", ignore_errors=True)
-    return {"path": path, "name": PATHS[path], "total": summary_ms(totals), "learner_copy": summary_ms(fills),
+    return {"path": path, "name": PATHS[path], "total": summary_ms(totals), "serving": summary_ms(servings),
+            "learner_copy": summary_ms(fills),
             "engine_update": summary_ms(updates), "verify": summary_ms(verifies),
             "served_value_ok": abs(served[0] - expected) < 1e-6, "last_version": version,
             "pinned": None if pinned is None else True}
@@ -235,29 +239,30 @@ async def sync_section(shape: str, paths: str, args, results: dict, parity: bool
 
 def sync_table(results: dict) -> Table:
     table = Table(title="Weight sync, end to end (optimizer step done -> engine serves the new version)")
-    for col in ("model", "path", "median ms", "p90 ms", "x floor", "learner copy ms", "engine update ms",
-                "verify ms", "n"):
+    for col in ("model", "path", "median ms", "p90 ms", "x floor", "serving ms", "learner copy ms",
+                "engine update ms", "verify ms", "n"):
         table.add_column(col, justify="right" if col != "path" else "left")
     for shape, out in results.get("sync", {}).items():
         floor = out.get("floor", {}).get("median_ms")
         if floor:
             table.add_row(shape, f"floor: raw copy {out['bytes'] / 1e9:.2f} GB "
                                  f"({out['floor']['gb_per_s']:.0f} GB/s)", f"{floor:.2f}",
-                          f"{out['floor']['p90_ms']:.2f}", "1.00", "", "", "", str(out["floor"]["n"]))
+                          f"{out['floor']['p90_ms']:.2f}", "1.00", "", "", "", "", str(out["floor"]["n"]))
         rtt = out.get("http_rtt", {}).get("model_info")
         if rtt:
             table.add_row(shape, "one HTTP round trip (GET /model_info)", f"{rtt['median_ms']:.2f}",
-                          f"{rtt['p90_ms']:.2f}", "", "", "", "", str(rtt["n"]))
+                          f"{rtt['p90_ms']:.2f}", "", "", "", "", "", str(rtt["n"]))
         for path in PATHS:
             r = out.get(path)
             if r is None:
                 continue
             if "error" in r:
-                table.add_row(shape, f"{path} {r['name']}", "failed", r["error"][:60], "", "", "", "", "")
+                table.add_row(shape, f"{path} {r['name']}", "failed", r["error"][:60], "", "", "", "", "", "")
                 continue
             t = r["total"]
             table.add_row(shape, f"{path} {r['name']}", f"{t['median_ms']:.2f}", f"{t['p90_ms']:.2f}",
                           f"{t['median_ms'] / floor:.2f}" if floor else "-",
+                          f"{r['serving']['median_ms']:.2f}" if "serving" in r else "-",
                           f"{r['learner_copy']['median_ms']:.2f}", f"{r['engine_update']['median_ms']:.2f}",
                           f"{r['verify']['median_ms']:.2f}", str(t["n"]))
     return table
