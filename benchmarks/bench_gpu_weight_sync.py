@@ -89,6 +89,22 @@ async def http_round_trips(url: str, repeats: int = 30) -> dict:
     return out
 
 
+async def engine_phase_sums(url: str) -> dict[str, tuple[float, float]]:
+    """{phase: (sum seconds, count)} of shellrl_engine_weight_update_phase_seconds from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        text = (await http.get(f"{url}/metrics")).text
+    out: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "shellrl_engine_weight_update_phase_seconds":
+            continue
+        for sample in family.samples:
+            if sample.name.endswith(("_sum", "_count")):
+                out.setdefault(sample.labels["phase"], [0.0, 0.0])[sample.name.endswith("_count")] = sample.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
 def mark_version(model, version: int) -> float:
     """Write a value only this version has into the model (outside the timed region)."""
     import torch
@@ -115,6 +131,7 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
         sync = WeightSync(client, None, transport="cuda_ipc" if on_gpu else "shm", deadline_s=300.0,
                           sync_dir=work / "sync")
     warmup = 1 if path == "d" else 3
+    phases_before: dict = {}
     totals, servings, fills, updates, verifies = [], [], [], [], []
     version = start_version
     try:
@@ -146,6 +163,8 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
             t3 = time.perf_counter()
             if got != str(version):
                 raise RuntimeError(f"path {path}: engine reports version {got!r}, expected {version}")
+            if i == warmup - 1:
+                phases_before = await engine_phase_sums(url)
             if path == "d" and version - 1 > start_version:
                 shutil.rmtree(work / "disk" / f"v{version - 1}", ignore_errors=True)
             if i >= warmup:
@@ -154,6 +173,11 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
                 fills.append(t1 - t0)
                 updates.append(t2 - t1)
                 verifies.append(t3 - t2)
+        phases_after = await engine_phase_sums(url)
+        engine_phases_ms = {}
+        for phase, (total_s, count) in phases_after.items():
+            before_s, before_n = phases_before.get(phase, (0.0, 0.0))
+            engine_phases_ms[phase] = 1e3 * (total_s - before_s) / max(1.0, count - before_n)
         async with httpx.AsyncClient(timeout=60.0) as http:
             served = (await http.post(f"{url}/get_weights_by_name",
                                       json={"name": "model.norm.weight", "truncate_size": 2})).json()
@@ -166,7 +190,8 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
     return {"path": path, "name": PATHS[path], "total": summary_ms(totals), "serving": summary_ms(servings),
             "learner_copy": summary_ms(fills),
             "engine_update": summary_ms(updates), "verify": summary_ms(verifies),
-            "served_value_ok": abs(served[0] - expected) < 1e-6, "last_version": version,
+            "served_value_ok": abs(served[0] - expected) < 1e-6,
+            "engine_phases_ms": engine_phases_ms, "last_version": version,
             "pinned": None if pinned is None else True}
 
 
@@ -209,7 +234,8 @@ async def sync_section(shape: str, paths: str, args, results: dict, parity: bool
                 version = r["last_version"]
                 out[path] = r
                 console.print(f"  {path} {r['name']}: median {r['total']['median_ms']:.2f} ms, "
-                              f"p90 {r['total']['p90_ms']:.2f} ms, served value ok={r['served_value_ok']}")
+                              f"p90 {r['total']['p90_ms']:.2f} ms, served value ok={r['served_value_ok']}; engine "
+                              "phases (mean ms) " + ", ".join(f"{k} {v:.2f}" for k, v in r["engine_phases_ms"].items()))
             except Exception as exc:  # noqa: BLE001 - one path failing must not lose the others' numbers
                 out[path] = {"path": path, "name": PATHS[path], "error": f"{type(exc).__name__}: {exc}",
                              "engine_log": engine.tail()}

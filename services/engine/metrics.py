@@ -19,3 +19,9 @@ DECODE_STEP_SECONDS = histogram("shellrl_engine_decode_step_seconds", "Wall time
 PREFILL_SECONDS = histogram("shellrl_engine_prefill_seconds", "Wall time of one batched prefill.")
 WEIGHT_UPDATE_SECONDS = histogram("shellrl_engine_weight_update_seconds",
                                   "Weight update time from request to live weights, by source.", ("source",))
+WEIGHT_UPDATE_PHASE_SECONDS = histogram(
+    "shellrl_engine_weight_update_phase_seconds",
+    "Parts of a weight update: stage (validate + copy into the spare arena, worker thread), stage_hop (the "
+    "handler's wait for that thread beyond the work), commit (swap on the scheduler thread), commit_hop (the "
+    "wait for the scheduler beyond the swap).", ("phase",),
+    buckets=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 3))

@@ -117,7 +117,7 @@ class EngineRuntime:
         if session is None:
             raise WeightUpdateError(SESSION_REQUIRED)
         try:
-            staged = await asyncio.to_thread(self.weights.stage_serialized, serialized_named_tensors, load_format)
+            staged = await self._timed_stage(self.weights.stage_serialized, serialized_named_tensors, load_format)
         except WeightUpdateError as exc:
             session.failed = str(exc)  # nothing of this session will be applied
             raise
@@ -145,16 +145,43 @@ class EngineRuntime:
         if self._session is not None:  # both would stage into the same spare arena
             raise WeightUpdateError("a weight-update session is open; end it before update_weights_from_disk")
         async with self._update_lock:
-            staged = await asyncio.to_thread(self.weights.stage_disk, model_path)
+            staged = await self._timed_stage(self.weights.stage_disk, model_path)
             if abort_all:
                 await self.run(lambda: self.scheduler.abort("", abort_all=True))
             await self._commit(staged, None if weight_version is None else str(weight_version), "disk", started)
         return f"Succeeded to update model weights. Weight version {self.weight_version}."
 
+    async def _timed_stage(self, fn, *args) -> StagedWeights:
+        """`fn(*args)` on a worker thread; its time and the hop's go to the phase histogram."""
+        work_s = [0.0]
+
+        def timed():
+            t = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                work_s[0] = time.perf_counter() - t
+
+        t0 = time.perf_counter()
+        try:
+            return await asyncio.to_thread(timed)
+        finally:
+            metrics.WEIGHT_UPDATE_PHASE_SECONDS.labels("stage").observe(work_s[0])
+            metrics.WEIGHT_UPDATE_PHASE_SECONDS.labels("stage_hop").observe(time.perf_counter() - t0 - work_s[0])
+
     async def _commit(self, staged: StagedWeights, weight_version: str | None, source: str, started_s: float) -> int:
-        count = await self.run(
-            lambda: self.scheduler.set_weights(lambda: self.weights.commit(staged), weight_version) or len(
-                staged.tensors), when_idle=True)
+        work_s = [0.0]
+
+        def swap() -> int:
+            t = time.perf_counter()
+            self.scheduler.set_weights(lambda: self.weights.commit(staged), weight_version)
+            work_s[0] = time.perf_counter() - t
+            return len(staged.tensors)
+
+        t0 = time.perf_counter()
+        count = await self.run(swap, when_idle=True)
+        metrics.WEIGHT_UPDATE_PHASE_SECONDS.labels("commit").observe(work_s[0])
+        metrics.WEIGHT_UPDATE_PHASE_SECONDS.labels("commit_hop").observe(time.perf_counter() - t0 - work_s[0])
         metrics.WEIGHT_UPDATE_SECONDS.labels(source).observe(time.perf_counter() - started_s)
         log.info("weights updated", extra={"source": source, "tensors": count, "weight_version": self.weight_version})
         return count

@@ -144,6 +144,21 @@ async def test_disk_update_serves_logprobs_of_the_checkpoint(engine, client, bas
     assert max(abs(x - y) for x, y in zip(result.output_logprobs, expected)) <= PARITY_TOLERANCE
 
 
+async def test_every_update_observes_its_stage_and_commit_phases_in_metrics(engine, client, base_weights):
+    def counts(text: str) -> dict[str, float]:
+        from prometheus_client.parser import text_string_to_metric_families
+        return {s.labels["phase"]: s.value for f in text_string_to_metric_families(text)
+                if f.name == "shellrl_engine_weight_update_phase_seconds"
+                for s in f.samples if s.name.endswith("_count")}
+
+    async with httpx.AsyncClient() as http:
+        before = counts((await http.get(f"{engine.url}/metrics")).text)
+        await push(client, perturbed(base_weights, 21), "phases-1")
+        after = counts((await http.get(f"{engine.url}/metrics")).text)
+    assert {p: after[p] - before.get(p, 0.0) for p in after} == {"stage": 1, "stage_hop": 1, "commit": 1,
+                                                                 "commit_hop": 1}
+
+
 async def _snapshot(engine_url: str, client: EngineClient) -> tuple:
     async with httpx.AsyncClient() as http:
         weights = (await http.post(f"{engine_url}/get_weights_by_name",
