@@ -47,17 +47,19 @@ async def assert_engine_serves(model, url: str, version: int) -> None:
 @pytest.mark.parametrize("staging", ["bucket", "direct"])
 async def test_a_kept_cuda_ipc_bucket_delivers_every_new_version_to_the_engine(learner_model, gpu_engine, staging):
     bucket = wt.CudaIpcBucket(ENGINE_DEVICE)
-    handles = set()
+    handles, payloads = set(), set()
     async with EngineClient(gpu_engine.url) as client:
         for step in range(3):
             perturb(learner_model, seed=step + (10 if staging == "direct" else 0))
             payload = bucket.fill(learner_model.named_parameters(), staging=staging)
             handles.add(json.loads(payload)["handle"]["handle"])
+            payloads.add(payload)
             version = 100 + step + (10 if staging == "direct" else 0)
             await client.update_weights_from_tensor([payload], weight_version=str(version))
             await assert_engine_serves(learner_model, gpu_engine.url, version)
     bucket.close()
     assert len(handles) == 1  # the same buffer every time: the engine maps it once
+    assert len(payloads) == 1  # the same string: the engine's fast path (no parse, no checks, no open)
 
 
 async def test_weight_sync_push_over_cuda_ipc_is_served_by_the_engine(learner_model, gpu_engine, tmp_path):
