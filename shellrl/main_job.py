@@ -70,7 +70,11 @@ class JobConfig:
             **self.extra_env,
         }
         service_env = {"engine": {"SHELLRL_NUM_THREADS": str(self.engine_threads)},
-                       "learner": {"SHELLRL_NUM_THREADS": str(self.learner_threads)}}
+                       # a whole group per micro-batch, its prompt run once (prefix sharing needs the
+                       # KV cache, so no activation checkpointing; 135M parameters fit in memory anyway)
+                       "learner": {"SHELLRL_NUM_THREADS": str(self.learner_threads),
+                                   "SHELLRL_MICRO_BATCH_SIZE": str(self.group_size),
+                                   "SHELLRL_GRADIENT_CHECKPOINTING": "false", "SHELLRL_SHARE_PREFIX_MIN_TOKENS": "32"}}
         return StackConfig(state_dir=self.state_dir, model_path=self.model_path, env=env, service_env=service_env,
                            echo_logs=False)
 

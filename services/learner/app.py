@@ -46,7 +46,8 @@ def trainer_config(s: LearnerSettings) -> TrainerConfig:
     return TrainerConfig(lr=s.lr, weight_decay=s.weight_decay, betas=(s.adam_beta1, s.adam_beta2),
                          warmup_steps=s.warmup_steps, grad_clip_norm=s.grad_clip_norm, ppo_epochs=s.ppo_epochs,
                          micro_batch_size=s.micro_batch_size, chunk_tokens=s.chunk_tokens,
-                         gradient_checkpointing=s.gradient_checkpointing, loss=loss)
+                         gradient_checkpointing=s.gradient_checkpointing,
+                         share_prefix_min_tokens=s.share_prefix_min_tokens, loss=loss)
 
 
 def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient]:

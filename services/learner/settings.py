@@ -61,7 +61,11 @@ class LearnerSettings(EngineFleetSettings):
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward.")
     chunk_tokens: int = Field(1024, ge=1, description="LM-head positions per float32 chunk of one sequence.")
     pad_to_multiple_of: int = Field(64, ge=1, description="Round padded lengths up (fewer shapes, steadier RSS).")
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: bool = Field(True, description="Activation checkpointing of the decoder layers (less "
+                                                           "memory, ~25% more compute; turns prefix sharing off).")
+    share_prefix_min_tokens: int = Field(32, ge=0, description="Run a prefix common to a micro-batch's rows (a "
+                                                              "group's prompt) once when it has at least this many "
+                                                              "tokens; 0 = off. Needs gradient_checkpointing off.")
 
     # checkpoints
     checkpoint_dir: str = Field(".shellrl/checkpoints", description="Checkpoints and the steps.jsonl ledger.")

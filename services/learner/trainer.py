@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 class TrainerConfig:
     """lr: peak AdamW learning rate; warmup_steps: linear warmup (0 = none); grad_clip_norm: max
     global L2 norm (<= 0: off); ppo_epochs: AdamW updates per batch; micro_batch_size: sequences
-    per forward/backward; chunk_tokens: LM-head positions per float32 chunk; loss: PPOConfig."""
+    per forward/backward; chunk_tokens: LM-head positions per float32 chunk; share_prefix_min_tokens:
+    a prefix common to a micro-batch's rows of at least this many tokens runs once (0: off; skipped
+    under gradient checkpointing, see shellrl.rl.logprobs); loss: PPOConfig."""
 
     lr: float = 1e-5
     weight_decay: float = 0.0
@@ -49,6 +51,7 @@ class TrainerConfig:
     micro_batch_size: int = 4
     chunk_tokens: int = 1024
     gradient_checkpointing: bool = True
+    share_prefix_min_tokens: int = 32
     loss: PPOConfig = field(default_factory=PPOConfig)
 
     def __post_init__(self) -> None:
@@ -143,13 +146,13 @@ class Trainer:
         if mb.num_loss_tokens == 0:
             return LossStats()
         width = mb.loss_mask.shape[1]
-        logp = token_logprobs(self.model, mb, chunk_tokens=self.config.chunk_tokens)
+        logp = self._logprobs(self.model, mb)
         if first:
             proximal[lo:hi, :width] = logp.detach()
         ref = None
         if self.reference is not None:
             with torch.no_grad():
-                ref = token_logprobs(self.reference, mb, chunk_tokens=self.config.chunk_tokens)
+                ref = self._logprobs(self.reference, mb)
         loss, stats = decoupled_ppo_loss(logp, proximal[lo:hi, :width], mb.behavior_logprobs, mb.advantages,
                                          mb.loss_mask, weights[lo:hi, :width], self.config.loss, ref)
         loss.backward()
@@ -169,8 +172,12 @@ class Trainer:
         for lo in range(0, batch.size, self.config.micro_batch_size):
             hi = min(lo + self.config.micro_batch_size, batch.size)
             mb = batch.rows(lo, hi)
-            out[lo:hi, :mb.loss_mask.shape[1]] = token_logprobs(self.model, mb, chunk_tokens=self.config.chunk_tokens)
+            out[lo:hi, :mb.loss_mask.shape[1]] = self._logprobs(self.model, mb)
         return out
+
+    def _logprobs(self, model, mb: TrainBatch) -> torch.Tensor:
+        return token_logprobs(model, mb, chunk_tokens=self.config.chunk_tokens,
+                              share_prefix_min_tokens=self.config.share_prefix_min_tokens)
 
     def state_dict(self) -> dict:
         """Optimizer, scheduler and step counter (the model's weights are saved separately)."""

@@ -9,13 +9,26 @@ Memory: the decoder runs on a micro-batch ([b, L, H] hidden states, gradient che
 its layers); the LM head then runs per sequence, only at the scored positions and at most
 `chunk_tokens` positions at a time, in float32, under activation checkpointing when gradients are
 on. So the float32 logits alive at once are [chunk_tokens, V], never [B, L, V].
+
+Shared prefix (`share_prefix_min_tokens` > 0): rows of a micro-batch that begin with the same
+tokens (a GRPO group shares its whole prompt; every task shares the system prompt and the worked
+examples) run that prefix through the decoder ONCE, at batch 1, keeping its KV cache with
+gradients; the cache is repeated to the batch and each row's own tokens run on top of it. The
+prefix activations then receive the summed gradient of every row, so log-probs and gradients equal
+the full forward up to float rounding (tests/unit/test_rl_logprobs.py), at a fraction of the compute
+when the prompt dominates the sequence (the scratch GRPO run of ../shared/reference/feasibility.md
+did the same). It needs the KV cache, so it is skipped while the model runs with gradient
+checkpointing and gradients are on.
 """
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+from transformers import DynamicCache
 
 from shellrl.rl.batch import TrainBatch
 
@@ -44,21 +57,58 @@ def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
     return logits.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
 
+def shared_prefix_length(batch: TrainBatch) -> int:
+    """Longest P such that every row has the same first P tokens, attends to all of them and numbers
+    them 0..P-1, capped so that every row keeps at least one token of its own (P <= min length - 1).
+    0 for a single row."""
+    ids = batch.input_ids
+    if ids.shape[0] < 2 or ids.shape[1] == 0:
+        return 0
+    arange = torch.arange(ids.shape[1], device=ids.device)
+    same = (ids == ids[:1]).all(0) & (batch.attention_mask > 0).all(0) & (batch.position_ids == arange).all(0)
+    differs = (~same).nonzero()
+    length = int(differs[0, 0]) if differs.numel() else int(ids.shape[1])
+    return max(0, min(length, int(batch.lengths.min()) - 1))
+
+
+def decoder_hidden(model, batch: TrainBatch, share_prefix_min_tokens: int = 0) -> torch.Tensor:
+    """Last hidden states [b, L, H] of `model`'s decoder; with share_prefix_min_tokens > 0 a shared
+    prefix of at least that many tokens runs once (see the module docstring)."""
+    decoder = model.get_decoder()
+    prefix = shared_prefix_length(batch) if share_prefix_min_tokens > 0 else 0
+    if prefix < max(1, share_prefix_min_tokens) or (_checkpointing(model) and torch.is_grad_enabled()):
+        return decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=batch.position_ids, use_cache=False).last_hidden_state
+    b, cache = batch.size, DynamicCache(config=model.config)
+    key = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"  # 5.24 renamed it
+    head = decoder(input_ids=batch.input_ids[:1, :prefix], attention_mask=batch.attention_mask[:1, :prefix],
+                   position_ids=batch.position_ids[:1, :prefix], use_cache=True, **{key: cache})
+    cache.batch_repeat_interleave(b)  # repeat_interleave is differentiable: the rows' gradients sum into the prefix
+    tail = decoder(input_ids=batch.input_ids[:, prefix:], attention_mask=batch.attention_mask,
+                   position_ids=batch.position_ids[:, prefix:], use_cache=True, **{key: cache})
+    return torch.cat([head.last_hidden_state.expand(b, -1, -1), tail.last_hidden_state], dim=1)
+
+
+def _checkpointing(model) -> bool:
+    flag = getattr(type(model), "is_activation_checkpointing", None)  # transformers >= 5.2x
+    return bool(model.is_activation_checkpointing if flag is not None else getattr(model, "is_gradient_checkpointing",
+                                                                                   False))
+
+
 def token_logprobs(model, batch: TrainBatch, *, positions: torch.Tensor | None = None,
-                   chunk_tokens: int = 1024) -> torch.Tensor:
+                   chunk_tokens: int = 1024, share_prefix_min_tokens: int = 0) -> torch.Tensor:
     """Log-probs of `batch.target_ids` under `model`, at the scored positions.
 
     model: a HF causal LM (`get_decoder()`, `get_output_embeddings()`). positions: [b, L-1] mask of
-    the columns to score (default: `batch.loss_mask > 0`). Returns [b, L-1] float32 with 0 in the
-    columns not scored; differentiable when grad is enabled. Raises ValueError when chunk_tokens < 1.
+    the columns to score (default: `batch.loss_mask > 0`). share_prefix_min_tokens: run a prefix
+    common to all rows once when it has at least this many tokens (0: never). Returns [b, L-1]
+    float32 with 0 in the columns not scored; differentiable when grad is enabled. Raises
+    ValueError when chunk_tokens < 1.
     """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1; got {chunk_tokens}")
     positions = batch.loss_mask > 0 if positions is None else positions.bool()
-    hidden = model.get_decoder()(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-        use_cache=False,
-    ).last_hidden_state[:, :-1]  # [b, L-1, H]: column j scores target j
+    hidden = decoder_hidden(model, batch, share_prefix_min_tokens)[:, :-1]  # [b, L-1, H]: column j scores target j
     head = model.get_output_embeddings()
     temperatures = torch.where(batch.temperatures > GREEDY_TEMPERATURE, batch.temperatures,
                                torch.ones_like(batch.temperatures))

@@ -9,7 +9,7 @@ import torch
 from services.learner.trainer import Trainer, TrainerConfig
 from shellrl.models import load_model
 from shellrl.rl.batch import TrainSample, build_batch
-from shellrl.rl.logprobs import token_logprobs
+from shellrl.rl.logprobs import shared_prefix_length, token_logprobs
 from shellrl.rl.losses import PPOConfig
 
 
@@ -98,3 +98,59 @@ def test_proximal_logprobs_from_the_first_epoch_equal_a_separate_no_grad_pass(ti
     tiny.load_state_dict(state)
     assert result.parity_tokens == int(batch.loss_mask.sum()) and result.parity_max == 0.0
     assert result.stats["ratio_max"] != 1.0  # the second epoch ran on updated weights
+
+
+def group_samples_sharing(prompt_len: int, n: int, seed: int = 3) -> list:
+    """A GRPO group: one prompt, n responses that agree on their first 2 tokens (scored) and then differ."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(3, 49000, prompt_len)
+    out = []
+    for i in range(n):
+        response = np.concatenate([[77, 78], rng.integers(3, 49000, int(rng.integers(2, 12)))])
+        r = len(response)
+        mask = np.ones(r, np.uint8)
+        mask[3:5] = 0  # an observation
+        out.append(TrainSample(f"g{i}", prompt, response, np.zeros(r, np.float32), mask,
+                               np.where(mask > 0, 0, -1), np.full(r, 0.7, np.float32), float(rng.normal())))
+    return out
+
+
+def test_a_shared_prefix_run_once_gives_the_full_forwards_log_probs_and_gradients(tiny):
+    batch = build_batch(group_samples_sharing(30, 4), pad_token_id=2)
+    assert shared_prefix_length(batch) == 32  # the prompt and the 2 shared (scored) response tokens
+    grads = []
+    values = []
+    for share in (0, 8):
+        tiny.zero_grad()
+        lp = token_logprobs(tiny, batch, share_prefix_min_tokens=share)
+        (lp * torch.linspace(0.5, 2.0, lp.numel()).reshape(lp.shape)).sum().backward()
+        values.append(lp.detach())
+        grads.append([p.grad.clone() for p in tiny.parameters()])
+    tiny.zero_grad()
+    assert (values[0] - values[1]).abs().max() < 1e-5
+    assert (values[0][batch.loss_mask == 0] == 0).all() and (values[1][batch.loss_mask == 0] == 0).all()
+    for full, shared in zip(*grads):
+        assert (full - shared).abs().max() <= 1e-5 * max(1.0, float(full.abs().max()))
+
+
+def test_shared_prefix_length_needs_two_rows_the_same_tokens_and_a_token_of_each_rows_own():
+    samples = group_samples_sharing(10, 3)
+    assert shared_prefix_length(build_batch(samples[:1], pad_token_id=2)) == 0
+    other = replace(samples[1], prompt_ids=np.concatenate([[9], samples[1].prompt_ids[1:]]))
+    assert shared_prefix_length(build_batch([samples[0], other], pad_token_id=2)) == 0
+    same = [samples[0], replace(samples[0], trajectory_id="copy")]
+    assert shared_prefix_length(build_batch(same, pad_token_id=2)) == len(samples[0].prompt_ids) + len(
+        samples[0].response_ids) - 1
+
+
+def test_trainer_steps_with_and_without_prefix_sharing_reach_the_same_weights():
+    batch = build_batch(group_samples_sharing(40, 4, seed=5), pad_token_id=2)
+    weights = []
+    for share in (0, 16):
+        model = load_model("tiny")
+        trainer = Trainer(model, TrainerConfig(lr=1e-3, micro_batch_size=2, gradient_checkpointing=False,
+                                               share_prefix_min_tokens=share))
+        trainer.step(batch, learner_version=0)
+        weights.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*weights):
+        assert (a - b).abs().max() < 1e-5
