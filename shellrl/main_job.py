@@ -201,7 +201,8 @@ def train(cfg: JobConfig, info: dict, learner_url: str) -> list[dict]:
             if step >= cfg.steps or snap["elapsed_s"] > cfg.time_budget_s:
                 break
             time.sleep(3)
-    httpx.post(f"{learner_url}/v1/pause", timeout=30)
+    # wait for the step in progress and its weight push: the "after" eval then runs on one version
+    httpx.post(f"{learner_url}/v1/pause", params={"wait": "true"}, timeout=960).raise_for_status()
     return snapshots
 
 

@@ -3,7 +3,9 @@
 GET  /v1/status       version, step, LR, last step's losses/clip fractions/importance weights/parity,
                       throughput, memory, pending groups, engines' state (in rotation, version, error)
 POST /v1/checkpoints  write a checkpoint now (after the step in progress) -> 201 {"step", "path"}
-POST /v1/pause        stop taking steps (the step in progress finishes) -> {"paused": true}
+POST /v1/pause        stop taking steps (the step in progress finishes) -> {"paused": true, "step": N}; with
+                     ?wait=true it answers once that step and its weight push are done, so N is the
+                     version the engines serve until /v1/resume
 POST /v1/resume       take steps again -> {"paused": false}
 """
 
@@ -18,7 +20,7 @@ import signal
 
 import numpy as np
 import torch
-from fastapi import FastAPI
+from fastapi import FastAPI, Query
 from fastapi.responses import JSONResponse
 
 from services.learner import metrics
@@ -127,9 +129,16 @@ def build_app(settings: LearnerSettings) -> FastAPI:
         return JSONResponse(result, status_code=201)
 
     @app.post("/v1/pause", tags=["learner"])
-    async def pause() -> dict:
-        state["worker"].running.clear()
-        return {"paused": True, "step": state["worker"].version}
+    async def pause(wait: bool = False, timeout_s: float = Query(900.0, gt=0, le=3600)) -> dict:
+        worker = state["worker"]
+        worker.running.clear()
+        if wait:
+            try:
+                await asyncio.wait_for(worker.paused_idle.wait(), timeout=timeout_s)
+            except TimeoutError:
+                raise ApiError(504, "pause_timeout", f"the step in progress did not finish within {timeout_s:g} s",
+                               "timeout_s") from None
+        return {"paused": True, "step": worker.version}
 
     @app.post("/v1/resume", tags=["learner"])
     async def resume() -> dict:

@@ -65,6 +65,7 @@ class LearnerWorker:
         self.started_s, self.trained_total = time.monotonic(), 0
         self.running = asyncio.Event()
         self.running.set()
+        self.paused_idle = asyncio.Event()  # set while paused with no step or push in progress
         self._checkpoint_requests: list[asyncio.Future] = []
 
     @property
@@ -78,8 +79,10 @@ class LearnerWorker:
         while not stop.is_set():
             await self.serve_checkpoint_requests()
             if not self.running.is_set():
+                self.paused_idle.set()
                 await _wait_any(self.running, stop, timeout_s=1.0)
                 continue
+            self.paused_idle.clear()
             await self.intake(await self.read())
             self.ready += self.assembler.pop_ready(self.version)
             await self.sync.reconcile(self.trainer.model, self.version)

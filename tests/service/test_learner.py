@@ -102,7 +102,9 @@ async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versi
         assert first["last_step"]["parity_tokens"] == 16  # sampled by version 0, trained at version 0
         assert first["last_step"]["parity_max"] <= 1e-4  # unchanged weights: learner == engine log-probs
 
-        assert (await http(learner, "POST", "/v1/pause")).json()["paused"] is True
+        paused = (await http(learner, "POST", "/v1/pause?wait=true")).json()
+        assert paused == {"paused": True, "step": 1}
+        assert (await client.get_weight_version()) == {engine.url: "1"}  # the push of step 1 is done too
         ids += await add_group(redis, client, "g2")
         await asyncio.sleep(1.5)
         assert status(learner)["step"] == 1 and status(learner)["paused"]
