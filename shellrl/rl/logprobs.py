@@ -17,8 +17,8 @@ gradients; the cache is repeated to the batch and each row's own tokens run on t
 prefix activations then receive the summed gradient of every row, so log-probs and gradients equal
 the full forward up to float rounding (tests/unit/test_rl_logprobs.py), at a fraction of the compute
 when the prompt dominates the sequence (the scratch GRPO run of ../shared/reference/feasibility.md
-did the same). It needs the KV cache, so it is skipped while the model runs with gradient
-checkpointing and gradients are on.
+did the same). It needs the KV cache, so it is skipped while the model trains with activation
+checkpointing (the learner's default; the main job turns checkpointing off).
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def decoder_hidden(model, batch: TrainBatch, share_prefix_min_tokens: int = 0) -
     prefix of at least that many tokens runs once (see the module docstring)."""
     decoder = model.get_decoder()
     prefix = shared_prefix_length(batch) if share_prefix_min_tokens > 0 else 0
-    if prefix < max(1, share_prefix_min_tokens) or (_checkpointing(model) and torch.is_grad_enabled()):
+    # checkpointed layers in training mode may drop the KV cache (they do in some transformers versions)
+    if prefix < max(1, share_prefix_min_tokens) or (_checkpointing(model) and model.training):
         return decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
                        position_ids=batch.position_ids, use_cache=False).last_hidden_state
     b, cache = batch.size, DynamicCache(config=model.config)

@@ -9,7 +9,7 @@ import torch
 from services.learner.trainer import Trainer, TrainerConfig
 from shellrl.models import load_model
 from shellrl.rl.batch import TrainSample, build_batch
-from shellrl.rl.logprobs import shared_prefix_length, token_logprobs
+from shellrl.rl.logprobs import enable_gradient_checkpointing, shared_prefix_length, token_logprobs
 from shellrl.rl.losses import PPOConfig
 
 
@@ -154,3 +154,14 @@ def test_trainer_steps_with_and_without_prefix_sharing_reach_the_same_weights():
         weights.append([p.detach().clone() for p in model.parameters()])
     for a, b in zip(*weights):
         assert (a - b).abs().max() < 1e-5
+
+
+def test_under_activation_checkpointing_the_full_forward_runs_and_values_are_unchanged():
+    model = load_model("tiny")
+    model.train()
+    enable_gradient_checkpointing(model)
+    batch = build_batch(group_samples_sharing(40, 4, seed=7), pad_token_id=2)
+    with torch.no_grad():
+        full = token_logprobs(model, batch)
+        requested = token_logprobs(model, batch, share_prefix_min_tokens=8)
+    assert torch.equal(full, requested)  # bit for bit: the same (full) forward ran
