@@ -49,9 +49,10 @@ class JobConfig:
     eval_ood_episodes: int = 32
     agentbench_eval_tasks: int = 8
     seed: int = 0
-    # torch intra-op threads of the engine and the learner: both run at once (asynchronous RL), and
-    # two processes of 2 spinning OpenMP threads each on 2 cores slow each other down many times over
-    engine_threads: int = 1
+    # torch intra-op threads of the engine and the learner. The learner (1 thread; prefix sharing makes a
+    # trained group ~30 s) idles most of the time, so the engine gets both cores: in BENCHMARKS.md's
+    # "Main job", run3 (engine 2 threads) trained 13 groups in 17 min, run2 (1 thread) 6
+    engine_threads: int = 2
     learner_threads: int = 1
     extra_env: dict = field(default_factory=dict)
 
