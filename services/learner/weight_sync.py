@@ -194,6 +194,10 @@ class WeightSync:
                     failed[url] = detail
             if any(reason.startswith("deadline") for reason in failed.values()):
                 self.close()  # an abandoned engine may still read these buffers: never refill them
+            elif failed and self.transport == "cuda_ipc":
+                # a CudaIpcBucket sends one payload (IPC event, ref-counter slot) for its whole life; an
+                # engine that failed may come back as a new process, which must get a fresh share
+                self.close()
         phases["total"] = time.perf_counter() - start
         for phase, seconds in phases.items():
             metrics.WEIGHT_SYNC_SECONDS.labels(phase).observe(seconds)
