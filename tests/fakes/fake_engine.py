@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -97,6 +98,9 @@ class RecordingProxy:
     `hold_call(n)` makes the n-th /generate call (0-based) wait at the proxy, before it reaches the
     engine, until `release()`; `held` is set while it waits (a fault, e.g. a weight update, can be
     timed exactly between two requests). `in_flight` counts calls inside the proxy.
+    `sampling_overrides` are merged into every /generate's sampling_params on the way to the engine
+    (e.g. a `sampling_seed`, so that a timing test does not depend on where sampling stops); the
+    recorded request is the agent's own.
     """
 
     def __init__(self, target_url: str) -> None:
@@ -106,6 +110,7 @@ class RecordingProxy:
         self.hold_index: int | None = None
         self.held = threading.Event()
         self._released = threading.Event()
+        self.sampling_overrides: dict = {}
 
     def hold_call(self, index: int) -> None:
         self.hold_index, self.held = index, threading.Event()
@@ -130,6 +135,10 @@ class RecordingProxy:
                     self.held.set()
                     while not self._released.is_set():
                         await asyncio.sleep(0.005)
+                if self.sampling_overrides:
+                    sent = dict(record[0])
+                    sent["sampling_params"] = {**(sent.get("sampling_params") or {}), **self.sampling_overrides}
+                    body = json.dumps(sent).encode()
             try:
                 response = await client.request(request.method, f"{self.target_url}/{path}", content=body,
                                                 headers={"content-type": "application/json"})
