@@ -9,6 +9,7 @@ One stack serves the module's tests (starting it costs ~1 min on 2 cores); tests
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from shellrl import streams
 from shellrl.contract import ACTION, parse_trajectory
 from shellrl.launcher import SERVICE_ORDER, Stack, StackConfig
 from tests.helpers.redis_server import free_port
+from tests.helpers.waiting import wait_until
 
 TASKS = [
     {"task_id": f"e2e-{i}", "instruction": f"Print the number {i}. Answer with just the number.",
@@ -78,14 +80,7 @@ def stack(tmp_path_factory):
     s.stop()
 
 
-def _wait(predicate, timeout_s: float, what: str, interval_s: float = 1.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+_wait = functools.partial(wait_until, poll_s=1.0)  # the whole stack runs on 2 cores: poll gently
 
 
 def _learner_step(stack: Stack) -> int:

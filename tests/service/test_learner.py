@@ -22,6 +22,7 @@ from shellrl.engine_client import EngineClient
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port
 from tests.helpers.trajectories import sample_group
+from tests.helpers.waiting import wait_until_async
 
 pytestmark = pytest.mark.slow
 PROMPT = [1, 9690, 28, 253, 1061, 30]
@@ -60,16 +61,6 @@ async def add_trajectories(redis, trajs) -> None:
         await producer.add(t.SerializeToString(), idempotency_key=t.trajectory_id, group_id=t.group_id)
 
 
-async def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.1):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
 async def http(learner: ServiceProcess, method: str, path: str) -> httpx.Response:
     async with httpx.AsyncClient(timeout=60) as c:
         return await c.request(method, learner.url + path)
@@ -83,7 +74,7 @@ async def step_reaches(learner: ServiceProcess, step: int, timeout_s: float = 90
     async def check():
         s = await asyncio.to_thread(status, learner)
         return s if s["step"] >= step else None
-    return await wait_for(check, timeout_s, f"learner step {step}")
+    return await wait_until_async(check, timeout_s, f"learner step {step}")
 
 
 async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versions(engine, redis_server, tmp_path):
@@ -92,7 +83,7 @@ async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versi
     learner = ServiceProcess("learner", free_port(), learner_env(redis_server.url, engine.url, tmp_path), tmp_path)
     try:
         learner.start(ready_timeout_s=120)
-        await wait_for(lambda: redis.get(streams.POLICY_VERSION_KEY), 30, "initial version published")
+        await wait_until_async(lambda: redis.get(streams.POLICY_VERSION_KEY), 30, "initial version published")
         assert (await redis.get(streams.POLICY_VERSION_KEY)) == b"0"
         if jemalloc_path():  # the process re-executed itself on jemalloc, keeping its pid
             assert "jemalloc" in Path(f"/proc/{learner.proc.pid}/maps").read_text()
@@ -115,13 +106,13 @@ async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versi
 
         async def published():  # the step is reported before its push confirms
             return (await redis.get(streams.POLICY_VERSION_KEY)) == b"2"
-        await wait_for(published, 30, "version 2 published")
+        await wait_until_async(published, 30, "version 2 published")
         assert (await client.get_weight_version()) == {engine.url: "2"}
         s = status(learner)
         engines = s["weight_sync"]["engines"]
         assert engines[0]["in_rotation"] and engines[0]["version"] == "2"
         # checkpoint at step 2, then everything acknowledged
-        await wait_for(lambda: _no_pending(redis), 30, "entries acknowledged after the checkpoint")
+        await wait_until_async(lambda: _no_pending(redis), 30, "entries acknowledged after the checkpoint")
         ledger = [json.loads(x) for x in (tmp_path / "ckpt" / "steps.jsonl").read_text().splitlines()]
         assert sorted(i for r in ledger if "trajectory_ids" in r for i in r["trajectory_ids"]) == sorted(ids)
 
@@ -159,7 +150,7 @@ async def test_weight_sync_reports_a_frozen_or_killed_engine_within_the_deadline
     try:
         groups = [await sample_group(client, PROMPT, f"g{i}", 4, temperature=0.8) for i in range(3)]
         learner.start(ready_timeout_s=120)
-        await wait_for(lambda: redis.get(streams.POLICY_VERSION_KEY), 30, "initial version published")
+        await wait_until_async(lambda: redis.get(streams.POLICY_VERSION_KEY), 30, "initial version published")
 
         engine.signal(signal.SIGSTOP)  # frozen: accepts connections, never answers
         added = time.monotonic()
@@ -168,7 +159,7 @@ async def test_weight_sync_reports_a_frozen_or_killed_engine_within_the_deadline
         async def reported():
             e = (await asyncio.to_thread(status, learner, 2.0))["weight_sync"]["engines"][0]
             return e if not e["in_rotation"] else None
-        e = await wait_for(reported, 30, "frozen engine reported")
+        e = await wait_until_async(reported, 30, "frozen engine reported")
         assert time.monotonic() - added < deadline_s + 10  # training + the deadline, not a hang
         assert e["last_error"].startswith("deadline") and e["version"] == "0"
         await add_trajectories(redis, groups[1])
@@ -179,13 +170,13 @@ async def test_weight_sync_reports_a_frozen_or_killed_engine_within_the_deadline
 
         async def back():
             return (await redis.get(streams.POLICY_VERSION_KEY)) == b"2"
-        await wait_for(back, 30, "version 2 published after the engine came back")
+        await wait_until_async(back, 30, "version 2 published after the engine came back")
         assert (await client.get_weight_version()) == {engine.url: "2"}
         assert status(learner)["weight_sync"]["engines"][0]["in_rotation"]
 
         engine.kill()  # dead: connection refused, reported at once
         await add_trajectories(redis, groups[2])
-        e = await wait_for(reported, 30, "killed engine reported")
+        e = await wait_until_async(reported, 30, "killed engine reported")
         assert "EngineUnavailable" in e["last_error"]
         assert (await asyncio.to_thread(status, learner))["step"] == 3
         assert (await redis.get(streams.POLICY_VERSION_KEY)) == b"2"
@@ -213,7 +204,7 @@ async def test_learner_killed_between_checkpoints_resumes_without_training_a_tra
             await add_trajectories(redis, group)
             await step_reaches(learner, step)
         await add_trajectories(redis, groups[3][:2])  # half a group waits in the assembler
-        await wait_for(lambda: _assembling(learner, 2), 30, "half group read")
+        await wait_until_async(lambda: _assembling(learner, 2), 30, "half group read")
         learner.kill()  # SIGKILL after step 3: the last checkpoint is step 2
 
         assert await _pending_count(redis) == 6  # step 3's group and the half group: never acknowledged
@@ -222,7 +213,7 @@ async def test_learner_killed_between_checkpoints_resumes_without_training_a_tra
         assert resumed["last_step"]["lr"] == pytest.approx(3e-4)  # not 1e-4 (warmup restarted), not 4e-4
         await add_trajectories(redis, groups[3][2:])
         await step_reaches(learner, 4)
-        await wait_for(lambda: _no_pending(redis), 30, "all entries acknowledged after the step-4 checkpoint")
+        await wait_until_async(lambda: _no_pending(redis), 30, "all entries acknowledged after the step-4 checkpoint")
         assert (await redis.get(streams.POLICY_VERSION_KEY)) == b"4"
         assert (await client.get_weight_version()) == {engine.url: "4"}
 

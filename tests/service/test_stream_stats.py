@@ -5,7 +5,7 @@ exported by a real rollout process for the task stream it consumes and the episo
 from __future__ import annotations
 
 import asyncio
-import time
+import functools
 
 import httpx
 from prometheus_client import REGISTRY
@@ -25,6 +25,9 @@ from shellrl.streams import (
 )
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port
+from tests.helpers.waiting import wait_until_async
+
+until = functools.partial(wait_until_async, timeout_s=5.0, what="the stream gauges", poll_s=0.02)
 
 
 def gauges(stream: str, group: str) -> tuple[float | None, float | None, float | None]:
@@ -32,14 +35,6 @@ def gauges(stream: str, group: str) -> tuple[float | None, float | None, float |
     return (REGISTRY.get_sample_value("shellrl_stream_length", {"stream": stream}),
             REGISTRY.get_sample_value("shellrl_stream_pending", {"stream": stream, "group": group}),
             REGISTRY.get_sample_value("shellrl_stream_lag", {"stream": stream, "group": group}))
-
-
-async def until(predicate, timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        await asyncio.sleep(0.02)
 
 
 def entries(n: int, prefix: str) -> list[OutgoingEntry]:

@@ -6,9 +6,7 @@ between the downstream XADD and the XACK, SIGKILL in the middle of a stream, and
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
 
 import httpx
 import pytest
@@ -30,6 +28,7 @@ from shellrl.sandbox_client import SandboxClient, SandboxNotFound
 from shellrl.tasks.seeds import seed_tasks
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port
+from tests.helpers.waiting import wait_until_async
 
 pytestmark = pytest.mark.slow
 NUMBERS = next(t for t in seed_tasks() if t.task_id == "seed-numbers")
@@ -67,16 +66,6 @@ async def publish(redis, *trajs: Trajectory) -> None:
                            group_id=t.group_id, version="3")
 
 
-async def wait_for(predicate, timeout_s: float = 30.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = await predicate()
-        if value:
-            return value
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 async def read_stream(redis, stream: str) -> list[Trajectory]:
     return [parse_trajectory(fields[b"pb"]) for _, fields in await redis.xrange(stream)]
 
@@ -100,7 +89,7 @@ async def test_group_members_are_scored_independently_and_failures_pass_through(
             await publish(redis, *members, eval_traj)
             await redis.xadd(streams.STREAM_EPISODES, {"pb": b"\xff\x00garbage", "task_id": "x"})
 
-            out = await wait_for(lambda: _len_at_least(redis, streams.STREAM_TRAJECTORIES, 4), what="4 scored")
+            out = await wait_until_async(lambda: _len_at_least(redis, streams.STREAM_TRAJECTORIES, 4), what="4 scored")
             by_id = {t.trajectory_id: t for t in out}
             assert set(by_id) == {"t0", "t1", "t2", "t3"}
             assert by_id["t0"].scored and by_id["t0"].reward == 1.0 and by_id["t0"].training_reward == 1.0
@@ -110,14 +99,14 @@ async def test_group_members_are_scored_independently_and_failures_pass_through(
             assert math.isnan(by_id["t2"].reward) and "gone" in by_id["t2"].failure_detail
             assert not by_id["t3"].scored and by_id["t3"].failure == Failure.FAILURE_INFRA_ENGINE
             assert all(t.verifier_version == VERIFIER_VERSION == "verifier-2" for t in out)
-            evals = await wait_for(lambda: _len_at_least(redis, STREAM_EVALUATIONS, 1), what="eval result")
+            evals = await wait_until_async(lambda: _len_at_least(redis, STREAM_EVALUATIONS, 1), what="eval result")
             assert evals[0].trajectory_id == "e0" and evals[0].reward == 0.0  # routed apart, never trained on
-            dead = await wait_for(lambda: redis.xrange(streams.STREAM_DEAD), what="dead letter")
+            dead = await wait_until_async(lambda: redis.xrange(streams.STREAM_DEAD), what="dead letter")
             assert b"undecodable" in dead[0][1][b"reason"]
             for sid in (sids[0], sids[1], sids[3], sids[4]):  # released after scoring (pass-through too)
                 with pytest.raises(SandboxNotFound):
                     await sandbox.session_info(sid)
-            await wait_for(lambda: _pending_is(redis, 0), what="nothing pending")
+            await wait_until_async(lambda: _pending_is(redis, 0), what="nothing pending")
             async with httpx.AsyncClient() as http:  # the worker exports its stream's gauges
                 text = (await http.get(f"{proc.url}/metrics")).text
             for series in ('shellrl_stream_length{stream="shellrl:episodes"}',
@@ -149,7 +138,7 @@ async def test_crash_between_xadd_and_xack_leaves_one_learner_visible_copy(redis
                 scored.SerializeToString(), idempotency_key=scored.trajectory_id)
         proc = verifier_process(redis_server.url, sandbox_url, tmp_path, "v2").start()
         try:
-            await wait_for(lambda: _pending_is(redis, 0), what="the re-claimed entry to be acknowledged")
+            await wait_until_async(lambda: _pending_is(redis, 0), what="the re-claimed entry to be acknowledged")
             out = await read_stream(redis, streams.STREAM_TRAJECTORIES)
             assert [t.trajectory_id for t in out] == ["crash-1"]
             async with httpx.AsyncClient() as http:
@@ -179,15 +168,15 @@ async def test_sigkill_mid_stream_scores_every_trajectory_exactly_once(redis_ser
                 trajs.append(t)
             await publish(redis, *trajs)
         first = verifier_process(redis_server.url, sandbox_url, tmp_path, "va", shellrl_concurrency=2).start()
-        await wait_for(lambda: _len_at_least(redis, streams.STREAM_TRAJECTORIES, 2), what="a first few scored")
+        await wait_until_async(lambda: _len_at_least(redis, streams.STREAM_TRAJECTORIES, 2), what="a first few scored")
         first.kill()  # SIGKILL: in-flight entries stay pending
         done_before = await redis.xlen(streams.STREAM_TRAJECTORIES)
         assert done_before < n
         second = verifier_process(redis_server.url, sandbox_url, tmp_path, "vb", shellrl_concurrency=4).start()
         try:
-            await wait_for(lambda: _len_at_least(redis, streams.STREAM_TRAJECTORIES, n), timeout_s=60,
-                           what="all trajectories")
-            await wait_for(lambda: _pending_is(redis, 0), what="nothing pending")
+            await wait_until_async(lambda: _len_at_least(redis, streams.STREAM_TRAJECTORIES, n), timeout_s=60,
+                                   what="all trajectories")
+            await wait_until_async(lambda: _pending_is(redis, 0), what="nothing pending")
             ids = [t.trajectory_id for t in await read_stream(redis, streams.STREAM_TRAJECTORIES)]
             assert sorted(ids) == sorted(t.trajectory_id for t in trajs)  # each exactly once
         finally:

@@ -23,6 +23,7 @@ from shellrl.contract import Failure, SegmentKind, parse_trajectory, trajectory_
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY, STREAM_EPISODES
 from tests.helpers.processes import REPO, ServiceProcess
 from tests.helpers.redis_server import free_port
+from tests.helpers.waiting import wait_until
 from tests.service.rollout.conftest import start_sandbox
 
 GROUP_SIZE, GROUPS_PER_STEP, MAX_STALENESS = 2, 2, 1
@@ -49,16 +50,6 @@ def stack(module_redis_server, engine_process, tmp_path_factory):
     for proc in (gateway, verifier, sandbox):
         proc.stop()
     shutil.rmtree(root, ignore_errors=True)
-
-
-def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 0.2):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 def episodes(redis) -> list:
@@ -99,7 +90,7 @@ def test_posted_task_becomes_trajectories_scored_into_task_stats_with_bounded_ad
     conflict = http.post("/v1/tasks", json={**TASK, "instruction": "something else"})
     assert conflict.status_code == 409 and conflict.json()["error"]["field"] == "task_id"
     bound = (MAX_STALENESS + 1) * GROUPS_PER_STEP
-    wait_for(lambda: len(episodes(redis)) >= bound * GROUP_SIZE, 120, "the admitted groups' trajectories")
+    wait_until(lambda: len(episodes(redis)) >= bound * GROUP_SIZE, 120, "the admitted groups' trajectories")
     time.sleep(2.0)  # the learner never advances: nothing more may be admitted
     status = http.get("/v1/status").json()
     assert status["admission"]["groups_admitted"] == bound == int(redis.get(ADMITTED_KEY))
@@ -117,8 +108,9 @@ def test_posted_task_becomes_trajectories_scored_into_task_stats_with_bounded_ad
                 for _ in range(len(s.token_ids) // 4)]
         assert arrays.loss_mask.astype(bool).tolist() == mask and arrays.loss_mask.sum() > 0
         assert {s.policy_version for s in traj.segments if s.kind == SegmentKind.SEGMENT_KIND_ACTION} == {engine_version}
-    stats = wait_for(lambda: (v := http.get("/v1/tasks/lines-1").json())["episodes"]["scored"] == len(trajectories)
-                     and v, 60, "the verifier's scores in the task statistics")
+    stats = wait_until(
+        lambda: (v := http.get("/v1/tasks/lines-1").json())["episodes"]["scored"] == len(trajectories) and v,
+        60, "the verifier's scores in the task statistics")
     assert stats["episodes"]["started"] == stats["episodes"]["finished"] == len(trajectories)
     assert stats["episodes"]["in_flight"] == 0 and stats["policy_versions"] == {str(engine_version): len(trajectories)}
     assert stats["rewards"]["mean"] is not None and stats["state"] == "pooled"
@@ -150,8 +142,8 @@ def test_evaluation_runs_the_eval_split_greedily_outside_the_training_stream(sta
     started = http.post("/v1/evaluations", json={"split": "eval", "episodes_per_task": 1, "max_turns": 1})
     assert started.status_code == 202, started.text
     evaluation_id = started.json()["evaluation_id"]
-    done = wait_for(lambda: (v := http.get(f"/v1/evaluations/{evaluation_id}").json())["state"] == "done" and v,
-                    120, "the evaluation")
+    done = wait_until(lambda: (v := http.get(f"/v1/evaluations/{evaluation_id}").json())["state"] == "done" and v,
+                      120, "the evaluation")
     assert done["episodes_done"] == 3 and done["budget_episodes"] == 3 and done["policy_version"] == 0
     assert done["sampling"]["temperature"] == 0.0 and set(done["per_task"]) == {"eval-0", "eval-1", "eval-2"}
     assert done["episodes_scored"] + sum(done["failures"].values()) == 3
@@ -171,13 +163,13 @@ def test_sandbox_killed_mid_episode_gives_infra_trajectories_and_the_gateway_sta
     http, redis, sandbox = stack["http"], stack["redis"], stack["sandbox"]
     _open_admission(redis, 1000)  # the learner "jumps ahead": admission runs freely
     before = redis.xlen(STREAM_EPISODES)
-    wait_for(lambda: http.get("/v1/status").json()["episodes_in_flight"] > 0, 60, "episodes in flight")
+    wait_until(lambda: http.get("/v1/status").json()["episodes_in_flight"] > 0, 60, "episodes in flight")
     sandbox.kill()
-    failed = wait_for(lambda: [t for t in episodes(redis)[before:] if t.failure == Failure.FAILURE_INFRA_SANDBOX],
-                      60, "an INFRA_SANDBOX trajectory")
+    failed = wait_until(lambda: [t for t in episodes(redis)[before:] if t.failure == Failure.FAILURE_INFRA_SANDBOX],
+                        60, "an INFRA_SANDBOX trajectory")
     assert all(t.reward == 0 and not t.scored and t.sandbox_session_id == "" for t in failed)
     assert "sandbox" in failed[0].failure_detail
-    wait_for(lambda: http.get("/v1/status").json()["infra_down"] == ["sandbox"], 30, "admission gated on the sandbox")
+    wait_until(lambda: http.get("/v1/status").json()["infra_down"] == ["sandbox"], 30, "admission gated on the sandbox")
     assert http.get("/healthz").status_code == 200 and http.get("/readyz").status_code == 200
     assert http.post("/v1/tasks", json=dict(TASK, task_id="while-down", split="eval")).status_code == 201
     metrics = http.get("/metrics").text
@@ -187,21 +179,21 @@ def test_sandbox_killed_mid_episode_gives_infra_trajectories_and_the_gateway_sta
                  'shellrl_rollout_episodes_by_version_total{policy_version='):
         assert line in metrics, line
     sandbox.start(60)  # same port: the gate's probe sees it again and admission resumes
-    wait_for(lambda: http.get("/v1/status").json()["infra_down"] == [], 30, "admission to resume")
+    wait_until(lambda: http.get("/v1/status").json()["infra_down"] == [], 30, "admission to resume")
     count = redis.xlen(STREAM_EPISODES)
-    wait_for(lambda: any(t.failure == Failure.FAILURE_NONE for t in episodes(redis)[count:]), 60,
-             "a successful episode after the sandbox came back")
+    wait_until(lambda: any(t.failure == Failure.FAILURE_NONE for t in episodes(redis)[count:]), 60,
+               "a successful episode after the sandbox came back")
 
 
 def test_engine_killed_mid_episode_gives_infra_trajectories_nothing_lost_gateway_healthy(stack):
     http, redis, engine = stack["http"], stack["redis"], stack["engine"]
     before = redis.xlen(STREAM_EPISODES)
-    wait_for(lambda: http.get("/v1/status").json()["episodes_in_flight"] > 0, 60, "episodes in flight")
+    wait_until(lambda: http.get("/v1/status").json()["episodes_in_flight"] > 0, 60, "episodes in flight")
     engine.kill()
-    failed = wait_for(lambda: [t for t in episodes(redis)[before:] if t.failure == Failure.FAILURE_INFRA_ENGINE],
-                      60, "an INFRA_ENGINE trajectory")
+    failed = wait_until(lambda: [t for t in episodes(redis)[before:] if t.failure == Failure.FAILURE_INFRA_ENGINE],
+                        60, "an INFRA_ENGINE trajectory")
     assert all(t.reward == 0 and not t.scored and "engine" in t.failure_detail for t in failed)
-    wait_for(lambda: "engine" in http.get("/v1/status").json()["infra_down"], 30, "admission gated on the engine")
+    wait_until(lambda: "engine" in http.get("/v1/status").json()["infra_down"], 30, "admission gated on the engine")
     time.sleep(1.0)
     # nothing lost: every sample that started before the kill is in the stream (retries wait for the engine)
     by_group: dict[str, set[int]] = {}
