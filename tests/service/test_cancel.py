@@ -24,12 +24,12 @@ async def consume_forever(redis) -> None:
             await asyncio.sleep(0.1)
 
 
-async def test_every_cancelled_consumer_finishes_within_two_re_cancels(redis_server):
+async def test_every_cancelled_consumer_finishes_however_the_cancel_lands(redis_server):
     redis = connect(redis_server.url)
     await redis.xgroup_create("s", "g", id="0", mkstream=True)
     rng = random.Random(0)
     try:
-        for _ in range(60):
+        for _ in range(200):
             task = asyncio.create_task(consume_forever(redis))
             await asyncio.sleep(rng.random() * 0.02)
             assert await cancel_and_wait(task, timeout_s=3.0)

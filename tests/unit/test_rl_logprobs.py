@@ -145,13 +145,18 @@ def test_shared_prefix_length_needs_two_rows_the_same_tokens_and_a_token_of_each
 
 def test_trainer_steps_with_and_without_prefix_sharing_reach_the_same_weights():
     batch = build_batch(group_samples_sharing(40, 4, seed=5), pad_token_id=2)
-    weights = []
+    weights, decoder_batch_sizes = [], []
     for share in (0, 16):
         model = load_model("tiny")
+        sizes: list[int] = []
+        model.get_decoder().register_forward_pre_hook(
+            lambda _m, _args, kwargs: sizes.append(int(kwargs["input_ids"].shape[0])), with_kwargs=True)
         trainer = Trainer(model, TrainerConfig(lr=1e-3, micro_batch_size=2, gradient_checkpointing=False,
                                                share_prefix_min_tokens=share))
         trainer.step(batch, learner_version=0)
         weights.append([p.detach().clone() for p in model.parameters()])
+        decoder_batch_sizes.append(sizes)
+    assert decoder_batch_sizes == [[2, 2], [1, 2, 1, 2]]  # the shared run: each micro-batch's prefix at batch 1
     for a, b in zip(*weights):
         assert (a - b).abs().max() < 1e-5
 
