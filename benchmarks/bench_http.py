@@ -1,0 +1,86 @@
+"""HTTP round trip of a FastAPI service under uvicorn: h11 vs httptools (vs uvloop), one run.
+
+Every service call in shellrl (generate, exec, weight updates) pays one of these. A FastAPI app with
+`GET /healthz` runs in a subprocess per server configuration; one keep-alive httpx client sends
+`--requests` sequential requests; the median round trip after 50 warm-up requests is reported, each
+configuration `--rounds` times interleaved, with the ratio to h11 (uvicorn's pure-Python parser) of
+the same round. shellrl's services run with uvicorn's default choice, which is httptools when it is
+installed (a dependency since 2026-11-30); uvloop is not a dependency.
+
+Run: `python -m benchmarks http`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+from rich.console import Console
+from rich.table import Table
+
+SERVER = """
+import sys, uvicorn
+from fastapi import FastAPI
+app = FastAPI()
+@app.get("/healthz")
+async def healthz():
+    return {"ok": True}
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop=sys.argv[2], http=sys.argv[3],
+            log_level="warning", access_log=False)
+"""
+
+
+async def _median_rtt_ms(port: int, requests: int) -> float:
+    async with httpx.AsyncClient() as client:
+        for _ in range(200):
+            try:
+                await client.get(f"http://127.0.0.1:{port}/healthz")
+                break
+            except httpx.TransportError:
+                await asyncio.sleep(0.05)
+        samples = []
+        for _ in range(requests + 50):
+            t0 = time.perf_counter()
+            (await client.get(f"http://127.0.0.1:{port}/healthz")).raise_for_status()
+            samples.append(time.perf_counter() - t0)
+    return statistics.median(samples[50:]) * 1e3
+
+
+def main(argv: list[str] | None = None) -> None:
+    from tests.helpers.redis_server import free_port
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks http", description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    configs = [("asyncio", "h11"), ("asyncio", "httptools")]
+    if importlib.util.find_spec("uvloop"):
+        configs.append(("uvloop", "httptools"))
+    results: dict[tuple[str, str], list[float]] = {c: [] for c in configs}
+    for _ in range(args.rounds):
+        for loop, http in configs:
+            port = free_port()
+            proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port), loop, http])
+            try:
+                results[(loop, http)].append(asyncio.run(_median_rtt_ms(port, args.requests)))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=10)
+    table = Table(title=f"GET /healthz round trip, median of {args.requests} per round, {args.rounds} rounds")
+    for col in ("event loop", "HTTP parser", "ms per round", "vs h11 (per round)"):
+        table.add_column(col, justify="left" if col in ("event loop", "HTTP parser") else "right")
+    base = results[("asyncio", "h11")]
+    for (loop, http), values in results.items():
+        table.add_row(loop, http, " / ".join(f"{v:.3f}" for v in values),
+                      " / ".join(f"{b / v:.2f}x" for b, v in zip(base, values)))
+    Console(width=120).print(table)
+
+
+if __name__ == "__main__":
+    main()
