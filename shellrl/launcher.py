@@ -42,7 +42,10 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 
 
 def port_is_free(port: int) -> bool:
+    """True when nothing listens on 127.0.0.1:`port`. SO_REUSEADDR as uvicorn and redis-server bind
+    with it: connections in TIME_WAIT, which a just-stopped stack leaves for a minute, do not count."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
             return True
