@@ -4,8 +4,8 @@ Learner: this process, model on --learner-device (cuda:0). Engine: the project's
 (`python -m services.engine`, bf16) in its own process on --engine-device (cuda:1). Models:
 Qwen2.5-0.5B and Qwen2.5-7B architectures with random weights (shellrl.model_shapes; nothing is
 downloaded). One update = from "optimizer step done" (learner GPU synchronized) to "the engine
-serves the new version": learner-side copies, begin_weight_update, update_weights_from_tensor (or
-_from_disk), end_weight_update (the engine swaps the staged tensors into its parameters and drops
+serves the new version": learner-side copies (begin_weight_update is sent meanwhile, as
+WeightSync does), update_weights_from_tensor (or _from_disk), end_weight_update (the engine swaps the staged tensors into its parameters and drops
 its prefix cache), and a /model_info read that reports the new weight_version. "serving" is the
 same without that read: end_weight_update returns after the swap, so the engine already serves the
 new version when it answers (the read is a check, which WeightSync.push also makes).
@@ -13,7 +13,8 @@ new version when it answers (the read is a check, which WeightSync.push also mak
 Paths (sync section):
   a  per-tensor     each tensor copied straight from the learner GPU into a kept bucket on the
                     engine GPU (one copy per tensor across the link), CUDA IPC handle to the engine
-  b  bucket         flatten on the learner GPU, ONE copy of the bucket to the engine GPU, CUDA IPC
+  b  bucket         flatten on the learner GPU and copy the bucket to the engine GPU in 8 large DMAs,
+                    each overlapping the flatten of the next chunk (CudaIpcBucket), CUDA IPC
   c  host-staged    flatten on the learner GPU, ONE copy to a page-locked shared-memory segment,
                     the engine copies it up (for GPUs without peer access)
   d  disk           safetensors on local disk + /update_weights_from_disk
@@ -74,19 +75,42 @@ def copy_floor(nbytes: int, src_device: str, dst_device: str, repeats: int = 20)
     return out
 
 
-async def http_round_trips(url: str, repeats: int = 30) -> dict:
-    """Median HTTP round trip to the engine (keep-alive connection): the floor of every update call."""
+async def http_round_trips(url: str, client=None, repeats: int = 30) -> dict:
+    """Median HTTP round trips to the engine (keep-alive connection): the floor of every update call.
+    GETs of /healthz and /model_info with plain httpx; an empty weight-update session (POST
+    begin_weight_update + POST end_weight_update, nothing staged) with plain httpx and with the
+    project's EngineClient `client` (its overhead over plain httpx is the difference)."""
     out = {}
+
+    async def timed(name: str, call) -> None:
+        samples = []
+        for i in range(repeats + 3):
+            t0 = time.perf_counter()
+            await call()
+            if i >= 3:
+                samples.append(time.perf_counter() - t0)
+        out[name] = summary_ms(samples)
+
     async with httpx.AsyncClient(timeout=30.0) as http:
         for path in ("healthz", "model_info"):
-            samples = []
-            for i in range(repeats + 3):
-                t0 = time.perf_counter()
-                (await http.get(f"{url}/{path}")).raise_for_status()
-                if i >= 3:
-                    samples.append(time.perf_counter() - t0)
-            out[path] = summary_ms(samples)
+            await timed(path, lambda: _get_ok(http, f"{url}/{path}"))
+
+        async def raw_session():
+            (await http.post(f"{url}/begin_weight_update", json={"selector": "all"})).raise_for_status()
+            (await http.post(f"{url}/end_weight_update", json={})).raise_for_status()
+
+        await timed("begin+end (httpx)", raw_session)
+    if client is not None:
+        async def client_session():
+            await client.begin_weight_update(urls=[url])
+            await client.end_weight_update(urls=[url])
+
+        await timed("begin+end (EngineClient)", client_session)
     return out
+
+
+async def _get_ok(http, url: str) -> None:
+    (await http.get(url)).raise_for_status()
 
 
 async def engine_phase_sums(url: str) -> dict[str, tuple[float, float]]:
@@ -146,18 +170,22 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
                 if not result.confirmed:
                     raise RuntimeError(f"WeightSync.push failed: {result.failed}")
                 t1 = t2 = time.perf_counter()
-            else:
-                if path == "d":
-                    directory = wt.save_safetensors_dir(named, work / "disk" / f"v{version}").parent
-                elif path == "c":
-                    payload = pinned.fill(named)
-                else:
-                    payload = ipc.fill(named, staging="direct" if path == "a" else "bucket")
+            elif path == "d":
+                directory = wt.save_safetensors_dir(named, work / "disk" / f"v{version}").parent
                 t1 = time.perf_counter()
-                if path == "d":
-                    await client.update_weights_from_disk(str(directory), weight_version=str(version), urls=[url])
+                await client.update_weights_from_disk(str(directory), weight_version=str(version), urls=[url])
+                t2 = time.perf_counter()
+            else:  # as WeightSync does: the engine's session opens while the learner copies
+                opening = asyncio.ensure_future(client.begin_weight_update(urls=[url]))
+                if path == "c":
+                    payload = await asyncio.to_thread(pinned.fill, named)
                 else:
-                    await client.update_weights_from_tensor([payload], weight_version=str(version), urls=[url])
+                    payload = await asyncio.to_thread(ipc.fill, named, "direct" if path == "a" else "bucket")
+                t1 = time.perf_counter()
+                await opening
+                await client.update_weights_from_tensor([payload], weight_version=str(version), session=False,
+                                                         flush_cache=False, urls=[url])
+                await client.end_weight_update(urls=[url])
                 t2 = time.perf_counter()
             got = (await client.get_weight_version(urls=[url]))[url]
             t3 = time.perf_counter()
@@ -223,9 +251,9 @@ async def sync_section(shape: str, paths: str, args, results: dict, parity: bool
     engine.start()
     out["engine_start_s"] = time.perf_counter() - t0
     client = EngineClient(engine.url, timeout_s=600.0)
-    out["http_rtt"] = await http_round_trips(engine.url)
-    console.print(f"  HTTP round trip: /healthz {out['http_rtt']['healthz']['median_ms']:.2f} ms, "
-                  f"/model_info {out['http_rtt']['model_info']['median_ms']:.2f} ms")
+    out["http_rtt"] = await http_round_trips(engine.url, client)
+    console.print("  HTTP round trips (median ms): " + ", ".join(f"{k} {v['median_ms']:.2f}"
+                                                                for k, v in out["http_rtt"].items()))
     version = 0
     try:
         for path in paths:
@@ -274,9 +302,8 @@ def sync_table(results: dict) -> Table:
             table.add_row(shape, f"floor: raw copy {out['bytes'] / 1e9:.2f} GB "
                                  f"({out['floor']['gb_per_s']:.0f} GB/s)", f"{floor:.2f}",
                           f"{out['floor']['p90_ms']:.2f}", "1.00", "", "", "", "", str(out["floor"]["n"]))
-        rtt = out.get("http_rtt", {}).get("model_info")
-        if rtt:
-            table.add_row(shape, "one HTTP round trip (GET /model_info)", f"{rtt['median_ms']:.2f}",
+        for name, rtt in out.get("http_rtt", {}).items():
+            table.add_row(shape, f"HTTP round trip: {name}", f"{rtt['median_ms']:.2f}",
                           f"{rtt['p90_ms']:.2f}", "", "", "", "", "", str(rtt["n"]))
         for path in PATHS:
             r = out.get(path)

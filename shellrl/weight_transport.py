@@ -324,8 +324,9 @@ class CudaIpcBucket:
     and shapes stay the same, and the copies are one fused `torch._foreach_copy_`, so a refill costs
     the copies, not ~10 Python/torch calls per tensor. `fill` returns the `serialized_named_tensors`
     JSON entry:
-    * staging="bucket": flatten on the tensors' own GPU into a second kept buffer (fast local copies),
-      then ONE copy of all bytes to `device` (one DMA over NVLink/PCIe);
+    * staging="bucket": flatten on the tensors' own GPU into a second kept buffer (fast local copies)
+      and copy it to `device` in PIPELINE_CHUNKS large DMAs over NVLink/PCIe, each overlapping the
+      flatten of the next chunk;
     * staging="direct": copy each tensor straight into the bucket on `device` (a copy per tensor
       across the link; the per-tensor baseline).
     Both devices are synchronized before the payload is returned, so the engine may read at once.
@@ -348,6 +349,8 @@ class CudaIpcBucket:
         self._views: list | None = None
         self._source_views: list | None = None
         self._payload: tuple[tuple, str] | None = None  # ((buffer address, layout key), payload JSON)
+        self._chunks: list = []  # staging="bucket": _chunk_ranges of the layout
+        self._link_stream = None  # ... and the side stream of the copies to `device`
 
     @staticmethod
     def _ensure(buffer, nbytes: int, device):
@@ -385,8 +388,9 @@ class CudaIpcBucket:
             if self._source_views is None:
                 self._source = self._ensure(self._source, self._nbytes, source)
                 self._source_views = _views(self._source, self._metadata)
-            _copy_all(self._source_views, tensors)
-            self.buffer[:self._nbytes].copy_(self._source[:self._nbytes])
+                self._chunks = _chunk_ranges(self._metadata, PIPELINE_CHUNKS)
+                self._link_stream = torch.cuda.Stream(source)
+            self._pipelined_stage(tensors, source)
         for device in {self.device, source}:
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
@@ -399,8 +403,43 @@ class CudaIpcBucket:
             self._payload = (key, serialize_cuda_bucket(self.buffer, self._metadata, metadata_json=self._metadata_json))
         return self._payload[1]
 
+    def _pipelined_stage(self, tensors: list, source) -> None:
+        """Flatten on the source GPU and copy to `device` chunk by chunk, the copy of chunk k (on a side
+        stream, one DMA over the link) overlapping the local flatten of chunk k+1: about
+        max(flatten, link copy) + one chunk instead of their sum."""
+        torch = _torch()
+        main = torch.cuda.current_stream(source)
+        self._link_stream.wait_stream(main)  # the buffer's previous readers and the optimizer step
+        for (i, j), (lo, hi) in self._chunks:
+            torch._foreach_copy_(self._source_views[i:j], tensors[i:j])
+            flattened = torch.cuda.Event()
+            flattened.record(main)
+            with torch.cuda.stream(self._link_stream):
+                self._link_stream.wait_event(flattened)
+                self.buffer[lo:hi].copy_(self._source[lo:hi], non_blocking=True)
+        main.wait_stream(self._link_stream)
+
     def close(self) -> None:
         self.buffer = self._source = self._views = self._source_views = self._key = self._payload = None
+
+
+PIPELINE_CHUNKS = 8  # CudaIpcBucket staging="bucket": flatten/copy overlap granularity
+
+
+def _chunk_ranges(metadata: list[TensorMeta], chunks: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Split the layout into at most `chunks` runs of whole tensors of about equal bytes:
+    [((first tensor, end tensor), (first byte, end byte))], covering every tensor and byte once."""
+    if not metadata:
+        return []
+    total = metadata[-1].end_idx
+    out, first, lo = [], 0, 0
+    for k, m in enumerate(metadata):
+        last = k == len(metadata) - 1
+        if last or m.end_idx >= total * (len(out) + 1) / chunks:
+            hi = total if last else metadata[k + 1].start_idx
+            out.append(((first, k + 1), (lo, hi)))
+            first, lo = k + 1, hi
+    return out
 
 
 def _views(buffer, metadata: list[TensorMeta]) -> list:

@@ -1,6 +1,7 @@
 """Weight sync: push the learner's weights to every engine after each step, then publish the version.
 
-    flatten (one bucket) ─▶ per engine, under one deadline: begin session ─▶ update_weights_from_tensor
+    flatten (one bucket; meanwhile each engine's session opens: begin_weight_update)
+    ─▶ per engine, under one deadline: update_weights_from_tensor
     (engine copies the bucket: "transfer") ─▶ end session (engine swaps the weights in: "load")
     ─▶ read back weight_version ("verify") ─▶ all engines in rotation confirmed: SET
     shellrl:policy:version, PUBLISH shellrl:policy:updates
@@ -181,10 +182,19 @@ class WeightSync:
         failed: dict[str, str] = {}
         confirmed: list[str] = []
         if targets:
+            # Tensor transports: each engine's weight-update session (SGLang 0.5.23 requires one) opens
+            # while the weights are copied, so its round trip costs no time of its own.
+            opening = {} if self.transport == "disk" else {
+                u: asyncio.ensure_future(self.client.begin_weight_update(urls=[u])) for u in targets}
             t0 = time.perf_counter()
-            prepared = await asyncio.to_thread(self._prepare, model, version)
+            try:
+                prepared = await asyncio.to_thread(self._prepare, model, version)
+            except BaseException:
+                await self._abandon_sessions(opening)
+                raise
             phases["flatten"] = time.perf_counter() - t0
-            outcomes = await asyncio.gather(*(self._update_within_deadline(u, prepared, version) for u in targets))
+            outcomes = await asyncio.gather(*(self._update_within_deadline(u, prepared, version, opening.get(u))
+                                              for u in targets))
             for url, (ok, detail) in zip(targets, outcomes):
                 if ok:
                     confirmed.append(url)
@@ -249,8 +259,16 @@ class WeightSync:
             self._kept = [wt.CudaIpcBucket(device) for _ in buckets]
         return {"payloads": [kept.fill(bucket) for kept, bucket in zip(self._kept, buckets)]}
 
-    async def _update_within_deadline(self, url: str, prepared: dict, version: int) -> tuple[bool, dict | str]:
-        task = asyncio.ensure_future(self._update(url, prepared, version))
+    async def _abandon_sessions(self, opening: dict[str, asyncio.Future]) -> None:
+        """Close the sessions opened for a push whose weights were never sent (bounded, errors ignored:
+        `reconcile` also closes a stale session before an engine's next full update)."""
+        for url, begin in opening.items():
+            await _bounded(begin, min(self.deadline_s, 5.0))
+            await _bounded(self.client.end_weight_update(urls=[url]), min(self.deadline_s, 5.0))
+
+    async def _update_within_deadline(self, url: str, prepared: dict, version: int,
+                                      begin: asyncio.Future | None = None) -> tuple[bool, dict | str]:
+        task = asyncio.ensure_future(self._update(url, prepared, version, begin))
         done, _ = await asyncio.wait({task}, timeout=self.deadline_s)
         if not done:
             task.cancel()  # not awaited: its clean-up must not hold the learner past the deadline
@@ -264,14 +282,15 @@ class WeightSync:
             log.exception("weight update failed", extra={"engine": url})
             return False, f"{type(exc).__name__}: {exc}"
 
-    async def _update(self, url: str, prepared: dict, version: int) -> dict[str, float]:
+    async def _update(self, url: str, prepared: dict, version: int, begin: asyncio.Future | None = None) -> dict[str, float]:
+        """begin: the engine's begin_weight_update, already sent (None: send it here)."""
         phases, urls, weight_version = {}, [url], str(version)
         t0 = time.perf_counter()
         if "model_path" in prepared:
             await self.client.update_weights_from_disk(prepared["model_path"], weight_version, urls=urls)
             phases["transfer"] = time.perf_counter() - t0
         else:
-            await self.client.begin_weight_update(urls=urls)
+            await (begin if begin is not None else self.client.begin_weight_update(urls=urls))
             for payload in prepared["payloads"]:
                 await self.client.update_weights_from_tensor([payload], weight_version=weight_version, session=False,
                                                              flush_cache=False, urls=urls)

@@ -78,3 +78,23 @@ def test_a_shm_payload_from_a_pinned_host_bucket_is_staged_by_the_engine():
     store.commit(staged)
     for name, tensor in named(source):
         assert torch.equal(dict(engine.named_parameters())[name], tensor)
+
+
+def test_chunk_ranges_cover_every_tensor_and_byte_once():
+    import torch
+
+    from shellrl.weight_transport import _chunk_ranges, plan_bucket
+
+    named = [(f"t{i}", torch.zeros(n, dtype=torch.bfloat16)) for i, n in enumerate([7, 1000, 3, 64, 5000, 1, 1, 900])]
+    metadata, nbytes = plan_bucket(named)
+    for chunks in (1, 2, 3, 8, 50):
+        ranges = _chunk_ranges(metadata, chunks)
+        assert 1 <= len(ranges) <= min(chunks, len(named))
+        assert ranges[0][0][0] == 0 and ranges[0][1][0] == 0
+        assert ranges[-1][0][1] == len(named) and ranges[-1][1][1] == nbytes
+        for ((_, j), (_, hi)), ((i2, _), (lo2, _)) in zip(ranges, ranges[1:]):
+            assert j == i2 and hi == lo2  # contiguous, no overlap
+        for (i, j), (lo, hi) in ranges:  # each chunk's bytes hold exactly its tensors
+            assert i < j and lo <= metadata[i].start_idx
+            assert metadata[j - 1].end_idx <= hi
+    assert _chunk_ranges([], 8) == []
