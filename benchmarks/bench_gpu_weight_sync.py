@@ -180,7 +180,7 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
                 if path == "c":
                     payload = await asyncio.to_thread(pinned.fill, named)
                 else:
-                    payload = await asyncio.to_thread(ipc.fill, named, "direct" if path == "a" else "bucket")
+                    payload = await asyncio.to_thread(ipc.fill, named, "direct" if path == "a" else "bucket", False)
                 t1 = time.perf_counter()
                 await opening
                 await client.update_weights_from_tensor([payload], weight_version=str(version), session=False,

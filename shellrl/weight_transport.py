@@ -254,11 +254,15 @@ def _b64(value: bytes | None) -> str | None:
     return None if value is None else base64.b64encode(value).decode()
 
 
-def serialize_cuda_bucket(buffer: torch.Tensor, metadata: list[TensorMeta], *, metadata_json: str | None = None) -> str:
+def serialize_cuda_bucket(buffer: torch.Tensor, metadata: list[TensorMeta], *, metadata_json: str | None = None,
+                          ready_event_handle: bytes | None = None) -> str:
     """JSON payload with the CUDA IPC handle of `buffer` (1-D uint8 on a CUDA device).
 
     metadata_json: `json.dumps` of the metadata's JSON form, when the caller keeps it (a kept
     bucket sends the same layout every push); `metadata` is then not read.
+    ready_event_handle: `ipc_handle()` of an interprocess CUDA event (on the buffer's device) that
+    the producer recorded after writing the buffer; the receiver waits on it before reading
+    (payload field `ready_event`, base64). None: the buffer is complete when the payload is sent.
 
     The producer must keep `buffer` alive until every receiver has finished copying (the update
     call returned), then may call `torch.cuda.ipc_collect()`. Uses torch.multiprocessing's
@@ -284,8 +288,9 @@ def serialize_cuda_bucket(buffer: torch.Tensor, metadata: list[TensorMeta], *, m
     }
     if metadata_json is None:
         metadata_json = json.dumps(_metadata_json(metadata))
+    ready = "" if ready_event_handle is None else f'"ready_event": "{_b64(ready_event_handle)}", '
     return (f'{{"transport": "cuda_ipc", "nbytes": {int(size[0])}, "handle": {json.dumps(handle_json)}, '
-            f'"metadata": {metadata_json}}}')
+            f'{ready}"metadata": {metadata_json}}}')
 
 
 def open_cuda_bucket(payload: dict, metadata: list[TensorMeta] | None = None) -> tuple[torch.Tensor, list[TensorMeta]]:
@@ -313,6 +318,18 @@ def open_cuda_bucket(payload: dict, metadata: list[TensorMeta] | None = None) ->
     except (KeyError, TypeError) as exc:
         raise ValueError(f"bad CUDA IPC handle: {exc}") from exc
     return buffer, metadata
+
+
+def open_ready_event(payload: dict, device) -> torch.cuda.Event | None:
+    """Receiver side: the payload's `ready_event` (see serialize_cuda_bucket) opened on `device`
+    (the bucket's device), or None when the payload has none. Raises ValueError for a bad handle."""
+    handle = payload.get("ready_event")
+    if handle is None:
+        return None
+    try:
+        return _torch().cuda.Event.from_ipc_handle(device, base64.b64decode(handle))
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"bad ready_event handle: {exc}") from exc
 
 
 class CudaIpcBucket:
@@ -351,6 +368,7 @@ class CudaIpcBucket:
         self._payload: tuple[tuple, str] | None = None  # ((buffer address, layout key), payload JSON)
         self._chunks: list = []  # staging="bucket": _chunk_ranges of the layout
         self._link_stream = None  # ... and the side stream of the copies to `device`
+        self._ready = None  # fill(sync=False): the interprocess event the engine waits on
 
     @staticmethod
     def _ensure(buffer, nbytes: int, device):
@@ -368,9 +386,16 @@ class CudaIpcBucket:
         self._views = _views(self.buffer, self._metadata)
         self._source_views, self._key = None, key
 
-    def fill(self, named_tensors: Iterable[tuple[str, torch.Tensor]], staging: str = "bucket") -> str:
+    def fill(self, named_tensors: Iterable[tuple[str, torch.Tensor]], staging: str = "bucket",
+             sync: bool = True) -> str:
         """Copy `named_tensors` into the bucket; returns the CUDA IPC payload (JSON string).
 
+        sync=True: returns once the copies are done on both GPUs. sync=False: returns once they are
+        enqueued; the payload then carries `ready_event`, the IPC handle of an interprocess CUDA event
+        recorded after the copies, and the engine makes its stream wait on it before it reads the
+        bucket, so the update call can travel while the bytes do. The caller must send the payload
+        only after `fill` returned (the engine waits for the event's latest record) and must not
+        refill before the engine answered the update.
         Raises ValueError for an empty list or an unknown `staging`.
         """
         torch = _torch()
@@ -391,16 +416,28 @@ class CudaIpcBucket:
                 self._chunks = _chunk_ranges(self._metadata, PIPELINE_CHUNKS)
                 self._link_stream = torch.cuda.Stream(source)
             self._pipelined_stage(tensors, source)
-        for device in {self.device, source}:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
+        ready = None
+        if sync:
+            for device in {self.device, source}:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+        else:
+            # every copy into the bucket is ordered before `device`'s current stream (same-device copies
+            # run on it; cross-device copy_ makes it wait on the copying stream), so one record covers all
+            if self._ready is None:
+                self._ready = torch.cuda.Event(interprocess=True)
+            self._ready.record(torch.cuda.current_stream(self.device))
+            ready = self._ready
         # The same payload string for every refill of the same buffer: the IPC memory handle names the
-        # allocation, which stays the same, and both devices were synchronized above, so the engine needs
-        # no IPC event (a fresh reduce_tensor per push would make a new event and ref-counter slot, and
-        # a new string, which defeats the engine's cache of the opened bucket and its validated layout).
-        key = (self.buffer.data_ptr(), self._key)
+        # allocation, which stays the same, and so does the ready event; the share-time event of
+        # reduce_tensor is not relied on (a fresh reduce_tensor per push would make a new event and
+        # ref-counter slot, and a new string, which defeats the engine's cache of the opened bucket
+        # and its validated layout).
+        key = (self.buffer.data_ptr(), self._key, ready is not None)
         if self._payload is None or self._payload[0] != key:
-            self._payload = (key, serialize_cuda_bucket(self.buffer, self._metadata, metadata_json=self._metadata_json))
+            self._payload = (key, serialize_cuda_bucket(
+                self.buffer, self._metadata, metadata_json=self._metadata_json,
+                ready_event_handle=None if ready is None else ready.ipc_handle()))
         return self._payload[1]
 
     def _pipelined_stage(self, tensors: list, source) -> None:
@@ -420,7 +457,12 @@ class CudaIpcBucket:
         main.wait_stream(self._link_stream)
 
     def close(self) -> None:
+        if self._ready is not None and self.buffer is not None:  # copies of a fill(sync=False) may still run
+            _torch().cuda.synchronize(self.device)
+            if self._source is not None:
+                _torch().cuda.synchronize(self._source.device)
         self.buffer = self._source = self._views = self._source_views = self._key = self._payload = None
+        self._ready = None
 
 
 PIPELINE_CHUNKS = 8  # CudaIpcBucket staging="bucket": flatten/copy overlap granularity

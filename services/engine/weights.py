@@ -65,7 +65,7 @@ class WeightStore:
         # The last CUDA IPC payload string and what was learned from it: a learner that refills one
         # kept bucket (wt.CudaIpcBucket) sends the same string every push (same handle, same layout),
         # so parsing, the 290-odd metadata checks and the handle's rebuild are done once, not per push.
-        self._ipc_seen: tuple[str, torch.Tensor, list[wt.TensorMeta]] | None = None
+        self._ipc_seen: tuple[str, torch.Tensor, list[wt.TensorMeta], torch.cuda.Event | None] | None = None
         self._home = {n: -1 for n, _ in unique}  # arena each parameter lives in (-1: its load-time storage)
 
     def _check(self, named_tensors: list) -> None:
@@ -158,7 +158,7 @@ class WeightStore:
                                     "payloads are never unpickled by this engine")
         seen = self._ipc_seen
         if seen is not None and seen[0] == entry:  # the kept CUDA IPC bucket, refilled: validated before
-            return self._stage_cuda(seen[1], seen[2], validated=True)
+            return self._stage_cuda(seen[1], seen[2], validated=True, ready=seen[3])
         try:
             payload = json.loads(entry)
         except json.JSONDecodeError as exc:
@@ -171,18 +171,26 @@ class WeightStore:
             if transport == "cuda_ipc":
                 self._ipc_seen = None
                 buffer, metadata = wt.open_cuda_bucket(payload)
-                staged = self._stage_cuda(buffer, metadata, validated=False)
+                ready = wt.open_ready_event(payload, buffer.device)
+                staged = self._stage_cuda(buffer, metadata, validated=False, ready=ready)
                 # Kept open: a learner that refills the same bucket (wt.CudaIpcBucket) sends the same
                 # payload string, staged by the fast path above without parsing or opening anything.
                 # Dropped (closed) when a different bucket arrives; one bucket at most is held.
                 self._ipc_bucket = buffer
-                self._ipc_seen = (entry, buffer, metadata)
+                self._ipc_seen = (entry, buffer, metadata, ready)
                 return staged
         except (ValueError, FileNotFoundError) as exc:
             raise WeightUpdateError(str(exc)) from exc
         raise WeightUpdateError(f"unknown transport {transport!r} (expected 'shm' or 'cuda_ipc')")
 
-    def _stage_cuda(self, buffer: torch.Tensor, metadata: list[wt.TensorMeta], validated: bool) -> StagedWeights:
+    def _stage_cuda(self, buffer: torch.Tensor, metadata: list[wt.TensorMeta], validated: bool,
+                    ready: torch.cuda.Event | None = None) -> StagedWeights:
+        """ready: the producer's event recorded after it wrote the bucket (its copies may still run);
+        this thread's stream waits on it before the arena copies read the bucket."""
+        if ready is not None:
+            torch.cuda.current_stream(buffer.device).wait_event(ready)
+            if self.device != buffer.device:
+                torch.cuda.current_stream(self.device).wait_event(ready)
         staged = self.stage_bucket(buffer, metadata, validated=validated)
         for device in {self.device, buffer.device}:  # copies done before the producer may reuse it
             torch.cuda.synchronize(device)

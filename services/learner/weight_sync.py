@@ -257,7 +257,8 @@ class WeightSync:
         device = self.engine_device or named[0][1].device
         if not self._kept:
             self._kept = [wt.CudaIpcBucket(device) for _ in buckets]
-        return {"payloads": [kept.fill(bucket) for kept, bucket in zip(self._kept, buckets)]}
+        # sync=False: the copies are enqueued, not awaited; the engine waits on the bucket's ready event
+        return {"payloads": [kept.fill(bucket, sync=False) for kept, bucket in zip(self._kept, buckets)]}
 
     async def _abandon_sessions(self, opening: dict[str, asyncio.Future]) -> None:
         """Close the sessions opened for a push whose weights were never sent (bounded, errors ignored:

@@ -62,6 +62,32 @@ async def test_a_kept_cuda_ipc_bucket_delivers_every_new_version_to_the_engine(l
     assert len(payloads) == 1  # the same string: the engine's fast path (no parse, no checks, no open)
 
 
+async def test_an_unsynchronized_fill_is_read_by_the_engine_only_after_its_copies_finished(learner_model, gpu_engine):
+    """fill(sync=False) returns while its copies are still queued, here behind a ~0.5 s GPU sleep on
+    the learner's stream; the engine waits on the payload's ready event, so it stages the new values.
+    Control: the same payload without `ready_event` is read at once and the engine serves stale values."""
+    bucket = wt.CudaIpcBucket(ENGINE_DEVICE)
+    params = dict(learner_model.named_parameters(remove_duplicate=False))
+    async with EngineClient(gpu_engine.url) as client:
+        perturb(learner_model, seed=60)
+        with torch.cuda.device(learner_model.device):
+            torch.cuda._sleep(1_000_000_000)
+        payload = json.loads(bucket.fill(learner_model.named_parameters(), sync=False))
+        assert "ready_event" in payload
+        del payload["ready_event"]
+        await client.update_weights_from_tensor([json.dumps(payload)], weight_version="599")
+        expected = params["model.norm.weight"].detach().flatten()[:100].float().cpu()
+        assert not torch.equal(await served(gpu_engine.url, "model.norm.weight"), expected)  # the race exists
+        for step in range(2):
+            perturb(learner_model, seed=61 + step)
+            with torch.cuda.device(learner_model.device):
+                torch.cuda._sleep(1_000_000_000)
+            payload = bucket.fill(learner_model.named_parameters(), sync=False)
+            await client.update_weights_from_tensor([payload], weight_version=str(600 + step))
+            await assert_engine_serves(learner_model, gpu_engine.url, 600 + step)
+    bucket.close()
+
+
 async def test_weight_sync_push_over_cuda_ipc_is_served_by_the_engine(learner_model, gpu_engine, tmp_path):
     from services.learner.weight_sync import WeightSync
 
