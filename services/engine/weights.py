@@ -187,10 +187,8 @@ class WeightStore:
                     ready: torch.cuda.Event | None = None) -> StagedWeights:
         """ready: the producer's event recorded after it wrote the bucket (its copies may still run);
         this thread's stream waits on it before the arena copies read the bucket."""
-        if ready is not None:
+        if ready is not None:  # the arena copies read the bucket on its device's current stream
             torch.cuda.current_stream(buffer.device).wait_event(ready)
-            if self.device != buffer.device:
-                torch.cuda.current_stream(self.device).wait_event(ready)
         staged = self.stage_bucket(buffer, metadata, validated=validated)
         for device in {self.device, buffer.device}:  # copies done before the producer may reuse it
             torch.cuda.synchronize(device)
