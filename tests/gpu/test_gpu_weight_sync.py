@@ -65,25 +65,30 @@ async def test_a_kept_cuda_ipc_bucket_delivers_every_new_version_to_the_engine(l
 async def test_an_unsynchronized_fill_is_read_by_the_engine_only_after_its_copies_finished(learner_model, gpu_engine):
     """fill(sync=False) returns while its copies are still queued, here behind a ~0.5 s GPU sleep on
     the learner's stream; the engine waits on the payload's ready event, so it stages the new values.
-    Control: the same payload without `ready_event` is read at once and the engine serves stale values."""
+    Control: a refill's payload without `ready_event` is read at once and the engine serves stale
+    values (the first payload of a bucket is covered by reduce_tensor's share-time event, a refill
+    is not)."""
     bucket = wt.CudaIpcBucket(ENGINE_DEVICE)
     params = dict(learner_model.named_parameters(remove_duplicate=False))
-    async with EngineClient(gpu_engine.url) as client:
-        perturb(learner_model, seed=60)
+    name = "model.layers.0.self_attn.q_proj.weight"  # changed by perturb (norm.weight = 12.5 rounds it away)
+
+    async def refill(seed: int) -> str:
+        perturb(learner_model, seed=seed)
         with torch.cuda.device(learner_model.device):
-            torch.cuda._sleep(1_000_000_000)
-        payload = json.loads(bucket.fill(learner_model.named_parameters(), sync=False))
+            torch.cuda._sleep(1_000_000_000)  # every copy of the fill queues behind this
+        return bucket.fill(learner_model.named_parameters(), sync=False)
+
+    async with EngineClient(gpu_engine.url) as client:
+        first = bucket.fill(learner_model.named_parameters(), sync=False)
+        await client.update_weights_from_tensor([first], weight_version="598")
+        payload = json.loads(await refill(60))
         assert "ready_event" in payload
         del payload["ready_event"]
         await client.update_weights_from_tensor([json.dumps(payload)], weight_version="599")
-        name = "model.layers.0.self_attn.q_proj.weight"  # changed by perturb (norm.weight = 12.5 rounds it away)
         expected = params[name].detach().flatten()[:100].float().cpu()
         assert not torch.equal(await served(gpu_engine.url, name), expected)  # the race exists
         for step in range(2):
-            perturb(learner_model, seed=61 + step)
-            with torch.cuda.device(learner_model.device):
-                torch.cuda._sleep(1_000_000_000)
-            payload = bucket.fill(learner_model.named_parameters(), sync=False)
+            payload = await refill(61 + step)
             await client.update_weights_from_tensor([payload], weight_version=str(600 + step))
             await assert_engine_serves(learner_model, gpu_engine.url, 600 + step)
     bucket.close()
