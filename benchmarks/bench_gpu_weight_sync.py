@@ -153,7 +153,7 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
     if path == "w":
         from services.learner.weight_sync import WeightSync
         sync = WeightSync(client, None, transport="cuda_ipc" if on_gpu else "shm", deadline_s=300.0,
-                          sync_dir=work / "sync")
+                          sync_dir=work / "sync", engine_device=args.engine_device if on_gpu else None)
     warmup = 1 if path == "d" else 3
     phases_before: dict = {}
     totals, servings, fills, updates, verifies = [], [], [], [], []

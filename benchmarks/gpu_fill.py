@@ -6,7 +6,8 @@ of the shape (random), timed from "step done" (synchronized) until both GPUs are
   pipelined k            CudaIpcBucket(staging="bucket") with PIPELINE_CHUNKS = k (flatten of chunk
                          i+1 overlaps the link copy of chunk i)
   per-tensor             CudaIpcBucket(staging="direct"): one copy per tensor across the link
-  pipelined 8, thread    the same as WeightSync runs it: asyncio.to_thread(fill)
+  sync=False             fill(sync=False): the time until it returns (copies enqueued) and to completion
+  pipelined 8, thread    asyncio.to_thread(fill) (the thread hop WeightSync pays)
   floor                  one copy of the same bytes, already flat
 Median / p90 over --repeats after 3 warm-ups. Skips without two CUDA devices.
 """
@@ -77,6 +78,17 @@ def main(argv: list[str] | None = None) -> None:
     wt.PIPELINE_CHUNKS = 8
     bucket = wt.CudaIpcBucket(dst)
     rows.append(("per-tensor (staging=direct)", timed(lambda: bucket.fill(named, staging="direct"))))
+    bucket.close()
+    bucket = wt.CudaIpcBucket(dst)
+    returned = []
+
+    def enqueue_only():
+        t = time.perf_counter()
+        bucket.fill(named, sync=False)
+        returned.append(time.perf_counter() - t)
+
+    rows.append(("pipelined 8, sync=False (to completion)", timed(enqueue_only)))
+    rows.append(("  ... host time until fill returned", _summary(returned[3:])))
     bucket.close()
     bucket = wt.CudaIpcBucket(dst)
     loop = asyncio.new_event_loop()
