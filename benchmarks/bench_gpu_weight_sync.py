@@ -18,8 +18,9 @@ Paths (sync section):
   c  host-staged    flatten on the learner GPU, ONE copy to a page-locked shared-memory segment,
                     the engine copies it up (for GPUs without peer access)
   d  disk           safetensors on local disk + /update_weights_from_disk
-  w  WeightSync     services.learner.weight_sync.WeightSync.push (the learner service's own code:
-                    a new bucket on the learner GPU per push, the engine pulls it over CUDA IPC)
+  w  WeightSync     services.learner.weight_sync.WeightSync.push (the learner service's own code,
+                    engine_device = the engine's GPU: a kept bucket there, fill(sync=False), the
+                    session opened during the copies, then the /model_info check)
   floor             raw device-to-device copy of the same bytes (cuda:0 -> cuda:1), no engine
 
 Parity section: shellrl/rl/logprobs.py (float32 per sequence) vs the engine's sampled log-probs,
