@@ -9,7 +9,7 @@ on the running stack (one evaluation at the training sampling, `episodes_per_tas
 `tasks_per_template` train instances per template) and picks the templates for the main job's
 `curriculum` training set.
 
-    shellrl pass-rates [--tasks-per-template 4] [--episodes-per-task 4] [--out docs/main-job/pass_rates.json]
+    shellrl pass-rates [--temperature 1.0] [--tasks-per-template 4] [--episodes-per-task 4] [--templates a,b]
 """
 
 from __future__ import annotations
@@ -68,9 +68,11 @@ def load(path: Path) -> list[TemplateRate]:
 
 
 def measure(rollout_url: str, *, tasks_per_template: int, episodes_per_task: int, temperature: float,
-            max_new_tokens: int, seed: int = 0, poll_s: float = 2.0) -> tuple[list[TemplateRate], dict]:
-    """Submit `tasks_per_template` train instances of every generated train template (as eval copies,
-    never in the training pool) and evaluate them at `temperature`. Returns the rates and the raw view."""
+            max_new_tokens: int, templates: tuple[str, ...] | None = None, seed: int = 0,
+            poll_s: float = 2.0) -> tuple[list[TemplateRate], dict]:
+    """Submit `tasks_per_template` train instances of every generated train template (or of
+    `templates`) as eval copies, never in the training pool, and evaluate them at `temperature`.
+    Returns the rates and the raw evaluation view."""
     from rich.console import Console
 
     from shellrl.main_job import submit
@@ -78,6 +80,8 @@ def measure(rollout_url: str, *, tasks_per_template: int, episodes_per_task: int
 
     by_template: dict[str, list] = defaultdict(list)
     for t in load_taskset("generated", "train", seed=seed):
+        if templates and t.template not in templates:
+            continue
         if len(by_template[t.template]) < tasks_per_template:
             by_template[t.template].append(t)
     tasks = [t for ts in by_template.values() for t in ts]

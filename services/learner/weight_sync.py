@@ -51,7 +51,8 @@ from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY
 log = logging.getLogger(__name__)
 
 ENGINES_KEY = "shellrl:engines"  # hash: engine url -> JSON EngineState (written by the learner)
-BUCKET_BYTES = 1 << 30
+BUCKET_BYTES = 1 << 30  # shm: segments of at most this size. cuda_ipc: one bucket (the kept buckets hold
+# the whole model however it is split, so a split only adds update calls: 15 for a 7B model in bf16)
 
 
 @dataclass
@@ -238,7 +239,8 @@ class WeightSync:
             for old in sorted(self.sync_dir.glob("v*"))[:-2]:
                 shutil.rmtree(old, ignore_errors=True)
             return {"model_path": str(directory.resolve())}
-        buckets = _buckets(named, self.bucket_bytes)
+        buckets = _buckets(named, self.bucket_bytes if self.transport == "shm" else sum(
+            t.numel() * t.element_size() for _, t in named))
         if len(self._kept) != len(buckets):
             self.close()
         if self.transport == "shm":

@@ -2,7 +2,7 @@
 stack unless --rollout-url points at a running one) and write them as JSON; the main job's
 `curriculum` training set keeps the templates in the learnable band (see shellrl/pass_rates.py).
 
-    shellrl pass-rates [--tasks-per-template 4] [--episodes-per-task 4] [--out docs/main-job/pass_rates.json]
+    shellrl pass-rates [--temperature 1.0] [--tasks-per-template 4] [--episodes-per-task 4] [--templates a,b]
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=40)
     parser.add_argument("--max-turns", type=int, default=2)
     parser.add_argument("--engine-threads", type=int, default=2)
-    parser.add_argument("--out", default="docs/main-job/pass_rates.json")
+    parser.add_argument("--templates", default="", help="comma-separated templates (default: every train template)")
+    parser.add_argument("--out", default="", help="default: docs/main-job/pass_rates_T<temperature>.json")
 
 
 def run(args) -> int:
@@ -34,7 +35,9 @@ def run(args) -> int:
     from shellrl import pass_rates as pr
 
     kw = dict(tasks_per_template=args.tasks_per_template, episodes_per_task=args.episodes_per_task,
-              temperature=args.temperature, max_new_tokens=args.max_new_tokens)
+              temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+              templates=tuple(t for t in args.templates.split(",") if t) or None)
+    out = Path(args.out or f"docs/main-job/pass_rates_T{args.temperature:g}.json")
     t0 = time.time()
     if args.rollout_url:
         rates, _ = pr.measure(args.rollout_url, **kw)
@@ -53,9 +56,10 @@ def run(args) -> int:
     meta = {"model_path": args.model_path, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
             "max_turns": args.max_turns, "tasks_per_template": args.tasks_per_template,
             "episodes_per_task": args.episodes_per_task, "seconds": round(time.time() - t0, 1),
-            "command": "shellrl pass-rates " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in kw.items()),
+            "command": "shellrl pass-rates " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in kw.items()
+                                                        if k != "templates") + (f" --templates {args.templates}" if args.templates else ""),
             "band": [pr.MIN_PASS_RATE, pr.MAX_PASS_RATE]}
-    pr.write(Path(args.out), rates, meta)
+    pr.write(out, rates, meta)
     Console().print(pr.table(rates, 8))
-    print(f"written: {args.out} ({meta['seconds']} s); curriculum: {pr.select_templates(rates)}")
+    print(f"written: {out} ({meta['seconds']} s); curriculum: {pr.select_templates(rates)}")
     return 0
