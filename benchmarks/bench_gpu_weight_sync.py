@@ -180,8 +180,9 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
                 opening = asyncio.ensure_future(client.begin_weight_update(urls=[url]))
                 if path == "c":
                     payload = await asyncio.to_thread(pinned.fill, named)
-                else:
-                    payload = await asyncio.to_thread(ipc.fill, named, "direct" if path == "a" else "bucket", False)
+                else:  # enqueues the copies (sync=False): on the loop, no thread hop
+                    await asyncio.sleep(0)  # let the begin request go out first
+                    payload = ipc.fill(named, "direct" if path == "a" else "bucket", False)
                 t1 = time.perf_counter()
                 await opening
                 await client.update_weights_from_tensor([payload], weight_version=str(version), session=False,
