@@ -166,13 +166,50 @@ class SharedMemoryBucket:
         torch = _torch()
         buffer = torch.frombuffer(self._shm.buf, dtype=torch.uint8, count=nbytes)
         self.metadata = flatten_into(named_tensors, buffer)
-        del buffer  # no exported view may outlive the segment
+        del buffer  # no exported view may outlive the segment (close() unmaps)
+        self._adopted: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def adopt(self, parameters: list) -> None:
+        """Make `parameters` (the tensors this bucket holds, in order, CPU) live in the segment: each
+        `p.data` becomes its view, so the optimizer writes the weights straight into shared memory and
+        a refill with the same tensors copies nothing (one memcpy of the model less per push). The
+        segment must hold their current values (call right after creating or refilling it), and nothing
+        may use the parameters meanwhile. `close()` moves them back to private memory first.
+        Raises ValueError when a parameter does not match its slot (dtype, shape, CPU)."""
+        torch = _torch()
+        parameters = list(parameters)
+        if len(parameters) != len(self.metadata):
+            raise ValueError(f"{len(parameters)} parameters for {len(self.metadata)} slots")
+        buffer = torch.frombuffer(self._shm.buf, dtype=torch.uint8, count=self.nbytes)
+        views = _views(buffer, self.metadata)
+        for p, v in zip(parameters, views):
+            if p.device.type != "cpu" or p.dtype != v.dtype or tuple(p.shape) != tuple(v.shape):
+                raise ValueError(f"parameter {p.dtype} {tuple(p.shape)} on {p.device} does not match its slot "
+                                 f"{v.dtype} {tuple(v.shape)}")
+        with torch.no_grad():
+            for p, v in zip(parameters, views):
+                p.data = v
+        self._adopted = list(zip(parameters, views))
+
+    @property
+    def adopted(self) -> bool:
+        return self._adopted is not None
+
+    def _holds(self, tensors: list) -> bool:
+        """True when `tensors` are exactly the adopted parameters' storage, in order (nothing to copy)."""
+        return (self._adopted is not None and len(tensors) == len(self._adopted)
+                and all(t.data_ptr() == v.data_ptr() and t.shape == v.shape and t.dtype == v.dtype
+                        for t, (_, v) in zip(tensors, self._adopted)))
 
     def refill(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> "SharedMemoryBucket":
         """Write new tensors into the same segment: its pages are mapped already, so this is a plain
-        memcpy (a fresh segment pays a page fault per 4 KiB). Call it only after every engine has
-        read the previous contents (its update call returned). Raises ValueError if they do not fit."""
+        memcpy (a fresh segment pays a page fault per 4 KiB); nothing at all when they are the adopted
+        parameters (`adopt`). Call it only after every engine has read the previous contents (its
+        update call returned). Raises ValueError if they do not fit."""
         named_tensors = list(named_tensors)
+        if self._holds([t for _, t in named_tensors]):
+            return self
+        self._release_adopted()
         _, nbytes = plan_bucket(named_tensors)
         if self._shm is None or nbytes > self._shm.size:
             raise ValueError(f"{nbytes} bytes do not fit the segment ({self._shm.size if self._shm else 0} bytes)")
@@ -186,11 +223,26 @@ class SharedMemoryBucket:
         return json.dumps({"transport": "shm", "segment": self.name, "nbytes": self.nbytes,
                            "metadata": _metadata_json(self.metadata)})
 
+    def _release_adopted(self) -> None:
+        """Adopted parameters move back to private memory (a copy each), so that the segment can be
+        rewritten or unmapped while nothing of the model lives in it."""
+        if self._adopted is None:
+            return
+        torch = _torch()
+        with torch.no_grad():
+            for p, _ in self._adopted:
+                p.data = p.data.clone()
+        self._adopted = None
+
     def close(self) -> None:
-        """Unmap and unlink the segment (idempotent)."""
+        """Unmap and unlink the segment (idempotent); adopted parameters are moved out first."""
         if self._shm is None:
             return
-        self._shm.close()
+        self._release_adopted()
+        try:
+            self._shm.close()
+        except BufferError:  # a view is still referenced somewhere (e.g. by an autograd graph): the
+            pass             # mapping stays until it is freed; the name is unlinked below all the same
         try:
             self._shm.unlink()
         except FileNotFoundError:

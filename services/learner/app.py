@@ -67,7 +67,7 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
     transport = choose_transport(s.weight_transport, next(model.parameters()).device, s.engine_url_list)
     sync = WeightSync(client, redis, transport=transport, deadline_s=s.weight_sync_timeout_s,
                       sync_dir=s.weight_sync_dir, retry_interval_s=s.engine_retry_interval_s,
-                      engine_device=s.engine_cuda_device or None)
+                      engine_device=s.engine_cuda_device or None, share_parameters=s.shm_share_parameters)
     consumer = streams.StreamConsumer(redis, streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER, s.consumer_name,
                                       block_ms=s.block_ms, count=s.read_count,
                                       claim_min_idle_ms=s.claim_min_idle_ms, max_deliveries=s.max_deliveries)

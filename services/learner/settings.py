@@ -78,6 +78,8 @@ class LearnerSettings(EngineFleetSettings):
                             "memory on CPU with a local engine, else disk.")
     engine_cuda_device: str = Field("", description="cuda_ipc: the engines' GPU, e.g. 'cuda:1' ('' = the "
                                                     "learner's device); the bucket is staged there.")
+    shm_share_parameters: bool = Field(True, description="shm: the model's parameters live in the kept shared-"
+                                                         "memory segment, so a push copies nothing on the learner side.")
     weight_sync_dir: str = Field(".shellrl/weight_sync", description="Safetensors of the disk transport (must be "
                                                                       "readable by the engines).")
     weight_sync_timeout_s: float = Field(60.0, gt=0, description="Deadline of one engine's whole update.")

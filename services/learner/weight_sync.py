@@ -106,12 +106,16 @@ class WeightSync:
 
     def __init__(self, client: EngineClient, redis: aioredis.Redis | None, *, transport: str, deadline_s: float,
                  sync_dir: str | Path, retry_interval_s: float = 5.0, bucket_bytes: int = BUCKET_BYTES,
-                 engine_device: str | None = None) -> None:
-        """engine_device: the engines' CUDA device for cuda_ipc (None: the model's device)."""
+                 engine_device: str | None = None, share_parameters: bool = False) -> None:
+        """engine_device: the engines' CUDA device for cuda_ipc (None: the model's device).
+        share_parameters: shm only; the model's parameters are moved into the kept segments
+        (`SharedMemoryBucket.adopt`), so a push writes nothing on the learner side: the optimizer
+        already wrote the weights there. After a push an engine abandoned, they move back out
+        (close) and into fresh segments at the next push."""
         if transport not in ("shm", "cuda_ipc", "disk"):
             raise ValueError(f"transport must be shm, cuda_ipc or disk (resolve 'auto' first); got {transport!r}")
         self.client, self.redis, self.transport = client, redis, transport
-        self.engine_device = engine_device
+        self.engine_device, self.share_parameters = engine_device, share_parameters
         self._kept: list = []  # SharedMemoryBucket or CudaIpcBucket per bucket, refilled by every push
         if transport == "shm":
             remove_orphan_segments()
@@ -256,6 +260,9 @@ class WeightSync:
                     kept = None
                 if kept is None:
                     kept = wt.SharedMemoryBucket(bucket)
+                    if self.share_parameters:
+                        params = dict(model.named_parameters())
+                        kept.adopt([params[name] for name, _ in bucket])
                     self._kept[i:i + 1] = [kept]
                 payloads.append(kept.payload())
             return {"payloads": payloads}

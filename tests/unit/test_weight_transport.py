@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,3 +95,46 @@ def test_shared_memory_bucket_refill_reuses_the_segment():
             assert all(torch.equal(v, t) for (_, v), (_, t) in zip(views, changed))
         with pytest.raises(ValueError, match="do not fit"):
             bucket.refill(tensors + [("big", torch.zeros(1000))])
+
+
+def test_adopted_parameters_live_in_the_segment_and_a_refill_copies_nothing(tmp_path):
+    """SharedMemoryBucket.adopt: the optimizer's in-place writes are what the engine reads; a refill
+    with the same parameters writes nothing; close() moves them back out, values intact; a model
+    whose parameters share the segment still saves and reloads as a HF checkpoint."""
+    from shellrl.models import load_model
+
+    model = load_model("tiny")
+    named = [(n, p.detach()) for n, p in model.named_parameters()]
+    before = {n: t.clone() for n, t in named}
+    bucket = wt.SharedMemoryBucket(named)
+    try:
+        bucket.adopt([p for _, p in model.named_parameters()])
+        assert bucket.adopted
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(2.0)  # an "optimizer step", in place
+        refilled = bucket.refill([(n, p.detach()) for n, p in model.named_parameters()])
+        assert refilled is bucket and bucket.adopted  # nothing copied: the same storage
+        with wt.open_shared_memory_bucket(json.loads(bucket.payload())) as seen:
+            for name, tensor in seen:
+                assert torch.equal(tensor, before[name] * 2.0), name
+        model.save_pretrained(tmp_path / "ckpt", safe_serialization=True)  # params share one storage
+        reloaded = load_model(str(tmp_path / "ckpt"))
+        for (name, p), (_, q) in zip(model.named_parameters(), reloaded.named_parameters()):
+            assert torch.equal(p, q), name
+    finally:
+        bucket.close()
+    assert not (Path("/dev/shm") / bucket.name).exists()
+    for name, p in model.named_parameters():  # moved out of the unmapped segment, values kept
+        assert torch.equal(p.detach(), before[name] * 2.0), name
+    with torch.no_grad():
+        next(model.parameters()).add_(1.0)  # private memory again: writable after close
+
+
+def test_adopt_refuses_parameters_that_do_not_match_their_slots():
+    a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2))
+    with wt.SharedMemoryBucket([("a", a.detach()), ("b", b.detach())]) as bucket:
+        with pytest.raises(ValueError, match="does not match"):
+            bucket.adopt([b, a])
+        with pytest.raises(ValueError, match="1 parameters for 2 slots"):
+            bucket.adopt([a])
