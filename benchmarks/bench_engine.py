@@ -92,6 +92,9 @@ async def _episodes(url: str, requests: int) -> float:
 
 
 async def bench_weight_update(url: str, repeats: int) -> Table:
+    """Each transport's pushes run back to back, after one warm-up push of its own, as one learner's
+    would (the engine keeps the last segment it mapped, so interleaving transports would measure a
+    mapping per push that no learner pays)."""
     import torch
 
     from shellrl import weight_transport as wt
@@ -101,57 +104,65 @@ async def bench_weight_update(url: str, repeats: int) -> Table:
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     times: dict[str, list[float]] = {"kept": [], "adopted": [], "fresh": [], "disk": [], "durable": []}
     scratch = tempfile.mkdtemp(prefix="bench-engine-")
+    counter = iter(range(10**6))
+
+    params: list = []  # the adopted row's parameters (made below)
+
+    def new_version() -> None:
+        """An optimizer step, in place and outside the timed span: the learner's tensors and the
+        adopted parameters (which live in their segment)."""
+        with torch.no_grad():
+            for t in [t for _, t in named] + [p for _, p in params]:
+                t.add_(1e-4)
+
+    async def timed(name: str, push) -> None:
+        for i in range(repeats + 1):  # the first: warm-up (arenas, the mapping of a new segment)
+            new_version()
+            start = time.perf_counter()
+            version = f"{name}-{next(counter)}"
+            await push(version)
+            assert (await client.get_weight_version())[url] == version
+            if i:
+                times[name].append(time.perf_counter() - start)
+
     async with EngineClient([url], timeout_s=600) as client:
         kept = wt.SharedMemoryBucket(named)  # the learner's segment, refilled by every push
         # the learner service's default on CPU (SHELLRL_SHM_SHARE_PARAMETERS): its parameters live in the
         # kept segment, the optimizer writes there, a push copies nothing on the learner side
-        params = [(n, torch.nn.Parameter(t.clone())) for n, t in named]
+        params += [(n, torch.nn.Parameter(t.clone())) for n, t in named]
         adopted = wt.SharedMemoryBucket([(n, p.detach()) for n, p in params])
         adopted.adopt([p for _, p in params])
-        try:
-            for i in range(2):  # warm-up: the engine allocates its two staging arenas once
-                await client.update_weights_from_tensor([kept.refill(named).payload()], weight_version=f"warm-{i}")
-            for i in range(repeats):
-                for t in (t for _, t in named):
-                    t.add_(1e-4)  # a new version each time
-                start = time.perf_counter()
-                await client.update_weights_from_tensor([kept.refill(named).payload()], weight_version=f"kept-{i}")
-                assert (await client.get_weight_version())[url] == f"kept-{i}"
-                times["kept"].append(time.perf_counter() - start)
 
-                with torch.no_grad():
-                    for _, p in params:
-                        p.add_(1e-4)  # the optimizer step, in place, in the segment
-                start = time.perf_counter()
-                payload = adopted.refill([(n, p.detach()) for n, p in params]).payload()
-                await client.update_weights_from_tensor([payload], weight_version=f"adopted-{i}")
-                assert (await client.get_weight_version())[url] == f"adopted-{i}"
-                times["adopted"].append(time.perf_counter() - start)
+        async def push_kept(version: str) -> None:
+            await client.update_weights_from_tensor([kept.refill(named).payload()], weight_version=version)
 
-                start = time.perf_counter()
-                with wt.SharedMemoryBucket(named) as bucket:
-                    await client.update_weights_from_tensor([bucket.payload()], weight_version=f"fresh-{i}")
-                assert (await client.get_weight_version())[url] == f"fresh-{i}"
-                times["fresh"].append(time.perf_counter() - start)
+        async def push_adopted(version: str) -> None:  # new_version stepped the parameters in the segment
+            await client.update_weights_from_tensor([adopted.refill([(n, p.detach()) for n, p in params]).payload()],
+                                                    weight_version=version)
 
-                start = time.perf_counter()
-                directory = Path(scratch) / f"v{i}"
-                wt.save_safetensors_dir(named, directory)
-                await client.update_weights_from_disk(str(directory), f"disk-{i}")
-                assert (await client.get_weight_version())[url] == f"disk-{i}"
-                times["disk"].append(time.perf_counter() - start)
-                shutil.rmtree(directory)
+        async def push_fresh(version: str) -> None:
+            with wt.SharedMemoryBucket(named) as bucket:
+                await client.update_weights_from_tensor([bucket.payload()], weight_version=version)
 
-                start = time.perf_counter()  # the same, made durable first (shared storage across hosts)
-                directory = Path(scratch) / f"d{i}"
-                path = wt.save_safetensors_dir(named, directory)
+        async def push_disk(version: str, durable: bool = False) -> None:
+            directory = Path(scratch) / version
+            path = wt.save_safetensors_dir(named, directory)
+            if durable:  # the same, made durable first (shared storage across hosts)
                 descriptor = os.open(path, os.O_RDONLY)
                 os.fsync(descriptor)
                 os.close(descriptor)
-                await client.update_weights_from_disk(str(directory), f"durable-{i}")
-                assert (await client.get_weight_version())[url] == f"durable-{i}"
-                times["durable"].append(time.perf_counter() - start)
-                shutil.rmtree(directory)
+            await client.update_weights_from_disk(str(directory), version)
+            shutil.rmtree(directory)
+
+        async def push_durable(version: str) -> None:
+            await push_disk(version, durable=True)
+
+        try:
+            await timed("disk", push_disk)
+            await timed("durable", push_durable)
+            await timed("fresh", push_fresh)
+            await timed("kept", push_kept)
+            await timed("adopted", push_adopted)
         finally:
             kept.close()
             adopted.close()

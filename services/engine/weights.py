@@ -67,6 +67,9 @@ class WeightStore:
         # so parsing, the 290-odd metadata checks and the handle's rebuild are done once, not per push.
         self._ipc_seen: tuple[str, torch.Tensor, list[wt.TensorMeta], torch.cuda.Event | None] | None = None
         self._home = {n: -1 for n, _ in unique}  # arena each parameter lives in (-1: its load-time storage)
+        # The last learner shared-memory segment, kept mapped: a learner refilling its kept segment sends
+        # the same name every push, and mapping 513 MiB again (MAP_POPULATE) costs as much as the copy.
+        self._shm_mapping: wt.SharedMemoryMapping | None = None
 
     def _check(self, named_tensors: list) -> None:
         """WeightUpdateError for an unknown name, a shape mismatch or a float-to-int replacement."""
@@ -166,8 +169,8 @@ class WeightStore:
         transport = payload.get("transport")
         try:
             if transport == "shm":
-                with wt.open_shared_memory_buffer(payload) as (buffer, metadata):
-                    return self.stage_bucket(buffer, metadata)
+                metadata = [wt.TensorMeta.from_json(m) for m in payload.get("metadata") or []]
+                return self.stage_bucket(self._shm_buffer(str(payload.get("segment", ""))), metadata)
             if transport == "cuda_ipc":
                 self._ipc_seen = None
                 buffer, metadata = wt.open_cuda_bucket(payload)
@@ -182,6 +185,18 @@ class WeightStore:
         except (ValueError, FileNotFoundError) as exc:
             raise WeightUpdateError(str(exc)) from exc
         raise WeightUpdateError(f"unknown transport {transport!r} (expected 'shm' or 'cuda_ipc')")
+
+    def _shm_buffer(self, segment: str) -> torch.Tensor:
+        """The segment's bytes through the kept mapping when it is the same segment (name, inode,
+        size), else a new mapping (the old one is dropped). FileNotFoundError / ValueError as mapping."""
+        kept = self._shm_mapping
+        if kept is not None and kept.key == wt.SharedMemoryMapping.current_key(segment):
+            return kept.buffer
+        self._shm_mapping = None
+        if kept is not None:
+            kept.close()
+        self._shm_mapping = wt.SharedMemoryMapping(segment)
+        return self._shm_mapping.buffer
 
     def _stage_cuda(self, buffer: torch.Tensor, metadata: list[wt.TensorMeta], validated: bool,
                     ready: torch.cuda.Event | None = None) -> StagedWeights:
