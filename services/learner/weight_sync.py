@@ -9,7 +9,8 @@
 Transports (DESIGN.md section 6, shellrl.weight_transport): shared memory when the model is on
 CPU and the engine on this host; CUDA IPC of a bucket on the GPU when the model is on a GPU of
 this host; safetensors on disk (`update_weights_from_disk`) otherwise. The shared-memory segments
-and CUDA IPC buckets are kept and refilled push after push (no page faults, a stable IPC handle);
+and CUDA IPC buckets are kept and refilled push after push (no page faults, a stable IPC handle;
+with share_parameters the shm segment holds the parameters themselves, so a refill copies nothing);
 after a push that an engine abandoned at the deadline they are dropped and made anew, because that
 engine may still read them. Phases are timed into `shellrl_weight_sync_seconds{phase}`.
 
