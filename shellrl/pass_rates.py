@@ -6,8 +6,8 @@ with probability p gives a trainable group with probability 1 - p^G - (1-p)^G (G
 0.57 at p = 0.1, 0.99 at p = 0.5). `../shared/reference/feasibility.md` recommends training on tasks the
 base model solves 10-60 % of the time, "e.g. by measuring pass rates first": this module measures them
 on the running stack (one evaluation at the training sampling, `episodes_per_task` episodes of each of
-`tasks_per_template` train instances per template) and picks the templates for the main job's
-`curriculum` training set.
+`tasks_per_template` train instances per template); `select_templates` gives the band [5 %, 75 %].
+The main job's curriculum (shellrl/main_job.py) was chosen from these files and the training runs.
 
     shellrl pass-rates [--temperature 1.0] [--tasks-per-template 4] [--episodes-per-task 4] [--templates a,b]
 """

@@ -1,6 +1,6 @@
 """Measure the base policy's pass rate per task template at the training temperature (starts the
-stack unless --rollout-url points at a running one) and write them as JSON; the main job's
-`curriculum` training set keeps the templates in the learnable band (see shellrl/pass_rates.py).
+stack unless --rollout-url points at a running one) and write them as JSON, with the templates in
+the learnable band (see shellrl/pass_rates.py); the main job's curriculum was chosen from them.
 
     shellrl pass-rates [--temperature 1.0] [--tasks-per-template 4] [--episodes-per-task 4] [--templates a,b]
 """
@@ -8,7 +8,7 @@ stack unless --rollout-url points at a running one) and write them as JSON; the 
 from __future__ import annotations
 
 NAME = "pass-rates"
-HELP = "measure the base policy's pass rate per template (picks the curriculum)"
+HELP = "measure the base policy's pass rate per template (what GRPO can learn from)"
 
 
 def add_arguments(parser) -> None:
