@@ -89,9 +89,9 @@ class JobConfig:
 # success at T = 1, 4 of 12 at T = 0.7) and from the training runs in BENCHMARKS.md ("Main job"):
 # cat_file and word_count show 0/12 in the pass-rate files but were learned from rare successes
 # (run1: word_count 0 -> 8/8, run3: cat_file 0 -> 7/8), so they stay; grep_count and json_field had
-# no success in any pass-rate measurement, evaluation or training batch of runs 1-3 (~2,000
-# episodes), so they are out. `--train-set default` trains on everything (seeds + all generated
-# train templates + AgentBench).
+# no success in either pass-rate measurement nor in any before/after evaluation of runs 1-3, so they
+# are out. `--train-set default` trains on everything (seeds + all generated train templates +
+# AgentBench).
 CURRICULUM_TEMPLATES = ("count_matching_users", "count_lines", "make_executable", "cat_file", "line_n",
                         "word_count", "count_unique")
 
