@@ -145,11 +145,13 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
 
     from shellrl import weight_transport as wt
 
+    from shellrl import weight_transport_gpu as wtg
+
     learner = torch.device(args.learner_device)
     named = [(n, p.detach()) for n, p in model.named_parameters()]
     on_gpu = learner.type == "cuda"
-    ipc = wt.CudaIpcBucket(args.engine_device) if path in "ab" else None
-    pinned = wt.PinnedHostBucket() if path == "c" else None
+    ipc = wtg.CudaIpcBucket(args.engine_device) if path in "ab" else None
+    pinned = wtg.PinnedHostBucket() if path == "c" else None
     sync = None
     if path == "w":
         from services.learner.weight_sync import WeightSync

@@ -29,6 +29,8 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from shellrl import weight_transport as wt
+
+    from shellrl import weight_transport_gpu as wtg
     from shellrl.model_shapes import random_model
 
     p = argparse.ArgumentParser()
@@ -71,15 +73,15 @@ def main(argv: list[str] | None = None) -> None:
 
     rows.append(("flatten + one copy", timed(single)))
     for k in (1, 2, 4, 8, 16, 32):
-        wt.PIPELINE_CHUNKS = k
-        bucket = wt.CudaIpcBucket(dst)
+        wtg.PIPELINE_CHUNKS = k
+        bucket = wtg.CudaIpcBucket(dst)
         rows.append((f"pipelined {k}", timed(lambda: bucket.fill(named))))
         bucket.close()
-    wt.PIPELINE_CHUNKS = 8
-    bucket = wt.CudaIpcBucket(dst)
+    wtg.PIPELINE_CHUNKS = 8
+    bucket = wtg.CudaIpcBucket(dst)
     rows.append(("per-tensor (staging=direct)", timed(lambda: bucket.fill(named, staging="direct"))))
     bucket.close()
-    bucket = wt.CudaIpcBucket(dst)
+    bucket = wtg.CudaIpcBucket(dst)
     returned = []
 
     def enqueue_only():
@@ -90,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     rows.append(("pipelined 8, sync=False (to completion)", timed(enqueue_only)))
     rows.append(("  ... host time until fill returned", _summary(returned[3:])))
     bucket.close()
-    bucket = wt.CudaIpcBucket(dst)
+    bucket = wtg.CudaIpcBucket(dst)
     loop = asyncio.new_event_loop()
     rows.append(("pipelined 8, asyncio.to_thread", timed(lambda: loop.run_until_complete(asyncio.to_thread(bucket.fill, named)))))
     loop.close()

@@ -25,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from rich.table import Table
 
-from shellrl import weight_transport as wt
+
+from shellrl import weight_transport_gpu as wtg
 from shellrl.rl.batch import TrainBatch, TrainSample, build_batch
 from shellrl.rl.logprobs import GREEDY_TEMPERATURE, token_logprobs
 
@@ -37,7 +38,7 @@ async def push(model, bucket, client, url: str, version: int) -> float:
     """Send the model's weights as `version`; returns seconds until the engine reports it."""
     t0 = time.perf_counter()
     named = [(n, p.detach()) for n, p in model.named_parameters()]
-    payload = bucket.fill(named, staging="bucket") if isinstance(bucket, wt.CudaIpcBucket) else bucket.fill(named)
+    payload = bucket.fill(named, staging="bucket") if isinstance(bucket, wtg.CudaIpcBucket) else bucket.fill(named)
     await client.update_weights_from_tensor([payload], weight_version=str(version), urls=[url])
     got = (await client.get_weight_version(urls=[url]))[url]
     if got != str(version):
@@ -123,7 +124,7 @@ async def parity_section(model, client, url: str, args, version: int) -> dict:
 
     device = next(model.parameters()).device
     vocab = model.config.vocab_size
-    bucket = wt.CudaIpcBucket(args.engine_device) if device.type == "cuda" else wt.PinnedHostBucket()
+    bucket = wtg.CudaIpcBucket(args.engine_device) if device.type == "cuda" else wtg.PinnedHostBucket()
     out: dict = {"temperature": TEMPERATURE, "lr": 1e-3}
     try:
         await push(model, bucket, client, url, version)

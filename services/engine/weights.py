@@ -27,6 +27,8 @@ import torch
 
 from shellrl import weight_transport as wt
 
+from shellrl import weight_transport_gpu as wtg
+
 
 class WeightUpdateError(ValueError):
     """A payload that cannot be applied; the message names the tensor or field."""
@@ -63,7 +65,7 @@ class WeightStore:
         self._arenas: list[torch.Tensor | None] = [None, None]
         self._slots: list[dict[str, torch.Tensor]] = [{}, {}]  # views into each arena, made once per name
         # The last CUDA IPC payload string and what was learned from it: a learner that refills one
-        # kept bucket (wt.CudaIpcBucket) sends the same string every push (same handle, same layout),
+        # kept bucket (wtg.CudaIpcBucket) sends the same string every push (same handle, same layout),
         # so parsing, the 290-odd metadata checks and the handle's rebuild are done once, not per push.
         self._ipc_seen: tuple[str, torch.Tensor, list[wt.TensorMeta], torch.cuda.Event | None] | None = None
         self._home = {n: -1 for n, _ in unique}  # arena each parameter lives in (-1: its load-time storage)
@@ -173,10 +175,10 @@ class WeightStore:
                 return self.stage_bucket(self._shm_buffer(str(payload.get("segment", ""))), metadata)
             if transport == "cuda_ipc":
                 self._ipc_seen = None
-                buffer, metadata = wt.open_cuda_bucket(payload)
-                ready = wt.open_ready_event(payload, buffer.device)
+                buffer, metadata = wtg.open_cuda_bucket(payload)
+                ready = wtg.open_ready_event(payload, buffer.device)
                 staged = self._stage_cuda(buffer, metadata, validated=False, ready=ready)
-                # Kept open: a learner that refills the same bucket (wt.CudaIpcBucket) sends the same
+                # Kept open: a learner that refills the same bucket (wtg.CudaIpcBucket) sends the same
                 # payload string, staged by the fast path above without parsing or opening anything.
                 # Dropped (closed) when a different bucket arrives; one bucket at most is held.
                 self._ipc_bucket = buffer

@@ -46,6 +46,7 @@ import torch
 
 from services.learner import metrics
 from shellrl import weight_transport as wt
+from shellrl import weight_transport_gpu as wtg
 from shellrl.engine_client import EngineClient, EngineError, EngineUnavailable
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY
 
@@ -269,7 +270,7 @@ class WeightSync:
             return {"payloads": payloads}
         device = self.engine_device or named[0][1].device
         if not self._kept:
-            self._kept = [wt.CudaIpcBucket(device) for _ in buckets]
+            self._kept = [wtg.CudaIpcBucket(device) for _ in buckets]
         # sync=False: the copies are enqueued, not awaited; the engine waits on the bucket's ready event
         return {"payloads": [kept.fill(bucket, sync=False) for kept, bucket in zip(self._kept, buckets)]}
 

@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from benchmarks.gpu_parity import gap, push, sample, score
-from shellrl import weight_transport as wt
+from shellrl import weight_transport_gpu as wtg
 from shellrl.engine_client import EngineClient
 from tests.gpu.conftest import ENGINE_DEVICE, LEARNER_DEVICE, requires_cuda
 
@@ -21,7 +21,7 @@ PROMPTS, NEW_TOKENS = 16, 128  # 2,048 sampled tokens per check
 
 async def test_learner_and_engine_log_probs_agree_within_0_02_nats_in_bf16(learner_model, gpu_engine):
     vocab = learner_model.config.vocab_size
-    bucket = wt.CudaIpcBucket(ENGINE_DEVICE)
+    bucket = wtg.CudaIpcBucket(ENGINE_DEVICE)
     async with EngineClient(gpu_engine.url) as client:
         await push(learner_model, bucket, client, gpu_engine.url, 500)
         batch = (await sample(client, gpu_engine.url, PROMPTS, NEW_TOKENS, vocab, 11, 500)).to(LEARNER_DEVICE)
@@ -37,7 +37,7 @@ async def test_two_training_steps_with_weight_pushes_keep_learner_and_engine_in_
     from services.learner.trainer import Trainer, TrainerConfig
 
     vocab = learner_model.config.vocab_size
-    bucket = wt.CudaIpcBucket(ENGINE_DEVICE)
+    bucket = wtg.CudaIpcBucket(ENGINE_DEVICE)
     trainer = Trainer(learner_model, TrainerConfig(lr=1e-3, micro_batch_size=8, grad_clip_norm=1.0))
     async with EngineClient(gpu_engine.url) as client:
         url = gpu_engine.url

@@ -9,7 +9,8 @@ import json
 import httpx
 import pytest
 
-from shellrl import weight_transport as wt
+
+from shellrl import weight_transport_gpu as wtg
 from shellrl.engine_client import EngineClient, EngineError
 from tests.gpu.conftest import ENGINE_DEVICE, requires_cuda
 
@@ -46,7 +47,7 @@ async def assert_engine_serves(model, url: str, version: int) -> None:
 
 @pytest.mark.parametrize("staging", ["bucket", "direct"])
 async def test_a_kept_cuda_ipc_bucket_delivers_every_new_version_to_the_engine(learner_model, gpu_engine, staging):
-    bucket = wt.CudaIpcBucket(ENGINE_DEVICE)
+    bucket = wtg.CudaIpcBucket(ENGINE_DEVICE)
     handles, payloads = set(), set()
     async with EngineClient(gpu_engine.url) as client:
         for step in range(3):
@@ -68,7 +69,7 @@ async def test_an_unsynchronized_fill_is_read_by_the_engine_only_after_its_copie
     Control: a refill's payload without `ready_event` is read at once and the engine serves stale
     values (the first payload of a bucket is covered by reduce_tensor's share-time event, a refill
     is not)."""
-    bucket = wt.CudaIpcBucket(ENGINE_DEVICE)
+    bucket = wtg.CudaIpcBucket(ENGINE_DEVICE)
     params = dict(learner_model.named_parameters(remove_duplicate=False))
     name = "model.layers.0.self_attn.q_proj.weight"  # changed by perturb (norm.weight = 12.5 rounds it away)
 
@@ -108,7 +109,7 @@ async def test_weight_sync_push_over_cuda_ipc_is_served_by_the_engine(learner_mo
 
 async def test_a_pinned_host_bucket_delivers_weights_to_a_gpu_engine(learner_model, gpu_engine):
     async with EngineClient(gpu_engine.url) as client:
-        with wt.PinnedHostBucket() as bucket:
+        with wtg.PinnedHostBucket() as bucket:
             for version in (300, 301):
                 perturb(learner_model, seed=version)
                 payload = bucket.fill(learner_model.named_parameters())
@@ -118,7 +119,7 @@ async def test_a_pinned_host_bucket_delivers_weights_to_a_gpu_engine(learner_mod
 
 
 async def test_a_bucket_with_a_wrong_shape_is_refused_and_the_old_weights_stay_live(learner_model, gpu_engine):
-    bucket = wt.CudaIpcBucket(ENGINE_DEVICE)
+    bucket = wtg.CudaIpcBucket(ENGINE_DEVICE)
     async with EngineClient(gpu_engine.url) as client:
         await client.update_weights_from_tensor([bucket.fill(learner_model.named_parameters())], weight_version="400")
         payload = json.loads(bucket.fill(learner_model.named_parameters()))

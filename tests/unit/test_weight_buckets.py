@@ -1,4 +1,4 @@
-"""Kept weight buckets (shellrl.weight_transport.PinnedHostBucket; CudaIpcBucket is covered on GPU
+"""Kept weight buckets (shellrl.weight_transport_gpu.PinnedHostBucket; CudaIpcBucket is covered on GPU
 in tests/gpu) and the engine's one-copy staging of a flattened bucket (WeightStore.stage_bucket)."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import torch
 
 from services.engine.weights import WeightStore, WeightUpdateError
 from shellrl import weight_transport as wt
+from shellrl import weight_transport_gpu as wtg
 
 
 class TwoLayers(torch.nn.Module):
@@ -26,7 +27,7 @@ def named(model) -> list[tuple[str, torch.Tensor]]:
 
 def test_a_pinned_host_bucket_keeps_its_segment_and_carries_each_refill():
     model = TwoLayers()
-    with wt.PinnedHostBucket() as bucket:
+    with wtg.PinnedHostBucket() as bucket:
         first = json.loads(bucket.fill(named(model)))
         with torch.no_grad():
             model.a.weight.fill_(7.0)
@@ -73,7 +74,7 @@ def test_stage_bucket_refuses_a_wrong_shape_before_copying_anything():
 def test_a_shm_payload_from_a_pinned_host_bucket_is_staged_by_the_engine():
     source, engine = TwoLayers(), TwoLayers()
     store = WeightStore(engine)
-    with wt.PinnedHostBucket() as bucket:
+    with wtg.PinnedHostBucket() as bucket:
         staged = store.stage_serialized([bucket.fill(named(source))], wt.LOAD_FORMAT)
     store.commit(staged)
     for name, tensor in named(source):
@@ -83,7 +84,8 @@ def test_a_shm_payload_from_a_pinned_host_bucket_is_staged_by_the_engine():
 def test_chunk_ranges_cover_every_tensor_and_byte_once():
     import torch
 
-    from shellrl.weight_transport import _chunk_ranges, plan_bucket
+    from shellrl.weight_transport import plan_bucket
+    from shellrl.weight_transport_gpu import _chunk_ranges
 
     named = [(f"t{i}", torch.zeros(n, dtype=torch.bfloat16)) for i, n in enumerate([7, 1000, 3, 64, 5000, 1, 1, 900])]
     metadata, nbytes = plan_bucket(named)
@@ -97,4 +99,15 @@ def test_chunk_ranges_cover_every_tensor_and_byte_once():
         for (i, j), (lo, hi) in ranges:  # each chunk's bytes hold exactly its tensors
             assert i < j and lo <= metadata[i].start_idx
             assert metadata[j - 1].end_idx <= hi
+        for (i, j), (lo, hi) in ranges[:-1]:  # cut at the first tensor reaching the next boundary
+            boundary = nbytes * (lo * chunks // nbytes + 1) / chunks
+            assert metadata[j - 1].end_idx >= boundary and (j - 1 == i or metadata[j - 2].end_idx < boundary)
     assert _chunk_ranges([], 8) == []
+    # 16 equal tensors of 2,000 bytes (2,048 apart) in 4 runs: 5 + 4 + 4 + 3 tensors
+    equal = [(f"e{i}", torch.zeros(1000, dtype=torch.bfloat16)) for i in range(16)]
+    metadata, nbytes = plan_bucket(equal)
+    assert _chunk_ranges(metadata, 4) == [((0, 5), (0, 10240)), ((5, 9), (10240, 18432)),
+                                          ((9, 13), (18432, 26624)), ((13, 16), (26624, 32720))]
+    # a big tensor crossing several boundaries does not leave a trail of tiny runs behind it
+    metadata, nbytes = plan_bucket(named)
+    assert [r[0] for r in _chunk_ranges(metadata, 3)] == [(0, 5), (5, 8)]
