@@ -8,7 +8,10 @@ stream consumer cancelled at the wrong moment keeps looping forever and `await t
 returns: measured here on Python 3.11.7 and redis-py 8.1, between 1 in 5 and 1 in 60 cancels
 of an XREADGROUP loop at random moments, and 13 of 40 runs of tests/service/rollout/test_scheduler.py
 on a busy machine (see `tests/service/test_cancel.py`). Every shutdown path in shellrl cancels through
-`cancel_and_wait`, which repeats the cancel until the task has really finished.
+`cancel_and_wait`, which repeats the cancel until the task has really finished. Repeating is not
+enough on its own: a consumer that writes back to back sits in the window most of the time, and in
+CI four cancels a second apart all missed; `shellrl.streams.CancelSafeConnection` (every client made
+by `shellrl.streams.connect`) writes under `asyncio.timeout` instead and ignores no cancel.
 """
 
 from __future__ import annotations

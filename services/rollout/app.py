@@ -279,12 +279,12 @@ def build_app(settings: RolloutSettings) -> FastAPI:
 def connect_redis(url: str, max_connections: int):
     """An asyncio Redis client whose pool WAITS for a free connection (up to 30 s) instead of
     failing: redis-py's default pool raises MaxConnectionsError past 100 concurrent commands, and
-    hundreds of episodes publish and count at once. Socket timeout as in shellrl.streams.connect."""
+    hundreds of episodes publish and count at once. Socket timeout and connection class as in
+    shellrl.streams.connect."""
     import redis.asyncio as aioredis
 
     pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=30,
-                                                    socket_timeout=streams.SOCKET_TIMEOUT_S,
-                                                    health_check_interval=15)
+                                                    **streams.pool_kwargs(url))
     return aioredis.Redis.from_pool(pool)
 
 
