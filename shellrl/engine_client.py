@@ -29,6 +29,8 @@ from typing import Any
 
 import httpx
 
+from shellrl.http_transport import AiohttpTransport
+
 DEFAULT_TIMEOUT_S = 600.0  # a long CPU generation or a whole-model weight update
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
@@ -105,6 +107,7 @@ class EngineClient:
         connect_retries: int = 3,
         retry_backoff_s: float = 0.25,
         max_connections: int = 256,
+        transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         urls = [urls] if isinstance(urls, str) else list(urls)
         if not urls:
@@ -117,9 +120,11 @@ class EngineClient:
         self._available = {u: True for u in self.urls}
         self._tie_break = itertools.count()
         self._session_supported: dict[str, bool] = {}
+        # HTTP/1.1 through aiohttp under httpx's API: ~3x less client CPU per call than httpx's own
+        # transport, with httpx's exception meanings kept (shellrl/http_transport.py).
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport=transport if transport is not None else AiohttpTransport(max_connections),
         )
 
     async def close(self) -> None:

@@ -21,6 +21,8 @@ from urllib.parse import quote
 
 import httpx
 
+from shellrl.http_transport import AiohttpTransport
+
 
 class SandboxError(Exception):
     """The sandbox could not serve the call (connection failure, 5xx, malformed reply)."""
@@ -100,8 +102,8 @@ class SandboxClient:
                  ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s, transport=transport,
-                                       limits=httpx.Limits(max_connections=256, max_keepalive_connections=64))
+        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s,
+                                       transport=transport if transport is not None else AiohttpTransport(256))
 
     async def __aenter__(self) -> Self:
         return self
