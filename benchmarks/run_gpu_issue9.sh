@@ -10,7 +10,8 @@
 #     annotated-types annotated-doc opentelemetry-api uvicorn==0.54.0 h11 click redis==8.1.0 hiredis \
 #     orjson protobuf==7.36.2 prometheus-client anyio idna typing-extensions rich pygments markdown-it-py \
 #     mdurl pytest==9.2.0 pluggy iniconfig pytest-asyncio==1.5.0 transformers==5.24.0 \
-#     huggingface_hub==2.4.0 httpx2==2.16.2 httpcore2==2.16.2 truststore tokenizers==0.23.3
+#     huggingface_hub==2.4.0 httpx2==2.16.2 httpcore2==2.16.2 truststore tokenizers==0.23.3 httptools \
+#     aiohttp multidict yarl propcache frozenlist aiosignal aiohappyeyeballs attrs httpx httpcore certifi sniffio
 set -u
 what=${1:-all}
 OUT=${OUT:-/tmp/out}
