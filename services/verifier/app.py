@@ -62,7 +62,7 @@ class VerifyRequest(BaseModel):
 def build_verifier(settings: VerifierSettings, sandbox: SandboxClient | None) -> Verifier:
     limits = CheckLimits(settings.check_timeout_s, settings.max_file_bytes, settings.max_answer_chars)
     shaping = Shaping(settings.shaping_enabled, settings.shaping_exit_zero_bonus, settings.shaping_exit_zero_cap,
-                      settings.shaping_timeout_penalty, settings.shaping_safety_penalty)
+                      settings.shaping_timeout_penalty, settings.shaping_safety_penalty, settings.require_command)
     return Verifier(sandbox, limits, shaping, ReferenceCache(sandbox, settings.reference_cache_size))
 
 

@@ -9,6 +9,17 @@ scratch run, the model learned to `echo` the question):
   timeout_penalty   -0.1 per command that timed out
   safety_penalty    -1.0 once, when the sandbox policy flagged (or denied) a destructive command
 
+One rule is switched on by itself (`Shaping.require_command`, independent of `enabled`):
+
+  ungrounded_success  -outcome when the episode sent no command to the sandbox: a success by an
+                      answer the agent never looked up trains as 0 (the `reward` stays 1)
+
+Why: with binary rewards GRPO amplifies lucky guesses. In main-job run6 (docs/main-job/run6) a few
+early groups had a correct bare `<answer>3</answer>` while their members that ran a command failed;
+the group-relative advantages pushed the answer-at-once behaviour up and command use down, and from
+step 5 every trained trajectory was a 7-token guess (success of trained batches 0.03-0.19). With the
+rule, a group whose only successes are guesses has no reward variance and is not trained on.
+
 An unscored verification (INFRA failure) has no reward at all (NaN on the wire, null in JSON):
 it never becomes a 0, and it is computed per trajectory, so it cannot touch another member of
 its group.
@@ -27,13 +38,15 @@ SAFETY_VERDICTS = ("flag", "deny")
 
 @dataclass(frozen=True)
 class Shaping:
-    """Weights of the shaping components. enabled=False: computed and reported, never trained on."""
+    """Weights of the shaping components. enabled=False: computed and reported, never trained on.
+    require_command: `ungrounded_success` enters training_reward (whatever `enabled` says)."""
 
     enabled: bool = False
     exit_zero_bonus: float = 0.1
     exit_zero_cap: float = 0.3
     timeout_penalty: float = -0.1
     safety_penalty: float = -1.0
+    require_command: bool = False
 
     def __post_init__(self) -> None:
         for name in ("exit_zero_bonus", "exit_zero_cap", "timeout_penalty", "safety_penalty"):
@@ -76,10 +89,13 @@ def compute_reward(checks_passed: Iterable[bool], tool_events: Iterable[ToolEven
         "exit_zero_bonus": min(shaping.exit_zero_bonus * exit_zero, shaping.exit_zero_cap),
         "timeout_penalty": shaping.timeout_penalty * timed_out + 0.0,  # never -0.0
         "safety_penalty": shaping.safety_penalty if safety_flagged else 0.0,
+        "ungrounded_success": -outcome if outcome and not commands else 0.0,
     }
     training = outcome
     if shaping.enabled:
         training += components["exit_zero_bonus"] + components["timeout_penalty"] + components["safety_penalty"]
+    if shaping.require_command:
+        training += components["ungrounded_success"]
     if not math.isfinite(training):  # cannot happen with finite weights; never let it travel
         raise ValueError(f"non-finite training reward {training}")
     return Reward(outcome, training, components)

@@ -32,6 +32,9 @@ class VerifierSettings(ServiceSettings):
     shaping_exit_zero_cap: float = Field(0.3, ge=0, description="Shaping: cap of the exit-0 bonus sum.")
     shaping_timeout_penalty: float = Field(-0.1, description="Shaping: added per command that timed out.")
     shaping_safety_penalty: float = Field(-1.0, description="Shaping: added once when the sandbox policy flagged or denied a command.")
+    require_command: bool = Field(False, description="A success whose episode sent no command to the sandbox trains as 0 "
+                                  "(reward component ungrounded_success; reward stays 1). Independent of shaping_enabled; "
+                                  "the main job turns it on.")
 
     @field_validator("shaping_exit_zero_bonus", "shaping_exit_zero_cap", "shaping_timeout_penalty",
                      "shaping_safety_penalty", "check_timeout_s")

@@ -33,6 +33,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--eval-id-episodes", type=int, default=d.eval_id_episodes)
     parser.add_argument("--eval-ood-episodes", type=int, default=d.eval_ood_episodes)
     parser.add_argument("--agentbench-eval-tasks", type=int, default=d.agentbench_eval_tasks)
+    parser.add_argument("--no-require-command", dest="require_command", action="store_false",
+                        help="train on successes that ran no command too (off by default: guesses get amplified)")
     parser.add_argument("--fresh", action="store_true", help="delete <state-dir> first (Redis, checkpoints, logs)")
 
 
@@ -51,7 +53,8 @@ def run(args) -> int:
                     temperature=args.temperature, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
                     train_set=args.train_set, eval_id_episodes=args.eval_id_episodes,
                     eval_ood_episodes=args.eval_ood_episodes, agentbench_eval_tasks=args.agentbench_eval_tasks,
-                    engine_threads=args.engine_threads, learner_threads=args.learner_threads)
+                    engine_threads=args.engine_threads, learner_threads=args.learner_threads,
+                    require_command=args.require_command)
     try:
         run_job(cfg)
     except KeyboardInterrupt:  # the Stack context manager has stopped every process by now

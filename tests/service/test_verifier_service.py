@@ -203,7 +203,7 @@ async def test_http_verify_and_checks(redis_server, sandbox_url, tmp_path):
             assert result["reward"] == 1.0 and result["training_reward"] == 1.0 and result["failure"] is None
             assert [c["passed"] for c in result["checks"]] == [True, True, True]
             assert result["reward_components"] == {"outcome": 1.0, "exit_zero_bonus": 0.1, "timeout_penalty": -0.1,
-                                                   "safety_penalty": -1.0}
+                                                   "safety_penalty": -1.0, "ungrounded_success": 0.0}
             with pytest.raises(SandboxNotFound):  # release_session
                 await sandbox.session_info(sid)
             again = (await http.post("/v1/verify", json=body)).json()
@@ -229,3 +229,24 @@ async def _len_at_least(redis, stream: str, n: int):
 async def _pending_is(redis, n: int) -> bool:
     info = await redis.xpending(streams.STREAM_EPISODES, streams.GROUP_VERIFIER)
     return info["pending"] == n
+
+
+async def test_require_command_makes_a_success_without_commands_train_as_zero(redis_server, sandbox_url, tmp_path):
+    proc = verifier_process(redis_server.url, sandbox_url, tmp_path, "vr", shellrl_worker_enabled="false",
+                            shellrl_require_command="true").start()
+    try:
+        async with httpx.AsyncClient(base_url=proc.url, timeout=30) as http, SandboxClient(sandbox_url) as sandbox:
+            results = []
+            for tool_events in ([], [{"exit_code": 0, "timed_out": False, "policy_verdict": "allow"}]):
+                sid = (await sandbox.create_session())["session_id"]
+                await sandbox.exec(sid, NUMBERS.reference_solution)
+                body = {"task": task_to_json(NUMBERS), "answer": "5", "session_id": sid, "release_session": True,
+                        "tool_events": tool_events}
+                results.append((await http.post("/v1/verify", json=body)).json())
+            guess, looked_up = results
+            assert (guess["reward"], guess["training_reward"]) == (1.0, 0.0)
+            assert guess["reward_components"]["ungrounded_success"] == -1.0
+            assert (looked_up["reward"], looked_up["training_reward"]) == (1.0, 1.0)
+            assert looked_up["reward_components"]["ungrounded_success"] == 0.0
+    finally:
+        proc.stop()

@@ -102,7 +102,7 @@ def test_shaping_components_are_reported_but_not_trained_on_by_default():
     events = _events((0, False, "allow"), (0, False, "allow"), (1, False, "allow"), (-1, True, "allow"))
     r = compute_reward([False], events, False, Shaping())
     assert r.components == pytest.approx({"outcome": 0.0, "exit_zero_bonus": 0.2, "timeout_penalty": -0.1,
-                                          "safety_penalty": 0.0})
+                                          "safety_penalty": 0.0, "ungrounded_success": 0.0})
     assert r.training_reward == 0.0
 
 
@@ -112,6 +112,22 @@ def test_enabled_shaping_caps_the_exit_zero_bonus_and_adds_penalties():
     assert r.components["exit_zero_bonus"] == pytest.approx(0.3)
     assert r.training_reward == pytest.approx(1.0 + 0.3 - 0.1 - 1.0)
     assert r.reward == 1.0
+
+
+def test_a_success_without_any_command_trains_as_zero_only_when_require_command_is_on():
+    """run6's collapse: lucky `<answer>N</answer>` guesses were trained on as successes."""
+    guess = compute_reward([True], [], False, Shaping())
+    assert (guess.reward, guess.training_reward, guess.components["ungrounded_success"]) == (1.0, 1.0, -1.0)
+    guess = compute_reward([True], [], False, Shaping(require_command=True))
+    assert (guess.reward, guess.training_reward) == (1.0, 0.0)
+    malformed_only = [ToolEvent(exit_code=0, parse_error="no <bash> tag")]  # not a command
+    assert compute_reward([True], malformed_only, False, Shaping(require_command=True)).training_reward == 0.0
+    looked_up = compute_reward([True], _events((0, False, "allow")), False, Shaping(require_command=True))
+    assert (looked_up.training_reward, looked_up.components["ungrounded_success"]) == (1.0, 0.0)
+    failed = compute_reward([False], [], False, Shaping(require_command=True))
+    assert failed.training_reward == 0.0 and str(failed.components["ungrounded_success"]) == "0.0"  # never -0.0
+    with_shaping = compute_reward([True], [], False, Shaping(enabled=True, require_command=True))
+    assert with_shaping.training_reward == 0.0
 
 
 def test_malformed_actions_are_not_commands_for_shaping():
