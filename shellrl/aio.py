@@ -10,8 +10,10 @@ of an XREADGROUP loop at random moments, and 13 of 40 runs of tests/service/roll
 on a busy machine (see `tests/service/test_cancel.py`). Every shutdown path in shellrl cancels through
 `cancel_and_wait`, which repeats the cancel until the task has really finished. Repeating is not
 enough on its own: a consumer that writes back to back sits in the window most of the time, and in
-CI four cancels a second apart all missed; `shellrl.streams.CancelSafeConnection` (every client made
-by `shellrl.streams.connect`) writes under `asyncio.timeout` instead and ignores no cancel.
+CI four cancels a second apart all missed; `shellrl.streams.CancelSafeConnection` (every redis:// client
+made by `shellrl.streams.connect` or the rollout gateway's pool) writes under `asyncio.timeout`
+instead, which drops no cancel. Other `asyncio.wait_for` calls (e.g. in the rollout scheduler and
+admission) keep the 3.11 behaviour, so `cancel_and_wait` stays the way every shutdown path cancels.
 """
 
 from __future__ import annotations

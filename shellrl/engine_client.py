@@ -121,7 +121,8 @@ class EngineClient:
         self._tie_break = itertools.count()
         self._session_supported: dict[str, bool] = {}
         # HTTP/1.1 through aiohttp under httpx's API: ~3x less client CPU per call than httpx's own
-        # transport, with httpx's exception meanings kept (shellrl/http_transport.py).
+        # transport, with httpx's exception meanings kept (shellrl/http_transport.py). A `transport`
+        # given by the caller brings its own connection limit (max_connections is not used then).
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
             transport=transport if transport is not None else AiohttpTransport(max_connections),

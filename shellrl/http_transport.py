@@ -21,9 +21,16 @@ rules depend on:
 | `ClientPayloadError`, `ClientOSError`            | `ReadError`           | yes                  |
 | any other `ClientError`                          | `TransportError`      | yes                  |
 
-Timeouts come from httpx's per-request `timeout` (connect -> aiohttp `connect` + `sock_connect`,
-read -> `sock_read`); responses are read whole (no streaming), not decompressed by aiohttp
-(httpx decodes per Content-Encoding), and redirects are left to httpx.
+The "no" rows hold for POST, which is every call that must not run twice (/generate, /exec, session
+creation, weight updates): aiohttp re-sends only idempotent methods (GET, HEAD, OPTIONS, TRACE, PUT,
+DELETE), once, when their connection broke (aiohttp/client.py), so a GET or DELETE that reached the
+server and lost its connection can come back as `ConnectError` from the re-send.
+
+Timeouts come from httpx's per-request `timeout`: connect + pool -> aiohttp `connect` (waiting for a
+pooled connection and opening one), connect -> `sock_connect`, read -> `sock_read`; httpx's `write`
+has no aiohttp counterpart, and a timeout of 0 means none to aiohttp. Responses are read whole (no
+streaming), not decompressed by aiohttp (httpx decodes per Content-Encoding); redirects and cookies
+are left to httpx.
 """
 
 from __future__ import annotations
@@ -33,8 +40,9 @@ import asyncio
 import aiohttp
 import httpx
 
-# uvicorn closes an idle keep-alive connection after 5 s (its `timeout_keep_alive`); dropping ours
-# first means a request never goes out on a connection the server is closing at that moment.
+# uvicorn closes an idle keep-alive connection after 5 s (its `timeout_keep_alive`); dropping ours a
+# second earlier makes a request going out on a connection the server is closing rare (it then fails
+# as RemoteProtocolError, "may have run", and is not re-sent).
 KEEPALIVE_TIMEOUT_S = 4.0
 _SKIP_HEADERS = frozenset({"content-length", "transfer-encoding", "host"})
 
@@ -43,8 +51,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     """`httpx.AsyncClient(transport=AiohttpTransport(max_connections=256))`.
 
     max_connections: open connections in all (aiohttp's `limit`; 0 = unbounded); a request waits
-    for a free one up to its connect timeout. The aiohttp session is created on the first request,
-    in the running event loop, and closed by `aclose()` (httpx calls it from `AsyncClient.aclose`).
+    for a free one up to its connect + pool timeout. The aiohttp session is created on the first
+    request, in the running event loop (again when used from another loop), and closed by `aclose()`
+    (httpx calls it from `AsyncClient.aclose`).
     """
 
     def __init__(self, max_connections: int = 100, keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S) -> None:
@@ -53,13 +62,17 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         self.max_connections = max_connections
         self.keepalive_timeout_s = keepalive_timeout_s
         self._session: aiohttp.ClientSession | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def _get_session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
+        loop = asyncio.get_running_loop()
+        if self._session is None or self._session.closed or self._loop is not loop:
             connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
                                              keepalive_timeout=self.keepalive_timeout_s)
             self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
+                                                  cookie_jar=aiohttp.DummyCookieJar(),
                                                   skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"))
+            self._loop = loop
         return self._session
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -96,6 +109,6 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
                                           "reason_phrase": (reason or "").encode("latin-1", "replace")})
 
     async def aclose(self) -> None:
-        if self._session is not None:
+        if self._session is not None and self._loop is asyncio.get_running_loop():
             await self._session.close()
-            self._session = None
+        self._session = self._loop = None

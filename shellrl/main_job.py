@@ -43,6 +43,7 @@ class JobConfig:
     groups_per_step: int = 4
     max_staleness: int = 1
     lr: float = 2e-5
+    kl_coef: float = 0.0  # k3 KL to the initial policy (the learner's SHELLRL_KL_COEF; 0 = off)
     # T = 0.7 (learner and engine alike, pitfall C07): at T = 1 the base policy solved 2 of 276 pass-rate
     # episodes, at 0.7 6 of 143 (docs/main-job/pass_rates_T*.json), so more groups carry a reward variance
     temperature: float = 0.7
@@ -82,6 +83,7 @@ class JobConfig:
                        # a whole group per micro-batch, its prompt run once (prefix sharing needs the
                        # KV cache, so no activation checkpointing; 135M parameters fit in memory anyway)
                        "learner": {"SHELLRL_NUM_THREADS": str(self.learner_threads),
+                                   "SHELLRL_KL_COEF": str(self.kl_coef),
                                    "SHELLRL_MICRO_BATCH_SIZE": str(self.group_size),
                                    "SHELLRL_GRADIENT_CHECKPOINTING": "false", "SHELLRL_SHARE_PREFIX_MIN_TOKENS": "32"}}
         return StackConfig(state_dir=self.state_dir, model_path=self.model_path, env=env, service_env=service_env,
@@ -217,6 +219,14 @@ def train(cfg: JobConfig, info: dict, learner_url: str) -> list[dict]:
     return snapshots
 
 
+def check_verifier_config(verifier_url: str, require_command: bool) -> None:
+    """Raise RuntimeError unless the running verifier's `require_command` (GET /v1/config) is the
+    job's: an environment that overrode it would silently train on guesses again (run6)."""
+    running = httpx.get(f"{verifier_url}/v1/config", timeout=10).json().get("require_command")
+    if running is not require_command:
+        raise RuntimeError(f"the verifier runs with require_command={running!r}, the job asks for {require_command}")
+
+
 def run_job(cfg: JobConfig) -> Path:
     """The whole job; returns the report directory."""
     from shellrl.report import write_report
@@ -231,6 +241,7 @@ def run_job(cfg: JobConfig) -> Path:
     with Stack(cfg.stack_config()) as stack:
         info = json.loads(stack.pid_file.read_text())
         console.print(f"stack up in {time.time() - t_start:.0f} s; logs in {stack.log_dir}/")
+        check_verifier_config(stack.config.url("verifier"), cfg.require_command)
         client = httpx.Client(base_url=stack.config.url("rollout"))
         eval_ids = {name: submit(client, tasks, eval_copy=True) for name, tasks in sets.items()}
         before = evaluate(client, eval_ids, "before")

@@ -11,14 +11,17 @@ scratch run, the model learned to `echo` the question):
 
 One rule is switched on by itself (`Shaping.require_command`, independent of `enabled`):
 
-  ungrounded_success  -outcome when the episode sent no command to the sandbox: a success by an
-                      answer the agent never looked up trains as 0 (the `reward` stays 1)
+  ungrounded_success  -outcome when no command of the episode ran in the sandbox (none sent, or
+                      every one denied by the policy): such a success trains as 0 (`reward` stays 1)
 
 Why: with binary rewards GRPO amplifies lucky guesses. In main-job run6 (docs/main-job/run6) a few
 early groups had a correct bare `<answer>3</answer>` while their members that ran a command failed;
 the group-relative advantages pushed the answer-at-once behaviour up and command use down, and from
-step 5 every trained trajectory was a 7-token guess (success of trained batches 0.03-0.19). With the
-rule, a group whose only successes are guesses has no reward variance and is not trained on.
+step 5 every trained trajectory was a 7-token guess (mean reward of a step's 32 episodes 0.00-0.31,
+eval_id 18.8% -> 3.1%). With the rule, a group whose only successes are guesses has no reward
+variance and is not trained on. It checks that a command ran, not that the answer came from its
+output: a policy could still learn "run anything, then guess" (watch `ungrounded_success` and the
+commands per episode if a run's eval falls while its training reward rises).
 
 An unscored verification (INFRA failure) has no reward at all (NaN on the wire, null in JSON):
 it never becomes a 0, and it is computed per trajectory, so it cannot touch another member of
@@ -57,7 +60,7 @@ class Shaping:
 @dataclass(frozen=True)
 class Reward:
     """reward: task outcome in {0, 1}. training_reward: what the learner optimizes (= reward unless
-    shaping is enabled). components: outcome and every shaping term, always reported."""
+    shaping or require_command is on). components: outcome and every shaping term, always reported."""
 
     reward: float
     training_reward: float
@@ -89,7 +92,7 @@ def compute_reward(checks_passed: Iterable[bool], tool_events: Iterable[ToolEven
         "exit_zero_bonus": min(shaping.exit_zero_bonus * exit_zero, shaping.exit_zero_cap),
         "timeout_penalty": shaping.timeout_penalty * timed_out + 0.0,  # never -0.0
         "safety_penalty": shaping.safety_penalty if safety_flagged else 0.0,
-        "ungrounded_success": -outcome if outcome and not commands else 0.0,
+        "ungrounded_success": -outcome if outcome and not any(e.policy_verdict != "deny" for e in commands) else 0.0,
     }
     training = outcome
     if shaping.enabled:

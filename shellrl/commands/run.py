@@ -22,6 +22,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--groups-per-step", type=int, default=d.groups_per_step)
     parser.add_argument("--max-staleness", type=int, default=d.max_staleness)
     parser.add_argument("--lr", type=float, default=d.lr)
+    parser.add_argument("--kl-coef", type=float, default=d.kl_coef, help="k3 KL to the initial policy (0 = off)")
     parser.add_argument("--temperature", type=float, default=d.temperature)
     parser.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     parser.add_argument("--max-turns", type=int, default=d.max_turns)
@@ -49,7 +50,7 @@ def run(args) -> int:
         shutil.rmtree(state)
     cfg = JobConfig(model_path=args.model_path, state_dir=state, steps=args.steps,
                     time_budget_s=args.time_budget_min * 60, group_size=args.group_size,
-                    groups_per_step=args.groups_per_step, max_staleness=args.max_staleness, lr=args.lr,
+                    groups_per_step=args.groups_per_step, max_staleness=args.max_staleness, lr=args.lr, kl_coef=args.kl_coef,
                     temperature=args.temperature, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
                     train_set=args.train_set, eval_id_episodes=args.eval_id_episodes,
                     eval_ood_episodes=args.eval_ood_episodes, agentbench_eval_tasks=args.agentbench_eval_tasks,

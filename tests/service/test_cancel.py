@@ -90,17 +90,19 @@ async def test_control_redis_pys_own_connection_ignores_some_cancels(redis_serve
 
 async def test_a_write_past_socket_timeout_raises_redis_timeout_error_and_drops_the_connection():
     """A server that accepts and never reads: a 64 MB write fills the socket buffers and has to
-    time out as before, as redis' TimeoutError, within the retries' budget."""
+    time out as before, as redis' TimeoutError "Timeout writing to socket". (No CLIENT SETINFO on
+    connect: its reply would never come, and the read would time out before any write.)"""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
     port = server.getsockname()[1]
-    redis = connect(f"redis://127.0.0.1:{port}/0", socket_timeout=0.3)
+    redis = connect(f"redis://127.0.0.1:{port}/0", socket_timeout=0.3, driver_info=None)
     t0 = time.monotonic()
     try:
-        with pytest.raises(RedisTimeoutError):
+        with pytest.raises(RedisTimeoutError, match="Timeout writing to socket"):
             await redis.set("k", b"x" * (64 << 20))
         assert time.monotonic() - t0 < 10.0
+        assert not any(c.is_connected for c in redis.connection_pool._available_connections)
     finally:
         await redis.aclose()
         server.close()

@@ -149,3 +149,16 @@ async def test_waiting_past_the_connect_timeout_for_a_pooled_connection_is_conne
 def test_negative_max_connections_is_refused():
     with pytest.raises(ValueError, match="max_connections"):
         AiohttpTransport(max_connections=-1)
+
+
+def test_one_transport_serves_a_second_event_loop_after_the_first_closed(server):
+    """A client kept across `asyncio.run` calls (CLI helpers do that) gets a new aiohttp session in
+    the new loop instead of aiohttp's RuntimeError from the old loop's session."""
+    client = httpx.AsyncClient(transport=AiohttpTransport(), base_url=server.url)
+
+    async def call() -> int:
+        return (await client.post("/echo", json=1)).status_code
+
+    assert asyncio.run(call()) == 200
+    assert asyncio.run(call()) == 200
+    asyncio.run(client.aclose())

@@ -24,6 +24,7 @@ from shellrl.contract import (
     parse_trajectory,
     task_to_json,
 )
+from shellrl.main_job import check_verifier_config
 from shellrl.sandbox_client import SandboxClient, SandboxNotFound
 from shellrl.tasks.seeds import seed_tasks
 from tests.helpers.processes import ServiceProcess
@@ -248,5 +249,8 @@ async def test_require_command_makes_a_success_without_commands_train_as_zero(re
             assert guess["reward_components"]["ungrounded_success"] == -1.0
             assert (looked_up["reward"], looked_up["training_reward"]) == (1.0, 1.0)
             assert looked_up["reward_components"]["ungrounded_success"] == 0.0
+        check_verifier_config(proc.url, True)  # what the main job checks before it trains
+        with pytest.raises(RuntimeError, match="require_command=True"):
+            check_verifier_config(proc.url, False)
     finally:
         proc.stop()

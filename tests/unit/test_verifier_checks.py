@@ -122,6 +122,8 @@ def test_a_success_without_any_command_trains_as_zero_only_when_require_command_
     assert (guess.reward, guess.training_reward) == (1.0, 0.0)
     malformed_only = [ToolEvent(exit_code=0, parse_error="no <bash> tag")]  # not a command
     assert compute_reward([True], malformed_only, False, Shaping(require_command=True)).training_reward == 0.0
+    denied_only = _events((-1, False, "deny"))  # sent, but it never ran
+    assert compute_reward([True], denied_only, False, Shaping(require_command=True)).training_reward == 0.0
     looked_up = compute_reward([True], _events((0, False, "allow")), False, Shaping(require_command=True))
     assert (looked_up.training_reward, looked_up.components["ungrounded_success"]) == (1.0, 0.0)
     failed = compute_reward([False], [], False, Shaping(require_command=True))
