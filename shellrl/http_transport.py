@@ -1,10 +1,10 @@
 """httpx transport on aiohttp: the clients' code stays httpx, the HTTP/1.1 work is aiohttp's.
 
 Why: `EngineClient` and `SandboxClient` make two calls per agent turn, and through httpx's own
-transport (httpcore + anyio) each costs ~3.8 ms of client CPU on this VM (httpcore walks every
+transport (httpcore + anyio) each costs ~2-4 ms of client CPU on this VM (httpcore walks every
 pooled connection per request; anyio asks the socket for its peer each time), which capped the
-gateway at 47-74 turns/s (BENCHMARKS.md, issue 5). aiohttp's connection pool and C HTTP parser do
-the same call for a fraction of that (`python -m benchmarks rollout`).
+gateway at 47-184 turns/s depending on the machine's load; through this transport, 703-729 turns/s
+in the same runs' conditions (BENCHMARKS.md, "Rollout gateway"; `python -m benchmarks rollout`).
 
 Why not the `httpx-aiohttp` package: it maps aiohttp's `ServerDisconnectedError` (the server
 dropped the connection, maybe after running the request) to `httpx.ConnectTimeout`, which
