@@ -3,8 +3,8 @@
 Why: `EngineClient` and `SandboxClient` make two calls per agent turn, and through httpx's own
 transport (httpcore + anyio) each costs ~2-4 ms of client CPU on this VM (httpcore walks every
 pooled connection per request; anyio asks the socket for its peer each time), which capped the
-gateway at 47-184 turns/s depending on the machine's load; through this transport, 703-729 turns/s
-in the same runs' conditions (BENCHMARKS.md, "Rollout gateway"; `python -m benchmarks rollout`).
+gateway at 182-184 turns/s on the idle VM (47-74 under load); through this transport the same
+benchmark gives 703-729 (BENCHMARKS.md, "Rollout gateway"; `python -m benchmarks rollout`).
 
 Why not the `httpx-aiohttp` package: it maps aiohttp's `ServerDisconnectedError` (the server
 dropped the connection, maybe after running the request) to `httpx.ConnectTimeout`, which
