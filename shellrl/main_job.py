@@ -43,9 +43,9 @@ class JobConfig:
     groups_per_step: int = 4
     max_staleness: int = 1
     lr: float = 2e-5
-    # k3 KL to the initial policy (the learner's SHELLRL_KL_COEF). Without it run7 collapsed onto one
-    # command: it learned `wc -w` from word_count and answered every counting task with it (count_lines
-    # 4/10 -> 0/10); run8 with 0.1 learned word_count and count_lines both (BENCHMARKS.md, "Main job")
+    # k3 KL to the initial policy (the learner's SHELLRL_KL_COEF). Without it run7 learned word_count and
+    # lost count_lines (4/10 -> 0/10; its counting answers looked like word counts); runs 8 and 9 with 0.1
+    # met the target, learning count_lines with word_count or cat_file (BENCHMARKS.md, "Main job")
     kl_coef: float = 0.1
     # T = 0.7 (learner and engine alike, pitfall C07): at T = 1 the base policy solved 2 of 276 pass-rate
     # episodes, at 0.7 6 of 143 (docs/main-job/pass_rates_T*.json), so more groups carry a reward variance
