@@ -17,7 +17,7 @@ One rule is switched on by itself (`Shaping.require_command`, independent of `en
 Why: with binary rewards GRPO amplifies lucky guesses. In main-job run6 (docs/main-job/run6) a few
 early groups had a correct bare `<answer>3</answer>` while their members that ran a command failed;
 the group-relative advantages pushed the answer-at-once behaviour up and command use down, and from
-step 5 every trained trajectory was a 7-token guess (mean reward of a step's 32 episodes 0.00-0.31,
+step 3 every trained trajectory was a 7-token guess (mean reward of a step's 32 episodes 0.00-0.31,
 eval_id 18.8% -> 3.1%). With the rule, a group whose only successes are guesses has no reward
 variance and is not trained on. It checks that a command ran, not that the answer came from its
 output: a policy could still learn "run anything, then guess" (watch `ungrounded_success` and the
