@@ -99,8 +99,9 @@ def test_chunk_ranges_cover_every_tensor_and_byte_once():
         for (i, j), (lo, hi) in ranges:  # each chunk's bytes hold exactly its tensors
             assert i < j and lo <= metadata[i].start_idx
             assert metadata[j - 1].end_idx <= hi
-        for (i, j), (lo, hi) in ranges[:-1]:  # cut at the first tensor reaching the next boundary
-            boundary = nbytes * (lo * chunks // nbytes + 1) / chunks
+        boundaries = [k * nbytes / chunks for k in range(1, chunks + 1)]
+        for (i, j), (lo, hi) in ranges[:-1]:  # cut at the first tensor reaching the next boundary above lo
+            boundary = min(b for b in boundaries if b > lo)
             assert metadata[j - 1].end_idx >= boundary and (j - 1 == i or metadata[j - 2].end_idx < boundary)
     assert _chunk_ranges([], 8) == []
     # 16 equal tensors of 2,000 bytes (2,048 apart) in 4 runs: 5 + 4 + 4 + 3 tensors
