@@ -352,7 +352,8 @@ class EngineClient:
     async def abort_request(
         self, rid: str | None = None, abort_all: bool = False, *, urls: Iterable[str] | None = None
     ) -> None:
-        """POST /abort_request: aborts `rid` (and batch children `rid_0`, ...) or everything.
+        """POST /abort_request: aborts `rid` or everything. shellrl's engine also aborts the batch
+        children `rid_0`, `rid_1`, ... of a batch `rid`; SGLang 0.5.23 matches the exact rid only.
         The aborted `/generate` calls return their partial output with finish_reason "abort"."""
         if not rid and not abort_all:
             raise ValueError("give a rid or abort_all=True")

@@ -130,16 +130,20 @@ def create_app(
     return app
 
 
-def serve(app: FastAPI, host: str, port: int, log_level: str = "info", grace_s: float = 10.0) -> None:
-    """Run uvicorn until SIGINT/SIGTERM; in-flight requests get `grace_s` to finish."""
+def serve(app: FastAPI, host: str, port: int, log_level: str = "info", grace_s: float = 10.0,
+          on_exit_signal: Callable[[], None] | None = None) -> None:
+    """Run uvicorn until SIGINT/SIGTERM; in-flight requests get `grace_s` to finish, then uvicorn
+    cancels them. `on_exit_signal` runs once, on the event loop's thread, when the first signal
+    arrives (the engine uses it to end its in-flight generations as aborts before the grace runs out)."""
     import uvicorn
 
-    uvicorn.run(
-        app,
-        host=host,
-        port=port,
-        log_level=log_level.lower(),
-        access_log=False,
-        timeout_graceful_shutdown=grace_s,
-        log_config=None,
-    )
+    class _Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            first = not self.should_exit
+            super().handle_exit(sig, frame)
+            if first and on_exit_signal is not None:
+                on_exit_signal()
+
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=False,
+                            timeout_graceful_shutdown=grace_s, log_config=None)
+    _Server(config).run()

@@ -42,8 +42,27 @@ class ServiceSettings(BaseSettings):
         return self
 
     def public_dict(self) -> dict:
-        """The resolved config for logs and `GET /v1/config` (secrets never live in settings)."""
-        return self.model_dump(mode="json")
+        """The resolved config for logs, `GET /v1/config` and `/get_server_info`, with the password of
+        every URL replaced by `***` (`SHELLRL_REDIS_URL=redis://:pw@host/0` carries one)."""
+        return {key: redact_url(value) if isinstance(value, str) else value
+                for key, value in self.model_dump(mode="json").items()}
+
+
+def redact_url(value: str) -> str:
+    """`scheme://user:secret@host...` -> `scheme://user:***@host...`; any other string unchanged.
+    Comma-separated URL lists (`engine_urls`) are redacted item by item."""
+    if "@" not in value or "://" not in value:
+        return value
+    return ",".join(_redact_one(part) for part in value.split(","))
+
+
+def _redact_one(url: str) -> str:
+    scheme, sep, rest = url.partition("://")
+    userinfo, at, host = rest.rpartition("@")
+    if not sep or not at or "/" in userinfo:
+        return url
+    user, colon, _ = userinfo.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{host}" if colon else url
 
 
 

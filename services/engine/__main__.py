@@ -17,13 +17,17 @@ log = logging.getLogger("services.engine")
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m services.engine", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m services.engine", description=__doc__.splitlines()[0],
+        epilog="Every setting is also a SHELLRL_* environment variable (services/engine/settings.py), e.g. "
+               "SHELLRL_NUM_THREADS, SHELLRL_PREFIX_CACHE_MAX_BYTES, SHELLRL_SHUTDOWN_GRACE_S; flags win.")
     parser.add_argument("--model-path")
     parser.add_argument("--host")
     parser.add_argument("--port", type=int)
     parser.add_argument("--device")
     parser.add_argument("--weight-version")
     parser.add_argument("--max-running-requests", type=int)
+    parser.add_argument("--num-threads", type=int, help="torch intra-op threads (0 = torch's default)")
     parser.add_argument("--disable-radix-cache", action="store_true", help="turn the prefix cache off")
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in vars(args).items() if v is not None and k != "disable_radix_cache"}
@@ -37,7 +41,8 @@ def main(argv: list[str] | None = None) -> None:
     from services.engine.runtime import EngineRuntime
 
     runtime = EngineRuntime(settings)
-    serve(build_app(runtime), settings.host, settings.resolved_port(), settings.log_level, settings.shutdown_grace_s)
+    serve(build_app(runtime), settings.host, settings.resolved_port(), settings.log_level, settings.shutdown_grace_s,
+          on_exit_signal=runtime.on_exit_signal)
 
 
 if __name__ == "__main__":

@@ -13,11 +13,13 @@ import asyncio
 import json
 import time
 import uuid
+from datetime import datetime, timezone
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
+from services.engine import metrics
 from services.engine.protocol import parse_generate, render_response
 from services.engine.runtime import EngineRuntime
 from services.engine.scheduler import PAUSE_MODES, DuplicateRequestId
@@ -39,7 +41,7 @@ class PauseBody(_Body):
 
 
 class ContinueBody(_Body):
-    torch_empty_cache: StrictBool = False
+    torch_empty_cache: StrictBool = True  # SGLang's default (io_struct.py:ContinueGenerationReqInput); no-op here
 
 
 class BeginBody(_Body):
@@ -85,9 +87,15 @@ async def _json(request: Request) -> object:
     if not raw:
         return {}
     try:
-        return json.loads(raw)
+        return json.loads(raw, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from exc
+
+
+def _no_constant(name: str):
+    """Python's json accepts NaN/Infinity, which JSON does not (a temperature of Infinity would
+    sample uniformly)."""
+    raise ApiError(400, "invalid_json", f"request body is not valid JSON: {name} is not a JSON number")
 
 
 async def _parse(request: Request, model: type[BaseModel]):
@@ -102,6 +110,27 @@ async def _parse(request: Request, model: type[BaseModel]):
 
 def _update_failure(message: str) -> JSONResponse:
     return JSONResponse({"success": False, "message": message}, status_code=400)
+
+
+DISCONNECT_POLL_S = 1.0
+DISK_LOAD_FORMATS = (None, "auto", "safetensors")
+
+
+async def _wait_or_abort_on_disconnect(request: Request, scheduler, states: list) -> list | None:
+    """The finished states, or None when the client went away first: then its requests are aborted
+    (as SGLang's tokenizer manager does when `request.is_disconnected()`), so that no decoding
+    continues for nobody. Checked every DISCONNECT_POLL_S seconds."""
+    gathered = asyncio.ensure_future(asyncio.gather(*(state.future for state in states)))
+    while True:
+        done, _ = await asyncio.wait({gathered}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return gathered.result()
+        if await request.is_disconnected():
+            for state in states:
+                scheduler.call(lambda rid=state.spec.rid: scheduler.abort(rid, abort_all=False))
+            metrics.CLIENT_DISCONNECTS.inc(len(states))
+            await gathered
+            return None
 
 
 def build_app(runtime: EngineRuntime) -> FastAPI:
@@ -124,6 +153,8 @@ def build_app(runtime: EngineRuntime) -> FastAPI:
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request):
+        if runtime.draining:
+            raise ApiError(503, "shutting_down", "the engine is shutting down; send the request to another engine")
         specs, is_batch = parse_generate(await _json(request), runtime.limits, runtime.tokenizer,
                                          lambda: uuid.uuid4().hex)
         loop = asyncio.get_running_loop()
@@ -135,7 +166,9 @@ def build_app(runtime: EngineRuntime) -> FastAPI:
             for state in states:  # the batch is refused as a whole
                 scheduler.call(lambda rid=state.spec.rid: scheduler.abort(rid, abort_all=False))
             raise ApiError(400, "duplicate_rid", str(exc), "rid") from exc
-        finished = await asyncio.gather(*(state.future for state in states))
+        finished = await _wait_or_abort_on_disconnect(request, scheduler, states)
+        if finished is None:
+            return Response(status_code=499)  # nobody reads it
         for state in finished:
             status = state.finish_reason.get("status_code")
             if status is not None and 400 <= status < 600:
@@ -170,7 +203,7 @@ def build_app(runtime: EngineRuntime) -> FastAPI:
         if await runtime.run(scheduler.flush_cache):
             return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. "
                                      "(When there are running or waiting requests, the operation will not be performed.)\n")
-        return PlainTextResponse("Cache not flushed: requests are running.\n", status_code=400)
+        return PlainTextResponse("Cache not flushed: requests are running or waiting.\n", status_code=400)
 
     @app.post("/begin_weight_update")
     async def begin_weight_update(request: Request):
@@ -202,6 +235,9 @@ def build_app(runtime: EngineRuntime) -> FastAPI:
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(request: Request):
         body = await _parse(request, DiskUpdateBody)
+        if body.load_format not in DISK_LOAD_FORMATS:
+            return _update_failure(f"load_format {body.load_format!r} is not supported; this engine reads "
+                                   f"safetensors directories (load_format null, 'auto' or 'safetensors')")
         try:
             message = await runtime.update_from_disk(body.model_path, body.weight_version, body.abort_all_requests)
         except WeightUpdateError as exc:
@@ -236,7 +272,7 @@ def build_app(runtime: EngineRuntime) -> FastAPI:
     @app.get("/v1/loads")
     async def loads():
         device = runtime.settings.device
-        return {"timestamp": time.time(), "version": "shellrl-engine-0.1.0", "accelerator": device.split(":")[0],
+        return {"timestamp": datetime.now(timezone.utc).isoformat(), "version": "shellrl-engine-0.1.0", "accelerator": device.split(":")[0],
                 "num_accelerators": 0 if device == "cpu" else 1, "loads": [runtime.loads()]}
 
     @app.get("/ready")

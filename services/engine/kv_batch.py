@@ -71,6 +71,11 @@ class BufferPool:
         """Drop every kept block (an idle engine holds no KV memory)."""
         self._free = []
 
+    @property
+    def bytes(self) -> int:
+        """Bytes of the kept blocks."""
+        return sum(b.numel() * b.element_size() for b in self._free)
+
 
 POOL = BufferPool()
 
@@ -141,6 +146,11 @@ class BatchKV:
         if self._block is not None:
             POOL.give(self._block)
             self._block = self.kv = None
+
+    @property
+    def bytes(self) -> int:
+        """Bytes of the KV buffer (its pool block, which may be larger than the batch needs)."""
+        return 0 if self._block is None else self._block.numel() * self._block.element_size()
 
     @property
     def rows(self) -> int:

@@ -41,7 +41,7 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_new_tokens: StrictInt = Field(128, ge=0)
+    max_new_tokens: StrictInt | None = Field(128, ge=0)  # None: up to the context length
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: StrictInt = -1
@@ -108,7 +108,7 @@ def parse_generate(body: object, limits: ModelLimits, tokenizer, new_rid) -> tup
         raise ApiError(400, "invalid_request", "request body must be a JSON object")
     for key in body:
         if key in _DEFAULT_ONLY:
-            if body[key] not in _DEFAULT_ONLY[key]:
+            if body[key] is not None and body[key] not in _DEFAULT_ONLY[key]:
                 raise ApiError(400, "unsupported", f"{key}={body[key]!r} is not supported by shellrl's engine", key)
         elif key not in _HANDLED and key not in _IGNORED:
             raise ApiError(400, "unknown_field", f"unknown field {key!r}", key)
@@ -134,7 +134,8 @@ def _prompts(body: dict, tokenizer, limits: ModelLimits) -> tuple[list[list[int]
         texts = text if isinstance(text, list) else [text]
         if not texts or not all(isinstance(t, str) for t in texts):
             raise ApiError(400, "invalid_request", "text must be a string or a non-empty list of strings", "text")
-        prompts = [tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        # the tokenizer's defaults (special tokens such as a BOS included), as SGLang's tokenizer manager
+        prompts = [tokenizer.encode(t) for t in texts]
         is_batch = isinstance(text, list)
     else:
         ids = body["input_ids"]
@@ -143,9 +144,9 @@ def _prompts(body: dict, tokenizer, limits: ModelLimits) -> tuple[list[list[int]
         is_batch = isinstance(ids[0], list)
         prompts = ids if is_batch else [ids]
     for i, prompt in enumerate(prompts):
-        field = f"input_ids[{i}]" if is_batch else "input_ids"
+        field = f"{given[0]}[{i}]" if is_batch else given[0]
         if not isinstance(prompt, list) or not prompt:
-            raise ApiError(400, "invalid_request", "input_ids cannot be empty.", field)
+            raise ApiError(400, "invalid_request", f"{given[0]} cannot be empty.", field)
         bad = [t for t in prompt if type(t) is not int or not 0 <= t < limits.vocab_size]
         if bad:
             raise ApiError(400, "invalid_request", f"token ids must be integers in [0, {limits.vocab_size}); "
@@ -169,6 +170,21 @@ def _per_item(value, count: int, field: str, kind: type, is_batch: bool) -> list
     return items
 
 
+def _max_new_tokens(requested: int | None, prompt_len: int, limits: ModelLimits, field: str) -> int:
+    """SGLang's total-token check (managers/tokenizer_manager.py, `validate_total_tokens`, on by default):
+    prompt + max_new_tokens beyond the context length is a 400, not a silent clip; None means the
+    room left in the context."""
+    room = limits.context_length - prompt_len
+    if requested is None:
+        return room
+    if requested > room:
+        raise ApiError(400, "invalid_request", "Requested token count exceeds the model's maximum context length "
+                       f"of {limits.context_length} tokens. You requested a total of {prompt_len + requested} tokens: "
+                       f"{prompt_len} tokens from the input messages and {requested} tokens for the completion.",
+                       f"{field}.max_new_tokens")
+    return requested
+
+
 def _rids(rid, count: int, is_batch: bool, new_rid) -> list[str]:
     if rid is None:
         return [new_rid() for _ in range(count)]
@@ -184,11 +200,16 @@ def _rids(rid, count: int, is_batch: bool, new_rid) -> list[str]:
 def _spec(rid: str, ids: list[int], raw: dict, field: str, limits: ModelLimits, return_logprob: bool,
           body: dict) -> RequestSpec:
     try:
-        params = SamplingParams.model_validate({k: v for k, v in raw.items() if v is not None})
+        # An explicit null means "the default", except for max_new_tokens, where SGLang reads null as
+        # "no limit" (scheduler.py:init_req_max_new_tokens), i.e. up to the context length.
+        params = SamplingParams.model_validate(
+            {k: v for k, v in raw.items() if v is not None or k == "max_new_tokens"})
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(p) for p in error["loc"])
         raise ApiError(400, "invalid_request", f"{field}.{where}: {error['msg']}", f"{field}.{where}") from exc
+    if params.logit_bias == {}:  # SGLang's own default (entrypoints/openai/protocol.py)
+        params.logit_bias = None
     for key, default in _UNSUPPORTED_SAMPLING.items():
         if getattr(params, key) != default:
             raise ApiError(400, "unsupported", f"{key} is not supported by shellrl's engine", f"{field}.{key}")
@@ -207,7 +228,7 @@ def _spec(rid: str, ids: list[int], raw: dict, field: str, limits: ModelLimits, 
         raise ApiError(400, "invalid_request", "stop_token_ids must be in the vocabulary", f"{field}.stop_token_ids")
     return RequestSpec(
         rid=rid, input_ids=tuple(ids),
-        max_new_tokens=min(params.max_new_tokens, limits.context_length - len(ids)),
+        max_new_tokens=_max_new_tokens(params.max_new_tokens, len(ids), limits, field),
         sampling=SamplingSpec(params.temperature, params.top_p, params.top_k, params.min_p, params.sampling_seed),
         stop_strings=stops, stop_regex=regexes, stop_token_ids=frozenset(params.stop_token_ids or ()),
         ignore_eos=params.ignore_eos, no_stop_trim=params.no_stop_trim,

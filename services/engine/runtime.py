@@ -39,6 +39,7 @@ class _Session:
     weight_version: str | None = None
     started_s: float = field(default_factory=time.perf_counter)
     failed: str | None = None
+    abort_all: bool = False  # an update of the session asked for abort_all_requests
 
 
 class EngineRuntime:
@@ -46,6 +47,8 @@ class EngineRuntime:
 
     def __init__(self, settings: EngineSettings) -> None:
         self.settings = settings
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.draining = False
         if settings.num_threads:
             torch.set_num_threads(settings.num_threads)
         dtype = None if settings.dtype == "auto" else getattr(torch, settings.dtype)
@@ -73,7 +76,29 @@ class EngineRuntime:
     # ----- lifecycle -----------------------------------------------------------------------------------
 
     def start(self) -> None:
+        self.loop = asyncio.get_running_loop()
         self.scheduler.start()
+
+    def begin_drain(self) -> None:
+        """SIGTERM: refuse new generations (503), give running ones until `shutdown_grace_s` - 1 s,
+        then end them as aborts with their tokens so far (SGLang's abort shape), so that no
+        in-flight work is lost to uvicorn cancelling the handlers. Call it on the loop's thread
+        (`on_exit_signal`)."""
+        if self.draining:
+            return
+        self.draining = True
+        log.info("draining: in-flight generations end as aborts in %.1f s", self.drain_s)
+        self.loop.call_later(self.drain_s, lambda: self.scheduler.call(
+            lambda: self.scheduler.abort("", abort_all=True)))
+
+    def on_exit_signal(self) -> None:
+        """For `shellrl.http.serve`: runs in the signal handler; hands `begin_drain` to the loop."""
+        if self.loop is not None:
+            self.loop.call_soon_threadsafe(self.begin_drain)
+
+    @property
+    def drain_s(self) -> float:
+        return max(0.0, self.settings.shutdown_grace_s - 1.0)
 
     def stop(self) -> None:
         self.scheduler.stop()
@@ -123,6 +148,7 @@ class EngineRuntime:
             raise
         if abort_all:
             await self.run(lambda: self.scheduler.abort("", abort_all=True))
+            session.abort_all = True
         session.staged.merge(staged)
         if weight_version is not None:
             session.weight_version = str(weight_version)
@@ -137,7 +163,8 @@ class EngineRuntime:
             raise WeightUpdateError(f"session discarded, an update in it failed: {session.failed}")
         if not session.staged.tensors and session.weight_version is None:
             return "Success. Nothing was staged."
-        count = await self._commit(session.staged, session.weight_version, "tensor", session.started_s)
+        count = await self._commit(session.staged, session.weight_version, "tensor", session.started_s,
+                                   abort_all=session.abort_all)
         return f"Success. {count} tensors live, weight version {self.weight_version}."
 
     async def update_from_disk(self, model_path: str, weight_version, abort_all: bool) -> str:
@@ -146,10 +173,10 @@ class EngineRuntime:
             raise WeightUpdateError("a weight-update session is open; end it before update_weights_from_disk")
         async with self._update_lock:
             staged = await self._timed_stage(self.weights.stage_disk, model_path)
-            if abort_all:
-                await self.run(lambda: self.scheduler.abort("", abort_all=True))
-            await self._commit(staged, None if weight_version is None else str(weight_version), "disk", started)
-        return f"Succeeded to update model weights. Weight version {self.weight_version}."
+            await self._commit(staged, None if weight_version is None else str(weight_version), "disk", started,
+                               abort_all=abort_all)
+        message = "Succeeded to update model weights."  # SGLang's text, and its suffix when a version is given
+        return message + (f" Weight version updated to {weight_version}." if weight_version is not None else "")
 
     async def _timed_stage(self, fn, *args) -> StagedWeights:
         """`fn(*args)` on a worker thread; its time and the hop's go to the phase histogram."""
@@ -169,17 +196,24 @@ class EngineRuntime:
             metrics.WEIGHT_UPDATE_PHASE_SECONDS.labels("stage").observe(work_s[0])
             metrics.WEIGHT_UPDATE_PHASE_SECONDS.labels("stage_hop").observe(time.perf_counter() - t0 - work_s[0])
 
-    async def _commit(self, staged: StagedWeights, weight_version: str | None, source: str, started_s: float) -> int:
+    async def _commit(self, staged: StagedWeights, weight_version: str | None, source: str, started_s: float,
+                      abort_all: bool = False) -> int:
+        """Swap `staged` in between two steps: once no request is running (they finish on the old
+        weights), or with `abort_all` at once, aborting in the same scheduler step whatever runs or
+        waits then. An abort only at the update call would not do: requests that arrive before the
+        swap (aborted episodes resumed at once) would run to their end first, holding the swap."""
         work_s = [0.0]
 
         def swap() -> int:
             t = time.perf_counter()
+            if abort_all:
+                self.scheduler.abort("", abort_all=True)
             self.scheduler.set_weights(lambda: self.weights.commit(staged), weight_version)
             work_s[0] = time.perf_counter() - t
             return len(staged.tensors)
 
         t0 = time.perf_counter()
-        count = await self.run(swap, when_idle=True)
+        count = await self.run(swap, when_idle=not abort_all)
         metrics.WEIGHT_UPDATE_PHASE_SECONDS.labels("commit").observe(work_s[0])
         metrics.WEIGHT_UPDATE_PHASE_SECONDS.labels("commit_hop").observe(time.perf_counter() - t0 - work_s[0])
         metrics.WEIGHT_UPDATE_SECONDS.labels(source).observe(time.perf_counter() - started_s)

@@ -125,8 +125,13 @@ class Scheduler:
     def submit(self, spec: RequestSpec, loop: asyncio.AbstractEventLoop) -> RequestState:
         """Queue a request; its future resolves with the finished state. Raises DuplicateRequestId."""
         state = RequestState(spec, loop.create_future(), loop)
+        # The tail decoded for stop strings: a generated stop string can be split into more tokens than
+        # its own encoding (e.g. "yyyyyy" generated as 6 tokens, encoded as 2); every token decodes to at
+        # least one character, so len(stop) + 1 tokens always hold it. SGLang also searches the whole
+        # decoded text (Req._check_str_based_finish).
         state.stop_window_tokens = 1 + max(
-            (len(self.tokenizer.encode(s, add_special_tokens=False)) for s in spec.stop_strings), default=0)
+            (max(len(s), len(self.tokenizer.encode(s, add_special_tokens=False))) for s in spec.stop_strings),
+            default=0)
         if spec.stop_regex:
             state.stop_window_tokens = max(state.stop_window_tokens, 64)
         if spec.sampling.seed is not None:
@@ -176,10 +181,15 @@ class Scheduler:
         self._held = []
 
     def abort(self, rid: str, abort_all: bool) -> int:
-        """Abort requests whose rid starts with `rid` (SGLang matches by prefix), or all. Returns count."""
+        """Abort all requests, or those whose rid starts with `rid` provided a request with exactly
+        that rid is live: SGLang 0.5.23 drops an abort whose rid is not in flight
+        (managers/tokenizer_manager.py:abort_request), and its scheduler then matches by prefix
+        (managers/scheduler.py:abort_request). So a batch parent rid aborts nothing. Returns count."""
         def hit(state: RequestState) -> bool:
-            return abort_all or (bool(rid) and state.spec.rid.startswith(rid))
+            return abort_all or state.spec.rid.startswith(rid)
 
+        if not abort_all and not (rid and rid in self._rids):
+            return 0
         count = 0
         for queue in (self._waiting, self._held):
             for state in [s for s in queue if hit(s)]:
@@ -195,8 +205,9 @@ class Scheduler:
         return count + len(rows)
 
     def flush_cache(self) -> bool:
-        """Drop the prefix cache; refused (False) while requests are running, as SGLang."""
-        if self._live():
+        """Drop the prefix cache; refused (False) while requests are running, or waiting unless the
+        engine is paused, as SGLang (managers/scheduler.py:flush_cache, is_fully_idle)."""
+        if self._live() or (self._waiting and not self.paused):
             return False
         self.prefix_cache.clear()
         return True
@@ -229,6 +240,7 @@ class Scheduler:
             metrics.RUNNING.set(len(self._live()))
             metrics.WAITING.set(len(self._waiting) + len(self._held))
             metrics.PREFIX_CACHE_BYTES.set(self.prefix_cache.bytes)
+            metrics.KV_BYTES.set((self._batch.bytes if self._batch is not None else 0) + POOL.bytes)
         for state in [*self._live(), *self._waiting, *self._held]:
             self._finish(state, dict(ABORTED, message="engine shutting down"))
 
@@ -393,12 +405,10 @@ class Scheduler:
             state.spans.append([self.weight_version, n - 1, n])
 
     def _stop_reason(self, state: RequestState) -> dict | None:
-        """SGLang's order (managers/schedule_batch.py:Req.check_finished): length, stop token, stop string."""
+        """SGLang 0.5.23's order (managers/schedule_batch.py:Req.update_finish_state): stop string or
+        regex, then stop token or EOS (both off with ignore_eos), then length. So a stop on the last
+        allowed token is "stop", not "length": the learner's overlong filter reads it as complete."""
         spec, token = state.spec, state.output_ids[-1]
-        if len(state.output_ids) >= spec.max_new_tokens:
-            return {"type": "length", "length": spec.max_new_tokens}
-        if not spec.ignore_eos and (token in spec.stop_token_ids or token in self.eos_token_ids):
-            return {"type": "stop", "matched": token}
         if spec.stop_strings or spec.stop_regex:
             tail = self.tokenizer.decode(state.output_ids[-state.stop_window_tokens:],
                                          skip_special_tokens=spec.skip_special_tokens)
@@ -408,6 +418,10 @@ class Scheduler:
             for pattern in spec.stop_regex:
                 if re.search(pattern, tail):
                     return {"type": "stop", "matched": pattern}
+        if not spec.ignore_eos and (token in spec.stop_token_ids or token in self.eos_token_ids):
+            return {"type": "stop", "matched": token}
+        if len(state.output_ids) >= spec.max_new_tokens:
+            return {"type": "length", "length": spec.max_new_tokens}
         return None
 
     # ----- bookkeeping -------------------------------------------------------------------------------

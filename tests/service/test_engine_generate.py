@@ -106,6 +106,25 @@ async def test_max_new_tokens_zero_only_prefills_and_returns_no_tokens(client):
     assert result.output_ids == [] and result.finish_reason == "length" and result.prompt_tokens == 4
 
 
+async def test_a_stop_on_the_last_allowed_token_finishes_as_stop_not_length(client):
+    # SGLang 0.5.23 checks stop strings, then stop tokens, then the length (Req.update_finish_state);
+    # the learner's overlong filter (C06) reads "length" as a cut, so the order matters.
+    prompt, k = [101, 102, 103, 104, 105], 6
+    greedy = await client.generate(prompt, {"temperature": 0.0, "max_new_tokens": k, "ignore_eos": True})
+    assert greedy.finish_reason == "length" and len(greedy.output_ids) == k
+    last = greedy.output_ids[-1]
+    by_token = await client.generate(prompt, {"temperature": 0.0, "max_new_tokens": k, "stop_token_ids": [last]})
+    first_hit = greedy.output_ids.index(last) + 1
+    assert (by_token.finish_reason, by_token.matched_stop, len(by_token.output_ids)) == ("stop", last, first_hit)
+    # a stop string that only the complete output contains (the whole text), matched on the last allowed token
+    text = (await client.generate(prompt, {"temperature": 0.0, "max_new_tokens": k, "ignore_eos": True,
+                                           "no_stop_trim": True})).text
+    by_string = await client.generate(prompt, {"temperature": 0.0, "max_new_tokens": k, "ignore_eos": True,
+                                               "stop": [text], "no_stop_trim": True})
+    assert (by_string.finish_reason, by_string.matched_stop) == ("stop", text)
+    assert by_string.output_ids == greedy.output_ids
+
+
 async def test_abort_by_rid_returns_the_partial_tokens_with_their_logprobs(client):
     task = asyncio.create_task(client.generate([101, 102, 103], {"max_new_tokens": 5000, "ignore_eos": True},
                                                rid="long-one"))
@@ -157,6 +176,10 @@ async def test_pause_in_abort_mode_returns_in_flight_requests_as_aborted(client)
     ({"input_ids": [1, 2], "return_logprobs": True}, "return_logprobs"),
     ({"input_ids": [1, 2], "stream": True}, "stream"),
     ({"sampling_params": {}}, "input_ids"),
+    ({"text": ""}, "text"),
+    ({"text": ["a", ""]}, "text[1]"),
+    # SGLang's total-token check: prompt + max_new_tokens beyond the context (8192 for the tiny model)
+    ({"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 8191}}, "sampling_params.max_new_tokens"),
 ])
 def test_bad_generate_input_gives_400_naming_the_field(engine, body, field):
     response = httpx.post(f"{engine.url}/generate", json=body, timeout=30)
@@ -193,3 +216,38 @@ async def test_info_health_and_metrics_endpoints(engine, client):
     flushed = httpx.get(f"{engine.url}/flush_cache", timeout=10)
     assert flushed.status_code == 200 and flushed.text.startswith("Cache flushed")
     assert httpx.post(f"{engine.url}/abort_request", json={"rid": "nothing"}, timeout=10).text == ""
+
+
+def test_null_max_new_tokens_means_up_to_the_context_and_sglang_defaults_are_accepted(engine):
+    # SGLang reads max_new_tokens null as "no limit" (capped by the context: 8192 for the tiny model),
+    # logit_bias {} is its default, and an explicit null top-level field is that field's default.
+    prompt = [101 + i % 1000 for i in range(8185)]
+    body = {"input_ids": prompt, "logprob_start_len": None, "stream": None, "return_logprob": True,
+            "sampling_params": {"max_new_tokens": None, "logit_bias": {}, "temperature": 0, "ignore_eos": True}}
+    response = httpx.post(f"{engine.url}/generate", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    item = response.json()
+    assert len(item["output_ids"]) == 7 and item["meta_info"]["finish_reason"] == {"type": "length", "length": 7}
+
+
+async def test_abort_needs_a_live_rid_so_a_batch_parent_aborts_nothing(client, engine):
+    # SGLang 0.5.23 drops an abort whose exact rid is not in flight (tokenizer_manager.abort_request)
+    children = asyncio.create_task(asyncio.to_thread(
+        httpx.post, f"{engine.url}/generate", timeout=120,
+        json={"input_ids": [[101, 102], [103, 104]], "rid": "parent", "return_logprob": True,
+              "sampling_params": {"max_new_tokens": 600, "ignore_eos": True, "temperature": 0}}))
+    await asyncio.sleep(0.5)
+    await client.abort_request("parent")
+    await asyncio.sleep(0.2)
+    await client.abort_request("parent_0")
+    first, second = (await children).json()
+    assert first["meta_info"]["finish_reason"]["type"] == "abort" and 0 < len(first["output_ids"]) < 600
+    assert second["meta_info"]["finish_reason"] == {"type": "length", "length": 600}
+
+
+def test_nan_and_infinity_are_not_json_numbers(engine):
+    # Python's json reads them; a temperature of Infinity would sample from the uniform distribution
+    raw = '{"input_ids": [1, 2], "sampling_params": {"temperature": Infinity}}'
+    response = httpx.post(f"{engine.url}/generate", content=raw, headers={"content-type": "application/json"},
+                          timeout=30)
+    assert response.status_code == 400 and "Infinity is not a JSON number" in response.json()["error"]["message"]

@@ -195,4 +195,7 @@ async def test_tensor_update_outside_a_session_and_pickled_payloads_are_refused(
                                                 load_format=None)
     with pytest.raises(EngineError, match="no .*safetensors"):
         await client.update_weights_from_disk("/nonexistent", "x")
+    gguf = httpx.post(f"{engine.url}/update_weights_from_disk", json={"model_path": "/x", "load_format": "gguf"},
+                      timeout=30)
+    assert gguf.status_code == 400 and "load_format 'gguf' is not supported" in gguf.json()["message"]
     assert await _snapshot(engine.url, client) == before

@@ -87,3 +87,17 @@ def test_no_two_services_settings_are_one_typo_apart():
                for cls, own in fields.items() for others in fields.values() for other in others - own
                if one_typo_away(other, own)]
     assert not clashes, f"rename one of each pair (class, foreign setting, own setting): {sorted(set(clashes))}"
+
+
+def test_public_dict_never_shows_a_url_password():
+    from shellrl.settings import EngineFleetSettings, redact_url
+
+    settings = EngineFleetSettings(redis_url="redis://:s3cret@redis:6379/0",
+                                   engine_urls="http://a:1,http://u:pw@b:2/x")
+    public = settings.public_dict()
+    assert public["redis_url"] == "redis://:***@redis:6379/0"
+    assert public["engine_urls"] == "http://a:1,http://u:***@b:2/x"
+    assert "s3cret" not in str(public) and settings.redis_url == "redis://:s3cret@redis:6379/0"
+    assert redact_url("rediss://user:p@ss@h/0") == "rediss://user:***@h/0"
+    assert redact_url("redis://user@h/0") == "redis://user@h/0"
+    assert redact_url("plain text @ somewhere") == "plain text @ somewhere"
