@@ -9,9 +9,9 @@ that holds its prefix in cache). Control calls (weight updates, pause, abort, fl
 to every configured engine (or `urls=`) concurrently, because in SGLang deployments they go to each
 engine directly, never through a router, and return `{url: result}`.
 
-Retries: only on errors where the request provably never reached the server (connect errors,
-connect timeouts), at most `connect_retries` extra attempts with a growing pause; a `generate`
-retry may go to another engine. A request that may have run (read timeout, dropped connection,
+Retries: only on errors where the request provably never ran (connect errors, connect timeouts,
+and shellrl's engine answering 503 `shutting_down` while it drains), at most `connect_retries`
+extra attempts with a growing pause; a `generate` retry may go to another engine. A request that may have run (read timeout, dropped connection,
 any HTTP status) is never re-sent: the caller gets `EngineUnavailable` or `EngineError`.
 
 Errors: `EngineUnavailable` (cannot connect, or no answer within the timeout), `EngineError`
@@ -239,6 +239,12 @@ class EngineClient:
                 raise EngineUnavailable(target, f"connection lost ({type(exc).__name__}: {exc})") from exc
             finally:
                 self._in_flight[target] -= 1
+            if response.status_code == 503 and _error_code(_body(response)) == "shutting_down":
+                # shellrl's engine refused it while draining for SIGTERM: it never ran, so it goes to
+                # another engine (or, pinned, is reported like an engine that cannot be reached)
+                if url or attempt >= self.connect_retries or len(tried) >= len(self.urls):
+                    raise EngineUnavailable(target, "engine is shutting down")
+                continue
             if response.status_code >= 400:
                 raise EngineError(target, response.status_code, _body(response))
             return parse_generate_response(response.json(), engine_url=target, return_logprob=return_logprob,
@@ -459,6 +465,12 @@ def _body(response: httpx.Response) -> Any:
         return response.json()
     except ValueError:
         return response.text
+
+
+def _error_code(body: Any) -> str | None:
+    """shellrl's `{"error": {"code"}}`; None for other bodies."""
+    error = body.get("error") if isinstance(body, dict) else None
+    return error.get("code") if isinstance(error, dict) else None
 
 
 def _error_text(body: Any) -> str:

@@ -54,3 +54,26 @@ async def test_generate_to_a_closed_port_retries_then_raises_engine_unavailable(
         await client.generate([1, 2], {"max_new_tokens": 1})
     assert client.in_flight() == {client.urls[0]: 0}
     await client.close()
+
+
+async def test_a_generate_refused_by_a_draining_engine_goes_to_another_engine():
+    # FAKE transport injecting the fault: engine a is draining for SIGTERM (503 shutting_down, the
+    # request never ran), engine b answers. Neither 503 of another kind nor a pinned url is re-sent.
+    import httpx
+
+    seen = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.host)
+        if request.url.host == "a":
+            return httpx.Response(503, json={"error": {"code": "shutting_down", "message": "draining"}})
+        return httpx.Response(200, json=_response())
+
+    client = EngineClient(["http://a", "http://b"], transport=httpx.MockTransport(handler), retry_backoff_s=0)
+    client._in_flight["http://b"] = 1  # so the first pick is a
+    result = await client.generate([1, 2], {"max_new_tokens": 2})
+    assert seen == ["a", "b"] and result.output_ids == [11, 12] and result.engine_url == "http://b"
+    with pytest.raises(EngineUnavailable, match="shutting down"):
+        await client.generate([1, 2], {"max_new_tokens": 2}, url="http://a")
+    assert seen == ["a", "b", "a"]
+    await client.close()
