@@ -8,6 +8,7 @@ import time.
 from __future__ import annotations
 
 import os
+from functools import cache
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -32,10 +33,14 @@ class ServiceSettings(BaseSettings):
         environment variables. A `SHELLRL_` variable that is no field of this service but one typo
         away from one (`SHELLRL_REDIS_ULR`: one insertion, deletion, substitution or swap of
         neighbours) fails naming both. Anything further away passes, because a shared environment
-        (compose `.env`, the launcher) carries the other services' settings too; singular/plural
-        twins (`engine_url` / `engine_urls`) pass as well. tests/unit/test_settings.py checks that
-        no two services' settings are one typo apart."""
+        (compose `.env`, the launcher) carries the other services' settings too; a singular/plural
+        twin of a field passes only if it is some service's setting (`SHELLRL_NUM_THREAD` fails). tests/unit/test_settings.py checks that no two services'
+        settings are one typo apart."""
+        own = set(type(self).model_fields)
         for name, close in unknown_env_settings(type(self)).items():
+            twin = next((t for t in (name + "s", name.removesuffix("s")) if t != name and t in own), None)
+            if not close and twin and name not in known_setting_names():
+                close = twin
             if close:
                 raise ValueError(f"{ENV_PREFIX}{name.upper()}: unknown setting; did you mean "
                                  f"{ENV_PREFIX}{close.upper()}?")
@@ -82,6 +87,26 @@ class EngineFleetSettings(ServiceSettings):
     @property
     def engine_url_list(self) -> list[str]:
         return [u.strip().rstrip("/") for u in self.engine_urls.split(",") if u.strip()]
+
+SERVICES = ("rollout", "sandbox", "verifier", "learner", "engine")
+
+
+@cache
+def known_setting_names() -> frozenset[str]:
+    """The fields of every service's settings classes (services/<name>/settings.py)."""
+    import importlib
+
+    names: set[str] = set()
+    for service in SERVICES:
+        try:
+            module = importlib.import_module(f"services.{service}.settings")
+        except ModuleNotFoundError:
+            continue
+        for obj in vars(module).values():
+            if isinstance(obj, type) and issubclass(obj, ServiceSettings):
+                names.update(obj.model_fields)
+    return frozenset(names)
+
 
 def unknown_env_settings(cls: type[BaseSettings], environ: dict[str, str] | None = None) -> dict[str, str | None]:
     """`SHELLRL_*` environment variables that are no field of `cls`: {field-like name: the field it

@@ -35,10 +35,12 @@ def test_mistyped_environment_variable_fails_naming_it_and_the_likely_field(monk
 
 def test_another_services_settings_in_a_shared_environment_pass(monkeypatch):
     monkeypatch.setenv("SHELLRL_SANDBOX_ROOT", "/tmp/x")  # a field of some other service
-    monkeypatch.setenv("SHELLRL_ENGINE_URL", "http://e")  # singular twin of engine_urls: a different setting
     assert DemoSettings().engine_urls == "http://127.0.0.1:30000"
-    unknown = unknown_env_settings(DemoSettings)
-    assert unknown["sandbox_root"] is None and unknown["engine_url"] is None
+    assert unknown_env_settings(DemoSettings)["sandbox_root"] is None
+    # a singular twin of engine_urls that no service has is a typo
+    monkeypatch.setenv("SHELLRL_ENGINE_URL", "http://e")
+    with pytest.raises(ValidationError, match="did you mean SHELLRL_ENGINE_URLS"):
+        DemoSettings()
 
 
 def test_values_are_validated_with_their_bounds(monkeypatch):
@@ -101,3 +103,11 @@ def test_public_dict_never_shows_a_url_password():
     assert redact_url("rediss://user:p@ss@h/0") == "rediss://user:***@h/0"
     assert redact_url("redis://user@h/0") == "redis://user@h/0"
     assert redact_url("plain text @ somewhere") == "plain text @ somewhere"
+
+
+def test_a_plural_or_singular_twin_that_no_service_has_is_a_typo(monkeypatch):
+    from services.engine.settings import EngineSettings
+
+    monkeypatch.setenv("SHELLRL_NUM_THREAD", "1")
+    with pytest.raises(ValidationError, match="SHELLRL_NUM_THREAD: unknown setting; did you mean SHELLRL_NUM_THREADS"):
+        EngineSettings()
