@@ -190,6 +190,7 @@ class Scheduler:
 
         if not abort_all and not (rid and rid in self._rids):
             return 0
+        self._take_inbox()  # a request submitted after this round's intake is aborted too, not missed
         count = 0
         for queue in (self._waiting, self._held):
             for state in [s for s in queue if hit(s)]:

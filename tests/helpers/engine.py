@@ -39,3 +39,11 @@ def reference_logprobs(cases: list[dict], work_dir: Path, model: str = "tiny", i
     subprocess.run([sys.executable, "-m", "tests.helpers.logprob_reference", str(source), str(target)], cwd=REPO,
                    check=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return json.loads(target.read_text())
+
+
+def perturbed(base: dict, seed: int) -> list:
+    """`base` (name -> tensor) plus seeded noise of scale 0.05: distinct, valid weights for a push."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return [(n, t + 0.05 * torch.randn(t.shape, generator=generator)) for n, t in base.items()]

@@ -13,7 +13,7 @@ import torch
 from shellrl import weight_transport as wt
 from shellrl.engine_client import EngineClient, EngineError, VersionSpan
 from shellrl.models import load_model
-from tests.helpers.engine import reference_logprobs, running_engine
+from tests.helpers.engine import perturbed, reference_logprobs, running_engine
 
 PARITY_TOLERANCE = 1e-4
 PROMPT = [101, 2045, 331, 17, 9000, 42, 7, 7, 512]
@@ -35,11 +35,6 @@ def base_weights() -> dict[str, torch.Tensor]:
 async def client(engine):
     async with EngineClient([engine.url], timeout_s=120) as c:
         yield c
-
-
-def perturbed(base: dict[str, torch.Tensor], seed: int) -> list[tuple[str, torch.Tensor]]:
-    generator = torch.Generator().manual_seed(seed)
-    return [(n, t + 0.05 * torch.randn(t.shape, generator=generator)) for n, t in base.items()]
 
 
 async def push(client: EngineClient, named, version: str) -> None:
