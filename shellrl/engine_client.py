@@ -36,11 +36,11 @@ DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
 
 class EngineUnavailable(Exception):
-    """The engine could not be reached, or did not answer within the timeout."""
+    """The engine could not be reached, or did not answer within the timeout (`timed_out`)."""
 
-    def __init__(self, url: str, message: str) -> None:
+    def __init__(self, url: str, message: str, *, timed_out: bool = False) -> None:
         super().__init__(f"{url}: {message}")
-        self.url = url
+        self.url, self.timed_out = url, timed_out
 
 
 class EngineError(Exception):
@@ -173,7 +173,7 @@ class EngineClient:
                     raise EngineUnavailable(url, f"cannot connect ({type(exc).__name__}: {exc})") from exc
                 await asyncio.sleep(self.retry_backoff_s * (attempt + 1))
             except httpx.TimeoutException as exc:
-                raise EngineUnavailable(url, f"no answer in time ({type(exc).__name__})") from exc
+                raise EngineUnavailable(url, f"no answer in time ({type(exc).__name__})", timed_out=True) from exc
             except httpx.TransportError as exc:  # the request may have run: never re-sent
                 raise EngineUnavailable(url, f"connection lost ({type(exc).__name__}: {exc})") from exc
         if response.status_code >= 400:
@@ -234,7 +234,7 @@ class EngineClient:
                 await asyncio.sleep(self.retry_backoff_s * (attempt + 1))
                 continue
             except httpx.TimeoutException as exc:
-                raise EngineUnavailable(target, f"no answer in time ({type(exc).__name__})") from exc
+                raise EngineUnavailable(target, f"no answer in time ({type(exc).__name__})", timed_out=True) from exc
             except httpx.TransportError as exc:
                 raise EngineUnavailable(target, f"connection lost ({type(exc).__name__}: {exc})") from exc
             finally:

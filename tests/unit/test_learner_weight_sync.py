@@ -31,3 +31,36 @@ def test_buckets_keep_order_and_respect_the_size_bound():
     buckets = _buckets(named, bucket_bytes=2200)
     assert [[n for n, _ in b] for b in buckets] == [["t0", "t1"], ["t2", "t3"], ["t4"]]
     assert len(_buckets([("big", torch.zeros(10_000))], bucket_bytes=100)) == 1
+
+
+async def test_a_call_timing_out_with_the_deadline_is_reported_as_the_deadline(tmp_path):
+    # The session was opened before the weights were flattened, so its HTTP timeout (the deadline's
+    # length) can fire in the same loop iteration as the deadline: that is still the deadline. A
+    # timeout before the deadline, or a refused connection, is reported as the error it is.
+    import asyncio
+    import time
+
+    from services.learner.weight_sync import WeightSync
+    from shellrl.engine_client import EngineClient, EngineUnavailable
+
+    sync = WeightSync(EngineClient(["http://e"]), None, transport="disk", deadline_s=0.2, sync_dir=tmp_path)
+
+    def failing(exc, delay_s=0.0):
+        async def update(*_):  # FAKE update injecting the failure
+            if delay_s:
+                await asyncio.sleep(delay_s)
+            raise exc
+        return update
+
+    timed_out = EngineUnavailable("http://e", "no answer in time (ReadTimeout)", timed_out=True)
+    # the call fails once the deadline has passed, before the deadline's own timer is seen
+    sync._update = failing(timed_out)
+    ok, reason = await sync._update_within_deadline("http://e", {}, 1, None, time.monotonic() - 0.3)
+    assert not ok and reason.startswith("deadline: no confirmation within 0.2 s (")
+    sync._update = failing(EngineUnavailable("http://e", "cannot connect"))
+    ok, reason = await sync._update_within_deadline("http://e", {}, 1, None, time.monotonic() - 0.3)
+    assert not ok and reason.startswith("EngineUnavailable")
+    sync._update = failing(timed_out, delay_s=0.05)  # timed out well before the deadline
+    ok, reason = await sync._update_within_deadline("http://e", {}, 1, None, time.monotonic())
+    assert not ok and reason.startswith("EngineUnavailable")
+    await sync.client.close()
