@@ -358,15 +358,17 @@ class EngineClient:
     async def abort_request(
         self, rid: str | None = None, abort_all: bool = False, *, urls: Iterable[str] | None = None
     ) -> None:
-        """POST /abort_request: aborts `rid` or everything. shellrl's engine also aborts the batch
-        children `rid_0`, `rid_1`, ... of a batch `rid`; SGLang 0.5.23 matches the exact rid only.
+        """POST /abort_request: aborts everything, or, if a request with exactly this `rid` is live,
+        every live request whose rid starts with `rid` (SGLang 0.5.23 and shellrl's engine alike); a
+        batch's parent rid is never live itself, so it aborts nothing: abort `rid_0`, `rid_1`, ...
         The aborted `/generate` calls return their partial output with finish_reason "abort"."""
         if not rid and not abort_all:
             raise ValueError("give a rid or abort_all=True")
         await self._fan_out("POST", "/abort_request", urls, json={"rid": rid or "", "abort_all": abort_all})
 
     async def flush_cache(self, *, urls: Iterable[str] | None = None) -> dict[str, str]:
-        """POST /flush_cache: drops the prefix cache. EngineError (400) while requests are running."""
+        """POST /flush_cache: drops the prefix cache. EngineError (400) while requests are running, or
+        waiting while generation is not paused."""
         responses = await self._fan_out("POST", "/flush_cache", urls)
         return {u: r.text for u, r in responses.items()}
 

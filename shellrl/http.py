@@ -146,4 +146,7 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "info", grace_s: 
 
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=False,
                             timeout_graceful_shutdown=grace_s, log_config=None)
-    _Server(config).run()
+    try:
+        _Server(config).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it captured once it has shut down
+        pass

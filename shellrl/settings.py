@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from functools import cache
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -47,28 +48,38 @@ class ServiceSettings(BaseSettings):
         return self
 
     def public_dict(self) -> dict:
-        """The resolved config for logs, `GET /v1/config` and `/get_server_info`, with the password of
-        every URL replaced by `***` (`SHELLRL_REDIS_URL=redis://:pw@host/0` carries one)."""
-        return {key: redact_url(value) if isinstance(value, str) else value
-                for key, value in self.model_dump(mode="json").items()}
+        """The resolved config for logs, `GET /v1/config` and `/get_server_info`, with every URL's
+        password replaced by `***` (`SHELLRL_REDIS_URL=redis://:pw@host/0` carries one). Fields named
+        `*_urls` are comma-separated lists; any other string field is one value."""
+        out = {}
+        for key, value in self.model_dump(mode="json").items():
+            if isinstance(value, str):
+                value = ",".join(map(redact_url, value.split(","))) if key.endswith("_urls") else redact_url(value)
+            out[key] = value
+        return out
 
 
 def redact_url(value: str) -> str:
-    """`scheme://user:secret@host...` -> `scheme://user:***@host...`; any other string unchanged.
-    Comma-separated URL lists (`engine_urls`) are redacted item by item."""
-    if "@" not in value or "://" not in value:
+    """A URL with its password (`user:secret@`, or a `password=` query parameter as redis-py
+    accepts) replaced by `***`; a string that is no URL with a password comes back unchanged."""
+    if "://" not in value:
         return value
-    return ",".join(_redact_one(part) for part in value.split(","))
-
-
-def _redact_one(url: str) -> str:
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not sep or not at or "/" in userinfo:
-        return url
-    user, colon, _ = userinfo.partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}@{host}" if colon else url
-
+    try:
+        parts = urlsplit(value)
+        password = parts.password
+    except ValueError:
+        return value
+    netloc, query = parts.netloc, parts.query
+    if password is not None:
+        userinfo, _, host = netloc.rpartition("@")
+        netloc = f"{userinfo.partition(':')[0]}:***@{host}"
+    if query:
+        pairs = parse_qsl(query, keep_blank_values=True)
+        if any(k.lower() == "password" for k, _ in pairs):
+            query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*")
+    if (netloc, query) == (parts.netloc, parts.query):
+        return value
+    return urlunsplit(parts._replace(netloc=netloc, query=query))
 
 
 class EngineFleetSettings(ServiceSettings):
@@ -93,14 +104,19 @@ SERVICES = ("rollout", "sandbox", "verifier", "learner", "engine")
 
 @cache
 def known_setting_names() -> frozenset[str]:
-    """The fields of every service's settings classes (services/<name>/settings.py)."""
+    """The fields of every service's settings classes (services/<name>/settings.py; one image ships
+    them all, and each imports only pydantic and this module). A service missing from the checkout
+    is skipped; any other import error is raised."""
     import importlib
 
     names: set[str] = set()
     for service in SERVICES:
+        name = f"services.{service}.settings"
         try:
-            module = importlib.import_module(f"services.{service}.settings")
-        except ModuleNotFoundError:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name not in (name, f"services.{service}", "services"):
+                raise
             continue
         for obj in vars(module).values():
             if isinstance(obj, type) and issubclass(obj, ServiceSettings):

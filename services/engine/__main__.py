@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     from services.engine.runtime import EngineRuntime
 
     runtime = EngineRuntime(settings)
-    serve(build_app(runtime), settings.host, settings.resolved_port(), settings.log_level, settings.shutdown_grace_s,
+    serve(build_app(runtime), settings.host, settings.resolved_port(), settings.log_level, runtime.serve_grace_s,
           on_exit_signal=runtime.on_exit_signal)
 
 

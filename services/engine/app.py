@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 import uuid
 from datetime import datetime, timezone
 
@@ -126,9 +125,9 @@ async def _wait_or_abort_on_disconnect(request: Request, scheduler, states: list
         if done:
             return gathered.result()
         if await request.is_disconnected():
-            for state in states:
-                scheduler.call(lambda rid=state.spec.rid: scheduler.abort(rid, abort_all=False))
-            metrics.CLIENT_DISCONNECTS.inc(len(states))
+            live = {state.spec.rid for state in states if not state.future.done()}
+            scheduler.call(lambda: scheduler.abort_exact(live))
+            metrics.CLIENT_DISCONNECTS.inc(len(live))
             await gathered
             return None
 
@@ -146,7 +145,7 @@ def build_app(runtime: EngineRuntime) -> FastAPI:
             await asyncio.to_thread(runtime.stop)
 
     async def ready() -> dict:
-        return {"ready": runtime.scheduler.alive, "weight_version": runtime.weight_version}
+        return {"ready": runtime.scheduler.alive and not runtime.draining, "weight_version": runtime.weight_version}
 
     app = create_app("engine", runtime.settings.public_dict(), ready_check=ready, lifespan=lifespan)
     scheduler = runtime.scheduler
@@ -157,14 +156,9 @@ def build_app(runtime: EngineRuntime) -> FastAPI:
             raise ApiError(503, "shutting_down", "the engine is shutting down; send the request to another engine")
         specs, is_batch = parse_generate(await _json(request), runtime.limits, runtime.tokenizer,
                                          lambda: uuid.uuid4().hex)
-        loop = asyncio.get_running_loop()
-        states = []
         try:
-            for spec in specs:
-                states.append(scheduler.submit(spec, loop))
+            states = scheduler.submit_many(specs, asyncio.get_running_loop())  # all or none
         except DuplicateRequestId as exc:
-            for state in states:  # the batch is refused as a whole
-                scheduler.call(lambda rid=state.spec.rid: scheduler.abort(rid, abort_all=False))
             raise ApiError(400, "duplicate_rid", str(exc), "rid") from exc
         finished = await _wait_or_abort_on_disconnect(request, scheduler, states)
         if finished is None:
@@ -277,11 +271,13 @@ def build_app(runtime: EngineRuntime) -> FastAPI:
 
     @app.get("/ready")
     async def sglang_ready():
-        return Response(status_code=200 if scheduler.alive else 503)
+        return Response(status_code=200 if scheduler.alive and not runtime.draining else 503)
 
     @app.get("/health")
     @app.get("/health_generate")
     async def health_generate():
+        if runtime.draining:  # as SGLang during its graceful exit (http_server.py:health_generate)
+            return Response(status_code=503)
         return Response(status_code=200 if await runtime.health_generate() else 503)
 
     @app.api_route("/release_memory_occupation", methods=["GET", "POST"])

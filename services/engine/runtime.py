@@ -30,6 +30,8 @@ from shellrl.models import load_model, load_tokenizer, resolve_model_path
 
 log = logging.getLogger(__name__)
 
+DRAIN_ANSWER_MARGIN_S = 5.0
+
 SESSION_REQUIRED = "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
 
 
@@ -80,10 +82,11 @@ class EngineRuntime:
         self.scheduler.start()
 
     def begin_drain(self) -> None:
-        """SIGTERM: refuse new generations (503), give running ones until `shutdown_grace_s` - 1 s,
-        then end them as aborts with their tokens so far (SGLang's abort shape), so that no
-        in-flight work is lost to uvicorn cancelling the handlers. Call it on the loop's thread
-        (`on_exit_signal`)."""
+        """SIGTERM: /health and readiness answer 503 and new generations get 503 `shutting_down`
+        (uvicorn also stops accepting connections); running ones get `shutdown_grace_s` to finish,
+        then end as aborts with their tokens so far (SGLang's abort shape). uvicorn's own grace is
+        DRAIN_ANSWER_MARGIN_S longer (see `serve_grace_s`), so those answers go out before it
+        cancels any handler. Call it on the loop's thread (`on_exit_signal`)."""
         if self.draining:
             return
         self.draining = True
@@ -98,7 +101,13 @@ class EngineRuntime:
 
     @property
     def drain_s(self) -> float:
-        return max(0.0, self.settings.shutdown_grace_s - 1.0)
+        return self.settings.shutdown_grace_s
+
+    @property
+    def serve_grace_s(self) -> float:
+        """uvicorn's graceful-shutdown timeout: the drain plus time for the aborts to be answered
+        (a command runs between two scheduler steps; a long CPU prefill can hold it for seconds)."""
+        return self.settings.shutdown_grace_s + DRAIN_ANSWER_MARGIN_S
 
     def stop(self) -> None:
         self.scheduler.stop()

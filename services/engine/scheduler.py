@@ -124,24 +124,35 @@ class Scheduler:
 
     def submit(self, spec: RequestSpec, loop: asyncio.AbstractEventLoop) -> RequestState:
         """Queue a request; its future resolves with the finished state. Raises DuplicateRequestId."""
+        return self.submit_many([spec], loop)[0]
+
+    def submit_many(self, specs: list[RequestSpec], loop: asyncio.AbstractEventLoop) -> list[RequestState]:
+        """Queue the requests of one /generate call, all or none: DuplicateRequestId if any rid is
+        already live (nothing is queued then, so a refused batch disturbs no other request)."""
+        states = [self._new_state(spec, loop) for spec in specs]
+        with self._lock:
+            for spec in specs:
+                if spec.rid in self._rids:
+                    raise DuplicateRequestId(f"Duplicate request ID detected: {spec.rid}")
+            self._rids.update(spec.rid for spec in specs)
+            self._inbox.extend(states)
+        self._wake.set()
+        return states
+
+    def _new_state(self, spec: RequestSpec, loop: asyncio.AbstractEventLoop) -> RequestState:
         state = RequestState(spec, loop.create_future(), loop)
         # The tail decoded for stop strings: a generated stop string can be split into more tokens than
-        # its own encoding (e.g. "yyyyyy" generated as 6 tokens, encoded as 2); every token decodes to at
-        # least one character, so len(stop) + 1 tokens always hold it. SGLang also searches the whole
-        # decoded text (Req._check_str_based_finish).
+        # its own encoding (e.g. "yyyyyy" generated as 6 tokens, encoded as 2; "。" as its 3 byte
+        # tokens, encoded as 1); every byte-level BPE token holds at least one byte, so its UTF-8 length
+        # + 1 tokens always hold it. SGLang also searches the whole decoded text
+        # (Req._check_str_based_finish).
         state.stop_window_tokens = 1 + max(
-            (max(len(s), len(self.tokenizer.encode(s, add_special_tokens=False))) for s in spec.stop_strings),
-            default=0)
+            (max(len(s.encode("utf-8")), len(self.tokenizer.encode(s, add_special_tokens=False)))
+             for s in spec.stop_strings), default=0)
         if spec.stop_regex:
             state.stop_window_tokens = max(state.stop_window_tokens, 64)
         if spec.sampling.seed is not None:
             state.generator = torch.Generator(device=self.kv_shape.device).manual_seed(spec.sampling.seed)
-        with self._lock:
-            if spec.rid in self._rids:
-                raise DuplicateRequestId(f"Duplicate request ID detected: {spec.rid}")
-            self._rids.add(spec.rid)
-            self._inbox.append(state)
-        self._wake.set()
         return state
 
     def call(self, fn: Callable[[], object], *, when_idle: bool = False) -> concurrent.futures.Future:
@@ -180,16 +191,24 @@ class Scheduler:
         self._waiting.extend(self._held)
         self._held = []
 
+    def abort_exact(self, rids: set[str]) -> int:
+        """Abort exactly these rids (no prefix matching): shellrl's own aborts, e.g. for a client
+        that disconnected, must not touch another client's rid that merely starts the same way."""
+        return self._abort_where(lambda state: state.spec.rid in rids)
+
     def abort(self, rid: str, abort_all: bool) -> int:
         """Abort all requests, or those whose rid starts with `rid` provided a request with exactly
         that rid is live: SGLang 0.5.23 drops an abort whose rid is not in flight
         (managers/tokenizer_manager.py:abort_request), and its scheduler then matches by prefix
         (managers/scheduler.py:abort_request). So a batch parent rid aborts nothing. Returns count."""
-        def hit(state: RequestState) -> bool:
-            return abort_all or state.spec.rid.startswith(rid)
+        if not abort_all:
+            with self._lock:
+                live = bool(rid) and rid in self._rids
+            if not live:
+                return 0
+        return self._abort_where(lambda state: abort_all or state.spec.rid.startswith(rid))
 
-        if not abort_all and not (rid and rid in self._rids):
-            return 0
+    def _abort_where(self, hit: Callable[[RequestState], bool]) -> int:
         self._take_inbox()  # a request submitted after this round's intake is aborted too, not missed
         count = 0
         for queue in (self._waiting, self._held):

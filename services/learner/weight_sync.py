@@ -191,7 +191,6 @@ class WeightSync:
         if targets:
             # Tensor transports: each engine's weight-update session (SGLang 0.5.23 requires one) opens
             # while the weights are copied, so its round trip costs no time of its own.
-            contacted = time.monotonic()  # each engine's deadline runs from here, before any of its calls
             opening = {} if self.transport == "disk" else {
                 u: asyncio.ensure_future(self.client.begin_weight_update(urls=[u])) for u in targets}
             t0 = time.perf_counter()
@@ -204,8 +203,8 @@ class WeightSync:
                 await self._abandon_sessions(opening)
                 raise
             phases["flatten"] = time.perf_counter() - t0
-            outcomes = await asyncio.gather(*(self._update_within_deadline(u, prepared, version, opening.get(u),
-                                                                           contacted) for u in targets))
+            outcomes = await asyncio.gather(*(self._update_within_deadline(u, prepared, version, opening.get(u))
+                                              for u in targets))
             for url, (ok, detail) in zip(targets, outcomes):
                 if ok:
                     confirmed.append(url)
@@ -283,16 +282,13 @@ class WeightSync:
             await _bounded(self.client.end_weight_update(urls=[url]), min(self.deadline_s, 5.0))
 
     async def _update_within_deadline(self, url: str, prepared: dict, version: int,
-                                      begin: asyncio.Future | None = None,
-                                      contacted: float | None = None) -> tuple[bool, dict | str]:
-        """`contacted`: time.monotonic() before the engine's first call of this push (its session was
-        opened while the weights were flattened). The deadline runs from then, so it ends before the
-        HTTP client's timeout (the same length, started later) and a frozen engine is reported as a
-        deadline, not as whichever call happened to time out first. A call that timed out when the
-        deadline had passed anyway (both timers in one loop iteration) is reported as the deadline too."""
-        contacted = time.monotonic() if contacted is None else contacted
+                                      begin: asyncio.Future | None = None) -> tuple[bool, dict | str]:
+        """The engine's update under `deadline_s` (from after the weights were prepared: flattening or
+        writing them is the learner's time, not the engine's). The HTTP client's timeout is the same
+        length, so a call that timed out (EngineUnavailable.timed_out) is reported as the deadline
+        too: the session opened during the flatten can time out just before the deadline's timer."""
         task = asyncio.ensure_future(self._update(url, prepared, version, begin))
-        done, _ = await asyncio.wait({task}, timeout=max(0.0, self.deadline_s - (time.monotonic() - contacted)))
+        done, _ = await asyncio.wait({task}, timeout=self.deadline_s)
         deadline = f"deadline: no confirmation within {self.deadline_s:g} s"
         if not done:
             task.cancel()  # not awaited: its clean-up must not hold the learner past the deadline
@@ -301,8 +297,7 @@ class WeightSync:
         try:
             return True, task.result()
         except EngineUnavailable as exc:
-            late = time.monotonic() - contacted >= self.deadline_s
-            return False, f"{deadline} ({exc})" if late and exc.timed_out else f"{type(exc).__name__}: {exc}"
+            return False, f"{deadline} ({exc})" if exc.timed_out else f"{type(exc).__name__}: {exc}"
         except EngineError as exc:
             return False, f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # a broken payload or client bug: report, never crash the loop

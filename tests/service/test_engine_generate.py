@@ -11,6 +11,7 @@ import pytest
 
 from shellrl.engine_client import EngineClient, EngineError
 from tests.helpers.engine import reference_logprobs, running_engine
+from tests.helpers.waiting import wait_until_async
 
 PARITY_TOLERANCE = 1e-4
 
@@ -112,10 +113,10 @@ async def test_a_stop_on_the_last_allowed_token_finishes_as_stop_not_length(clie
     prompt, k = [101, 102, 103, 104, 105], 6
     greedy = await client.generate(prompt, {"temperature": 0.0, "max_new_tokens": k, "ignore_eos": True})
     assert greedy.finish_reason == "length" and len(greedy.output_ids) == k
-    last = greedy.output_ids[-1]
-    by_token = await client.generate(prompt, {"temperature": 0.0, "max_new_tokens": k, "stop_token_ids": [last]})
-    first_hit = greedy.output_ids.index(last) + 1
-    assert (by_token.finish_reason, by_token.matched_stop, len(by_token.output_ids)) == ("stop", last, first_hit)
+    # a stop token as the last allowed token: max_new_tokens 1, stop_token_ids = the greedy first token
+    first = greedy.output_ids[0]
+    by_token = await client.generate(prompt, {"temperature": 0.0, "max_new_tokens": 1, "stop_token_ids": [first]})
+    assert (by_token.finish_reason, by_token.matched_stop, by_token.output_ids) == ("stop", first, [first])
     # a stop string that only the complete output contains (the whole text), matched on the last allowed token
     text = (await client.generate(prompt, {"temperature": 0.0, "max_new_tokens": k, "ignore_eos": True,
                                            "no_stop_trim": True})).text
@@ -203,6 +204,21 @@ async def test_duplicate_rid_in_flight_is_rejected(client):
     assert (await asyncio.wait_for(task, 30)).finish_reason == "abort"
 
 
+async def test_a_batch_refused_for_a_duplicate_rid_queues_nothing_and_disturbs_no_other_request(client, engine):
+    def running() -> int:
+        return httpx.get(f"{engine.url}/v1/loads", timeout=10).json()["loads"][0]["num_running_reqs"]
+
+    task = asyncio.create_task(client.generate([101, 102], {"max_new_tokens": 8000, "ignore_eos": True}, rid="ab"))
+    await wait_until_async(lambda: asyncio.to_thread(lambda: running() == 1), 30, "rid ab running")
+    refused = httpx.post(f"{engine.url}/generate", timeout=30,
+                         json={"input_ids": [[1, 2], [3, 4]], "rid": ["a", "ab"], "sampling_params": {"max_new_tokens": 5}})
+    assert refused.status_code == 400 and refused.json()["error"]["code"] == "duplicate_rid"
+    await asyncio.sleep(0.3)
+    assert running() == 1 and not task.done()  # "a" was never queued, and "ab" was not aborted by prefix
+    await client.abort_request("ab")
+    assert (await asyncio.wait_for(task, 30)).finish_reason == "abort"
+
+
 async def test_info_health_and_metrics_endpoints(engine, client):
     info = (await client.get_model_info())[engine.url]
     assert info["weight_version"] == "default" and info["is_generation"] is True
@@ -232,17 +248,25 @@ def test_null_max_new_tokens_means_up_to_the_context_and_sglang_defaults_are_acc
 
 async def test_abort_needs_a_live_rid_so_a_batch_parent_aborts_nothing(client, engine):
     # SGLang 0.5.23 drops an abort whose exact rid is not in flight (tokenizer_manager.abort_request)
+    def running() -> int:
+        return httpx.get(f"{engine.url}/v1/loads", timeout=10).json()["loads"][0]["num_running_reqs"]
+
     children = asyncio.create_task(asyncio.to_thread(
         httpx.post, f"{engine.url}/generate", timeout=120,
         json={"input_ids": [[101, 102], [103, 104]], "rid": "parent", "return_logprob": True,
-              "sampling_params": {"max_new_tokens": 600, "ignore_eos": True, "temperature": 0}}))
-    await asyncio.sleep(0.5)
+              "sampling_params": {"max_new_tokens": 8000, "ignore_eos": True, "temperature": 0}}))
+    await wait_until_async(lambda: asyncio.to_thread(lambda: running() == 2), 30, "both children running")
     await client.abort_request("parent")
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.3)  # an abort is a command between two decode steps (~ms here)
+    assert running() == 2
     await client.abort_request("parent_0")
+    await wait_until_async(lambda: asyncio.to_thread(lambda: running() == 1), 10, "parent_0 aborted")
+    await client.abort_request("parent_1")
     first, second = (await children).json()
-    assert first["meta_info"]["finish_reason"]["type"] == "abort" and 0 < len(first["output_ids"]) < 600
-    assert second["meta_info"]["finish_reason"] == {"type": "length", "length": 600}
+    for item in (first, second):
+        assert item["meta_info"]["finish_reason"]["type"] == "abort" and 0 < len(item["output_ids"]) < 8000
+    assert len(second["output_ids"]) > len(first["output_ids"])  # parent_1 ran on after parent_0 ended
+
 
 
 def test_nan_and_infinity_are_not_json_numbers(engine):

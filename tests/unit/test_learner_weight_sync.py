@@ -33,34 +33,26 @@ def test_buckets_keep_order_and_respect_the_size_bound():
     assert len(_buckets([("big", torch.zeros(10_000))], bucket_bytes=100)) == 1
 
 
-async def test_a_call_timing_out_with_the_deadline_is_reported_as_the_deadline(tmp_path):
-    # The session was opened before the weights were flattened, so its HTTP timeout (the deadline's
-    # length) can fire in the same loop iteration as the deadline: that is still the deadline. A
-    # timeout before the deadline, or a refused connection, is reported as the error it is.
+async def test_a_call_that_timed_out_is_reported_as_the_deadline_and_a_refused_one_as_an_error(tmp_path):
+    # The client's timeout is the deadline's length; the session opened during the flatten can time
+    # out just before the deadline's timer. That is the deadline; a refused connection is an error.
     import asyncio
-    import time
 
     from services.learner.weight_sync import WeightSync
     from shellrl.engine_client import EngineClient, EngineUnavailable
 
-    sync = WeightSync(EngineClient(["http://e"]), None, transport="disk", deadline_s=0.2, sync_dir=tmp_path)
+    sync = WeightSync(EngineClient(["http://e"]), None, transport="disk", deadline_s=2.0, sync_dir=tmp_path)
 
-    def failing(exc, delay_s=0.0):
+    def failing(exc):
         async def update(*_):  # FAKE update injecting the failure
-            if delay_s:
-                await asyncio.sleep(delay_s)
+            await asyncio.sleep(0.01)
             raise exc
         return update
 
-    timed_out = EngineUnavailable("http://e", "no answer in time (ReadTimeout)", timed_out=True)
-    # the call fails once the deadline has passed, before the deadline's own timer is seen
-    sync._update = failing(timed_out)
-    ok, reason = await sync._update_within_deadline("http://e", {}, 1, None, time.monotonic() - 0.3)
-    assert not ok and reason.startswith("deadline: no confirmation within 0.2 s (")
+    sync._update = failing(EngineUnavailable("http://e", "no answer in time (ReadTimeout)", timed_out=True))
+    ok, reason = await sync._update_within_deadline("http://e", {}, 1)
+    assert not ok and reason.startswith("deadline: no confirmation within 2 s (")
     sync._update = failing(EngineUnavailable("http://e", "cannot connect"))
-    ok, reason = await sync._update_within_deadline("http://e", {}, 1, None, time.monotonic() - 0.3)
-    assert not ok and reason.startswith("EngineUnavailable")
-    sync._update = failing(timed_out, delay_s=0.05)  # timed out well before the deadline
-    ok, reason = await sync._update_within_deadline("http://e", {}, 1, None, time.monotonic())
-    assert not ok and reason.startswith("EngineUnavailable")
+    ok, reason = await sync._update_within_deadline("http://e", {}, 1)
+    assert not ok and reason == "EngineUnavailable: http://e: cannot connect"
     await sync.client.close()

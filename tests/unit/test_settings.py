@@ -94,13 +94,14 @@ def test_no_two_services_settings_are_one_typo_apart():
 def test_public_dict_never_shows_a_url_password():
     from shellrl.settings import EngineFleetSettings, redact_url
 
-    settings = EngineFleetSettings(redis_url="redis://:s3cret@redis:6379/0",
+    settings = EngineFleetSettings(redis_url="redis://:s3,cret@redis:6379/0",
                                    engine_urls="http://a:1,http://u:pw@b:2/x")
     public = settings.public_dict()
-    assert public["redis_url"] == "redis://:***@redis:6379/0"
+    assert public["redis_url"] == "redis://:***@redis:6379/0"  # a comma is legal in a password
     assert public["engine_urls"] == "http://a:1,http://u:***@b:2/x"
-    assert "s3cret" not in str(public) and settings.redis_url == "redis://:s3cret@redis:6379/0"
+    assert "s3,cret" not in str(public) and settings.redis_url == "redis://:s3,cret@redis:6379/0"
     assert redact_url("rediss://user:p@ss@h/0") == "rediss://user:***@h/0"
+    assert redact_url("redis://h:6379/0?password=secret&db=1") == "redis://h:6379/0?password=***&db=1"
     assert redact_url("redis://user@h/0") == "redis://user@h/0"
     assert redact_url("plain text @ somewhere") == "plain text @ somewhere"
 
