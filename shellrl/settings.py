@@ -11,7 +11,7 @@ import os
 from functools import cache
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ENV_PREFIX = "SHELLRL_"
@@ -46,6 +46,21 @@ class ServiceSettings(BaseSettings):
                 raise ValueError(f"{ENV_PREFIX}{name.upper()}: unknown setting; did you mean "
                                  f"{ENV_PREFIX}{close.upper()}?")
         return self
+
+    @classmethod
+    def from_env_or_exit(cls, **overrides):
+        """The settings for a service's `__main__`: environment plus `overrides` (CLI flags). Bad
+        settings end the process with one line per error naming the setting (exit status 1), not a
+        pydantic traceback."""
+        try:
+            return cls(**overrides)
+        except ValidationError as exc:
+            lines = []
+            for error in exc.errors():
+                where = ".".join(str(p) for p in error["loc"])
+                message = error["msg"].removeprefix("Value error, ")
+                lines.append(f"{ENV_PREFIX}{where.upper()}: {message}" if where else message)
+            raise SystemExit(f"{cls.__name__}: invalid settings\n  " + "\n  ".join(lines)) from None
 
     def public_dict(self) -> dict:
         """The resolved config for logs, `GET /v1/config` and `/get_server_info`, with every URL's

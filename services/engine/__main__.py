@@ -1,4 +1,4 @@
-"""`python -m services.engine [--model-path smollm2|tiny|DIR] [--host H] [--port P] [--weight-version V]`.
+"""`python -m services.engine [--model-path smollm2|tiny|DIR] [--port P] [--num-threads N] [...]`: SGLang's API on transformers.
 
 Flags override the environment (`SHELLRL_MODEL_PATH`, `SHELLRL_HOST`, `SHELLRL_PORT`, ...; see
 settings.py). Loads the model, then serves SGLang's HTTP API until SIGTERM/SIGINT.
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
     overrides = {k: v for k, v in vars(args).items() if v is not None and k != "disable_radix_cache"}
     if args.disable_radix_cache:
         overrides["prefix_cache"] = False
-    settings = EngineSettings(**overrides)
+    settings = EngineSettings.from_env_or_exit(**overrides)
     setup_logging("engine", settings.log_level)
     log.info("starting engine", extra={"config": settings.public_dict()})
 

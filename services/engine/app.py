@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import uuid
 from datetime import datetime, timezone
 
@@ -86,9 +87,17 @@ async def _json(request: Request) -> object:
     if not raw:
         return {}
     try:
-        return json.loads(raw, parse_constant=_no_constant)
+        return json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from exc
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number too large for a float (`1e999`) would read as inf."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ApiError(400, "invalid_json", f"request body is not valid JSON: {text} overflows a float")
+    return value
 
 
 def _no_constant(name: str):

@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, help="port (default: SHELLRL_PORT or 8103)")
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    settings = LearnerSettings(**overrides)
+    settings = LearnerSettings.from_env_or_exit(**overrides)
     setup_logging("learner", settings.log_level)
     serve(build_app(settings), settings.host, settings.listen_port, settings.log_level, settings.shutdown_grace_s)
 

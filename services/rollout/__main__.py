@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, help="port (default: SHELLRL_PORT or 8100)")
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    settings = RolloutSettings(**overrides)
+    settings = RolloutSettings.from_env_or_exit(**overrides)
     setup_logging("rollout", settings.log_level)
     serve(build_app(settings), settings.host, settings.resolved_port, settings.log_level, settings.shutdown_grace_s)
 

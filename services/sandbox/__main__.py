@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int)
     args = parser.parse_args(argv)
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    settings = SandboxSettings(**overrides)
+    settings = SandboxSettings.from_env_or_exit(**overrides)
     port = settings.port or DEFAULT_PORT
     setup_logging("sandbox", settings.log_level)
     if settings.max_sessions > settings.uid_block_size - 1:

@@ -275,3 +275,6 @@ def test_nan_and_infinity_are_not_json_numbers(engine):
     response = httpx.post(f"{engine.url}/generate", content=raw, headers={"content-type": "application/json"},
                           timeout=30)
     assert response.status_code == 400 and "Infinity is not a JSON number" in response.json()["error"]["message"]
+    overflow = httpx.post(f"{engine.url}/generate", timeout=30, headers={"content-type": "application/json"},
+                          content='{"input_ids": [1, 2], "sampling_params": {"temperature": 1e999}}')
+    assert overflow.status_code == 400 and "1e999 overflows a float" in overflow.json()["error"]["message"]

@@ -112,3 +112,16 @@ def test_a_plural_or_singular_twin_that_no_service_has_is_a_typo(monkeypatch):
     monkeypatch.setenv("SHELLRL_NUM_THREAD", "1")
     with pytest.raises(ValidationError, match="SHELLRL_NUM_THREAD: unknown setting; did you mean SHELLRL_NUM_THREADS"):
         EngineSettings()
+
+
+def test_a_service_started_with_a_bad_setting_exits_with_one_line_naming_it():
+    import subprocess
+    import sys
+
+    from tests.helpers.processes import REPO
+
+    env = {"PATH": "/usr/bin:/bin", "SHELLRL_NUM_THREAD": "1", "SHELLRL_PORT": "99999"}
+    done = subprocess.run([sys.executable, "-m", "services.verifier"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert "SHELLRL_PORT: Input should be less than or equal to 65535" in done.stderr
