@@ -11,8 +11,9 @@ engine directly, never through a router, and return `{url: result}`.
 
 Retries: only on errors where the request provably never ran (connect errors, connect timeouts,
 and shellrl's engine answering 503 `shutting_down` while it drains), at most `connect_retries`
-extra attempts with a growing pause; a `generate` retry may go to another engine. A request that may have run (read timeout, dropped connection,
-any HTTP status) is never re-sent: the caller gets `EngineUnavailable` or `EngineError`.
+extra attempts with a growing pause; a `generate` retry may go to another engine. A request that
+may have run (read timeout, dropped connection, any other HTTP status) is never re-sent: the caller
+gets `EngineUnavailable` or `EngineError`.
 
 Errors: `EngineUnavailable` (cannot connect, or no answer within the timeout), `EngineError`
 (HTTP 4xx/5xx, or a response that breaks the contract; carries `status`, `body`, `url`).

@@ -35,8 +35,8 @@ class ServiceSettings(BaseSettings):
         away from one (`SHELLRL_REDIS_ULR`: one insertion, deletion, substitution or swap of
         neighbours) fails naming both. Anything further away passes, because a shared environment
         (compose `.env`, the launcher) carries the other services' settings too; a singular/plural
-        twin of a field passes only if it is some service's setting (`SHELLRL_NUM_THREAD` fails). tests/unit/test_settings.py checks that no two services'
-        settings are one typo apart."""
+        twin of a field passes only if it is some service's setting (`SHELLRL_NUM_THREAD` fails).
+        tests/unit/test_settings.py checks that no two services' settings are one typo apart."""
         own = set(type(self).model_fields)
         for name, close in unknown_env_settings(type(self)).items():
             twin = next((t for t in (name + "s", name.removesuffix("s")) if t != name and t in own), None)

@@ -1,4 +1,4 @@
-"""`python -m services.engine [--model-path smollm2|tiny|DIR] [--port P] [--num-threads N] [...]`: SGLang's API on transformers.
+"""`python -m services.engine [--model-path smollm2|tiny|DIR] [--port P] [--num-threads N] [...]`: SGLang's API.
 
 Flags override the environment (`SHELLRL_MODEL_PATH`, `SHELLRL_HOST`, `SHELLRL_PORT`, ...; see
 settings.py). Loads the model, then serves SGLang's HTTP API until SIGTERM/SIGINT.

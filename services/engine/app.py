@@ -275,8 +275,9 @@ def build_app(runtime: EngineRuntime) -> FastAPI:
     @app.get("/v1/loads")
     async def loads():
         device = runtime.settings.device
-        return {"timestamp": datetime.now(timezone.utc).isoformat(), "version": "shellrl-engine-0.1.0", "accelerator": device.split(":")[0],
-                "num_accelerators": 0 if device == "cpu" else 1, "loads": [runtime.loads()]}
+        return {"timestamp": datetime.now(timezone.utc).isoformat(), "version": "shellrl-engine-0.1.0",
+                "accelerator": device.split(":")[0], "num_accelerators": 0 if device == "cpu" else 1,
+                "loads": [runtime.loads()]}
 
     @app.get("/ready")
     async def sglang_ready():

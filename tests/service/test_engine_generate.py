@@ -210,8 +210,8 @@ async def test_a_batch_refused_for_a_duplicate_rid_queues_nothing_and_disturbs_n
 
     task = asyncio.create_task(client.generate([101, 102], {"max_new_tokens": 8000, "ignore_eos": True}, rid="ab"))
     await wait_until_async(lambda: asyncio.to_thread(lambda: running() == 1), 30, "rid ab running")
-    refused = httpx.post(f"{engine.url}/generate", timeout=30,
-                         json={"input_ids": [[1, 2], [3, 4]], "rid": ["a", "ab"], "sampling_params": {"max_new_tokens": 5}})
+    batch = {"input_ids": [[1, 2], [3, 4]], "rid": ["a", "ab"], "sampling_params": {"max_new_tokens": 5}}
+    refused = httpx.post(f"{engine.url}/generate", timeout=30, json=batch)
     assert refused.status_code == 400 and refused.json()["error"]["code"] == "duplicate_rid"
     await asyncio.sleep(0.3)
     assert running() == 1 and not task.done()  # "a" was never queued, and "ab" was not aborted by prefix
