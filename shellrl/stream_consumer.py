@@ -63,6 +63,9 @@ return deleted
 """
 
 
+DEAD_LETTERS_KEPT = 10_000  # newest entries kept in shellrl:dead
+
+
 class StreamConsumer:
     """Reads one stream as consumer `consumer` of group `group`.
 
@@ -90,14 +93,16 @@ class StreamConsumer:
         claim_interval_s: float = 5.0,
         max_deliveries: int = 5,
         dead_stream: str = STREAM_DEAD,
+        dead_maxlen: int = DEAD_LETTERS_KEPT,
     ) -> None:
         check_block_ms(redis, block_ms)
-        if count < 1 or max_deliveries < 1:
-            raise ValueError(f"count and max_deliveries must be >= 1; got {count}, {max_deliveries}")
+        if count < 1 or max_deliveries < 1 or dead_maxlen < 1:
+            raise ValueError(f"count, max_deliveries and dead_maxlen must be >= 1; got {count}, {max_deliveries}, "
+                             f"{dead_maxlen}")
         self.redis, self.stream, self.group, self.consumer = redis, stream, group, consumer
         self.block_ms, self.count = block_ms, count
         self.claim_min_idle_ms, self.claim_interval_s = claim_min_idle_ms, claim_interval_s
-        self.max_deliveries, self.dead_stream = max_deliveries, dead_stream
+        self.max_deliveries, self.dead_stream, self.dead_maxlen = max_deliveries, dead_stream, dead_maxlen
         self._recovered = False
         self._last_claim = 0.0
         self._errors: dict[str, str] = {}
@@ -225,12 +230,14 @@ class StreamConsumer:
 
         The dead entry keeps the original fields (`pb`, routing fields) and adds `source_stream`,
         `group`, `entry_id`, `reason`, `deliveries` (these win over original fields of that name).
+        The dead-letter stream keeps the newest `dead_maxlen` entries (no group reads it, so trimming
+        drops nothing undelivered; it is kept for inspection, and the counter keeps the total).
         """
         self._errors.pop(entry.entry_id, None)
         fields = {**entry.fields, "source_stream": self.stream, "group": self.group, "entry_id": entry.entry_id,
                   "reason": reason[:4000], "deliveries": str(entry.deliveries)}
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(self.dead_stream, fields)
+            pipe.xadd(self.dead_stream, fields, maxlen=self.dead_maxlen, approximate=False)
             pipe.xack(self.stream, self.group, entry.entry_id)
             pipe.hdel(self._error_key, entry.entry_id)
             await pipe.execute()

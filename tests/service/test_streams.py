@@ -289,3 +289,17 @@ async def test_stats_set_the_stream_gauges(redis):
     assert await consumer.stats() == {"length": 5, "pending": 2, "lag": 3}
     assert REGISTRY.get_sample_value("shellrl_stream_pending", {"stream": STREAM, "group": GROUP}) == 2
     assert REGISTRY.get_sample_value("shellrl_stream_length", {"stream": STREAM}) == 5
+
+
+async def test_the_dead_letter_stream_keeps_the_newest_entries_only(redis):
+    producer = StreamProducer(redis, STREAM)
+    consumer = StreamConsumer(redis, STREAM, GROUP, "c", block_ms=50, max_deliveries=1, dead_maxlen=2)
+    await consumer.ensure_group()
+    for i in range(4):
+        await producer.add(_traj(f"t{i}"))
+    entries = await consumer.read()
+    for entry in entries:
+        await consumer.dead_letter(entry, "test")
+    kept = await redis.xrange(STREAM_DEAD)
+    assert [fields[b"entry_id"].decode() for _, fields in kept] == [e.entry_id for e in entries[-2:]]
+    assert (await redis.xpending(STREAM, GROUP))["pending"] == 0
