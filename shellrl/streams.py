@@ -8,7 +8,8 @@ Delivery is at-least-once (DESIGN.md section 3). Guarantees of this module:
   input in the same script, so a crash can never leave "produced but not acknowledged" (and
   a re-delivery finds the idempotency key and only acknowledges).
 * Entries of crashed consumers are re-claimed with XAUTOCLAIM after `claim_min_idle_ms`; an entry
-  delivered more than `max_deliveries` times goes to `shellrl:dead` with the reason and is acked (the newest 10,000 dead letters are kept).
+  delivered more than `max_deliveries` times goes to `shellrl:dead` with the reason and is acked
+  (the newest 10,000 dead letters are kept).
 * Trimming (`trim_acknowledged`, and `StreamProducer(maxlen=...)` which calls it every
   `trim_every` adds) never removes an entry some group has not acknowledged: MAXLEN is a memory
   bound on acknowledged history, not a way to shed load. Load is shed before XADD, by

@@ -73,7 +73,9 @@ def test_trajectory_of_4096_tokens_with_3_actions_and_2_observations_round_trips
     back = parse_trajectory(raw)
 
     assert back == traj
-    assert back.SerializeToString() == raw
+    # byte-equal only in deterministic mode: protobuf does not fix the order of map entries
+    # (reward_components), and upb's order differs between instances now and then
+    assert back.SerializeToString(deterministic=True) == traj.SerializeToString(deterministic=True)
     arrays = trajectory_arrays(back)
     np.testing.assert_array_equal(arrays.prompt_ids, expected["prompt"])
     np.testing.assert_array_equal(arrays.response_ids, np.concatenate(expected["ids"]))
