@@ -73,8 +73,9 @@ async def test_kill_stops_background_and_setsid_processes_and_keeps_the_session(
     await client.exec(sid, f"mkdir sub && cd sub && ({ticker.format('tick')} &) ;"
                            f" setsid sh -c '{ticker.format('tick2')}' >/dev/null 2>&1 & echo started")
     await asyncio.sleep(0.3)
-    before = await client.read_file(sid, "sub/tick")
-    assert before and before != await _later(client, sid, "sub/tick")  # the ticker runs
+    before = await _written(client, sid, "sub/tick")
+    await asyncio.sleep(0.3)
+    assert before != await _written(client, sid, "sub/tick")  # the ticker runs
     reply = await client.kill_processes(sid)
     assert reply["killed"] is True and reply["session_id"] == sid
     stopped = await client.read_file(sid, "sub/tick")
@@ -85,6 +86,16 @@ async def test_kill_stops_background_and_setsid_processes_and_keeps_the_session(
     await client.delete(sid)
     with pytest.raises(SandboxNotFound):
         await client.kill_processes(sid)
+
+
+async def _written(client, sid: str, path: str) -> bytes:
+    """The file's content, read again while empty: `date > file` truncates before it writes, so a
+    read can land between the two."""
+    for _ in range(50):
+        if content := await client.read_file(sid, path):
+            return content
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{path} stayed empty")
 
 
 async def _later(client, sid: str, path: str) -> bytes:
