@@ -47,3 +47,18 @@ def perturbed(base: dict, seed: int) -> list:
 
     generator = torch.Generator().manual_seed(seed)
     return [(n, t + 0.05 * torch.randn(t.shape, generator=generator)) for n, t in base.items()]
+
+
+def engine_loads(url: str) -> dict:
+    """The engine's `/v1/loads` entry: num_running_reqs, num_waiting_reqs, paused."""
+    import httpx
+
+    return httpx.get(f"{url}/v1/loads", timeout=10).json()["loads"][0]
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """Sum of the Prometheus samples `name` whose labels include `labels` (0 when none)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from shellrl.engine_client import EngineClient, EngineError
-from tests.helpers.engine import reference_logprobs, running_engine
+from tests.helpers.engine import engine_loads, reference_logprobs, running_engine
 from tests.helpers.waiting import wait_until_async
 
 PARITY_TOLERANCE = 1e-4
@@ -206,7 +206,7 @@ async def test_duplicate_rid_in_flight_is_rejected(client):
 
 async def test_a_batch_refused_for_a_duplicate_rid_queues_nothing_and_disturbs_no_other_request(client, engine):
     def running() -> int:
-        return httpx.get(f"{engine.url}/v1/loads", timeout=10).json()["loads"][0]["num_running_reqs"]
+        return engine_loads(engine.url)["num_running_reqs"]
 
     task = asyncio.create_task(client.generate([101, 102], {"max_new_tokens": 8000, "ignore_eos": True}, rid="ab"))
     await wait_until_async(lambda: asyncio.to_thread(lambda: running() == 1), 30, "rid ab running")
@@ -249,7 +249,7 @@ def test_null_max_new_tokens_means_up_to_the_context_and_sglang_defaults_are_acc
 async def test_abort_needs_a_live_rid_so_a_batch_parent_aborts_nothing(client, engine):
     # SGLang 0.5.23 drops an abort whose exact rid is not in flight (tokenizer_manager.abort_request)
     def running() -> int:
-        return httpx.get(f"{engine.url}/v1/loads", timeout=10).json()["loads"][0]["num_running_reqs"]
+        return engine_loads(engine.url)["num_running_reqs"]
 
     children = asyncio.create_task(asyncio.to_thread(
         httpx.post, f"{engine.url}/generate", timeout=120,

@@ -8,21 +8,11 @@ import signal
 import time
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from tests.helpers.engine import running_engine
+from tests.helpers.engine import engine_loads, metric_value, running_engine
 from tests.helpers.waiting import wait_until, wait_until_async
 
 LONG = {"max_new_tokens": 6000, "ignore_eos": True, "temperature": 0.0}
-
-
-def sample_value(text: str, name: str, **labels: str) -> float:
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
-
-
-def _loads(url: str) -> dict:
-    return httpx.get(f"{url}/v1/loads", timeout=10).json()["loads"][0]
 
 
 def test_a_request_whose_client_disconnected_is_aborted(tmp_path):
@@ -34,11 +24,11 @@ def test_a_request_whose_client_disconnected_is_aborted(tmp_path):
             raise AssertionError("the generation should outlast the client's timeout")
         except httpx.ReadTimeout:
             pass
-        wait_until(lambda: _loads(engine.url)["num_running_reqs"] == 0, timeout_s=10,
+        wait_until(lambda: engine_loads(engine.url)["num_running_reqs"] == 0, timeout_s=10,
                    what="the disconnected request to be aborted")
         metrics = httpx.get(f"{engine.url}/metrics", timeout=10).text
-        assert sample_value(metrics, "shellrl_engine_client_disconnects_total") == 1
-        assert sample_value(metrics, "shellrl_engine_requests_total", finish_reason="abort") == 1
+        assert metric_value(metrics, "shellrl_engine_client_disconnects_total") == 1
+        assert metric_value(metrics, "shellrl_engine_requests_total", finish_reason="abort") == 1
         # the engine serves on
         ok = httpx.post(f"{engine.url}/generate", json={"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 3}},
                         timeout=30)
@@ -55,7 +45,7 @@ async def test_sigterm_ends_in_flight_generations_as_aborts_with_their_tokens(tm
             body = {"input_ids": [[101, 102], [103, 104, 105]], "return_logprob": True,
                     "sampling_params": [LONG, {**LONG, "max_new_tokens": 6001}]}
             task = asyncio.create_task(http.post(f"{engine.url}/generate", json=body))
-            await wait_until_async(lambda: asyncio.to_thread(lambda: _loads(engine.url)["num_running_reqs"] == 2),
+            await wait_until_async(lambda: asyncio.to_thread(lambda: engine_loads(engine.url)["num_running_reqs"] == 2),
                                    30, "both requests running")
             started = time.monotonic()
             engine.signal(signal.SIGTERM)
