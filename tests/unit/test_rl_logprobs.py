@@ -96,7 +96,8 @@ def test_proximal_logprobs_from_the_first_epoch_equal_a_separate_no_grad_pass(ti
         batch.loss_mask > 0, torch.zeros_like(batch.policy_versions), batch.policy_versions))
     result = trainer.step(fresh, learner_version=0)
     tiny.load_state_dict(state)
-    assert result.parity_tokens == int(batch.loss_mask.sum()) and result.parity_max == 0.0
+    assert result.parity_tokens == int(batch.loss_mask.sum())
+    assert result.parity_max <= 1e-6  # two forward passes (with and without grad): a float tolerance
     assert result.stats["ratio_max"] != 1.0  # the second epoch ran on updated weights
 
 
