@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from shellrl.engine_client import EngineClient  # noqa: E402
+from shellrl.clients.engine import EngineClient  # noqa: E402
 from tests.helpers.processes import ServiceProcess  # noqa: E402
 from tests.helpers.redis_server import free_port  # noqa: E402
 
@@ -97,7 +97,7 @@ async def bench_weight_update(url: str, repeats: int) -> Table:
     mapping per push that no learner pays)."""
     import torch
 
-    from shellrl import weight_transport as wt
+    from shellrl.weights import bucket as wt
     from shellrl.models import load_model
 
     named = [(n, p.detach().clone()) for n, p in load_model("smollm2").named_parameters()]

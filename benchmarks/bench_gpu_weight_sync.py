@@ -2,7 +2,7 @@
 
 Learner: this process, model on --learner-device (cuda:0). Engine: the project's engine
 (`python -m services.engine`, bf16) in its own process on --engine-device (cuda:1). Models:
-Qwen2.5-0.5B and Qwen2.5-7B architectures with random weights (shellrl.model_shapes; nothing is
+Qwen2.5-0.5B and Qwen2.5-7B architectures with random weights (benchmarks.model_shapes; nothing is
 downloaded). One update = from "optimizer step done" (learner GPU synchronized) to "the engine
 serves the new version": learner-side copies (begin_weight_update is sent meanwhile, as
 WeightSync does), update_weights_from_tensor (or _from_disk), end_weight_update (the engine swaps the staged tensors into its parameters and drops
@@ -143,10 +143,8 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
     """`args.updates` timed updates (after warm-ups) of one path; returns timings and checks."""
     import torch
 
-    from shellrl import weight_transport as wt
-
-    from shellrl import weight_transport_gpu as wtg
-
+    from shellrl.weights import bucket as wt
+    from shellrl.weights import gpu as wtg
     learner = torch.device(args.learner_device)
     named = [(n, p.detach()) for n, p in model.named_parameters()]
     on_gpu = learner.type == "cuda"
@@ -231,9 +229,9 @@ async def sync_section(shape: str, paths: str, args, results: dict, parity: bool
     """Build the model, start the engine, time every path; run the parity section on the same engine."""
     import torch
 
-    from shellrl import weight_transport as wt
-    from shellrl.engine_client import EngineClient
-    from shellrl.model_shapes import save_random_model
+    from shellrl.weights import bucket as wt
+    from shellrl.clients.engine import EngineClient
+    from benchmarks.model_shapes import save_random_model
 
     work = Path(args.work_dir) / shape
     shutil.rmtree(work, ignore_errors=True)

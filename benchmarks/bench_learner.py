@@ -150,7 +150,7 @@ async def bench_step_and_push(trajectories: int, tokens: int, threads: int, repe
 
     from services.learner.trainer import Trainer, TrainerConfig
     from services.learner.weight_sync import WeightSync
-    from shellrl.engine_client import EngineClient
+    from shellrl.clients.engine import EngineClient
     from shellrl.models import load_model
     from tests.helpers.processes import ServiceProcess
     from tests.helpers.redis_server import free_port

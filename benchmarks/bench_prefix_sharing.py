@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> None:
     from shellrl.models import load_model, resolve_model_path
     from shellrl.rl.batch import TrainSample, build_batch
     from shellrl.rl.logprobs import enable_gradient_checkpointing, shared_prefix_length, token_logprobs
-    from shellrl.tasks.generator import generate
+    from tasksets.generator import generate
 
     path = resolve_model_path(args.model_path)
     chat = ChatFormat.from_tokenizer(load_chat_tokenizer(str(path)))

@@ -48,10 +48,10 @@ from services.rollout.scheduler import TaskPool
 from services.rollout.task_store import TaskStore
 from services.rollout.worker import Capacity, InfraGate, RolloutConfig, RolloutWorker
 from shellrl import streams
-from shellrl.aio import cancel_and_wait
+from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import min_policy_version, parse_trajectory, task_from_json
-from shellrl.engine_client import EngineClient, GenerateResult
-from shellrl.sandbox_client import SandboxClient
+from shellrl.clients.engine import EngineClient, GenerateResult
+from shellrl.clients.sandbox import SandboxClient
 from tests.helpers.redis_server import RedisServer, free_port
 
 console = Console(width=150)
@@ -88,7 +88,7 @@ class OverheadResult:
 
 
 TRANSPORTS = {
-    "aiohttp (as shipped)": lambda: None,  # the clients' default: shellrl.http_transport.AiohttpTransport
+    "aiohttp (as shipped)": lambda: None,  # the clients' default: shellrl.clients.transport.AiohttpTransport
     "httpx's own (httpcore), before": lambda: httpx.AsyncHTTPTransport(
         limits=httpx.Limits(max_connections=256, max_keepalive_connections=256)),
 }

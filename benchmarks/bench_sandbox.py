@@ -1,7 +1,7 @@
 """Sandbox executor latency and throughput per isolation layer and exec mode (issue 3).
 
 For each configuration (isolation layer x exec mode) a real `python -m services.sandbox` is
-started; through its HTTP API (shellrl.sandbox_client) we measure:
+started; through its HTTP API (shellrl.clients.sandbox) we measure:
 
 * exec latency of `true` in an existing session, sequentially (`--n` calls): p50 / p99 of the
   client-side wall time, and the ratio to the baseline;
@@ -53,7 +53,7 @@ def baseline_ms(n: int) -> list[float]:
 
 
 async def measure(url: str, n: int, reps: int, sessions: int, seconds: float) -> dict:
-    from shellrl.sandbox_client import SandboxClient
+    from shellrl.clients.sandbox import SandboxClient
 
     async with SandboxClient(url, timeout_s=60) as client:
         session = await client.create_session(setup=SETUP_100_FILES)

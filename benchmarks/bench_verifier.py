@@ -56,7 +56,7 @@ async def check_latency(sandbox_url: str, reps: int) -> tuple[dict[str, list[flo
     from services.verifier.app import build_verifier
     from services.verifier.settings import VerifierSettings
     from shellrl.contract import task_from_json
-    from shellrl.sandbox_client import SandboxClient
+    from shellrl.clients.sandbox import SandboxClient
 
     async with SandboxClient(sandbox_url) as sandbox:
         verifier = build_verifier(VerifierSettings(sandbox_url=sandbox_url, worker_enabled=False), sandbox)
@@ -84,8 +84,8 @@ async def check_latency(sandbox_url: str, reps: int) -> tuple[dict[str, list[flo
 async def stream_throughput(redis_url: str, sandbox_url: str, verifier, episodes: int, concurrency: int) -> dict:
     from shellrl import streams
     from shellrl.contract import EpisodeEnd, Trajectory, parse_trajectory
-    from shellrl.sandbox_client import SandboxClient
-    from shellrl.tasks.seeds import seed_tasks
+    from shellrl.clients.sandbox import SandboxClient
+    from tasksets.seeds import seed_tasks
 
     task = next(t for t in seed_tasks() if t.task_id == "seed-numbers")
     redis = streams.connect(redis_url)

@@ -34,9 +34,9 @@ def _metric(url: str, name: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from shellrl.launcher import SERVICE_ORDER, Stack, StackConfig
-    from shellrl.main_job import submit
-    from shellrl.tasks import load_taskset
+    from cli.launcher import SERVICE_ORDER, Stack, StackConfig
+    from cli.main_job import submit
+    from tasksets import load_taskset
 
     for spec in (sys.argv[1:] if argv is None else argv) or ["base={}"]:
         label, extra = spec.split("=", 1)

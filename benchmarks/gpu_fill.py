@@ -28,10 +28,9 @@ def _summary(samples: list[float]) -> str:
 def main(argv: list[str] | None = None) -> None:
     import torch
 
-    from shellrl import weight_transport as wt
-
-    from shellrl import weight_transport_gpu as wtg
-    from shellrl.model_shapes import random_model
+    from shellrl.weights import bucket as wt
+    from shellrl.weights import gpu as wtg
+    from benchmarks.model_shapes import random_model
 
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="qwen2.5-0.5b")

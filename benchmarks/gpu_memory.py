@@ -103,7 +103,7 @@ def measure(model, batch, fn, repeats: int = 4) -> dict:
 
 
 def memory_section(args) -> dict:
-    from shellrl.model_shapes import random_model
+    from benchmarks.model_shapes import random_model
 
     device = torch.device(args.learner_device)
     gc.collect()

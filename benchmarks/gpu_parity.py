@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from rich.table import Table
 
 
-from shellrl import weight_transport_gpu as wtg
+from shellrl.weights import gpu as wtg
 from shellrl.rl.batch import TrainBatch, TrainSample, build_batch
 from shellrl.rl.logprobs import GREEDY_TEMPERATURE, token_logprobs
 

@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from shellrl.aio import cancel_and_wait
+from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import SOCKET_TIMEOUT_S, CancelSafeConnection
 from tests.helpers.redis_server import RedisServer
 from tests.service.test_cancel import consume_forever

@@ -10,8 +10,8 @@ import argparse
 import logging
 
 from services.engine.settings import EngineSettings
-from shellrl.http import serve
-from shellrl.logging import setup_logging
+from shellrl.service.app import serve
+from shellrl.service.logging import setup_logging
 
 log = logging.getLogger("services.engine")
 

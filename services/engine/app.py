@@ -4,7 +4,7 @@ Formats (docs/sglang.md): `/generate` answers SGLang's response objects; its bad
 `{"error": {"message", "code", "field"}}` (SGLang's `{"error": {"message"}}` plus shellrl's code
 and field). Weight-update routes answer `{"success": bool, "message": str}` with 200 or 400.
 `/flush_cache` answers plain text. `/abort_request` answers 200 with an empty body. Besides these,
-the shellrl probes `/healthz`, `/readyz`, `/metrics`, `/v1/config` come from `shellrl.http`.
+the shellrl probes `/healthz`, `/readyz`, `/metrics`, `/v1/config` come from `shellrl.service.app`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from services.engine.protocol import parse_generate, render_response
 from services.engine.runtime import EngineRuntime
 from services.engine.scheduler import PAUSE_MODES, DuplicateRequestId
 from services.engine.weights import WeightUpdateError
-from shellrl.http import ApiError, create_app
+from shellrl.service.app import ApiError, create_app
 
 
 class _Body(BaseModel):

@@ -3,7 +3,7 @@ not reproduced, see docs/sglang.md)."""
 
 from __future__ import annotations
 
-from shellrl.metrics import counter, gauge, histogram
+from shellrl.service.metrics import counter, gauge, histogram
 
 REQUEST_SECONDS = histogram("shellrl_engine_request_seconds", "End-to-end /generate latency per request, by finish reason.",
                             ("finish_reason",))

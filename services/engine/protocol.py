@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
 
 from services.engine.sampling import SamplingSpec
-from shellrl.http import ApiError
+from shellrl.service.app import ApiError
 
 MAX_STOP_STRINGS = 32
 

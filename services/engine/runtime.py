@@ -95,7 +95,7 @@ class EngineRuntime:
             lambda: self.scheduler.abort("", abort_all=True)))
 
     def on_exit_signal(self) -> None:
-        """For `shellrl.http.serve`: runs in the signal handler; hands `begin_drain` to the loop."""
+        """For `shellrl.service.app.serve`: runs in the signal handler; hands `begin_drain` to the loop."""
         if self.loop is not None:
             self.loop.call_soon_threadsafe(self.begin_drain)
 

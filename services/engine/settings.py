@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from shellrl.settings import ServiceSettings
+from shellrl.service.settings import ServiceSettings
 
 DEFAULT_PORT = 30000  # SGLang's default
 

@@ -1,6 +1,6 @@
 """Weight updates of the engine's model: read, validate and stage new tensors; swap them in later.
 
-Consumes the payloads of `/update_weights_from_tensor` (`shellrl.weight_transport` JSON: a shared
+Consumes the payloads of `/update_weights_from_tensor` (`shellrl.weights.bucket` JSON: a shared
 memory bucket, or a CUDA IPC bucket on this engine's GPU) and `/update_weights_from_disk`
 (safetensors directory). Produces a `StagedWeights`: new tensors already in the model's dtype and
 device, each checked against the parameter it replaces (known name, identical shape). Nothing is
@@ -25,11 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shellrl import weight_transport as wt
-
-from shellrl import weight_transport_gpu as wtg
-
-
+from shellrl.weights import bucket as wt
+from shellrl.weights import gpu as wtg
 class WeightUpdateError(ValueError):
     """A payload that cannot be applied; the message names the tensor or field."""
 

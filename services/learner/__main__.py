@@ -13,8 +13,8 @@ def main(argv: list[str] | None = None) -> None:
     reexec_with_jemalloc("services.learner", argv)  # before torch allocates anything (allocator.py)
     from services.learner.app import build_app
     from services.learner.settings import LearnerSettings
-    from shellrl.http import serve
-    from shellrl.logging import setup_logging
+    from shellrl.service.app import serve
+    from shellrl.service.logging import setup_logging
 
     parser = argparse.ArgumentParser(prog="python -m services.learner", description=__doc__)
     parser.add_argument("--host", help="interface to bind (default: SHELLRL_HOST or 127.0.0.1)")

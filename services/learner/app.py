@@ -31,12 +31,12 @@ from services.learner.trainer import Trainer, TrainerConfig
 from services.learner.weight_sync import WeightSync, choose_transport
 from services.learner.worker import LearnerWorker, WorkerConfig
 from shellrl import streams
-from shellrl.aio import cancel_and_wait
-from shellrl.engine_client import EngineClient
-from shellrl.http import ApiError, create_app
+from shellrl.service.aio import cancel_and_wait
+from shellrl.clients.engine import EngineClient
+from shellrl.service.app import ApiError, create_app
 from shellrl.models import load_model, load_tokenizer
 from shellrl.rl.losses import PPOConfig
-from shellrl.stream_consumer import export_stream_stats
+from shellrl.streams import export_stream_stats
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from shellrl import metrics as m
-from shellrl.metrics import STALENESS_BUCKETS
+from shellrl.service import metrics as m
+from shellrl.service.metrics import STALENESS_BUCKETS
 
 POLICY_VERSION = m.gauge("shellrl_policy_version", "Policy version of the learner's weights (learner steps taken).")
 LEARNER_STEP = m.gauge("shellrl_learner_step", "Learner steps taken.")

@@ -1,4 +1,4 @@
-"""Settings of the learner (`SHELLRL_*` environment variables, see shellrl.settings).
+"""Settings of the learner (`SHELLRL_*` environment variables, see shellrl.service.settings).
 
 Defaults suit SmolLM2-135M in float32 on a 2-core CPU with one local engine
 (../shared/reference/feasibility.md: lr 1e-5, AdamW, grad clip 1.0, one inner update,
@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from shellrl.settings import EngineFleetSettings
+from shellrl.service.settings import EngineFleetSettings
 
 DEFAULT_PORT = 8103
 

@@ -6,7 +6,7 @@
     ─▶ read back weight_version ("verify") ─▶ all engines in rotation confirmed: SET
     shellrl:policy:version, PUBLISH shellrl:policy:updates
 
-Transports (DESIGN.md section 6, shellrl.weight_transport): shared memory when the model is on
+Transports (DESIGN.md section 6, shellrl.weights.bucket): shared memory when the model is on
 CPU and the engine on this host; CUDA IPC of a bucket on the GPU when the model is on a GPU of
 this host; safetensors on disk (`update_weights_from_disk`) otherwise. The shared-memory segments
 and CUDA IPC buckets are kept and refilled push after push (no page faults, a stable IPC handle;
@@ -45,14 +45,14 @@ import redis.asyncio as aioredis
 import torch
 
 from services.learner import metrics
-from shellrl import weight_transport as wt
-from shellrl import weight_transport_gpu as wtg
-from shellrl.engine_client import EngineClient, EngineError, EngineUnavailable
+from shellrl.weights import bucket as wt
+from shellrl.weights import gpu as wtg
+from shellrl.clients.engine import EngineClient, EngineError, EngineUnavailable
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY
+from shellrl.streams.keys import ENGINES_KEY
 
 log = logging.getLogger(__name__)
 
-ENGINES_KEY = "shellrl:engines"  # hash: engine url -> JSON EngineState (written by the learner)
 BUCKET_BYTES = 1 << 30  # shm: segments of at most this size. cuda_ipc: one bucket (the kept buckets hold
 # the whole model however it is split, so a split only adds update calls: 15 for a 7B model in bf16)
 

@@ -29,7 +29,7 @@ from services.learner.checkpoint import CheckpointStore, LearnerState
 from services.learner.group_assembler import Dropped, GroupAssembler, RolloutGroup, group_samples
 from services.learner.trainer import Trainer
 from services.learner.weight_sync import WeightSync
-from shellrl.aio import cancel_and_wait
+from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import ContractError, parse_trajectory
 from shellrl.rl.batch import build_batch
 from shellrl.streams import StreamConsumer, StreamEntry

@@ -36,11 +36,10 @@ import redis.asyncio as aioredis
 
 from services.rollout import metrics as m
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY
+from shellrl.streams.keys import ADMITTED_KEY, INFLIGHT_KEY
 
 log = logging.getLogger(__name__)
 
-ADMITTED_KEY = "shellrl:rollout:groups_admitted"
-INFLIGHT_KEY = "shellrl:rollout:inflight"
 
 # KEYS[1] policy version, KEYS[2] admitted counter, KEYS[3] in-flight zset
 # ARGV[1] max_staleness, ARGV[2] groups_per_step, ARGV[3] strict 0/1, ARGV[4] member

@@ -49,9 +49,9 @@ from shellrl.contract import (
     observation_segment,
     split_name,
 )
-from shellrl.engine_client import EngineError, EngineUnavailable, GenerateResult
-from shellrl.logging import log_context
-from shellrl.sandbox_client import SandboxBadRequest, SandboxBusy, SandboxError, SandboxSetupFailed
+from shellrl.clients.engine import EngineError, EngineUnavailable, GenerateResult
+from shellrl.service.logging import log_context
+from shellrl.clients.sandbox import SandboxBadRequest, SandboxBusy, SandboxError, SandboxSetupFailed
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@
   GET  /v1/evaluations/{id}    success rate, mean reward, failure classes, version, per task
   GET  /v1/evaluations         the latest evaluations (summaries)
   GET  /v1/status              admission, pool, in-flight, streams, infra state
-plus /healthz /readyz /metrics /v1/config from shellrl.http.create_app.
+plus /healthz /readyz /metrics /v1/config from shellrl.service.app.create_app.
 
 Validation errors are 422 `{"error": {"code", "message", "field"}}` naming the field
 (`instruction`, `check.type`, `tasks[3].max_turns`); bodies over `MAX_BODY_BYTES` are 413.
@@ -37,12 +37,12 @@ from services.rollout.stats import TaskStats
 from services.rollout.task_store import TaskConflict, TaskStore
 from services.rollout.worker import Capacity, InfraGate, RolloutConfig, RolloutWorker
 from shellrl import streams
-from shellrl.aio import cancel_and_wait
+from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import LIMITS, TaskValidationError, task_from_json
-from shellrl.engine_client import EngineClient
-from shellrl.http import ApiError, create_app
-from shellrl.sandbox_client import SandboxClient
-from shellrl.stream_consumer import export_stream_stats
+from shellrl.clients.engine import EngineClient
+from shellrl.service.app import ApiError, create_app
+from shellrl.clients.sandbox import SandboxClient
+from shellrl.streams import export_stream_stats
 
 log = logging.getLogger(__name__)
 

@@ -30,17 +30,13 @@ import redis.asyncio as aioredis
 from services.rollout import metrics as m
 from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling
 from services.rollout.task_store import TaskStore
-from shellrl.aio import cancel_and_wait
+from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import EpisodeEnd, Failure, Task, Trajectory, min_policy_version, task_to_json
 from shellrl.streams import POLICY_VERSION_KEY
+from shellrl.streams.keys import EVALUATION_INDEX_KEY, evaluation_key
 
 log = logging.getLogger(__name__)
 
-INDEX = "shellrl:evaluations:index"
-
-
-def eval_key(evaluation_id: str) -> str:
-    return f"shellrl:evaluation:{evaluation_id}"
 
 
 @dataclass(frozen=True)
@@ -87,8 +83,8 @@ class Evaluations:
     async def mark_interrupted(self) -> int:
         """At start-up: records left `running` by a previous process become `interrupted`."""
         n = 0
-        for raw in await self.redis.zrange(INDEX, 0, -1):
-            key = eval_key(raw.decode())
+        for raw in await self.redis.zrange(EVALUATION_INDEX_KEY, 0, -1):
+            key = evaluation_key(raw.decode())
             if (await self.redis.hget(key, "state")) == b"running":
                 await self.redis.hset(key, mapping={"state": "interrupted", "finished_at": f"{time.time():.3f}"})
                 n += 1
@@ -104,9 +100,9 @@ class Evaluations:
                 "budget_episodes": len(plan.task_ids) * plan.episodes_per_task}
         now = time.time()
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(eval_key(evaluation_id), mapping={"meta": json.dumps(meta), "state": "running",
+            pipe.hset(evaluation_key(evaluation_id), mapping={"meta": json.dumps(meta), "state": "running",
                                                         "created_at": f"{now:.3f}"})
-            pipe.zadd(INDEX, {evaluation_id: now})
+            pipe.zadd(EVALUATION_INDEX_KEY, {evaluation_id: now})
             await pipe.execute()
         runner = asyncio.create_task(self._run(evaluation_id, plan))
         self._running[evaluation_id] = runner
@@ -126,7 +122,7 @@ class Evaluations:
             log.exception("evaluation failed", extra={"evaluation_id": evaluation_id})
             state = "failed"
         finally:
-            await self.redis.hset(eval_key(evaluation_id), mapping={"state": state, "finished_at": f"{time.time():.3f}"})
+            await self.redis.hset(evaluation_key(evaluation_id), mapping={"state": state, "finished_at": f"{time.time():.3f}"})
             m.EVALUATIONS.labels(state).inc()
 
     async def _episode(self, evaluation_id: str, plan: EvaluationPlan, task_id: str, k: int) -> None:
@@ -169,16 +165,16 @@ class Evaluations:
                 "checks": verdict.get("checks", []), "verifier_version": verdict.get("verifier_version")}
 
     async def _record(self, evaluation_id: str, result: dict) -> None:
-        await self.redis.rpush(eval_key(evaluation_id) + ":results", json.dumps(result))
+        await self.redis.rpush(evaluation_key(evaluation_id) + ":results", json.dumps(result))
 
     async def describe(self, evaluation_id: str, *, with_results: bool = True) -> dict | None:
         """The JSON view of `GET /v1/evaluations/{id}` (None when unknown)."""
-        raw = await self.redis.hgetall(eval_key(evaluation_id))
+        raw = await self.redis.hgetall(evaluation_key(evaluation_id))
         if not raw:
             return None
         h = {k.decode(): v.decode() for k, v in raw.items()}
         meta = json.loads(h["meta"])
-        results = [json.loads(r) for r in await self.redis.lrange(eval_key(evaluation_id) + ":results", 0, -1)]
+        results = [json.loads(r) for r in await self.redis.lrange(evaluation_key(evaluation_id) + ":results", 0, -1)]
         outcomes = Counter(r["outcome"] for r in results)
         scored = [r for r in results if r.get("reward") is not None]
         versions = sorted({v for r in results for v in r.get("policy_versions", [])})
@@ -199,7 +195,7 @@ class Evaluations:
         return out
 
     async def recent(self, limit: int = 50) -> list[dict]:
-        ids = [r.decode() for r in await self.redis.zrevrange(INDEX, 0, limit - 1)]
+        ids = [r.decode() for r in await self.redis.zrevrange(EVALUATION_INDEX_KEY, 0, limit - 1)]
         return [d for d in [await self.describe(i, with_results=False) for i in ids] if d is not None]
 
     async def shutdown(self) -> None:

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from shellrl import metrics
-
+from shellrl.service import metrics
 EPISODES_IN_FLIGHT = metrics.gauge("shellrl_episodes_in_flight", "Training episodes running now.")
 EVAL_EPISODES_IN_FLIGHT = metrics.gauge("shellrl_rollout_eval_episodes_in_flight", "Evaluation episodes running now.")
 TOKENS = metrics.counter(

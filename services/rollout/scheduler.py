@@ -25,12 +25,10 @@ from services.rollout import metrics as m
 from services.rollout.task_store import STATE_POOLED, TaskStore
 from shellrl.contract import ContractError, Task, split_name
 from shellrl.streams import GROUP_ROLLOUT, STREAM_TASKS, StreamConsumer, StreamEntry, task_key
+from shellrl.streams.keys import EPOCH_KEY, ORDER_KEY, POOL_KEY
 
 log = logging.getLogger(__name__)
 
-POOL_KEY = "shellrl:rollout:pool"
-EPOCH_KEY = "shellrl:rollout:epoch"
-ORDER_KEY = "shellrl:rollout:epoch:order"
 
 # KEYS[1] pool, KEYS[2] order, KEYS[3] task hash, KEYS[4] tasks stream; ARGV[1] task id, ARGV[2] group,
 # ARGV[3] entry id, ARGV[4] pooled state name, ARGV[5] u in [0, 1): the newcomer's position in the rest

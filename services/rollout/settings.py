@@ -1,4 +1,4 @@
-"""Settings of the rollout gateway (`SHELLRL_*` environment variables, see shellrl.settings).
+"""Settings of the rollout gateway (`SHELLRL_*` environment variables, see shellrl.service.settings).
 
 Defaults suit SmolLM2-135M on a 2-core CPU (../shared/reference/feasibility.md: group 8,
 4 groups per step, 40 new tokens per turn, 3 turns, temperature 1.0, a one-shot example).
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from shellrl.settings import EngineFleetSettings
+from shellrl.service.settings import EngineFleetSettings
 
 DEFAULT_PORT = 8100
 

@@ -31,16 +31,15 @@ import redis.asyncio as aioredis
 
 from shellrl.contract import Task, split_name, task_to_json
 from shellrl.streams import STREAM_TASKS, task_key
+from shellrl.streams.keys import TASK_INDEX_KEY, TASK_SEQ_KEY
 
-INDEX = "shellrl:tasks:index"
-SEQ = "shellrl:tasks:seq"
 STATE_QUEUED, STATE_POOLED, STATE_HELD_OUT = "queued", "pooled", "held_out"
 COUNTERS = ("episodes_started", "episodes_finished", "episodes_failed", "episodes_in_flight", "episodes_scored",
             "successes")
 
 
 def index_key(split: str | None = None) -> str:
-    return f"{INDEX}:{split}" if split else INDEX
+    return f"{TASK_INDEX_KEY}:{split}" if split else TASK_INDEX_KEY
 
 
 def task_digest(task: Task) -> str:
@@ -114,7 +113,7 @@ class TaskStore:
         split = split_name(task.split)
         train = split == "train"
         status, _ = await self._submit(
-            keys=[task_key(task.task_id), INDEX, index_key(split), STREAM_TASKS, SEQ],
+            keys=[task_key(task.task_id), TASK_INDEX_KEY, index_key(split), STREAM_TASKS, TASK_SEQ_KEY],
             args=[digest, task.SerializeToString(), split, task.source, json.dumps(list(task.tags)),
                   f"{time.time():.3f}", STATE_QUEUED if train else STATE_HELD_OUT, task.task_id, "1" if train else "0"],
         )

@@ -31,7 +31,7 @@ from services.rollout.admission import Admission, Ticket
 from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling, is_setup_failure
 from services.rollout.scheduler import TaskPool
 from services.rollout.task_store import TaskStore
-from shellrl.aio import cancel_and_wait
+from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import Failure, Task, Trajectory, min_policy_version
 from shellrl.streams import GROUP_VERIFIER, STREAM_EPISODES, StreamProducer
 

@@ -14,8 +14,8 @@ from services.sandbox.limits import Limits
 from services.sandbox.policy import PolicySet
 from services.sandbox.sessions import SessionManager, UidPool
 from services.sandbox.settings import DEFAULT_PORT, SandboxSettings
-from shellrl.http import serve
-from shellrl.logging import setup_logging
+from shellrl.service.app import serve
+from shellrl.service.logging import setup_logging
 
 log = logging.getLogger("services.sandbox")
 

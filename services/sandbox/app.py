@@ -22,8 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.sandbox.limits import LimitsRequest
 from services.sandbox.sessions import SessionError, SessionManager
 from services.sandbox.workspace import FileReadError
-from shellrl.aio import cancel_and_wait
-from shellrl.http import ApiError, create_app, error_body
+from shellrl.service.aio import cancel_and_wait
+from shellrl.service.app import ApiError, create_app, error_body
 
 log = logging.getLogger(__name__)
 DEFAULT_FILE_MAX_BYTES = 10 << 20

@@ -1,6 +1,6 @@
 """Prometheus metrics of the sandbox executor (names per DESIGN.md section 9)."""
 
-from shellrl.metrics import counter, gauge, histogram, info
+from shellrl.service.metrics import counter, gauge, histogram, info
 
 EXEC_SECONDS = histogram("shellrl_sandbox_exec_seconds", "Wall time of one exec, launch to result.", ("isolation",))
 SESSIONS = gauge("shellrl_sandbox_sessions", "Live sandbox sessions.")

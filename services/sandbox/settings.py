@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import AliasChoices, Field
 
-from shellrl.settings import ServiceSettings
+from shellrl.service.settings import ServiceSettings
 
 DEFAULT_PORT = 8101
 IsolationChoice = Literal["auto", "bubblewrap", "unshare", "fallback"]

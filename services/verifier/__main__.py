@@ -6,8 +6,8 @@ import argparse
 
 from services.verifier.app import build_app
 from services.verifier.settings import VerifierSettings
-from shellrl.http import serve
-from shellrl.logging import setup_logging
+from shellrl.service.app import serve
+from shellrl.service.logging import setup_logging
 
 
 def main(argv: list[str] | None = None) -> None:

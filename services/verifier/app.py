@@ -27,14 +27,15 @@ from services.verifier.checks import CHECK_PARAMETERS, VERIFIER_VERSION, CheckLi
 from services.verifier.rewards import Shaping
 from services.verifier.settings import VerifierSettings
 from services.verifier.verification import Verifier
-from services.verifier.worker import STREAM_EVALUATIONS, VerifierWorker, release_session
+from services.verifier.worker import VerifierWorker, release_session
+from shellrl.streams.keys import STREAM_EVALUATIONS
 from services.verifier.workspace import ReferenceCache
 from shellrl import streams
-from shellrl.aio import cancel_and_wait
+from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import TaskValidationError, ToolEvent, task_from_json
-from shellrl.http import ApiError, create_app
-from shellrl.sandbox_client import SandboxClient
-from shellrl.stream_consumer import export_stream_stats
+from shellrl.service.app import ApiError, create_app
+from shellrl.clients.sandbox import SandboxClient
+from shellrl.streams import export_stream_stats
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the verifier (names checked by shellrl.metrics).
+"""Prometheus metrics of the verifier (names checked by shellrl.service.metrics).
 
 Verifications per second: rate(shellrl_verifier_verifications_total[1m]); pass rate per task
 source and split: the ratio of its outcome="pass" series to the sum over outcomes.
@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from shellrl import metrics
-
+from shellrl.service import metrics
 if TYPE_CHECKING:
     from services.verifier.verification import Verification
 

@@ -1,4 +1,4 @@
-"""Settings of the verifier service (environment `SHELLRL_<FIELD>`, see shellrl.settings)."""
+"""Settings of the verifier service (environment `SHELLRL_<FIELD>`, see shellrl.service.settings)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 from pydantic import Field, field_validator
 
-from shellrl.settings import ServiceSettings
+from shellrl.service.settings import ServiceSettings
 
 DEFAULT_PORT = 8102
 

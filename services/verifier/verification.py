@@ -79,7 +79,7 @@ class Verification:
 class Verifier:
     """Checks plus reward over the sandbox service.
 
-    sandbox: a shellrl.sandbox_client.SandboxClient (None: only answer checks can run).
+    sandbox: a shellrl.clients.sandbox.SandboxClient (None: only answer checks can run).
     """
 
     def __init__(self, sandbox, limits: CheckLimits, shaping: Shaping, reference_cache: ReferenceCache) -> None:

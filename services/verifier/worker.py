@@ -19,7 +19,7 @@ import logging
 
 from services.verifier import metrics
 from services.verifier.verification import Verification, Verifier
-from shellrl.aio import cancel_and_wait
+from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import ContractError, EpisodeEnd, Failure, Trajectory, parse_trajectory
 from shellrl.streams import (
     StreamConsumer,
@@ -29,9 +29,6 @@ from shellrl.streams import (
 )
 
 log = logging.getLogger(__name__)
-
-STREAM_EVALUATIONS = "shellrl:evaluations"
-"""Scored eval trajectories (Trajectory.eval = true); read by the rollout gateway's evaluations."""
 
 
 def tool_events(traj: Trajectory) -> list:
@@ -146,7 +143,7 @@ class VerifierWorker:
 
 async def release_session(sandbox, session_id: str) -> str:
     """DELETE a sandbox session; returns "ok", "gone" or "error" (never raises)."""
-    from shellrl.sandbox_client import SandboxNotFound
+    from shellrl.clients.sandbox import SandboxNotFound
 
     try:
         await sandbox.delete(session_id)

@@ -1,4 +1,4 @@
-"""The episode's workspace as the checks see it, over the sandbox API (shellrl.sandbox_client).
+"""The episode's workspace as the checks see it, over the sandbox API (shellrl.clients.sandbox).
 
 * Check commands run in the episode's session, but never in the agent's shell state: the sandbox
   replays the cwd and exported variables the agent left (agents expect `cd` and `export` to
@@ -25,7 +25,7 @@ from collections import OrderedDict
 from services.verifier import metrics
 from services.verifier.checks import CheckInfraError, CommandOutput, FileRefused, FileTooLarge
 from shellrl.contract import Task
-from shellrl.sandbox_client import ExecResult, SandboxBusy, SandboxError, SandboxNotFound, SandboxSetupFailed
+from shellrl.clients.sandbox import ExecResult, SandboxBusy, SandboxError, SandboxNotFound, SandboxSetupFailed
 
 BUSY_RETRIES = 6
 

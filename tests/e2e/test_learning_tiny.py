@@ -17,7 +17,7 @@ import torch
 from services.learner.group_assembler import GroupAssembler, group_samples
 from services.learner.trainer import Trainer, TrainerConfig
 from services.learner.weight_sync import WeightSync
-from shellrl.engine_client import EngineClient
+from shellrl.clients.engine import EngineClient
 from shellrl.models import load_model
 from shellrl.rl.batch import build_batch
 from tests.helpers.processes import ServiceProcess

@@ -1,4 +1,4 @@
-"""The whole system as processes (issue 8): `shellrl.launcher.Stack` starts Redis, the engine
+"""The whole system as processes (issue 8): `cli.launcher.Stack` starts Redis, the engine
 (tiny model), sandbox, verifier, rollout and learner; tasks go in over REST; the learner takes
 steps, pushes weights and bumps versions; faults (kill -9 of verifier and learner) lose and
 duplicate nothing; every dashboard panel's PromQL returns data from a real Prometheus; and the
@@ -22,7 +22,7 @@ import redis
 
 from shellrl import streams
 from shellrl.contract import ACTION, parse_trajectory
-from shellrl.launcher import SERVICE_ORDER, Stack, StackConfig
+from cli.launcher import SERVICE_ORDER, Stack, StackConfig
 from tests.helpers.redis_server import free_port
 from tests.helpers.waiting import wait_until
 

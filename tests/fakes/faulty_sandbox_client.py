@@ -1,4 +1,4 @@
-"""FaultySandboxClient: replaces shellrl.sandbox_client.SandboxClient in tests that need one
+"""FaultySandboxClient: replaces shellrl.clients.sandbox.SandboxClient in tests that need one
 session's sandbox answers to be broken while every other session talks to the real sandbox.
 
 For session ids in `broken`, `session_info` returns a malformed body (no "workspace" key), the
@@ -7,7 +7,7 @@ kind of answer the verifier does not anticipate; every other call goes to the re
 
 from __future__ import annotations
 
-from shellrl.sandbox_client import SandboxClient
+from shellrl.clients.sandbox import SandboxClient
 
 
 class FaultySandboxClient(SandboxClient):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from shellrl.model_shapes import save_random_model
+from benchmarks.model_shapes import save_random_model
 from shellrl.models import load_model
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port

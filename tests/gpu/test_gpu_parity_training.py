@@ -9,8 +9,8 @@ import copy
 import pytest
 
 from benchmarks.gpu_parity import gap, push, sample, score
-from shellrl import weight_transport_gpu as wtg
-from shellrl.engine_client import EngineClient
+from shellrl.weights import gpu as wtg
+from shellrl.clients.engine import EngineClient
 from tests.gpu.conftest import ENGINE_DEVICE, LEARNER_DEVICE, requires_cuda
 
 torch = pytest.importorskip("torch")

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 
-from shellrl import weight_transport_gpu as wtg
-from shellrl.engine_client import EngineClient, EngineError
+from shellrl.weights import gpu as wtg
+from shellrl.clients.engine import EngineClient, EngineError
 from tests.gpu.conftest import ENGINE_DEVICE, requires_cuda
 
 torch = pytest.importorskip("torch")

@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from shellrl import weight_transport as wt
+from shellrl.weights import bucket as wt
 from shellrl.models import load_model
 
 

@@ -1,7 +1,7 @@
 """A real Prometheus for tests, and the PromQL of the generated Grafana dashboards.
 
 `PrometheusServer(directory, targets)` starts Debian's `prometheus` binary on a free loopback port
-with a generated config (shellrl.prometheus_config) that scrapes `targets` every second and keeps
+with a generated config (cli.prometheus_config) that scrapes `targets` every second and keeps
 its TSDB in `directory`; `stop()` ends it by pid. `panel_queries()` walks the dashboard JSON that
 Grafana provisions (deploy/grafana/dashboards/*.json) and `evaluate()` runs every query through
 Prometheus' HTTP API (/api/v1/query), with Grafana's macros replaced by fixed values.
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from shellrl.prometheus_config import render
+from cli.prometheus_config import render
 from tests.helpers.redis_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 """A stream consumer in redis-py ends however the cancel lands.
 
 On Python 3.11 redis-py's write path (`asyncio.wait_for`) can swallow a cancel (cpython gh-86296),
-which hung `test_scheduler` for 600 s in CI; see shellrl/aio.py. `cancel_and_wait` repeats the
+which hung `test_scheduler` for 600 s in CI; see shellrl/service/aio.py. `cancel_and_wait` repeats the
 cancel; `shellrl.streams.CancelSafeConnection` (what `connect()` uses) removes the swallow itself,
 after CI saw four cancels in a row swallowed on a busy machine.
 """
@@ -18,7 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shellrl.aio import cancel_and_wait
+from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import CancelSafeConnection, connect
 
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from shellrl import prometheus_config
+from cli import prometheus_config
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.prometheus import (
     DASHBOARD_DIR,
@@ -48,7 +48,7 @@ def test_committed_prometheus_configs_equal_what_the_generator_writes(tmp_path):
     prometheus_config.write_generated(tmp_path)
     for name in prometheus_config.GENERATED_FILES:
         assert (prometheus_config.DEPLOY_DIR / name).read_text() == (tmp_path / name).read_text(), (
-            f"deploy/prometheus/{name} is stale: run python -m shellrl.prometheus_config")
+            f"deploy/prometheus/{name} is stale: run python -m cli.prometheus_config")
 
 
 def test_compose_config_scrapes_every_replica_of_every_service_on_its_port():

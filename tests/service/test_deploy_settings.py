@@ -10,7 +10,7 @@ import os
 import pytest
 import yaml
 
-from shellrl.settings import ServiceSettings
+from shellrl.service.settings import ServiceSettings
 from tests.service.test_deploy_compose import compose
 from tests.service.test_deploy_k8s import container, manifests, workloads
 

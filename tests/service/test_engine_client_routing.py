@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from shellrl.engine_client import EngineClient, EngineUnavailable
+from shellrl.clients.engine import EngineClient, EngineUnavailable
 from tests.helpers.engine import running_engine
 
 

@@ -23,8 +23,8 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from shellrl import weight_transport as wt
-from shellrl.engine_client import EngineClient
+from shellrl.weights import bucket as wt
+from shellrl.clients.engine import EngineClient
 from shellrl.models import load_model
 from tests.helpers.engine import perturbed, running_engine
 

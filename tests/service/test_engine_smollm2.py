@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from shellrl.engine_client import EngineClient
+from shellrl.clients.engine import EngineClient
 from shellrl.models import load_tokenizer
 from tests.helpers.engine import running_engine
 

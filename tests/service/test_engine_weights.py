@@ -10,8 +10,8 @@ import httpx
 import pytest
 import torch
 
-from shellrl import weight_transport as wt
-from shellrl.engine_client import EngineClient, EngineError, VersionSpan
+from shellrl.weights import bucket as wt
+from shellrl.clients.engine import EngineClient, EngineError, VersionSpan
 from shellrl.models import load_model
 from tests.helpers.engine import perturbed, reference_logprobs, running_engine
 

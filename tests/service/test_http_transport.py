@@ -11,9 +11,9 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request, Response
 
-from shellrl.engine_client import EngineClient, EngineUnavailable
-from shellrl.http_transport import AiohttpTransport
-from shellrl.sandbox_client import SandboxClient, SandboxError
+from shellrl.clients.engine import EngineClient, EngineUnavailable
+from shellrl.clients.transport import AiohttpTransport
+from shellrl.clients.sandbox import SandboxClient, SandboxError
 from tests.fakes.fake_engine import serve_in_thread
 from tests.helpers.redis_server import free_port
 

@@ -18,7 +18,7 @@ import pytest
 from services.learner.allocator import jemalloc_path
 from services.learner.checkpoint import surviving_steps
 from shellrl import streams
-from shellrl.engine_client import EngineClient
+from shellrl.clients.engine import EngineClient
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port
 from tests.helpers.trajectories import sample_group

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from shellrl.sandbox_client import (
+from shellrl.clients.sandbox import (
     SandboxBadRequest,
     SandboxBusy,
     SandboxClient,

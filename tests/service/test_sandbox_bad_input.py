@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from shellrl.sandbox_client import SandboxBadRequest, SandboxClient, SandboxNotFound
+from shellrl.clients.sandbox import SandboxBadRequest, SandboxClient, SandboxNotFound
 from tests.helpers.sandbox_service import PLANTED_SECRETS, wait_no_processes
 
 LAYERS = ["bubblewrap", "fallback"]

@@ -9,7 +9,7 @@ import shlex
 
 import pytest
 
-from shellrl.sandbox_client import SandboxClient, SandboxNotFound
+from shellrl.clients.sandbox import SandboxClient, SandboxNotFound
 
 CONFIGS = [("bubblewrap", {}), ("bubblewrap", {"exec_mode": "per_command"}), ("fallback", {})]
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

@@ -10,9 +10,9 @@ import functools
 import httpx
 from prometheus_client import REGISTRY
 
-from shellrl.aio import cancel_and_wait
+from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import Trajectory
-from shellrl.stream_consumer import export_stream_stats
+from shellrl.streams import export_stream_stats
 from shellrl.streams import (
     GROUP_ROLLOUT,
     GROUP_VERIFIER,

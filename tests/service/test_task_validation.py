@@ -1,6 +1,6 @@
 """Reference solutions pass and wrong answers fail in a real sandbox, for a sample of every task set:
 the four seeds, one generated task per template (all 33), and 8 AgentBench OS tasks. (The whole
-set, 626 tasks, is `python -m shellrl.tasks validate --start-sandbox`; see BENCHMARKS.md.)"""
+set, 626 tasks, is `python -m tasksets validate --start-sandbox`; see BENCHMARKS.md.)"""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import random
 
 import pytest
 
-from shellrl.tasks import load_taskset
-from shellrl.tasks.generator import TEMPLATES
-from shellrl.tasks.validate import generated_wrong_answers, validate_tasks
+from tasksets import load_taskset
+from tasksets.generator import TEMPLATES
+from tasksets.validate import generated_wrong_answers, validate_tasks
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port
 

@@ -11,8 +11,8 @@ import pytest
 from services.verifier.app import build_verifier
 from services.verifier.settings import VerifierSettings
 from shellrl.contract import Failure, task_from_json
-from shellrl.sandbox_client import SandboxClient, SandboxNotFound
-from shellrl.tasks.seeds import SHA256_WITH_NEWLINE, WRONG_ANSWERS, seed_tasks
+from shellrl.clients.sandbox import SandboxClient, SandboxNotFound
+from tasksets.seeds import SHA256_WITH_NEWLINE, WRONG_ANSWERS, seed_tasks
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port
 

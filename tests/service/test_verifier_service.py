@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from services.verifier.checks import VERIFIER_VERSION
-from services.verifier.worker import STREAM_EVALUATIONS
+from shellrl.streams.keys import STREAM_EVALUATIONS
 from shellrl import streams
 from shellrl.contract import (
     EpisodeEnd,
@@ -24,9 +24,9 @@ from shellrl.contract import (
     parse_trajectory,
     task_to_json,
 )
-from shellrl.main_job import check_verifier_config
-from shellrl.sandbox_client import SandboxClient, SandboxNotFound
-from shellrl.tasks.seeds import seed_tasks
+from cli.main_job import check_verifier_config
+from shellrl.clients.sandbox import SandboxClient, SandboxNotFound
+from tasksets.seeds import seed_tasks
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port
 from tests.helpers.waiting import wait_until_async

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from shellrl.engine_client import EngineClient, EngineError, EngineUnavailable, VersionSpan, parse_generate_response
+from shellrl.clients.engine import EngineClient, EngineError, EngineUnavailable, VersionSpan, parse_generate_response
 from tests.helpers.redis_server import free_port
 
 

@@ -5,9 +5,7 @@ from __future__ import annotations
 import torch
 
 from services.engine.weights import WeightStore
-from shellrl import weight_transport as wt
-
-
+from shellrl.weights import bucket as wt
 class Tied(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import httpx
 from pydantic import BaseModel, Field
 
-from shellrl.http import ApiError, create_app
+from shellrl.service.app import ApiError, create_app
 
 
 class FileRef(BaseModel):

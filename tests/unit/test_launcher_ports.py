@@ -3,7 +3,7 @@ just stopped) do not, because uvicorn and redis-server bind with SO_REUSEADDR.""
 
 import socket
 
-from shellrl.launcher import port_is_free
+from cli.launcher import port_is_free
 
 
 def _listener() -> socket.socket:

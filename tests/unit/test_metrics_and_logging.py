@@ -10,8 +10,8 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from shellrl import metrics
-from shellrl.logging import JsonFormatter, log_context
+from shellrl.service import metrics
+from shellrl.service.logging import JsonFormatter, log_context
 
 
 @pytest.fixture

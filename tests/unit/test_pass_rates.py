@@ -1,4 +1,4 @@
-"""shellrl.pass_rates: per-template rates from an evaluation view, the curriculum band, and the
+"""cli.pass_rates: per-template rates from an evaluation view, the curriculum band, and the
 probability that a GRPO group has reward variance."""
 
 import json
@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from shellrl import pass_rates as pr
-
-
+from cli import pass_rates as pr
 def test_rates_from_view_counts_successes_per_template_and_skips_unscored_episodes():
     view = {"results": [
         {"task_id": "a1", "outcome": "success", "reward": 1.0},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import Field, ValidationError
 
-from shellrl.settings import ServiceSettings, unknown_env_settings
+from shellrl.service.settings import ServiceSettings, unknown_env_settings
 
 
 class DemoSettings(ServiceSettings):
@@ -58,7 +58,7 @@ def test_settings_are_frozen_and_public_dict_is_json():
 
 
 def test_one_typo_means_one_edit_or_one_swap():
-    from shellrl.settings import one_typo_away
+    from shellrl.service.settings import one_typo_away
 
     fields = {"redis_url", "exec_timeout_s", "engine_urls", "port"}
     assert one_typo_away("redis_ulr", fields) == "redis_url"  # swap
@@ -74,7 +74,7 @@ def test_no_two_services_settings_are_one_typo_apart():
     """A shared environment carries every service's settings; none may look like a typo of another's."""
     import importlib
 
-    from shellrl.settings import one_typo_away
+    from shellrl.service.settings import one_typo_away
 
     fields: dict[str, set[str]] = {}
     for svc in ("rollout", "sandbox", "verifier", "learner", "engine"):
@@ -92,7 +92,7 @@ def test_no_two_services_settings_are_one_typo_apart():
 
 
 def test_public_dict_never_shows_a_url_password():
-    from shellrl.settings import EngineFleetSettings, redact_url
+    from shellrl.service.settings import EngineFleetSettings, redact_url
 
     settings = EngineFleetSettings(redis_url="redis://:s3,cret@redis:6379/0",
                                    engine_urls="http://a:1,http://u:pw@b:2/x")

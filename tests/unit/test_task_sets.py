@@ -8,10 +8,10 @@ from collections import Counter
 import pytest
 
 from shellrl.contract import split_name, task_to_json
-from shellrl.tasks import load_taskset
-from shellrl.tasks.generator import TEMPLATES, generate, generate_with_wrong_answers, templates_for
-from shellrl.tasks.instances import write_file
-from shellrl.tasks.seeds import SHA256_EXPECTED, SHA256_WITH_NEWLINE, WRONG_ANSWERS, seed_tasks
+from tasksets import load_taskset
+from tasksets.generator import TEMPLATES, generate, generate_with_wrong_answers, templates_for
+from tasksets.instances import write_file
+from tasksets.seeds import SHA256_EXPECTED, SHA256_WITH_NEWLINE, WRONG_ANSWERS, seed_tasks
 
 # printf '%s' nano_miles_rl | sha256sum   and   echo nano_miles_rl | sha256sum   (coreutils, by hand)
 NO_NEWLINE = "040ef1c12b686434e246bd59f9a35e72916243c6e72c8294a0089fea08bf7e2b"
@@ -113,7 +113,7 @@ def test_default_set_combines_seeds_generated_and_public():
 
 
 def test_difficulty_of_reads_the_tag():
-    from shellrl.tasks import difficulty_of
+    from tasksets import difficulty_of
 
     assert difficulty_of(next(t for t in generate("train", 40) if t.template == "cat_file")) == "easy"
     assert difficulty_of(load_taskset("agentbench_os")[0]) == ""

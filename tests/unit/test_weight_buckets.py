@@ -1,4 +1,4 @@
-"""Kept weight buckets (shellrl.weight_transport_gpu.PinnedHostBucket; CudaIpcBucket is covered on GPU
+"""Kept weight buckets (shellrl.weights.gpu.PinnedHostBucket; CudaIpcBucket is covered on GPU
 in tests/gpu) and the engine's one-copy staging of a flattened bucket (WeightStore.stage_bucket)."""
 
 from __future__ import annotations
@@ -10,10 +10,8 @@ import pytest
 import torch
 
 from services.engine.weights import WeightStore, WeightUpdateError
-from shellrl import weight_transport as wt
-from shellrl import weight_transport_gpu as wtg
-
-
+from shellrl.weights import bucket as wt
+from shellrl.weights import gpu as wtg
 class TwoLayers(torch.nn.Module):
     def __init__(self, dtype=torch.float32) -> None:
         super().__init__()
@@ -84,8 +82,8 @@ def test_a_shm_payload_from_a_pinned_host_bucket_is_staged_by_the_engine():
 def test_chunk_ranges_cover_every_tensor_and_byte_once():
     import torch
 
-    from shellrl.weight_transport import plan_bucket
-    from shellrl.weight_transport_gpu import _chunk_ranges
+    from shellrl.weights.bucket import plan_bucket
+    from shellrl.weights.gpu import _chunk_ranges
 
     named = [(f"t{i}", torch.zeros(n, dtype=torch.bfloat16)) for i, n in enumerate([7, 1000, 3, 64, 5000, 1, 1, 900])]
     metadata, nbytes = plan_bucket(named)

@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shellrl import weight_transport as wt
-
-
+from shellrl.weights import bucket as wt
 def _tensors():
     g = torch.Generator().manual_seed(0)
     return [("w.float", torch.randn(3, 5, generator=g)), ("w.int", torch.arange(7, dtype=torch.int64)),
@@ -50,7 +48,7 @@ def test_shared_memory_bucket_is_read_by_another_process_and_unlinked_on_close(t
     tensors = _tensors()
     reader = (
         "import json, sys, torch\n"
-        "from shellrl import weight_transport as wt\n"
+        "from shellrl.weights import bucket as wt\n"
         "payload = json.loads(sys.stdin.read())\n"
         "with wt.open_shared_memory_bucket(payload) as views:\n"
         "    torch.save({n: t.clone() for n, t in views}, sys.argv[1])\n"

@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
-from services.rollout.admission import ADMITTED_KEY, Admission, PolicyVersionWatcher
-from shellrl.aio import cancel_and_wait
+from services.rollout.admission import Admission, PolicyVersionWatcher
+from shellrl.streams.keys import ADMITTED_KEY
+from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY, connect
 
 

@@ -22,9 +22,9 @@ from shellrl.contract import (
     decode_token_ids,
     trajectory_arrays,
 )
-from shellrl.engine_client import EngineClient
+from shellrl.clients.engine import EngineClient
 from shellrl.models import resolve_model_path
-from shellrl.sandbox_client import SandboxClient
+from shellrl.clients.sandbox import SandboxClient
 from tests.fakes.fake_engine import RecordingProxy, Reply, ScriptedEngine, serve_in_thread
 from tests.service.rollout.conftest import make_agent, make_task, start_sandbox
 

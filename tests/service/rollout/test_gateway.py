@@ -18,7 +18,7 @@ import httpx
 import pytest
 import redis as sync_redis
 
-from services.rollout.admission import ADMITTED_KEY
+from shellrl.streams.keys import ADMITTED_KEY
 from shellrl.contract import Failure, SegmentKind, parse_trajectory, trajectory_arrays
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY, STREAM_EPISODES
 from tests.helpers.processes import REPO, ServiceProcess
@@ -122,7 +122,7 @@ def test_submit_cli_posts_a_task_file_and_names_the_bad_line(stack, tmp_path):
     good = [dict(TASK, task_id=f"eval-{i}", split="eval", instruction=f"How many lines? ({i})") for i in range(3)]
     path = tmp_path / "tasks.jsonl"
     path.write_text("\n".join(json.dumps(t) for t in good) + "\n\n")
-    cli = [sys.executable, "-m", "shellrl.cli", "submit", str(path), "--url", stack["gateway"].url]
+    cli = [sys.executable, "-m", "cli.main", "submit", str(path), "--url", stack["gateway"].url]
     first = subprocess.run(cli, check=False, capture_output=True, text=True, cwd=REPO, timeout=60)
     again = subprocess.run(cli, check=False, capture_output=True, text=True, cwd=REPO, timeout=60)
     assert first.returncode == 0 and "3 created, 0 duplicates, 0 errors" in first.stdout, first.stderr

@@ -8,7 +8,7 @@ import pytest
 
 from services.rollout.scheduler import TaskPool
 from services.rollout.task_store import TaskStore
-from shellrl.aio import cancel_and_wait
+from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import task_from_json
 from shellrl.streams import STREAM_DEAD, STREAM_TASKS, connect
 

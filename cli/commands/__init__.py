@@ -1,0 +1,1 @@
+"""Subcommands of `shellrl` (see cli/main.py): one module per command."""

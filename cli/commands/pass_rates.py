@@ -1,0 +1,64 @@
+"""Measure the base policy's pass rate per task template at the training temperature (starts the
+stack unless --rollout-url points at a running one) and write them as JSON, with the templates in
+the learnable band (see cli/pass_rates.py); the main job's curriculum was chosen from them.
+
+    shellrl pass-rates [--temperature 1.0] [--tasks-per-template 4] [--episodes-per-task 4] [--templates a,b]
+"""
+
+from __future__ import annotations
+
+NAME = "pass-rates"
+HELP = "measure the base policy's pass rate per template (what GRPO can learn from)"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--model-path", default="smollm2")
+    parser.add_argument("--state-dir", default=".shellrl-pass-rates", help="the stack's state (deleted first)")
+    parser.add_argument("--rollout-url", default=None, help="use this running gateway instead of starting a stack")
+    parser.add_argument("--tasks-per-template", type=int, default=4)
+    parser.add_argument("--episodes-per-task", type=int, default=4)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--max-new-tokens", type=int, default=40)
+    parser.add_argument("--max-turns", type=int, default=2)
+    parser.add_argument("--engine-threads", type=int, default=2)
+    parser.add_argument("--templates", default="", help="comma-separated templates (default: every train template)")
+    parser.add_argument("--out", default="", help="default: docs/main-job/pass_rates_T<temperature>.json")
+
+
+def run(args) -> int:
+    import shutil
+    import time
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from cli import pass_rates as pr
+    kw = dict(tasks_per_template=args.tasks_per_template, episodes_per_task=args.episodes_per_task,
+              temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+              templates=tuple(t for t in args.templates.split(",") if t) or None)
+    out = Path(args.out or f"docs/main-job/pass_rates_T{args.temperature:g}.json")
+    t0 = time.time()
+    if args.rollout_url:
+        rates, _ = pr.measure(args.rollout_url, **kw)
+    else:
+        from cli.launcher import SERVICE_ORDER, Stack, StackConfig
+
+        state = Path(args.state_dir)
+        shutil.rmtree(state, ignore_errors=True)
+        cfg = StackConfig(state_dir=state, model_path=args.model_path, echo_logs=False,
+                          env={"SHELLRL_MAX_TURNS": str(args.max_turns), "SHELLRL_MAX_NEW_TOKENS": str(args.max_new_tokens),
+                               "SHELLRL_EVAL_MAX_IN_FLIGHT": "32"},
+                          service_env={"engine": {"SHELLRL_NUM_THREADS": str(args.engine_threads)}},
+                          services=tuple(s for s in SERVICE_ORDER if s != "learner"))  # nothing trains
+        with Stack(cfg) as stack:
+            rates, _ = pr.measure(stack.config.url("rollout"), **kw)
+    meta = {"model_path": args.model_path, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
+            "max_turns": args.max_turns, "tasks_per_template": args.tasks_per_template,
+            "episodes_per_task": args.episodes_per_task, "seconds": round(time.time() - t0, 1),
+            "command": "shellrl pass-rates " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in kw.items()
+                                                        if k != "templates") + (f" --templates {args.templates}" if args.templates else ""),
+            "band": [pr.MIN_PASS_RATE, pr.MAX_PASS_RATE]}
+    pr.write(out, rates, meta)
+    Console().print(pr.table(rates, 8))
+    print(f"written: {out} ({meta['seconds']} s); curriculum: {pr.select_templates(rates)}")
+    return 0

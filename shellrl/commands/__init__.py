@@ -1,1 +1,0 @@
-"""Subcommands of `shellrl` (see shellrl/cli.py): one module per command."""

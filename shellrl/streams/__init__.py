@@ -1,0 +1,47 @@
+"""Every Redis-stream rule of shellrl (DESIGN.md section 3), one module per side:
+
+keys.py        every Redis key, stream, group and channel name
+connection.py  the asyncio client (`connect`): socket timeout, cancel-safe writes, the block_ms rule
+entry.py       StreamEntry (read) and OutgoingEntry (to write)
+producer.py    StreamProducer: idempotent atomic appends, trimming, backpressure
+consumer.py    StreamConsumer: group reads, acknowledge/forward, re-claim, dead letters
+stats.py       stream gauges for /metrics
+metrics.py     the stream layer's Prometheus metrics
+
+The names below are the public surface; import them from `shellrl.streams`.
+"""
+
+from shellrl.streams.connection import (
+    MAX_BLOCK_MS,
+    SOCKET_TIMEOUT_S,
+    CancelSafeConnection,
+    check_block_ms,
+    connect,
+    pool_kwargs,
+)
+from shellrl.streams.consumer import DEAD_LETTERS_KEPT, StreamConsumer
+from shellrl.streams.entry import OutgoingEntry, StreamEntry
+from shellrl.streams.keys import (
+    GROUP_LEARNER,
+    GROUP_ROLLOUT,
+    GROUP_VERIFIER,
+    POLICY_UPDATES_CHANNEL,
+    POLICY_VERSION_KEY,
+    STREAM_DEAD,
+    STREAM_EPISODES,
+    STREAM_EVALUATIONS,
+    STREAM_TASKS,
+    STREAM_TRAJECTORIES,
+    idempotency_key,
+    task_key,
+)
+from shellrl.streams.producer import StreamProducer
+from shellrl.streams.stats import STATS_INTERVAL_S, export_stream_stats, stream_stats
+
+__all__ = [
+    "DEAD_LETTERS_KEPT", "GROUP_LEARNER", "GROUP_ROLLOUT", "GROUP_VERIFIER", "MAX_BLOCK_MS",
+    "POLICY_UPDATES_CHANNEL", "POLICY_VERSION_KEY", "SOCKET_TIMEOUT_S", "STATS_INTERVAL_S", "STREAM_DEAD",
+    "STREAM_EPISODES", "STREAM_EVALUATIONS", "STREAM_TASKS", "STREAM_TRAJECTORIES", "CancelSafeConnection",
+    "OutgoingEntry", "StreamConsumer", "StreamEntry", "StreamProducer", "check_block_ms", "connect",
+    "export_stream_stats", "idempotency_key", "pool_kwargs", "stream_stats", "task_key",
+]

@@ -1,0 +1,268 @@
+"""The consumer side of the stream layer: read in a group, acknowledge, re-claim, dead letters.
+
+Import it as `shellrl.streams.StreamConsumer`; the guarantees are listed in producer.py.
+A worker's loop:
+
+    consumer = StreamConsumer(redis, STREAM_EPISODES, GROUP_VERIFIER, "verifier-1")
+    await consumer.ensure_group()
+    while running:
+        for entry in await consumer.read():          # own pending, re-claimed, then new entries
+            try:
+                result = handle(parse_trajectory(entry.pb))
+            except ContractError as exc:
+                await consumer.fail(entry, str(exc))  # retried, dead-lettered after max_deliveries
+                continue
+            await consumer.forward(entry, downstream, result, idempotency_key=trajectory_id)
+
+Each worker also runs `export_stream_stats` (stats.py) as a background task.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
+
+from shellrl.streams.connection import check_block_ms
+from shellrl.streams.entry import OutgoingEntry, StreamEntry, _fields, _s
+from shellrl.streams.keys import STREAM_DEAD, errors_key
+from shellrl.streams.metrics import DEAD_LETTERS, RECLAIMED
+from shellrl.streams.producer import StreamProducer
+from shellrl.streams.stats import stream_stats
+
+log = logging.getLogger("shellrl.streams")
+
+# KEYS[1] stream; ARGV[1] group, ARGV[2] min idle ms. Deletes consumers of the group that have no
+# pending entries and were idle at least ARGV[2] ms; returns their names. Atomic, so a consumer
+# cannot receive an entry between the check and the delete.
+_DELETE_IDLE_CONSUMERS_SCRIPT = """
+local deleted = {}
+for _, info in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
+  local c = {}
+  for i = 1, #info, 2 do c[info[i]] = info[i + 1] end
+  if tonumber(c['pending']) == 0 and tonumber(c['idle']) >= tonumber(ARGV[2]) then
+    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], c['name'])
+    deleted[#deleted + 1] = c['name']
+  end
+end
+return deleted
+"""
+
+
+DEAD_LETTERS_KEPT = 10_000  # newest entries kept in shellrl:dead
+
+
+class StreamConsumer:
+    """Reads one stream as consumer `consumer` of group `group`.
+
+    Order of `read()`: this consumer's own pending entries once at start (recovery after a
+    restart with the same name), entries of idle consumers (XAUTOCLAIM, at most every
+    `claim_interval_s`), then new entries (blocking up to `block_ms`).
+
+    block_ms: blocking read time, ms (0 < block_ms < MAX_BLOCK_MS and below half the client's
+    socket timeout; ValueError otherwise). count: entries per read (XREADGROUP COUNT).
+    claim_min_idle_ms: an entry unacknowledged this long is re-claimed from its consumer.
+    max_deliveries: deliveries after which an entry that fails (or whose consumers keep
+    crashing) goes to `shellrl:dead`.
+    """
+
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        stream: str,
+        group: str,
+        consumer: str,
+        *,
+        block_ms: int = 1000,
+        count: int = 16,
+        claim_min_idle_ms: int = 60_000,
+        claim_interval_s: float = 5.0,
+        max_deliveries: int = 5,
+        dead_stream: str = STREAM_DEAD,
+        dead_maxlen: int = DEAD_LETTERS_KEPT,
+    ) -> None:
+        check_block_ms(redis, block_ms)
+        if count < 1 or max_deliveries < 1 or dead_maxlen < 1:
+            raise ValueError(f"count, max_deliveries and dead_maxlen must be >= 1; got {count}, {max_deliveries}, "
+                             f"{dead_maxlen}")
+        self.redis, self.stream, self.group, self.consumer = redis, stream, group, consumer
+        self.block_ms, self.count = block_ms, count
+        self.claim_min_idle_ms, self.claim_interval_s = claim_min_idle_ms, claim_interval_s
+        self.max_deliveries, self.dead_stream, self.dead_maxlen = max_deliveries, dead_stream, dead_maxlen
+        self._recovered = False
+        self._last_claim = 0.0
+        self._errors: dict[str, str] = {}
+
+    async def ensure_group(self, start_id: str = "0") -> None:
+        """Create the group (and the stream) if missing; `start_id="0"` delivers existing entries."""
+        try:
+            await self.redis.xgroup_create(self.stream, self.group, id=start_id, mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def read(self, count: int | None = None, block_ms: int | None = None) -> list[StreamEntry]:
+        """Next entries to handle (possibly empty after `block_ms`). Poison entries are dead-lettered here.
+
+        block_ms: None = the consumer's `block_ms`; 0 = do not block. Raises ValueError for a
+        block_ms the blocking-read rule forbids (see `check_block_ms`).
+        """
+        count = count or self.count
+        if block_ms is None:
+            block_ms = self.block_ms
+        elif block_ms:
+            check_block_ms(self.redis, block_ms)
+        if not self._recovered:
+            self._recovered = True
+            own = await self._read_own_pending(count=10_000)
+            if own:
+                return await self._filter_poison(own)
+        if time.monotonic() - self._last_claim >= self.claim_interval_s:
+            self._last_claim = time.monotonic()
+            claimed = await self.claim_idle(count)
+            if claimed:
+                return claimed
+        resp = await self.redis.xreadgroup(
+            self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms or None
+        )
+        return [StreamEntry(self.stream, _s(eid), _fields(f), 1) for _, entries in resp or [] for eid, f in entries]
+
+    async def _read_own_pending(self, count: int) -> list[StreamEntry]:
+        resp = await self.redis.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=count)
+        entries = [(_s(eid), f) for _, es in resp or [] for eid, f in es]
+        deleted = [eid for eid, f in entries if not f]
+        if deleted:  # trimmed while pending (cannot happen through trim_acknowledged): drop refs
+            await self.redis.xack(self.stream, self.group, *deleted)
+        live = [(eid, f) for eid, f in entries if f]
+        counts = await self._delivery_counts([eid for eid, _ in live])
+        return [StreamEntry(self.stream, eid, _fields(f), counts.get(eid, 1)) for eid, f in live]
+
+    async def claim_idle(self, count: int | None = None) -> list[StreamEntry]:
+        """XAUTOCLAIM entries idle longer than `claim_min_idle_ms`, following the cursor to the end
+        (known_pitfalls C30: a reclaimer that drops the cursor never sees entries past the first page)."""
+        out: list[StreamEntry] = []
+        cursor = "0-0"
+        want = count or self.count
+        while len(out) < want:
+            resp = await self.redis.xautoclaim(
+                self.stream, self.group, self.consumer, self.claim_min_idle_ms, start_id=cursor, count=want - len(out)
+            )
+            cursor, claimed = _s(resp[0]), resp[1]
+            live = [(_s(eid), f) for eid, f in claimed if f]
+            if live:
+                counts = await self._delivery_counts([eid for eid, _ in live])
+                out += [StreamEntry(self.stream, eid, _fields(f), counts.get(eid, 2)) for eid, f in live]
+            if cursor == "0-0":
+                break
+        if out:
+            RECLAIMED.labels(self.stream, self.group).inc(len(out))
+            log.warning("re-claimed idle entries", extra={"stream": self.stream, "group": self.group, "count": len(out)})
+        return await self._filter_poison(out)
+
+    async def _delivery_counts(self, ids: list[str]) -> dict[str, int]:
+        """times_delivered of each id, from XPENDING (one round trip)."""
+        if not ids:
+            return {}
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for eid in ids:
+                pipe.xpending_range(self.stream, self.group, min=eid, max=eid, count=1)
+            results = await pipe.execute()
+        return {eid: int(rows[0]["times_delivered"]) for eid, rows in zip(ids, results) if rows}
+
+    async def _filter_poison(self, entries: list[StreamEntry]) -> list[StreamEntry]:
+        keep = []
+        for e in entries:
+            if e.deliveries > self.max_deliveries:
+                reason = self._errors.pop(e.entry_id, None) or await self._stored_error(e.entry_id)
+                await self.dead_letter(e, f"delivered {e.deliveries} times without acknowledgement; last error: "
+                                          f"{reason or 'consumer crashed or timed out'}")
+            else:
+                keep.append(e)
+        return keep
+
+    async def _stored_error(self, entry_id: str) -> str | None:
+        raw = await self.redis.hget(self._error_key, entry_id)
+        return _s(raw) if raw is not None else None
+
+    @property
+    def _error_key(self) -> str:
+        return errors_key(self.stream, self.group)
+
+    async def ack(self, *entry_ids: str) -> int:
+        """XACK `entry_ids` (one round trip for any number). Returns how many were pending."""
+        if not entry_ids:
+            return 0
+        for eid in entry_ids:
+            self._errors.pop(eid, None)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xack(self.stream, self.group, *entry_ids)
+            pipe.hdel(self._error_key, *entry_ids)
+            acked, _ = await pipe.execute()
+        return int(acked)
+
+    async def fail(self, entry: StreamEntry, reason: str) -> None:
+        """Handling `entry` failed: leave it pending for a retry (re-claimed after
+        `claim_min_idle_ms`), or dead-letter it when it has had `max_deliveries` deliveries."""
+        if entry.deliveries >= self.max_deliveries:
+            await self.dead_letter(entry, f"failed {entry.deliveries} times; last error: {reason}")
+            return
+        self._errors[entry.entry_id] = reason
+        await self.redis.hset(self._error_key, entry.entry_id, reason[:2000])
+        log.warning("entry failed; will retry", extra={"stream": self.stream, "entry_id": entry.entry_id,
+                                                      "deliveries": entry.deliveries, "reason": reason[:500]})
+
+    async def dead_letter(self, entry: StreamEntry, reason: str) -> None:
+        """Move `entry` to the dead-letter stream with `reason`, and acknowledge it (atomically).
+
+        The dead entry keeps the original fields (`pb`, routing fields) and adds `source_stream`,
+        `group`, `entry_id`, `reason`, `deliveries` (these win over original fields of that name).
+        The dead-letter stream keeps the newest `dead_maxlen` entries (no group reads it, so trimming
+        drops nothing undelivered; it is kept for inspection, and the counter keeps the total).
+        """
+        self._errors.pop(entry.entry_id, None)
+        fields = {**entry.fields, "source_stream": self.stream, "group": self.group, "entry_id": entry.entry_id,
+                  "reason": reason[:4000], "deliveries": str(entry.deliveries)}
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.xadd(self.dead_stream, fields, maxlen=self.dead_maxlen, approximate=False)
+            pipe.xack(self.stream, self.group, entry.entry_id)
+            pipe.hdel(self._error_key, entry.entry_id)
+            await pipe.execute()
+        DEAD_LETTERS.labels(self.stream, self.group).inc()
+        log.error("dead-lettered entry", extra={"stream": self.stream, "group": self.group,
+                                                 "entry_id": entry.entry_id, "reason": reason[:500]})
+
+    async def forward(
+        self, entry: StreamEntry, to: StreamProducer, pb: bytes, *, idempotency_key: str, **fields
+    ) -> tuple[str, bool]:
+        """Append `pb` to `to.stream` and acknowledge `entry`, atomically (one Lua script).
+
+        Returns (downstream entry_id, duplicate). A re-delivered entry whose result was already
+        appended under `idempotency_key` is only acknowledged.
+        """
+        self._errors.pop(entry.entry_id, None)
+        result = await to._add_one(OutgoingEntry(pb, idempotency_key, fields),
+                                   ack=(self.stream, self.group, entry.entry_id))
+        await self.redis.hdel(self._error_key, entry.entry_id)
+        await to._after_adds(1)
+        return result
+
+    async def delete_idle_consumers(self, min_idle_ms: int) -> list[str]:
+        """Remove consumers of this group idle >= `min_idle_ms` that hold no pending entries.
+
+        A consumer with pending entries is never deleted (DELCONSUMER would drop its entries;
+        known_pitfalls C30): re-claim them first. Returns the deleted consumer names.
+        """
+        script = self.redis.register_script(_DELETE_IDLE_CONSUMERS_SCRIPT)
+        try:
+            names = await script(keys=[self.stream], args=[self.group, int(min_idle_ms)])
+        except ResponseError as exc:
+            if "no such key" in str(exc).lower() or "NOGROUP" in str(exc):
+                return []
+            raise
+        return [_s(n) for n in names]
+
+    async def stats(self) -> dict[str, int]:
+        """{"length", "pending", "lag"} of this stream/group; also sets the stream gauges."""
+        return await stream_stats(self.redis, self.stream, self.group)

@@ -1,0 +1,48 @@
+"""Every Redis key, stream, group and channel name of shellrl, in one place (DESIGN.md section 3).
+
+Streams carry protobuf entries between services; the other keys are small state a service keeps
+in Redis (its owner named beside each). Nothing else in the tree spells a `shellrl:` key.
+"""
+
+from __future__ import annotations
+
+STREAM_TASKS = "shellrl:tasks"
+STREAM_EPISODES = "shellrl:episodes"
+STREAM_TRAJECTORIES = "shellrl:trajectories"
+STREAM_DEAD = "shellrl:dead"
+POLICY_VERSION_KEY = "shellrl:policy:version"
+POLICY_UPDATES_CHANNEL = "shellrl:policy:updates"
+STREAM_EVALUATIONS = "shellrl:evaluations"  # scored eval trajectories (Trajectory.eval = true), by the verifier
+GROUP_ROLLOUT, GROUP_VERIFIER, GROUP_LEARNER = "rollout", "verifier", "learner"
+
+# the rollout gateway's state
+TASK_INDEX_KEY = "shellrl:tasks:index"  # sorted set: task ids by submission sequence
+TASK_SEQ_KEY = "shellrl:tasks:seq"  # counter behind TASK_INDEX_KEY
+POOL_KEY = "shellrl:rollout:pool"  # set: task ids in the training pool
+EPOCH_KEY = "shellrl:rollout:epoch"  # current epoch number
+ORDER_KEY = "shellrl:rollout:epoch:order"  # list: this epoch's remaining task order
+ADMITTED_KEY = "shellrl:rollout:groups_admitted"  # groups admitted so far (staleness bound)
+INFLIGHT_KEY = "shellrl:rollout:inflight"  # sorted set: admitted groups not yet finished
+EVALUATION_INDEX_KEY = "shellrl:evaluations:index"  # evaluations by start time
+
+# the learner's state
+ENGINES_KEY = "shellrl:engines"  # hash: engine url -> JSON EngineState
+
+
+
+def task_key(task_id: str) -> str:
+    return f"shellrl:task:{task_id}"
+
+
+def idempotency_key(stream: str, key: str) -> str:
+    return f"shellrl:idem:{stream}:{key}"
+
+
+def evaluation_key(evaluation_id: str) -> str:
+    """Hash of one evaluation's meta and state; its results list is this key + ":results"."""
+    return f"shellrl:evaluation:{evaluation_id}"
+
+
+def errors_key(stream: str, group: str) -> str:
+    """Failure counts per entry of `group` on `stream` (StreamConsumer.fail)."""
+    return f"shellrl:errors:{stream}:{group}"

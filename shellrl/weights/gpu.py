@@ -1,0 +1,351 @@
+"""GPU weight transports (learner side and receiver side): a flattened bucket on the engine's GPU shared
+by CUDA IPC (`CudaIpcBucket`, `serialize_cuda_bucket`, `open_cuda_bucket`, `open_ready_event`), and a
+page-locked shared-memory bucket for GPUs without peer access (`PinnedHostBucket`). The layout and
+the CPU transports (shared memory, safetensors) are in `shellrl.weights.bucket`.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import secrets
+from collections.abc import Iterable
+from multiprocessing import shared_memory
+from typing import TYPE_CHECKING
+
+from shellrl.weights.bucket import TensorMeta, _metadata_json, _torch, _views, flatten_into, plan_bucket
+
+if TYPE_CHECKING:
+    import torch
+
+
+# ----- CUDA IPC (GPU, same host) ----------------------------------------------------------------------
+
+
+def _b64(value: bytes | None) -> str | None:
+    return None if value is None else base64.b64encode(value).decode()
+
+
+def serialize_cuda_bucket(buffer: torch.Tensor, metadata: list[TensorMeta], *, metadata_json: str | None = None,
+                          ready_event_handle: bytes | None = None) -> str:
+    """JSON payload with the CUDA IPC handle of `buffer` (1-D uint8 on a CUDA device).
+
+    metadata_json: `json.dumps` of the metadata's JSON form, when the caller keeps it (a kept
+    bucket sends the same layout every push); `metadata` is then not read.
+    ready_event_handle: `ipc_handle()` of an interprocess CUDA event (on the buffer's device) that
+    the producer recorded after writing the buffer; the receiver waits on it before reading
+    (payload field `ready_event`, base64). None: the buffer is complete when the payload is sent.
+
+    The producer must keep `buffer` alive until every receiver has finished copying (the update
+    call returned), then may call `torch.cuda.ipc_collect()`. Uses torch.multiprocessing's
+    `reduce_tensor`; the device is named by UUID (as sglang's `monkey_patch_torch_reductions`).
+    """
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor, reduce_tensor
+
+    torch = _torch()
+    if not buffer.is_cuda or buffer.dtype != torch.uint8 or buffer.dim() != 1:
+        raise ValueError("buffer must be a 1-D uint8 CUDA tensor")
+    rebuild, args = reduce_tensor(buffer)
+    if rebuild is not rebuild_cuda_tensor:
+        raise RuntimeError(f"unexpected reduction {rebuild!r}")
+    (_, size, _, tensor_offset, _, _, device_index, handle, storage_size_bytes, storage_offset_bytes, _,
+     ref_counter_handle, ref_counter_offset, event_handle, event_sync_required) = args
+    handle_json = {
+        "device_uuid": str(torch.cuda.get_device_properties(device_index).uuid),
+        "numel": int(size[0]), "tensor_offset": int(tensor_offset),
+        "handle": _b64(handle), "storage_size_bytes": int(storage_size_bytes),
+        "storage_offset_bytes": int(storage_offset_bytes), "ref_counter_handle": _b64(ref_counter_handle),
+        "ref_counter_offset": int(ref_counter_offset), "event_handle": _b64(event_handle),
+        "event_sync_required": bool(event_sync_required),
+    }
+    if metadata_json is None:
+        metadata_json = json.dumps(_metadata_json(metadata))
+    ready = "" if ready_event_handle is None else f'"ready_event": "{_b64(ready_event_handle)}", '
+    return (f'{{"transport": "cuda_ipc", "nbytes": {int(size[0])}, "handle": {json.dumps(handle_json)}, '
+            f'{ready}"metadata": {metadata_json}}}')
+
+
+def open_cuda_bucket(payload: dict, metadata: list[TensorMeta] | None = None) -> tuple[torch.Tensor, list[TensorMeta]]:
+    """Receiver side: the producer's buffer (no copy) on the local device with the same GPU UUID.
+
+    metadata: the payload's metadata already parsed (skips parsing it again).
+    Raises ValueError for a bad payload or when no visible device has that UUID.
+    """
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    torch = _torch()
+    h = payload.get("handle") or {}
+    if metadata is None:
+        metadata = [TensorMeta.from_json(m) for m in payload.get("metadata") or []]
+    uuids = {str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())}
+    if h.get("device_uuid") not in uuids:
+        raise ValueError(f"GPU {h.get('device_uuid')!r} is not visible here (visible: {sorted(uuids)})")
+    try:
+        buffer = rebuild_cuda_tensor(
+            torch.Tensor, (int(h["numel"]),), (1,), int(h["tensor_offset"]), torch.UntypedStorage, torch.uint8,
+            uuids[h["device_uuid"]], base64.b64decode(h["handle"]), int(h["storage_size_bytes"]),
+            int(h["storage_offset_bytes"]), False, base64.b64decode(h["ref_counter_handle"]),
+            int(h["ref_counter_offset"]), base64.b64decode(h["event_handle"]) if h.get("event_handle") else None,
+            bool(h["event_sync_required"]))
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"bad CUDA IPC handle: {exc}") from exc
+    return buffer, metadata
+
+
+def open_ready_event(payload: dict, device) -> torch.cuda.Event | None:
+    """Receiver side: the payload's `ready_event` (see serialize_cuda_bucket) opened on `device`
+    (the bucket's device), or None when the payload has none. Raises ValueError for a bad handle."""
+    handle = payload.get("ready_event")
+    if handle is None:
+        return None
+    try:
+        return _torch().cuda.Event.from_ipc_handle(device, base64.b64decode(handle))
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ValueError(f"bad ready_event handle: {exc}") from exc
+
+
+class CudaIpcBucket:
+    """Learner side: one flattened bucket on `device` (the engine's GPU), kept and refilled by every push.
+
+    Keeping the buffer is what makes CUDA IPC cheap: its IPC handle stays the same, so an engine that
+    keeps the last bucket it opened (services/engine/weights.py) maps it once, not once per push.
+    The layout (metadata, its JSON, a view per tensor) is kept too while the tensors' names, dtypes
+    and shapes stay the same, and the copies are one fused `torch._foreach_copy_`, so a refill costs
+    the copies, not ~10 Python/torch calls per tensor. `fill` returns the `serialized_named_tensors`
+    JSON entry:
+    * staging="bucket": flatten on the tensors' own GPU into a second kept buffer (fast local copies)
+      and copy it to `device` in PIPELINE_CHUNKS large DMAs over NVLink/PCIe, each overlapping the
+      flatten of the next chunk;
+    * staging="direct": copy each tensor straight into the bucket on `device` (a copy per tensor
+      across the link; the per-tensor baseline).
+    Both devices are synchronized before the payload is returned, so the engine may read at once.
+    Memory: the bucket (sum of the tensors' bytes, 64-byte aligned) on `device`, plus as much again
+    on the source GPU with staging="bucket". The buffer must outlive the engine's copy; `close()`
+    drops it (the caching allocator frees it once no engine holds the handle open).
+    """
+
+    def __init__(self, device) -> None:
+        torch = _torch()
+        self.device = torch.device(device)
+        if self.device.type != "cuda":
+            raise ValueError(f"CudaIpcBucket needs a CUDA device; got {device!r}")
+        self.buffer: torch.Tensor | None = None
+        self._source: torch.Tensor | None = None
+        self._key: tuple | None = None
+        self._metadata: list[TensorMeta] = []
+        self._metadata_json = "[]"
+        self._nbytes = 0
+        self._views: list | None = None
+        self._source_views: list | None = None
+        self._payload: tuple[tuple, str] | None = None  # ((buffer address, layout key), payload JSON)
+        self._chunks: list = []  # staging="bucket": _chunk_ranges of the layout
+        self._link_stream = None  # ... and the side stream of the copies to `device`
+        self._ready = None  # fill(sync=False): the interprocess event the engine waits on
+
+    @staticmethod
+    def _ensure(buffer, nbytes: int, device):
+        if buffer is None or buffer.numel() < nbytes or buffer.device != device:
+            return _torch().empty(nbytes, dtype=_torch().uint8, device=device)
+        return buffer
+
+    def _layout(self, named_tensors: list, source) -> None:
+        key = (source, tuple((n, t.dtype, tuple(t.shape)) for n, t in named_tensors))
+        if key == self._key:
+            return
+        self._metadata, self._nbytes = plan_bucket(named_tensors)
+        self._metadata_json = json.dumps(_metadata_json(self._metadata))
+        self.buffer = self._ensure(self.buffer, self._nbytes, self.device)
+        self._views = _views(self.buffer, self._metadata)
+        self._source_views, self._key = None, key
+
+    def fill(self, named_tensors: Iterable[tuple[str, torch.Tensor]], staging: str = "bucket",
+             sync: bool = True) -> str:
+        """Copy `named_tensors` into the bucket; returns the CUDA IPC payload (JSON string).
+
+        sync=True: returns once the copies are done on both GPUs. sync=False: returns once they are
+        enqueued; the payload then carries `ready_event`, the IPC handle of an interprocess CUDA event
+        recorded after the copies, and the engine makes its stream wait on it before it reads the
+        bucket, so the update call can travel while the bytes do. The caller must send the payload
+        only after `fill` returned (the engine waits for the event's latest record) and must not
+        refill before the engine answered the update.
+        Raises ValueError for an empty list or an unknown `staging`.
+        """
+        torch = _torch()
+        named_tensors = [(n, t.detach()) for n, t in named_tensors]
+        if not named_tensors:
+            raise ValueError("cannot fill a bucket with an empty list of tensors")
+        if staging not in ("bucket", "direct"):
+            raise ValueError(f"staging must be 'bucket' or 'direct'; got {staging!r}")
+        source = named_tensors[0][1].device
+        self._layout(named_tensors, source)
+        tensors = [t for _, t in named_tensors]
+        if staging == "direct" or source == self.device:
+            _copy_all(self._views, tensors)
+        else:
+            if self._source_views is None:
+                self._source = self._ensure(self._source, self._nbytes, source)
+                self._source_views = _views(self._source, self._metadata)
+                self._chunks = _chunk_ranges(self._metadata, PIPELINE_CHUNKS)
+                self._link_stream = torch.cuda.Stream(source)
+            self._pipelined_stage(tensors, source)
+        ready = None
+        if sync:
+            for device in {self.device, source}:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+        else:
+            # every copy into the bucket is ordered before `device`'s current stream (same-device copies
+            # run on it; cross-device copy_ makes it wait on the copying stream), so one record covers all
+            if self._ready is None:
+                self._ready = torch.cuda.Event(interprocess=True)
+            self._ready.record(torch.cuda.current_stream(self.device))
+            ready = self._ready
+        # The same payload string for every refill of the same buffer: the IPC memory handle names the
+        # allocation, which stays the same, and so does the ready event; the share-time event of
+        # reduce_tensor is not relied on (a fresh reduce_tensor per push would make a new event and
+        # ref-counter slot, and a new string, which defeats the engine's cache of the opened bucket
+        # and its validated layout).
+        key = (self.buffer.data_ptr(), self._key, ready is not None)
+        if self._payload is None or self._payload[0] != key:
+            self._payload = (key, serialize_cuda_bucket(
+                self.buffer, self._metadata, metadata_json=self._metadata_json,
+                ready_event_handle=None if ready is None else ready.ipc_handle()))
+        return self._payload[1]
+
+    def _pipelined_stage(self, tensors: list, source) -> None:
+        """Flatten on the source GPU and copy to `device` chunk by chunk, the copy of chunk k (on a side
+        stream, one DMA over the link) overlapping the local flatten of chunk k+1: about
+        max(flatten, link copy) + one chunk instead of their sum."""
+        torch = _torch()
+        main = torch.cuda.current_stream(source)
+        self._link_stream.wait_stream(main)  # the buffer's previous readers and the optimizer step
+        for (i, j), (lo, hi) in self._chunks:
+            torch._foreach_copy_(self._source_views[i:j], tensors[i:j])
+            flattened = torch.cuda.Event()
+            flattened.record(main)
+            with torch.cuda.stream(self._link_stream):
+                self._link_stream.wait_event(flattened)
+                self.buffer[lo:hi].copy_(self._source[lo:hi], non_blocking=True)
+        main.wait_stream(self._link_stream)
+
+    def close(self) -> None:
+        if self._ready is not None and self.buffer is not None:  # copies of a fill(sync=False) may still run
+            _torch().cuda.synchronize(self.device)
+            if self._source is not None:
+                _torch().cuda.synchronize(self._source.device)
+        self.buffer = self._source = self._views = self._source_views = self._key = self._payload = None
+        self._ready = None
+
+
+PIPELINE_CHUNKS = 8  # CudaIpcBucket staging="bucket": flatten/copy overlap granularity
+
+
+def _next_boundary(lo: int, total: int, chunks: int) -> float:
+    """The first of the byte boundaries k * total / chunks (k = 1..chunks) above `lo`."""
+    return total * (lo * chunks // total + 1) / chunks
+
+
+def _chunk_ranges(metadata: list[TensorMeta], chunks: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Split the layout into at most `chunks` runs of whole tensors, in order:
+    [((first tensor, end tensor), (first byte, end byte))], covering every tensor and byte once. A run
+    ends at the first tensor reaching the next boundary k * total / chunks beyond its start (boundaries
+    a large tensor already crossed are skipped, so it leaves no trail of tiny runs)."""
+    if not metadata:
+        return []
+    total = metadata[-1].end_idx
+    out, first, lo = [], 0, 0
+    for k, m in enumerate(metadata):
+        last = k == len(metadata) - 1
+        if last or m.end_idx >= _next_boundary(lo, total, chunks):
+            hi = total if last else metadata[k + 1].start_idx
+            out.append(((first, k + 1), (lo, hi)))
+            first, lo = k + 1, hi
+    return out
+
+
+def _copy_all(destinations: list, sources: list) -> None:
+    """destinations[i].copy_(sources[i]) for all i, fused where torch can (same device); per tensor else."""
+    torch = _torch()
+    if all(d.device == s.device for d, s in zip(destinations, sources)):
+        torch._foreach_copy_(destinations, sources)
+    else:  # across devices: one copy per tensor (the per-tensor path measures exactly this)
+        for d, s in zip(destinations, sources):
+            d.copy_(s)
+
+
+def _cudart():
+    torch = _torch()
+    return torch.cuda.cudart() if torch.cuda.is_available() else None
+
+
+class PinnedHostBucket:
+    """Learner side, for GPUs without peer access: the bucket staged in host memory.
+
+    One named POSIX shared-memory segment, kept and refilled by every push and page-locked
+    (cudaHostRegister) when CUDA is available, so the GPU-to-host copy runs at DMA speed. A GPU
+    model is flattened on its GPU first (into a kept buffer) and copied down in ONE copy. The
+    engine reads the segment as an ordinary "shm" payload (`open_shared_memory_bucket`).
+    Use as a context manager or call `close()`: it unregisters, unmaps and unlinks the segment.
+    """
+
+    def __init__(self, *, prefix: str = "shellrl_p") -> None:
+        self.prefix = prefix
+        self.name: str | None = None
+        self.pinned = False
+        self._shm: shared_memory.SharedMemory | None = None
+        self._host: torch.Tensor | None = None
+        self._source: torch.Tensor | None = None
+
+    def _segment(self, nbytes: int):
+        if self._host is not None and self._host.numel() >= nbytes:
+            return self._host
+        self.close()
+        torch = _torch()
+        self.name = f"{self.prefix}_{os.getpid()}_{secrets.token_hex(6)}"
+        self._shm = shared_memory.SharedMemory(name=self.name, create=True, size=max(nbytes, 1))
+        self._host = torch.frombuffer(self._shm.buf, dtype=torch.uint8, count=max(nbytes, 1))
+        cudart = _cudart()
+        if cudart is not None:
+            self.pinned = int(cudart.cudaHostRegister(self._host.data_ptr(), self._host.numel(), 0)) == 0
+        return self._host
+
+    def fill(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
+        """Copy `named_tensors` into the segment; returns the shm payload (JSON string)."""
+        named_tensors = list(named_tensors)
+        if not named_tensors:
+            raise ValueError("cannot fill a bucket with an empty list of tensors")
+        metadata, nbytes = plan_bucket(named_tensors)
+        host = self._segment(nbytes)
+        source = named_tensors[0][1].device
+        if source.type == "cuda":
+            self._source = CudaIpcBucket._ensure(self._source, nbytes, source)
+            flatten_into(named_tensors, self._source)
+            host[:nbytes].copy_(self._source[:nbytes])  # synchronous: the bytes are on the host after this
+        else:
+            flatten_into(named_tensors, host)
+        return json.dumps({"transport": "shm", "segment": self.name, "nbytes": nbytes,
+                           "metadata": _metadata_json(metadata)})
+
+    def close(self) -> None:
+        """Unregister, unmap and unlink the segment (idempotent)."""
+        if self._shm is None:
+            return
+        if self.pinned:
+            _cudart().cudaHostUnregister(self._host.data_ptr())
+            self.pinned = False
+        self._host = None  # no exported view may outlive the mapping
+        self._shm.close()
+        try:
+            self._shm.unlink()
+        except FileNotFoundError:
+            pass
+        self._shm = None
+
+    def __enter__(self) -> PinnedHostBucket:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
