@@ -25,7 +25,8 @@ from typing import Literal
 import regex
 import yaml
 
-Verdict = Literal["allow", "flag", "deny"]
+from shellrl.contract.exec import ALLOW, PolicyVerdict
+
 _VERDICTS = ("deny", "flag")
 _UNQUOTE = re.compile(r"[\"'\\]")
 _LONG_TOKEN = re.compile(r"[^\s;&|()<>]{65,}")
@@ -43,16 +44,6 @@ def normalize(text: str) -> str:
     return "\n".join(lines)
 
 
-@dataclass(frozen=True)
-class PolicyVerdict:
-    verdict: Verdict
-    rule: str | None
-
-    def as_dict(self) -> dict:
-        return {"verdict": self.verdict, "rule": self.rule}
-
-
-ALLOW = PolicyVerdict("allow", None)
 TIMEOUT = PolicyVerdict("deny", "policy_timeout")
 EVALUATION_BUDGET_S = 2.0
 

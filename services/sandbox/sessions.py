@@ -24,9 +24,10 @@ from services.sandbox.cgroups import CgroupSupport, SessionCgroup
 from services.sandbox.executor import RawExec, kill_process_group, run_launch
 from services.sandbox.isolation import Isolation, LaunchSpec, base_env, prepare_etc
 from services.sandbox.limits import Limits
-from services.sandbox.policy import ALLOW, Policy, PolicyVerdict
+from services.sandbox.policy import Policy
 from services.sandbox.runner_link import RunnerFailed, RunnerLink
 from services.sandbox.workspace import Workspace
+from shellrl.contract.exec import ALLOW, ExecResult, PolicyVerdict
 
 log = logging.getLogger(__name__)
 WORKSPACE_TOKEN = "<workspace>"
@@ -43,29 +44,10 @@ class SessionError(Exception):
         self.status, self.code, self.message, self.field, self.details = status, code, message, field, details
 
 
-@dataclass(frozen=True)
-class ExecResult:
-    """What POST /v1/sessions/{id}/exec returns (DESIGN.md section 2)."""
-
-    stdout: str
-    stderr: str
-    exit_code: int | None
-    timed_out: bool
-    stdout_truncated_bytes: int
-    stderr_truncated_bytes: int
-    duration_ms: float
-    policy: PolicyVerdict
-
-    @classmethod
-    def from_raw(cls, raw: RawExec, policy: PolicyVerdict) -> ExecResult:
-        return cls(raw.stdout, raw.stderr, raw.exit_code, raw.timed_out, raw.stdout_truncated_bytes,
-                   raw.stderr_truncated_bytes, round(raw.duration_ms, 3), policy)
-
-    def as_dict(self) -> dict:
-        return {"stdout": self.stdout, "stderr": self.stderr, "exit_code": self.exit_code,
-                "timed_out": self.timed_out, "stdout_truncated_bytes": self.stdout_truncated_bytes,
-                "stderr_truncated_bytes": self.stderr_truncated_bytes, "duration_ms": self.duration_ms,
-                "policy": self.policy.as_dict()}
+def exec_result(raw: RawExec, policy: PolicyVerdict) -> ExecResult:
+    """What POST /v1/sessions/{id}/exec returns for a command that ran."""
+    return ExecResult(raw.stdout, raw.stderr, raw.exit_code, raw.timed_out, raw.stdout_truncated_bytes,
+                      raw.stderr_truncated_bytes, round(raw.duration_ms, 3), policy)
 
 
 @dataclass
@@ -244,7 +226,7 @@ class SessionManager:
             self.sessions[session_id] = session
             if setup.strip():
                 raw = await self._run_per_command(session, setup, self.setup_timeout_s)
-                result = ExecResult.from_raw(raw, ALLOW)
+                result = exec_result(raw, ALLOW)
             else:
                 result = ExecResult("", "", 0, False, 0, 0, 0.0, ALLOW)
             if result.exit_code != 0:
@@ -312,7 +294,7 @@ class SessionManager:
         metrics.OUTPUT_TRUNCATED_BYTES.inc(raw.stdout_truncated_bytes + raw.stderr_truncated_bytes)
         if raw.timed_out:
             metrics.TIMEOUTS.inc()
-        return ExecResult.from_raw(raw, verdict)
+        return exec_result(raw, verdict)
 
     def _spec(self, session: Session) -> LaunchSpec:
         return LaunchSpec(session.workspace.paths, session.uid, session.env, session.limits, session.policy.network,

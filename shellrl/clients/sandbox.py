@@ -15,13 +15,14 @@ except that none of these calls is retried here: exec is not idempotent.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Self
 from urllib.parse import quote
 
 import httpx
 
 from shellrl.clients.transport import AiohttpTransport
+from shellrl.contract.errors import ContractError
+from shellrl.contract.exec import ExecResult
 
 
 class SandboxError(Exception):
@@ -50,40 +51,6 @@ class SandboxNotFound(SandboxError):
 
 class SandboxBadRequest(SandboxError):
     """Another 4xx; `body["error"]` has code, message and the offending field."""
-
-
-@dataclass(frozen=True)
-class PolicyVerdict:
-    verdict: str  # "allow" | "flag" | "deny"
-    rule: str | None
-
-
-@dataclass(frozen=True)
-class ExecResult:
-    """One command's outcome. `exit_code` is None when the policy denied the command; 124 with
-    `timed_out` when the wall-clock limit killed it; 128+N when signal N killed it."""
-
-    stdout: str
-    stderr: str
-    exit_code: int | None
-    timed_out: bool
-    stdout_truncated_bytes: int
-    stderr_truncated_bytes: int
-    duration_ms: float
-    policy: PolicyVerdict
-
-    @classmethod
-    def from_json(cls, data: dict) -> ExecResult:
-        try:
-            policy = data.get("policy") or {"verdict": "allow", "rule": None}
-            return cls(
-                stdout=data["stdout"], stderr=data["stderr"], exit_code=data["exit_code"],
-                timed_out=bool(data["timed_out"]), stdout_truncated_bytes=int(data["stdout_truncated_bytes"]),
-                stderr_truncated_bytes=int(data["stderr_truncated_bytes"]), duration_ms=float(data["duration_ms"]),
-                policy=PolicyVerdict(policy["verdict"], policy.get("rule")),
-            )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SandboxError(f"malformed exec result: {exc!r}") from None
 
 
 class SandboxSetupFailed(SandboxBadRequest):
@@ -132,7 +99,7 @@ class SandboxClient:
         if status == 404:
             raise SandboxNotFound(message, status, body)
         if status == 422 and (body.get("error") or {}).get("code") == "setup_failed":
-            result = ExecResult.from_json(body["error"].get("details") or {})
+            result = _exec_result(body["error"].get("details") or {})
             raise SandboxSetupFailed(message, status, body, result)
         if 400 <= status < 500:
             raise SandboxBadRequest(message, status, body)
@@ -170,7 +137,7 @@ class SandboxClient:
             body["fresh_state"] = True
         http_timeout_s = self.timeout_s + (timeout_s if timeout_s is not None else 600.0)
         response = await self._request("POST", f"/v1/sessions/{session_id}/exec", json=body, timeout_s=http_timeout_s)
-        return ExecResult.from_json(response.json())
+        return _exec_result(response.json())
 
     async def read_file(self, session_id: str, path: str, max_bytes: int = 10 << 20) -> bytes:
         """GET /v1/sessions/{id}/files/{path}: raw bytes. `path` is relative to the workspace, or absolute
@@ -200,3 +167,10 @@ class SandboxClient:
     async def ready(self) -> dict[str, Any]:
         """GET /readyz (isolation layer, cgroups, probes)."""
         return (await self._request("GET", "/readyz")).json()
+
+
+def _exec_result(data: dict) -> ExecResult:
+    try:
+        return ExecResult.from_json(data)
+    except ContractError as exc:
+        raise SandboxError(str(exc)) from None

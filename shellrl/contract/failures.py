@@ -1,0 +1,20 @@
+"""Failure classes of an episode (trajectory.proto `Failure`) and the one rule about them.
+
+An INFRA failure (`FAILURE_INFRA_*`: the engine, the sandbox, the verifier or the gateway itself
+failed, not the policy) says nothing about the policy: it is removed from its group, never scored
+0, and a group with fewer than `min_group_size` members left is dropped (DESIGN.md section 4).
+The rollout gateway's admission accounting and re-runs, the verifier and the learner's group
+assembly all use `is_infra`, so a group is counted the same way on every side.
+"""
+
+from __future__ import annotations
+
+from shellrl.v1.trajectory_pb2 import Failure
+
+INFRA_FAILURES: frozenset[int] = frozenset(v for name, v in Failure.items() if name.startswith("FAILURE_INFRA_"))
+"""Every `FAILURE_INFRA_*` value (engine, sandbox, verifier, rollout)."""
+
+
+def is_infra(failure: int | None) -> bool:
+    """True when `failure` (a `Failure` enum value; None = no failure) is an INFRA class."""
+    return failure in INFRA_FAILURES
