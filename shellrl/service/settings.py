@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from functools import cache
+from typing import ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -21,6 +22,7 @@ class ServiceSettings(BaseSettings):
     """Settings every service shares. Environment: `SHELLRL_<FIELD>` (case-insensitive)."""
 
     model_config = SettingsConfigDict(env_prefix="SHELLRL_", extra="forbid", frozen=True)
+    default_port: ClassVar[int] = 0  # each service sets its own (the port when `port` is 0)
 
     host: str = Field("127.0.0.1", description="Interface the HTTP server binds to.")
     port: int = Field(0, ge=0, le=65535, description="HTTP port; 0 = the service's default port.")
@@ -46,6 +48,11 @@ class ServiceSettings(BaseSettings):
                 raise ValueError(f"{ENV_PREFIX}{name.upper()}: unknown setting; did you mean "
                                  f"{ENV_PREFIX}{close.upper()}?")
         return self
+
+    @property
+    def listen_port(self) -> int:
+        """The port to bind: `port`, or the service's `default_port` when `port` is 0."""
+        return self.port or self.default_port
 
     @classmethod
     def from_env_or_exit(cls, **overrides):

@@ -19,11 +19,13 @@ Each worker also runs `export_stream_stats` (stats.py) as a background task.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from shellrl.streams.connection import check_block_ms
 from shellrl.streams.entry import OutgoingEntry, StreamEntry, _fields, _s
@@ -102,6 +104,29 @@ class StreamConsumer:
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+
+    async def take(self, stop: asyncio.Event, count: int | None = None) -> list[StreamEntry]:
+        """`read()` for a worker's loop: Redis errors and client-side timeouts (a batch the server
+        delivered but the client lost stays in this consumer's pending list) are retried with
+        exponential backoff (0.5 s doubling to 10 s, tenacity) until `stop` is set, then `[]`.
+        After any failed read the next read starts with this consumer's own pending entries, so a
+        lost batch is handled by the next successful read instead of waiting for a re-claim."""
+        try:
+            async for attempt in AsyncRetrying(
+                    retry=retry_if_exception_type((RedisError, OSError)),
+                    wait=wait_exponential(multiplier=0.5, max=10.0),
+                    stop=lambda _state: stop.is_set(), before_sleep=self._read_failed, reraise=True):
+                with attempt:
+                    return await self.read(count)
+        except (RedisError, OSError):
+            self._recovered = False
+        return []
+
+    def _read_failed(self, state: RetryCallState) -> None:
+        self._recovered = False  # the lost batch, if any, is in our own pending list
+        log.warning(f"reading {self.stream} failed; retrying in {state.upcoming_sleep:.1f} s",
+                    extra={"stream": self.stream, "group": self.group, "consumer": self.consumer,
+                           "error": repr(state.outcome.exception()), "attempt": state.attempt_number})
 
     async def read(self, count: int | None = None, block_ms: int | None = None) -> list[StreamEntry]:
         """Next entries to handle (possibly empty after `block_ms`). Poison entries are dead-lettered here.
