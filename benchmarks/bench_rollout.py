@@ -53,6 +53,7 @@ from shellrl.contract import min_policy_version, parse_trajectory, task_from_jso
 from shellrl.clients.engine import EngineClient, GenerateResult
 from shellrl.clients.sandbox import SandboxClient
 from tests.helpers.redis_server import RedisServer, free_port
+from shellrl.service.main import wait_until_ready
 
 console = Console(width=150)
 
@@ -62,16 +63,12 @@ console = Console(width=150)
 def _start(module: str, port: int, *extra: str) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *extra], cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/readyz" if "sandbox" in module else f"http://127.0.0.1:{port}/health",
-                      timeout=0.5)
-            return proc
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"{module} did not start")
+    try:
+        wait_until_ready(f"http://127.0.0.1:{port}", 60, process=proc, what=module, poll_s=0.1)
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc
 
 
 @dataclass

@@ -12,10 +12,9 @@ import socket
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from shellrl.service.main import wait_until_ready
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,17 +55,11 @@ class EngineProcess:
             [sys.executable, "-m", "services.engine", "--model-path", str(self.model_dir), "--device", self.device,
              "--host", "127.0.0.1", "--port", str(self.port)],
             cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"engine exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"engine not ready after {ready_timeout_s} s:\n{self.tail()}")
+        try:
+            wait_until_ready(self.url, ready_timeout_s, process=self.proc, what="engine")
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}:\n{self.tail()}") from None
+        return self
 
     def tail(self, n: int = 3000) -> str:
         try:

@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
+from shellrl.service.main import wait_until_ready
 
 STATE_DIR = Path(os.environ.get("SHELLRL_STATE_DIR", ".shellrl"))
 SERVICE_ORDER = ("engine", "sandbox", "verifier", "rollout", "learner")
@@ -176,17 +176,10 @@ class Stack:
         self.wait_ready(proc, cfg.ready_timeout_s)
 
     def wait_ready(self, proc: Proc, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if proc.popen.poll() is not None:
-                raise RuntimeError(f"{proc.name} exited with {proc.popen.returncode}; see {proc.log_path}")
-            try:
-                if httpx.get(f"{proc.url}/readyz", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.25)
-        raise RuntimeError(f"{proc.name} not ready after {timeout_s:.0f} s; see {proc.log_path}")
+        try:
+            wait_until_ready(proc.url, timeout_s, process=proc.popen, what=proc.name, poll_s=0.25)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; see {proc.log_path}") from None
 
     def _write_pid_file(self) -> None:
         self.pid_file.write_text(json.dumps({

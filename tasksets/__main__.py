@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 
 from shellrl.contract import split_name, task_to_json
 from tasksets import SPLITS, TASKSETS, load_taskset
+from shellrl.service.main import wait_until_ready
 
 
 def _cmd_list(_: argparse.Namespace) -> int:
@@ -99,9 +100,7 @@ class _SandboxProcess:
     def __init__(self) -> None:
         import socket
         import subprocess
-        import time
 
-        import httpx
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -110,18 +109,13 @@ class _SandboxProcess:
         env = {**os.environ, "SHELLRL_PORT": str(port), "SHELLRL_HOST": "127.0.0.1", "SHELLRL_LOG_LEVEL": "WARNING"}
         self.proc = subprocess.Popen([sys.executable, "-m", "services.sandbox"], env=env, stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
+        try:
+            wait_until_ready(self.url, 60, process=self.proc, what="sandbox")
+        except RuntimeError as exc:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"sandbox exited: {self.proc.stderr.read().decode(errors='replace')[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("sandbox not ready after 60 s")
+                raise RuntimeError(f"sandbox exited: {self.proc.stderr.read().decode(errors='replace')[-2000:]}") from None
+            self.stop()
+            raise RuntimeError(str(exc)) from None
 
     def stop(self) -> None:
         import signal

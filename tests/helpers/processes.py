@@ -6,10 +6,9 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import httpx
+from shellrl.service.main import wait_until_ready
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,17 +38,10 @@ class ServiceProcess:
         return self
 
     def wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.tail()}")
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=1.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"{self.name} not ready after {timeout_s}s:\n{self.tail()}")
+        try:
+            wait_until_ready(self.url, timeout_s, process=self.proc, what=self.name, poll_s=0.1)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}:\n{self.tail()}") from None
 
     def tail(self, n: int = 4000) -> str:
         try:
