@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 9 on the lent nvidia-h200-x2 (device tool `run`, carry ["benchmarks/out/gpu"]):
-#   bash benchmarks/run_gpu_issue9.sh [pytest|bench|all]   -> $OUT/{pytest.log,bench.log,results.json,results.md,topo.txt}
+#   bash benchmarks/run_gpu.sh [pytest|bench|all]   -> $OUT/{pytest.log,bench.log,results.json,results.md,topo.txt}
 # The device machine has torch but none of fastapi/uvicorn/pydantic-settings/pytest-asyncio and an
 # older transformers, and no network: the wheels travel in benchmarks/out/gpu/wheels (gitignored),
 # downloaded here with

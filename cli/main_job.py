@@ -48,7 +48,7 @@ class JobConfig:
     # met the target, learning count_lines with word_count or cat_file (BENCHMARKS.md, "Main job")
     kl_coef: float = 0.1
     # T = 0.7 (learner and engine alike, pitfall C07): at T = 1 the base policy solved 2 of 276 pass-rate
-    # episodes, at 0.7 6 of 143 (docs/main-job/pass_rates_T*.json), so more groups carry a reward variance
+    # episodes, at 0.7 6 of 143 (docs/runs/pass-rates/pass_rates_T*.json), so more groups carry a reward variance
     temperature: float = 0.7
     max_new_tokens: int = 40
     max_turns: int = 2
@@ -96,7 +96,7 @@ class JobConfig:
 # --- task sets -----------------------------------------------------------------------------
 
 # The curriculum: generated templates the policy can learn from. Measured with `shellrl pass-rates`
-# (docs/main-job/pass_rates_T1.0.json, _T0.7.json: 12 episodes per template; 2 of 23 templates had a
+# (docs/runs/pass-rates/pass_rates_T1.0.json, _T0.7.json: 12 episodes per template; 2 of 23 templates had a
 # success at T = 1, 4 of 12 at T = 0.7) and from the training runs in BENCHMARKS.md ("Main job"):
 # cat_file and word_count show 0/12 in the pass-rate files but were learned from rare successes
 # (run1: word_count 0 -> 8/8, run3: cat_file 0 -> 7/8), so they stay; grep_count and json_field had

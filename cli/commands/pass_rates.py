@@ -22,7 +22,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--max-turns", type=int, default=2)
     parser.add_argument("--engine-threads", type=int, default=2)
     parser.add_argument("--templates", default="", help="comma-separated templates (default: every train template)")
-    parser.add_argument("--out", default="", help="default: docs/main-job/pass_rates_T<temperature>.json")
+    parser.add_argument("--out", default="", help="default: docs/runs/pass-rates/pass_rates_T<temperature>.json")
 
 
 def run(args) -> int:
@@ -36,7 +36,7 @@ def run(args) -> int:
     kw = dict(tasks_per_template=args.tasks_per_template, episodes_per_task=args.episodes_per_task,
               temperature=args.temperature, max_new_tokens=args.max_new_tokens,
               templates=tuple(t for t in args.templates.split(",") if t) or None)
-    out = Path(args.out or f"docs/main-job/pass_rates_T{args.temperature:g}.json")
+    out = Path(args.out or f"docs/runs/pass-rates/pass_rates_T{args.temperature:g}.json")
     t0 = time.time()
     if args.rollout_url:
         rates, _ = pr.measure(args.rollout_url, **kw)

@@ -40,5 +40,5 @@ def test_write_then_load_round_trips(tmp_path: Path):
 
 def test_the_committed_measurements_load():
     for name in ("pass_rates_T1.0.json", "pass_rates_T0.7.json"):
-        rates = pr.load(Path(__file__).resolve().parents[2] / "docs" / "main-job" / name)
+        rates = pr.load(Path(__file__).resolve().parents[2] / "docs" / "runs" / "pass-rates" / name)
         assert rates and all(0 <= r.successes <= r.episodes for r in rates)
