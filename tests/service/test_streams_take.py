@@ -1,0 +1,80 @@
+"""StreamConsumer.take, the one read loop of the workers, against a real Redis: a batch the server
+delivered but the client lost (a client-side timeout) is handled by the next read, not after a
+day-long re-claim idle time; Redis going away never raises out of take; stop ends the wait."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from shellrl.contract import Trajectory
+from shellrl.streams import STREAM_DEAD, OutgoingEntry, StreamConsumer, StreamProducer, connect
+
+STREAM, GROUP = "shellrl:episodes", "verifier"
+DAY_MS = 86_400_000
+
+
+def _entries(n: int, payload_bytes: int = 0) -> list[OutgoingEntry]:
+    pad = "x" * payload_bytes
+    return [OutgoingEntry(Trajectory(trajectory_id=f"t{i:04d}", task_id=pad).SerializeToString(), f"t{i:04d}")
+            for i in range(n)]
+
+
+class LosesDeliveredBatches:
+    """Fault injector around the real client: the first `failures` new-entry reads run on the
+    server (so Redis delivers the batch and records it pending) and then raise a client-side
+    timeout, as redis-py does when a large reply arrives late."""
+
+    def __init__(self, redis, failures: int) -> None:
+        self.redis, self.failures = redis, failures
+
+    def __getattr__(self, name):
+        return getattr(self.redis, name)
+
+    async def xreadgroup(self, group, consumer, streams, **kwargs):
+        reply = await self.redis.xreadgroup(group, consumer, streams, **kwargs)
+        if self.failures > 0 and list(streams.values()) == [">"]:
+            self.failures -= 1
+            raise RedisTimeoutError("Timeout reading from socket")
+        return reply
+
+
+async def test_a_delivered_batch_lost_by_the_client_is_handled_by_the_next_take(redis_server):
+    n = 200
+    redis = connect(redis_server.url)
+    setup = StreamConsumer(redis, STREAM, GROUP, "setup")
+    await setup.ensure_group()
+    await StreamProducer(redis, STREAM).add_many(_entries(n, payload_bytes=20_000))
+
+    consumer = StreamConsumer(redis, STREAM, GROUP, "verifier-1", count=n, claim_min_idle_ms=DAY_MS,
+                              max_deliveries=2)
+    await consumer.read(count=1, block_ms=0)  # the start-up recovery read has happened (nothing pending)
+    consumer.redis = LosesDeliveredBatches(redis, failures=3)
+    stop = asyncio.Event()
+    handled: list[str] = []
+    started = time.monotonic()
+    while len(handled) < n and time.monotonic() - started < 30:
+        for entry in await consumer.take(stop, n):
+            handled.append(entry.entry_id)
+            await consumer.ack(entry.entry_id)
+    assert len(handled) == len(set(handled)) == n, "every delivered entry handled exactly once"
+    assert time.monotonic() - started < 30
+    assert (await redis.xpending(STREAM, GROUP))["pending"] == 0
+    assert await redis.xlen(STREAM_DEAD) == 0, "nothing healthy reaches the dead letters"
+    await redis.aclose()
+
+
+async def test_take_returns_empty_once_stop_is_set_while_redis_is_down(redis_server):
+    redis = connect(redis_server.url)
+    consumer = StreamConsumer(redis, STREAM, GROUP, "verifier-1")
+    await consumer.ensure_group()
+    redis_server.stop()
+    stop = asyncio.Event()
+    task = asyncio.create_task(consumer.take(stop, 4))
+    await asyncio.sleep(1.5)  # a few failed reads with backoff; take keeps trying, never raises
+    assert not task.done()
+    stop.set()
+    assert await asyncio.wait_for(task, 15) == []
+    await redis.aclose()
