@@ -8,13 +8,18 @@ learner's at the start of the step, no gradient) and behavior log-prob logp_beha
     w = min(exp(clamp(logp_prox - logp_behavior, -M, M)), C)        (behavior IS weight, truncated)
     l = max(-A * r, -A * clip(r, 1 - eps_low, 1 + eps_high))        (PPO clip)
     l = min(l, c * |A|)              if A < 0                        (dual clip)
-    loss_token = w * l + kl_coef * k3(logp, logp_ref)               (k3 = exp(d) - d - 1, d = ref - logp)
+    loss_token = w * l + kl_coef * w * r * k3(logp, logp_ref)       (k3 = exp(d) - d - 1, d = ref - logp)
 
 Sources: decoupled PPO, Fu et al. 2025 "AReaL" (arXiv 2505.24298) eq. 5 and
 inclusionAI/AReaL areal/utils/functional.py (AReaL masks tokens with w > C; we truncate w to C
 as the issue and DESIGN.md section 5 specify, i.e. truncated importance sampling, Ionides 2008);
 clip-higher eps_high = 0.28 from DAPO (arXiv 2503.14476); dual clip from Ye et al. 2020
 (arXiv 1912.09729); k3 estimator from J. Schulman, "Approximating KL divergence" (2020).
+The KL term carries the importance ratio w * r (r with its gradient): its value is the k3 estimate
+of KL(pi || ref) (what `LossStats.kl` reports), and its gradient, (logp - logp_ref) * grad logp per
+sampled token (times w * r off-policy), is in expectation the gradient of KL(pi || ref). k3 alone in
+the loss has the gradient of the forward KL(ref || pi) instead, and k1 alone has none (NeMo-RL
+#2506, TRL #4967; tests/unit/test_rl_losses.py checks the exact value on their two-token case).
 The log-ratio clamp M (default 20) keeps exp finite: a +50 log-ratio gives a bounded loss
 (|loss_token| <= C * max(c, 1 + eps_high) * |A|) and zero gradient (known_pitfalls.md C21).
 
@@ -180,7 +185,7 @@ def decoupled_ppo_loss(
     kl = torch.zeros_like(loss)
     if config.kl_coef > 0:
         kl = k3_kl(logprobs, ref_logprobs.detach(), m)
-        loss = loss + config.kl_coef * kl
+        loss = loss + config.kl_coef * weight * ratio * kl  # the ratio makes the gradient KL(pi || ref)'s
 
     weights = torch.where(mask, weights, torch.zeros_like(weights))
     loss = torch.where(mask, loss, torch.zeros_like(loss))  # padding never contributes (nor NaN)

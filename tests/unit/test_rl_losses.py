@@ -85,3 +85,31 @@ def test_invalid_config_is_rejected():
         PPOConfig(dual_clip_c=1.0)
     with pytest.raises(ValueError):
         PPOConfig(aggregation="sum")
+
+
+def _expected_kl_gradient(kl_coef: float = 1.0) -> tuple[torch.Tensor, float]:
+    """Gradient w.r.t. the logits of E_{a ~ pi}[KL term of token a], exactly (each of the two tokens
+    weighted by pi(a)), on the public case of NeMo-RL #2506 / TRL #4967: logits [0, 0] (pi = [0.5,
+    0.5]), reference probabilities [0.9, 0.1], on-policy (behavior = proximal = current)."""
+    logits = torch.zeros(2, requires_grad=True)
+    logp_all = torch.log_softmax(logits, -1)
+    ref_all = torch.log(torch.tensor([0.9, 0.1]))
+    total, reported = torch.zeros(()), 0.0
+    for a in range(2):
+        logp = logp_all[a].reshape(1, 1)
+        pi_a = logp.detach().exp()
+        loss, stats = decoupled_ppo_loss(
+            logp, logp.detach(), logp.detach(), torch.zeros(1, 1), torch.ones(1, 1), pi_a,
+            PPOConfig(kl_coef=kl_coef), ref_logprobs=ref_all[a].reshape(1, 1))
+        total, reported = total + loss, reported + stats.kl
+    total.backward()
+    return logits.grad, reported
+
+
+def test_kl_term_gradient_is_that_of_kl_pi_to_ref():
+    grad, reported = _expected_kl_gradient()
+    # d KL(pi || ref) / d logits = pi * (log(pi / ref) - KL) = [-0.549306, +0.549306]; the k3 value
+    # without the ratio would give [-0.4, +0.4] (the forward KL's direction), k1 alone [0, 0]
+    assert grad.tolist() == pytest.approx([-0.549306, 0.549306], abs=1e-5)
+    kl_pi_ref = 0.5 * math.log(0.5 / 0.9) + 0.5 * math.log(0.5 / 0.1)
+    assert reported == pytest.approx(kl_pi_ref, abs=1e-6)  # k3 is unbiased for the value
