@@ -30,7 +30,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from shellrl.streams.connection import check_block_ms
 from shellrl.streams.entry import OutgoingEntry, StreamEntry, _fields, _s
 from shellrl.streams.keys import STREAM_DEAD, errors_key
-from shellrl.streams.metrics import DEAD_LETTERS, RECLAIMED
+from shellrl.streams.metrics import DEAD_LETTERS, LOST, RECLAIMED
 from shellrl.streams.producer import StreamProducer
 from shellrl.streams.stats import stream_stats
 
@@ -160,6 +160,7 @@ class StreamConsumer:
         deleted = [eid for eid, f in entries if not f]
         if deleted:  # trimmed while pending (cannot happen through trim_acknowledged): drop refs
             await self.redis.xack(self.stream, self.group, *deleted)
+            self._lost(deleted)
         live = [(eid, f) for eid, f in entries if f]
         counts = await self._delivery_counts([eid for eid, _ in live])
         return [StreamEntry(self.stream, eid, _fields(f), counts.get(eid, 1)) for eid, f in live]
@@ -175,6 +176,8 @@ class StreamConsumer:
                 self.stream, self.group, self.consumer, self.claim_min_idle_ms, start_id=cursor, count=want - len(out)
             )
             cursor, claimed = _s(resp[0]), resp[1]
+            if len(resp) > 2 and resp[2]:  # Redis >= 7: ids trimmed away, already out of the PEL
+                self._lost([_s(eid) for eid in resp[2]])
             live = [(_s(eid), f) for eid, f in claimed if f]
             if live:
                 counts = await self._delivery_counts([eid for eid, _ in live])
@@ -185,6 +188,14 @@ class StreamConsumer:
             RECLAIMED.labels(self.stream, self.group).inc(len(out))
             log.warning("re-claimed idle entries", extra={"stream": self.stream, "group": self.group, "count": len(out)})
         return await self._filter_poison(out)
+
+    def _lost(self, entry_ids: list[str]) -> None:
+        """Entries that were pending here but trimmed from the stream: never handled, counted and
+        logged by id (shellrl_stream_lost_total{stream,group})."""
+        LOST.labels(self.stream, self.group).inc(len(entry_ids))
+        log.error("pending entries were trimmed before they were handled (lost)",
+                  extra={"stream": self.stream, "group": self.group, "entry_ids": entry_ids[:100],
+                         "count": len(entry_ids)})
 
     async def _delivery_counts(self, ids: list[str]) -> dict[str, int]:
         """times_delivered of each id, from XPENDING (one round trip)."""

@@ -21,3 +21,8 @@ DUPLICATES = metrics.counter(
 TRIMMED = metrics.counter(
     "shellrl_stream_trimmed_total", "Acknowledged entries removed by trimming.", ("stream",)
 )
+LOST = metrics.counter(
+    "shellrl_stream_lost_total",
+    "Pending entries trimmed away before they were handled (their references acknowledged).",
+    ("stream", "group"),
+)

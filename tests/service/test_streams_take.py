@@ -78,3 +78,24 @@ async def test_take_returns_empty_once_stop_is_set_while_redis_is_down(redis_ser
     stop.set()
     assert await asyncio.wait_for(task, 15) == []
     await redis.aclose()
+
+
+async def test_pending_entries_trimmed_away_are_counted_and_logged_as_lost(redis_server, caplog):
+    from shellrl.streams.metrics import LOST
+
+    stream = "shellrl:test-lost"
+    redis = connect(redis_server.url)
+    owner = StreamConsumer(redis, stream, GROUP, "owner")
+    await owner.ensure_group()
+    await StreamProducer(redis, stream).add_many(_entries(5))
+    delivered = await owner.read(count=5, block_ms=0)
+    assert len(delivered) == 5
+    await redis.xtrim(stream, maxlen=0)  # a trim that ignores the group (not trim_acknowledged)
+    before = LOST.labels(stream, GROUP)._value.get()
+
+    claimer = StreamConsumer(redis, stream, GROUP, "claimer", claim_min_idle_ms=0)
+    assert await claimer.claim_idle(10) == []  # XAUTOCLAIM reports the 5 ids as deleted
+    assert LOST.labels(stream, GROUP)._value.get() - before == 5
+    assert "trimmed before they were handled" in caplog.text
+    assert (await redis.xpending(stream, GROUP))["pending"] == 0
+    await redis.aclose()
