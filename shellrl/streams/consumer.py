@@ -29,7 +29,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 
 from shellrl.streams.connection import check_block_ms
 from shellrl.streams.entry import OutgoingEntry, StreamEntry, _fields, _s
-from shellrl.streams.keys import STREAM_DEAD, errors_key
+from shellrl.streams.keys import STREAM_DEAD, attempts_key, errors_key
 from shellrl.streams.metrics import DEAD_LETTERS, LOST, RECLAIMED
 from shellrl.streams.producer import StreamProducer
 from shellrl.streams.stats import stream_stats
@@ -68,6 +68,12 @@ class StreamConsumer:
     claim_min_idle_ms: an entry unacknowledged this long is re-claimed from its consumer.
     max_deliveries: deliveries after which an entry that fails (or whose consumers keep
     crashing) goes to `shellrl:dead`.
+
+    A delivery (`StreamEntry.deliveries`) is a handling attempt: an entry handed to the caller by
+    `read()`, counted in `attempts_key` (Redis' own times_delivered also counts reads whose reply
+    the client lost, so a run of client timeouts would push healthy entries into dead letters).
+    Entries this consumer has handed out and not yet acknowledged, forwarded, failed or
+    dead-lettered are never handed out twice by it (a re-read of its own pending list skips them).
     """
 
     def __init__(
@@ -96,6 +102,7 @@ class StreamConsumer:
         self._recovered = False
         self._last_claim = 0.0
         self._errors: dict[str, str] = {}
+        self._in_flight: set[str] = set()  # handed out by this object, not yet acked/failed
 
     async def ensure_group(self, start_id: str = "0") -> None:
         """Create the group (and the stream) if missing; `start_id="0"` delivers existing entries."""
@@ -143,7 +150,7 @@ class StreamConsumer:
             self._recovered = True
             own = await self._read_own_pending(count=10_000)
             if own:
-                return await self._filter_poison(own)
+                return own
         if time.monotonic() - self._last_claim >= self.claim_interval_s:
             self._last_claim = time.monotonic()
             claimed = await self.claim_idle(count)
@@ -152,7 +159,7 @@ class StreamConsumer:
         resp = await self.redis.xreadgroup(
             self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms or None
         )
-        return [StreamEntry(self.stream, _s(eid), _fields(f), 1) for _, entries in resp or [] for eid, f in entries]
+        return await self._hand_out([(_s(eid), f) for _, entries in resp or [] for eid, f in entries])
 
     async def _read_own_pending(self, count: int) -> list[StreamEntry]:
         resp = await self.redis.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=count)
@@ -161,9 +168,22 @@ class StreamConsumer:
         if deleted:  # trimmed while pending (cannot happen through trim_acknowledged): drop refs
             await self.redis.xack(self.stream, self.group, *deleted)
             self._lost(deleted)
-        live = [(eid, f) for eid, f in entries if f]
-        counts = await self._delivery_counts([eid for eid, _ in live])
-        return [StreamEntry(self.stream, eid, _fields(f), counts.get(eid, 1)) for eid, f in live]
+        return await self._hand_out([(eid, f) for eid, f in entries if f])
+
+    async def _hand_out(self, raw: list[tuple[str, dict]]) -> list[StreamEntry]:
+        """Entries to give the caller: those not already in flight here, each counted as one
+        handling attempt; an entry past `max_deliveries` attempts is dead-lettered instead."""
+        raw = [(eid, f) for eid, f in raw if eid not in self._in_flight]
+        if not raw:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for eid, _ in raw:
+                pipe.hincrby(self._attempts_key, eid, 1)
+            attempts = await pipe.execute()
+        entries = [StreamEntry(self.stream, eid, _fields(f), int(n)) for (eid, f), n in zip(raw, attempts)]
+        entries = await self._filter_poison(entries)
+        self._in_flight.update(e.entry_id for e in entries)
+        return entries
 
     async def claim_idle(self, count: int | None = None) -> list[StreamEntry]:
         """XAUTOCLAIM entries idle longer than `claim_min_idle_ms`, following the cursor to the end
@@ -179,15 +199,13 @@ class StreamConsumer:
             if len(resp) > 2 and resp[2]:  # Redis >= 7: ids trimmed away, already out of the PEL
                 self._lost([_s(eid) for eid in resp[2]])
             live = [(_s(eid), f) for eid, f in claimed if f]
-            if live:
-                counts = await self._delivery_counts([eid for eid, _ in live])
-                out += [StreamEntry(self.stream, eid, _fields(f), counts.get(eid, 2)) for eid, f in live]
+            out += await self._hand_out(live)
             if cursor == "0-0":
                 break
         if out:
             RECLAIMED.labels(self.stream, self.group).inc(len(out))
             log.warning("re-claimed idle entries", extra={"stream": self.stream, "group": self.group, "count": len(out)})
-        return await self._filter_poison(out)
+        return out
 
     def _lost(self, entry_ids: list[str]) -> None:
         """Entries that were pending here but trimmed from the stream: never handled, counted and
@@ -196,16 +214,6 @@ class StreamConsumer:
         log.error("pending entries were trimmed before they were handled (lost)",
                   extra={"stream": self.stream, "group": self.group, "entry_ids": entry_ids[:100],
                          "count": len(entry_ids)})
-
-    async def _delivery_counts(self, ids: list[str]) -> dict[str, int]:
-        """times_delivered of each id, from XPENDING (one round trip)."""
-        if not ids:
-            return {}
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for eid in ids:
-                pipe.xpending_range(self.stream, self.group, min=eid, max=eid, count=1)
-            results = await pipe.execute()
-        return {eid: int(rows[0]["times_delivered"]) for eid, rows in zip(ids, results) if rows}
 
     async def _filter_poison(self, entries: list[StreamEntry]) -> list[StreamEntry]:
         keep = []
@@ -226,16 +234,25 @@ class StreamConsumer:
     def _error_key(self) -> str:
         return errors_key(self.stream, self.group)
 
+    @property
+    def _attempts_key(self) -> str:
+        return attempts_key(self.stream, self.group)
+
+    def _done(self, *entry_ids: str) -> None:
+        for eid in entry_ids:
+            self._errors.pop(eid, None)
+            self._in_flight.discard(eid)
+
     async def ack(self, *entry_ids: str) -> int:
         """XACK `entry_ids` (one round trip for any number). Returns how many were pending."""
         if not entry_ids:
             return 0
-        for eid in entry_ids:
-            self._errors.pop(eid, None)
+        self._done(*entry_ids)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.xack(self.stream, self.group, *entry_ids)
             pipe.hdel(self._error_key, *entry_ids)
-            acked, _ = await pipe.execute()
+            pipe.hdel(self._attempts_key, *entry_ids)
+            acked, _, _ = await pipe.execute()
         return int(acked)
 
     async def fail(self, entry: StreamEntry, reason: str) -> None:
@@ -244,6 +261,7 @@ class StreamConsumer:
         if entry.deliveries >= self.max_deliveries:
             await self.dead_letter(entry, f"failed {entry.deliveries} times; last error: {reason}")
             return
+        self._in_flight.discard(entry.entry_id)  # handed out again after a re-claim
         self._errors[entry.entry_id] = reason
         await self.redis.hset(self._error_key, entry.entry_id, reason[:2000])
         log.warning("entry failed; will retry", extra={"stream": self.stream, "entry_id": entry.entry_id,
@@ -257,13 +275,14 @@ class StreamConsumer:
         The dead-letter stream keeps the newest `dead_maxlen` entries (no group reads it, so trimming
         drops nothing undelivered; it is kept for inspection, and the counter keeps the total).
         """
-        self._errors.pop(entry.entry_id, None)
+        self._done(entry.entry_id)
         fields = {**entry.fields, "source_stream": self.stream, "group": self.group, "entry_id": entry.entry_id,
                   "reason": reason[:4000], "deliveries": str(entry.deliveries)}
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.xadd(self.dead_stream, fields, maxlen=self.dead_maxlen, approximate=False)
             pipe.xack(self.stream, self.group, entry.entry_id)
             pipe.hdel(self._error_key, entry.entry_id)
+            pipe.hdel(self._attempts_key, entry.entry_id)
             await pipe.execute()
         DEAD_LETTERS.labels(self.stream, self.group).inc()
         log.error("dead-lettered entry", extra={"stream": self.stream, "group": self.group,
@@ -277,10 +296,11 @@ class StreamConsumer:
         Returns (downstream entry_id, duplicate). A re-delivered entry whose result was already
         appended under `idempotency_key` is only acknowledged.
         """
-        self._errors.pop(entry.entry_id, None)
+        self._done(entry.entry_id)
         result = await to._add_one(OutgoingEntry(pb, idempotency_key, fields),
                                    ack=(self.stream, self.group, entry.entry_id))
         await self.redis.hdel(self._error_key, entry.entry_id)
+        await self.redis.hdel(self._attempts_key, entry.entry_id)
         await to._after_adds(1)
         return result
 

@@ -46,3 +46,14 @@ def evaluation_key(evaluation_id: str) -> str:
 def errors_key(stream: str, group: str) -> str:
     """Failure counts per entry of `group` on `stream` (StreamConsumer.fail)."""
     return f"shellrl:errors:{stream}:{group}"
+
+
+def attempts_key(stream: str, group: str) -> str:
+    """Handling attempts per entry of `group` on `stream` (StreamConsumer deliveries)."""
+    return f"shellrl:attempts:{stream}:{group}"
+
+
+def group_accounting_key(group_id: str) -> str:
+    """Hash of one admitted group, by the rollout gateway: `usable` (members not INFRA at hand-off),
+    `lost` (members the verifier then failed with INFRA), `given_back` (admission returned)."""
+    return f"shellrl:rollout:group:{group_id}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shellrl.contract import Trajectory
@@ -50,10 +51,10 @@ async def test_a_delivered_batch_lost_by_the_client_is_handled_by_the_next_take(
 
     consumer = StreamConsumer(redis, STREAM, GROUP, "verifier-1", count=n, claim_min_idle_ms=DAY_MS,
                               max_deliveries=2)
-    await consumer.read(count=1, block_ms=0)  # the start-up recovery read has happened (nothing pending)
+    handled = [e.entry_id for e in await consumer.read(count=1, block_ms=0)]  # past the start-up read
+    await consumer.ack(*handled)
     consumer.redis = LosesDeliveredBatches(redis, failures=3)
     stop = asyncio.Event()
-    handled: list[str] = []
     started = time.monotonic()
     while len(handled) < n and time.monotonic() - started < 30:
         for entry in await consumer.take(stop, n):
@@ -63,6 +64,41 @@ async def test_a_delivered_batch_lost_by_the_client_is_handled_by_the_next_take(
     assert time.monotonic() - started < 30
     assert (await redis.xpending(STREAM, GROUP))["pending"] == 0
     assert await redis.xlen(STREAM_DEAD) == 0, "nothing healthy reaches the dead letters"
+    await redis.aclose()
+
+
+async def test_lost_replies_are_no_handling_attempts_and_held_entries_are_not_handed_out_twice(redis_server):
+    """Redis counts every delivery, also those whose reply the client lost: six lost replies would
+    dead-letter a healthy entry at max_deliveries 5. Only entries handed to the caller count; an
+    entry this consumer still holds (a learner waiting for its checkpoint) is not handed out again
+    by the re-reads of its own pending list."""
+    redis = connect(redis_server.url)
+    consumer = StreamConsumer(redis, STREAM, GROUP, "learner-1", count=4, claim_min_idle_ms=DAY_MS,
+                              max_deliveries=5)
+    await consumer.ensure_group()
+    await StreamProducer(redis, STREAM).add_many(_entries(2))
+    held = await consumer.read(count=1, block_ms=0)  # handed out, not acknowledged yet
+    assert [e.deliveries for e in held] == [1]
+    faulty = LosesDeliveredBatches(redis, failures=0)
+    consumer.redis = faulty
+
+    async def lose_own_pending_reads(group, name, streams, **kwargs):  # also lose the PEL re-reads
+        await redis.xreadgroup(group, name, streams, **kwargs)
+        raise RedisTimeoutError("Timeout reading from socket")
+
+    faulty.xreadgroup = lose_own_pending_reads
+    stop = asyncio.Event()
+    for _ in range(6):
+        with pytest.raises(RedisTimeoutError):
+            await consumer.read(count=4, block_ms=0)
+        consumer._recovered = False  # what take() does after a failed read
+    consumer.redis = redis
+    (second,) = await consumer.take(stop, 4)  # the lost one, once, counted once
+    assert second.deliveries == 1 and second.entry_id != held[0].entry_id
+    assert await consumer.take(stop, 4) == []  # the held entry is not handed out again
+    assert await redis.xlen(STREAM_DEAD) == 0
+    await consumer.ack(held[0].entry_id, second.entry_id)
+    assert (await redis.xpending(STREAM, GROUP))["pending"] == 0
     await redis.aclose()
 
 
