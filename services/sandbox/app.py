@@ -7,6 +7,10 @@
     GET    /v1/sessions/{id}                 → commands, safety events, timestamps
     POST   /v1/sessions/{id}/reset           → state right after setup
     DELETE /v1/sessions/{id}                 → everything removed
+
+`build_app(settings)` wires the service for `run_service` (root check, private mount namespace,
+policies, isolation probe, cgroups, the session manager, readiness details, metrics);
+`create_sandbox_app` builds the routes around a given `SessionManager`.
 """
 
 from __future__ import annotations
@@ -14,18 +18,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 
 from fastapi import Query
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from services.sandbox.limits import LimitsRequest
-from services.sandbox.sessions import SessionError, SessionManager
+from services.sandbox import metrics, mounts
+from services.sandbox.cgroups import CgroupSupport
+from services.sandbox.isolation import detect
+from services.sandbox.limits import Limits, LimitsRequest
+from services.sandbox.policy import PolicySet
+from services.sandbox.session import SessionError
+from services.sandbox.sessions import SessionManager
+from services.sandbox.settings import SandboxSettings
+from services.sandbox.uids import UidPool
 from services.sandbox.workspace import FileReadError
 from shellrl.service.aio import cancel_and_wait
 from shellrl.service.app import ApiError, create_app, error_body
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("services.sandbox")
 DEFAULT_FILE_MAX_BYTES = 10 << 20
 
 
@@ -62,7 +74,68 @@ def _api_error(exc: SessionError) -> ApiError | JSONResponse:
     return ApiError(exc.status, exc.code, exc.message, exc.field)
 
 
-def build_app(manager: SessionManager, config: dict, ready_details: dict, ttl_sweep_interval_s: float):
+def build_app(settings: SandboxSettings):
+    """The sandbox service for `run_service("sandbox", SandboxSettings, build_app)`: probes the
+    isolation layers, removes what a crashed instance left, logs the layer (a WARNING when it is not
+    bubblewrap) and returns the FastAPI app. SystemExit when not run as root; ValueError when
+    max_sessions does not fit the uid block or default_policy is not in the policy file."""
+    if settings.max_sessions > settings.uid_block_size - 1:
+        raise ValueError("max_sessions must be < uid_block_size "
+                         "(one uid per session plus a probe uid)")
+    if os.geteuid() != 0:
+        raise SystemExit("services.sandbox runs as root: it mounts size-capped workspaces, creates "
+                         "cgroups and runs every session as its own unprivileged uid")
+    # Own mount namespace (before any thread starts): session mounts never leak to the host.
+    private_mounts = mounts.private_mount_namespace()
+    policies = PolicySet.load(settings.policy_file)
+    if settings.default_policy not in policies.policies:
+        raise ValueError(f"default_policy {settings.default_policy!r} is not in the policy file")
+    exec_mode = settings.exec_mode
+    if exec_mode == "session" and not os.access("/usr/bin/python3", os.X_OK):
+        log.warning("no /usr/bin/python3 for the session runner: "
+                    "falling back to exec_mode=per_command")
+        exec_mode = "per_command"
+    uids = UidPool(settings.uid_base, settings.uid_block_size)
+    isolation, probes = detect(settings.isolation, uids.probe_uid)
+    cgroups = CgroupSupport(settings.cgroup_root)
+    root = settings.workspace_root / f"block-{uids.block}"
+    defaults = Limits(timeout_s=settings.default_timeout_s, cpu_s=settings.cpu_s,
+                      memory_bytes=settings.memory_bytes,
+                      address_space_bytes=settings.address_space_bytes, pids=settings.pids,
+                      file_size_bytes=settings.file_size_bytes,
+                      workspace_bytes=settings.workspace_bytes,
+                      max_output_bytes=settings.max_output_bytes, nofile=settings.nofile)
+    manager = SessionManager(
+        root=root, isolation=isolation, cgroups=cgroups, uids=uids, policies=policies.policies,
+        default_policy=settings.default_policy, default_limits=defaults,
+        max_sessions=settings.max_sessions,
+        session_ttl_s=settings.session_ttl_s, setup_timeout_s=settings.setup_timeout_s,
+        max_timeout_s=settings.max_timeout_s, max_command_bytes=settings.max_command_bytes,
+        max_concurrent_execs=settings.max_concurrent_execs, exec_mode=exec_mode,
+    )
+    manager.clean_stale()
+    details = {"isolation": isolation.layer, "exec_mode": exec_mode,
+               "network_isolated": isolation.network_isolated, "cgroups": cgroups.available,
+               "seccomp": isolation.seccomp_path is not None, "private_mount_namespace": private_mounts,
+               "uid_block": [uids.first, uids.probe_uid], "probes": probes}
+    metrics.ISOLATION.info({"layer": isolation.layer, "cgroups": str(cgroups.available).lower(),
+                            "network_isolated": str(isolation.network_isolated).lower()})
+    metrics.init_series(isolation.layer)
+    level = logging.INFO if isolation.layer == "bubblewrap" else logging.WARNING
+    degraded = "" if isolation.layer == "bubblewrap" else " (DEGRADED: see README, Security)"
+    log.log(level, f"sandbox isolation layer: {isolation.layer.upper()}{degraded}", extra=details)
+    config = {**settings.public_dict(), "port": settings.listen_port,
+              "isolation_active": isolation.layer}
+    log.info("sandbox configured",
+             extra={"host": settings.host, "port": settings.listen_port, "config": config})
+    return create_sandbox_app(manager, config, details, settings.ttl_sweep_interval_s)
+
+
+def create_sandbox_app(manager: SessionManager, config: dict, ready_details: dict,
+                       ttl_sweep_interval_s: float):
+    """The HTTP API (module doc) around `manager`: `config` is served at GET /v1/config,
+    `ready_details` (plus the live session count) at /readyz; expired sessions are looked for every
+    `ttl_sweep_interval_s` seconds and every session is deleted at shutdown."""
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         expiry = asyncio.create_task(manager.expire_loop(ttl_sweep_interval_s))

@@ -11,8 +11,10 @@ import errno
 import logging
 import os
 import signal
-import time
 from pathlib import Path
+
+from tenacity import (Retrying, retry, retry_if_exception, retry_if_result, stop_after_attempt,
+                      stop_after_delay, wait_fixed)
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +25,18 @@ GROUP_DIR = "shellrl-sandbox"
 def _write(path: Path, value: str) -> None:
     with open(path, "w") as f:
         f.write(value)
+
+
+@retry(retry=retry_if_exception(lambda exc: isinstance(exc, OSError) and exc.errno == errno.EBUSY),
+       stop=stop_after_attempt(100), wait=wait_fixed(0.01),
+       retry_error_callback=lambda _state: None)
+def _rmdir(group_dir: Path) -> None:
+    """rmdir one cgroup; EBUSY (its last processes still exiting) is retried every 10 ms, 100 times
+    at most, then the directory is left. A missing directory is fine; other OSErrors raise."""
+    try:
+        group_dir.rmdir()
+    except FileNotFoundError:
+        pass
 
 
 class CgroupSupport:
@@ -95,11 +109,14 @@ class SessionCgroup:
         Freezing first makes the kill atomic against forks (cgroup v1 has no `cgroup.kill`).
         """
         freezer = self.dirs["freezer"] / "freezer.state"
-        sent, end = 0, time.monotonic() + deadline_s
-        while time.monotonic() < end:
+        sent = 0
+
+        def kill_round() -> bool:
+            """One freeze-kill-thaw pass; True when the group was already empty."""
+            nonlocal sent
             pids = self.pids()
             if not pids:
-                return sent
+                return True
             try:
                 _write(freezer, "FROZEN")
             except OSError:
@@ -114,20 +131,17 @@ class SessionCgroup:
                 _write(freezer, "THAWED")
             except OSError:
                 pass
-            time.sleep(0.002)
-        log.error("processes survived the cgroup kill", extra={"pids": self.pids()})
+            return False
+
+        # a pass repeats every 2 ms until one finds the group empty, for `deadline_s` at most
+        empty = Retrying(retry=retry_if_result(lambda was_empty: not was_empty),
+                         stop=stop_after_delay(deadline_s), wait=wait_fixed(0.002),
+                         retry_error_callback=lambda _state: False)(kill_round)
+        if not empty:
+            log.error("processes survived the cgroup kill", extra={"pids": self.pids()})
         return sent
 
     def remove(self) -> None:
         self.kill_all()
         for d in self.dirs.values():
-            for _ in range(100):
-                try:
-                    d.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as exc:
-                    if exc.errno != errno.EBUSY:
-                        raise
-                    time.sleep(0.01)
+            _rmdir(d)

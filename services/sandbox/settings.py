@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import AliasChoices, Field
 
 from shellrl.service.settings import ServiceSettings
 
-DEFAULT_PORT = 8101
 IsolationChoice = Literal["auto", "bubblewrap", "unshare", "fallback"]
 
 
 class SandboxSettings(ServiceSettings):
     """Configuration of `services.sandbox`; read once in `__main__`."""
+
+    default_port: ClassVar[int] = 8101
 
     workspace_root: Path = Field(
         Path(tempfile.gettempdir()) / "shellrl-sandbox",

@@ -1,0 +1,151 @@
+"""How a session's commands run and how its processes die.
+
+exec_mode=session: one long-lived sandbox per session with the runner (runner.py) inside, a fresh
+bash per command over its pipes (runner_link.py); exec_mode=per_command: a fresh sandbox per
+command (executor.py). Kills go through the session's cgroup where there is one, else through its
+uid. Commands of all sessions together run at most `max_concurrent_execs` at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+from services.sandbox import metrics, seccomp
+from services.sandbox.executor import RawExec, kill_process_group, run_launch
+from services.sandbox.isolation import Isolation, LaunchSpec
+from services.sandbox.runner_link import RunnerFailed, RunnerLink
+from services.sandbox.session import Session
+from services.sandbox.uids import kill_uid
+
+log = logging.getLogger(__name__)
+EXEC_MODES = ("session", "per_command")
+RUNNER_SOURCE = Path(__file__).with_name("runner.py")
+
+
+class SessionProcesses:
+    """Starts, runs and kills the processes of sessions in one isolation layer and exec mode."""
+
+    def __init__(self, isolation: Isolation, exec_mode: str, max_concurrent_execs: int) -> None:
+        self.isolation, self.exec_mode = isolation, exec_mode
+        self.exec_slots = asyncio.Semaphore(max_concurrent_execs)
+        self.is_root = os.geteuid() == 0
+        self.runner_file: Path | None = None
+
+    def install_runtime(self, runtime: Path) -> None:
+        """Create `runtime` (0755) with a copy of the runner and, for bubblewrap, the seccomp
+        filter (`isolation.seccomp_path` set to it)."""
+        runtime.mkdir(mode=0o755)
+        self.runner_file = runtime / "runner.py"
+        shutil.copyfile(RUNNER_SOURCE, self.runner_file)
+        os.chmod(self.runner_file, 0o644)
+        program = seccomp.denylist_program()
+        if self.isolation.layer == "bubblewrap" and program is not None:
+            (runtime / "seccomp.bpf").write_bytes(program)
+            self.isolation.seccomp_path = runtime / "seccomp.bpf"
+        elif self.isolation.layer == "bubblewrap":
+            log.warning("no seccomp filter for this architecture; bubblewrap runs without one")
+
+    def _spec(self, session: Session) -> LaunchSpec:
+        cgroup_procs = tuple(session.cgroup.procs_files) if session.cgroup else ()
+        return LaunchSpec(session.workspace.paths, session.uid, session.env, session.limits,
+                          session.policy.network, cgroup_procs, self.runner_file)
+
+    # ---- commands --------------------------------------------------------------------------
+    async def run(self, session: Session, command: str, timeout_s: float, fresh_state: bool = False
+                  ) -> RawExec:
+        """Run `command` in the session (its runner, or a fresh sandbox in per_command mode). A
+        failed runner is restarted (every process of the session killed, workspace kept) and the
+        command reported as exit 124 (hung) or 137."""
+        if self.exec_mode == "per_command":
+            return await self.run_per_command(session, command, timeout_s, fresh_state)
+        data = command.encode("utf-8", errors="surrogateescape")
+        start = time.perf_counter()
+        async with self.exec_slots:
+            if session.runner is None or not session.runner.alive:
+                await self.restart_runner(session)
+            try:
+                return await session.runner.exec(data, timeout_s, session.limits.max_output_bytes,
+                                                 fresh_state)
+            except RunnerFailed as exc:
+                log.warning("session runner failed; restarting it",
+                            extra={"session_id": session.session_id, "error": str(exc)})
+                await self.restart_runner(session)
+                note = (f"sandbox: {exc}; every process of the session was killed and the session "
+                        "restarted (workspace kept)\n")
+                return RawExec("", note, 124 if exc.hung else 137, exc.hung, 0, 0,
+                               (time.perf_counter() - start) * 1e3)
+
+    async def run_per_command(self, session: Session, command: str, timeout_s: float,
+                              fresh_state: bool = False) -> RawExec:
+        """Run `command` in a fresh sandbox of the session (setup scripts always run this way)."""
+        data = command.encode("utf-8", errors="surrogateescape")
+        session.workspace.paths.command_file.write_bytes(data)
+        launch = self.isolation.command(self._spec(session), fresh_state)
+        async with self.exec_slots:
+            return await run_launch(launch, timeout_s, session.limits.max_output_bytes,
+                                    lambda pid: self._kill_tree(session, pid))
+
+    # ---- the session runner ----------------------------------------------------------------
+    async def start_runner(self, session: Session) -> None:
+        """Start the session's runner (exec_mode=session only); RunnerFailed if it fails to."""
+        if self.exec_mode != "session":
+            return
+        launch, prelude, fresh_prelude = self.isolation.runner(self._spec(session))
+        runner = RunnerLink(launch)
+        await runner.start(prelude, fresh_prelude)
+        session.runner = runner
+
+    async def stop_runner(self, session: Session) -> None:
+        if session.runner is not None:
+            runner, session.runner = session.runner, None
+            await runner.stop()
+        self.kill_all(session, "runner_stop")
+
+    async def restart_runner(self, session: Session) -> None:
+        await self.stop_runner(session)
+        session.runner_restarts += 1
+        await self.start_runner(session)
+
+    async def ensure_runner(self, session: Session) -> None:
+        """Restart the runner if the session should have one and it is gone (after kill/reset)."""
+        if self.exec_mode == "session" and (session.runner is None or not session.runner.alive):
+            await self.restart_runner(session)
+
+    # ---- kills -----------------------------------------------------------------------------
+    def _kill_tree(self, session: Session, pid: int) -> None:
+        kill_process_group(pid)
+        self.kill_all(session, "tree")
+
+    def kill_all(self, session: Session, reason: str) -> None:
+        """Every process of the session: the cgroup where there is one, else the session uid."""
+        if session.cgroup is not None:
+            sent = session.cgroup.kill_all()
+            if sent:
+                metrics.KILLS.labels(reason).inc(sent)
+        elif self.is_root:
+            kill_uid(session.uid)
+
+    async def kill_processes(self, session: Session, reason: str) -> None:
+        """Every process of the session but its runner dies (the runner too if it fails to
+        confirm)."""
+        if session.runner is not None and session.runner.alive:
+            try:
+                await session.runner.kill_all()  # keeps the runner: no sandbox restart
+            except RunnerFailed:
+                await self.stop_runner(session)
+        if session.cgroup is not None:
+            self.kill_all(session, reason)  # the runner is not in the cgroup
+        elif session.runner is None:
+            self.kill_all(session, reason)
+
+    def release(self, session: Session) -> None:
+        """Blocking, at deletion: every process of the session killed and its cgroup removed."""
+        if session.cgroup is not None:
+            session.cgroup.remove()
+        elif self.is_root:
+            kill_uid(session.uid)
