@@ -98,6 +98,7 @@ async def bench_weight_update(url: str, repeats: int) -> Table:
     import torch
 
     from shellrl.weights import bucket as wt
+    from shellrl.weights import disk as wtd
     from shellrl.models import load_model
 
     named = [(n, p.detach().clone()) for n, p in load_model("smollm2").named_parameters()]
@@ -146,7 +147,7 @@ async def bench_weight_update(url: str, repeats: int) -> Table:
 
         async def push_disk(version: str, durable: bool = False) -> None:
             directory = Path(scratch) / version
-            path = wt.save_safetensors_dir(named, directory)
+            path = wtd.save_safetensors_dir(named, directory)
             if durable:  # the same, made durable first (shared storage across hosts)
                 descriptor = os.open(path, os.O_RDONLY)
                 os.fsync(descriptor)

@@ -143,7 +143,7 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
     """`args.updates` timed updates (after warm-ups) of one path; returns timings and checks."""
     import torch
 
-    from shellrl.weights import bucket as wt
+    from shellrl.weights import disk as wtd
     from shellrl.weights import gpu as wtg
     learner = torch.device(args.learner_device)
     named = [(n, p.detach()) for n, p in model.named_parameters()]
@@ -172,7 +172,7 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
                     raise RuntimeError(f"WeightSync.push failed: {result.failed}")
                 t1 = t2 = time.perf_counter()
             elif path == "d":
-                directory = wt.save_safetensors_dir(named, work / "disk" / f"v{version}").parent
+                directory = wtd.save_safetensors_dir(named, work / "disk" / f"v{version}").parent
                 t1 = time.perf_counter()
                 await client.update_weights_from_disk(str(directory), weight_version=str(version), urls=[url])
                 t2 = time.perf_counter()

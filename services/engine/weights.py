@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from shellrl.weights import bucket as wt
+from shellrl.weights import disk as wtd
 from shellrl.weights import gpu as wtg
 class WeightUpdateError(ValueError):
     """A payload that cannot be applied; the message names the tensor or field."""
@@ -211,7 +212,7 @@ class WeightStore:
     def stage_disk(self, model_path: str) -> StagedWeights:
         """Stage every tensor of the safetensors files in `model_path`."""
         try:
-            named = wt.load_safetensors_dir(model_path)
+            named = wtd.load_safetensors_dir(model_path)
         except (FileNotFoundError, OSError) as exc:
             raise WeightUpdateError(str(exc)) from exc
         buffers = {name for name, _ in self.model.named_buffers()}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from services.learner.allocator import reexec_with_jemalloc
@@ -13,17 +12,9 @@ def main(argv: list[str] | None = None) -> None:
     reexec_with_jemalloc("services.learner", argv)  # before torch allocates anything (allocator.py)
     from services.learner.app import build_app
     from services.learner.settings import LearnerSettings
-    from shellrl.service.app import serve
-    from shellrl.service.logging import setup_logging
+    from shellrl.service.main import run_service
 
-    parser = argparse.ArgumentParser(prog="python -m services.learner", description=__doc__)
-    parser.add_argument("--host", help="interface to bind (default: SHELLRL_HOST or 127.0.0.1)")
-    parser.add_argument("--port", type=int, help="port (default: SHELLRL_PORT or 8103)")
-    args = parser.parse_args(argv)
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    settings = LearnerSettings.from_env_or_exit(**overrides)
-    setup_logging("learner", settings.log_level)
-    serve(build_app(settings), settings.host, settings.listen_port, settings.log_level, settings.shutdown_grace_s)
+    run_service("learner", LearnerSettings, build_app, argv, description=__doc__)
 
 
 if __name__ == "__main__":

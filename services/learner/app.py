@@ -28,7 +28,8 @@ from services.learner.checkpoint import CheckpointStore
 from services.learner.group_assembler import DROP_REASONS, GroupAssembler
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import Trainer, TrainerConfig
-from services.learner.weight_sync import WeightSync, choose_transport
+from services.learner.weight_sync import WeightSync
+from services.learner.weight_transport import choose_transport
 from services.learner.worker import LearnerWorker, WorkerConfig
 from shellrl import streams
 from shellrl.service.aio import cancel_and_wait
@@ -101,7 +102,7 @@ def build_app(settings: LearnerSettings) -> FastAPI:
             yield
         finally:
             stop.set()
-            await asyncio.wait([task], timeout=settings.shutdown_grace_s + 30)
+            await worker.drain(settings.shutdown_grace_s)
             await cancel_and_wait(task, stats, timeout_s=10.0)
             worker.sync.close()
             await client.close()

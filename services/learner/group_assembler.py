@@ -32,11 +32,11 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from shellrl.contract import (
-    Failure,
     FinishReason,
     SegmentKind,
     Trajectory,
     TrajectoryArrays,
+    is_infra,
     min_policy_version,
     trajectory_arrays,
 )
@@ -44,7 +44,6 @@ from shellrl.rl.advantages import group_advantages
 from shellrl.rl.batch import TrainSample
 from shellrl.rl.staleness import staleness
 
-INFRA_FAILURES = frozenset(v for name, v in Failure.items() if name.startswith("FAILURE_INFRA_"))
 _NOT_SAMPLES = frozenset({"infra_failure", "eval"})
 DROP_REASONS = ("stale", "infra_failure", "unscored", "nan_reward", "eval", "empty_response", "duplicate",
                 "invalid", "late_member", "group_too_small")
@@ -215,7 +214,7 @@ class GroupAssembler:
 def _validate(traj: Trajectory) -> tuple[str | None, TrajectoryArrays | None, int | None]:
     if traj.eval:
         return "eval", None, None
-    if traj.failure in INFRA_FAILURES:
+    if is_infra(traj.failure):
         return "infra_failure", None, None
     if not traj.scored:
         return "unscored", None, None

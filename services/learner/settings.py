@@ -7,16 +7,16 @@ Defaults suit SmolLM2-135M in float32 on a 2-core CPU with one local engine
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from shellrl.service.settings import EngineFleetSettings
 
-DEFAULT_PORT = 8103
-
 
 class LearnerSettings(EngineFleetSettings):
+    default_port: ClassVar[int] = 8103
+
     # model and engines
     model_path: str = Field("smollm2", description="'smollm2', 'tiny' or a HF directory (the initial policy).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu.")
@@ -92,7 +92,3 @@ class LearnerSettings(EngineFleetSettings):
         86_400_000, ge=1000, description="The learner holds entries until a checkpoint covers them, so only "
                                          "entries idle for a day are re-claimed (one learner consumer).")
     max_deliveries: int = Field(5, ge=1)
-
-    @property
-    def listen_port(self) -> int:
-        return self.port or DEFAULT_PORT

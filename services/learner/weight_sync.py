@@ -6,13 +6,9 @@
     ─▶ read back weight_version ("verify") ─▶ all engines in rotation confirmed: SET
     shellrl:policy:version, PUBLISH shellrl:policy:updates
 
-Transports (DESIGN.md section 6, shellrl.weights.bucket): shared memory when the model is on
-CPU and the engine on this host; CUDA IPC of a bucket on the GPU when the model is on a GPU of
-this host; safetensors on disk (`update_weights_from_disk`) otherwise. The shared-memory segments
-and CUDA IPC buckets are kept and refilled push after push (no page faults, a stable IPC handle;
-with share_parameters the shm segment holds the parameters themselves, so a refill copies nothing);
-after a push that an engine abandoned at the deadline they are dropped and made anew, because that
-engine may still read them. Phases are timed into `shellrl_weight_sync_seconds{phase}`.
+Transports (shared memory, CUDA IPC, safetensors on disk) and the buffers kept across pushes are
+in weight_transport.py (`WeightStaging`); this module talks to the engines, keeps their rotation
+and publishes the version. Phases are timed into `shellrl_weight_sync_seconds{phase}`.
 
 Guarantees:
 * Never hangs: each engine's whole update runs under `deadline_s`; at the deadline the call is
@@ -32,29 +28,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import os
-import re
-import shutil
-import socket
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from urllib.parse import urlparse
 
 import redis.asyncio as aioredis
 import torch
+from tenacity import AsyncRetrying, retry_if_result, wait_fixed
 
 from services.learner import metrics
-from shellrl.weights import bucket as wt
-from shellrl.weights import gpu as wtg
+from services.learner.weight_transport import BUCKET_BYTES, WeightStaging
 from shellrl.clients.engine import EngineClient, EngineError, EngineUnavailable
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY
 from shellrl.streams.keys import ENGINES_KEY
 
 log = logging.getLogger(__name__)
 
-BUCKET_BYTES = 1 << 30  # shm: segments of at most this size. cuda_ipc: one bucket (the kept buckets hold
-# the whole model however it is split, so a split only adds update calls: 15 for a 7B model in bf16)
+VERIFY_POLL_S = 0.01  # how often an engine's weight_version is read until it reports the new one
 
 
 @dataclass
@@ -88,41 +78,18 @@ class SyncResult:
     phases: dict[str, float]
 
 
-def choose_transport(setting: str, device: torch.device, urls: list[str]) -> str:
-    """'auto' -> cuda_ipc (model on GPU, engines on this host), shm (CPU, engines on this host) or disk."""
-    if setting != "auto":
-        return setting
-    local = all(_is_local(u) for u in urls)
-    if not local:
-        return "disk"
-    return "cuda_ipc" if device.type == "cuda" else "shm"
-
-
-def _is_local(url: str) -> bool:
-    host = urlparse(url).hostname or ""
-    return host in ("127.0.0.1", "localhost", "::1", socket.gethostname())
-
-
 class WeightSync:
     """Pushes weights to `client.urls`. redis: where the version is published (None: never)."""
 
     def __init__(self, client: EngineClient, redis: aioredis.Redis | None, *, transport: str, deadline_s: float,
                  sync_dir: str | Path, retry_interval_s: float = 5.0, bucket_bytes: int = BUCKET_BYTES,
                  engine_device: str | None = None, share_parameters: bool = False) -> None:
-        """engine_device: the engines' CUDA device for cuda_ipc (None: the model's device).
-        share_parameters: shm only; the model's parameters are moved into the kept segments
-        (`SharedMemoryBucket.adopt`), so a push writes nothing on the learner side: the optimizer
-        already wrote the weights there. After a push an engine abandoned, they move back out
-        (close) and into fresh segments at the next push."""
-        if transport not in ("shm", "cuda_ipc", "disk"):
-            raise ValueError(f"transport must be shm, cuda_ipc or disk (resolve 'auto' first); got {transport!r}")
+        """transport, sync_dir, bucket_bytes, engine_device, share_parameters: see `WeightStaging`
+        (ValueError for a transport other than shm, cuda_ipc or disk)."""
+        self.staging = WeightStaging(transport, sync_dir, bucket_bytes=bucket_bytes,
+                                     engine_device=engine_device, share_parameters=share_parameters)
         self.client, self.redis, self.transport = client, redis, transport
-        self.engine_device, self.share_parameters = engine_device, share_parameters
-        self._kept: list = []  # SharedMemoryBucket or CudaIpcBucket per bucket, refilled by every push
-        if transport == "shm":
-            remove_orphan_segments()
-        self.deadline_s, self.retry_interval_s, self.bucket_bytes = deadline_s, retry_interval_s, bucket_bytes
-        self.sync_dir = Path(sync_dir)
+        self.deadline_s, self.retry_interval_s = deadline_s, retry_interval_s
         self.engines = {u: EngineState(u) for u in client.urls}
         self.published_version: int | None = None
         self.last_result: SyncResult | None = None
@@ -131,9 +98,7 @@ class WeightSync:
 
     def close(self) -> None:
         """Release the kept buckets (unlink the shared-memory segments)."""
-        for bucket in self._kept:
-            bucket.close()
-        self._kept = []
+        self.staging.close()
 
     def status(self) -> dict:
         return {"transport": self.transport, "deadline_s": self.deadline_s,
@@ -195,10 +160,12 @@ class WeightSync:
                 u: asyncio.ensure_future(self.client.begin_weight_update(urls=[u])) for u in targets}
             t0 = time.perf_counter()
             try:
-                if self.transport == "cuda_ipc":  # fill(sync=False) only enqueues the copies: ~1 ms of host
-                    prepared = self._prepare(model, version)  # time, less than a thread hop and its GIL waits
+                # cuda_ipc: fill(sync=False) only enqueues the copies: ~1 ms of host time, less than
+                # a thread hop and its GIL waits
+                if self.transport == "cuda_ipc":
+                    prepared = self.staging.prepare(model, version)
                 else:
-                    prepared = await asyncio.to_thread(self._prepare, model, version)
+                    prepared = await asyncio.to_thread(self.staging.prepare, model, version)
             except BaseException:
                 await self._abandon_sessions(opening)
                 raise
@@ -238,41 +205,6 @@ class WeightSync:
         await self._write_engine_states()
         partial = bool(failed) or any(not e.in_rotation for e in self.engines.values())
         return SyncResult(version, tuple(confirmed), failed, False, partial, phases)
-
-    def _prepare(self, model: torch.nn.Module, version: int) -> dict:
-        """Write the weights once for every engine (blocking: disk and shm run it in a thread; cuda_ipc
-        only enqueues GPU copies and runs it on the event loop)."""
-        named = [(n, p.detach()) for n, p in model.named_parameters()]
-        if self.transport == "disk":
-            directory = self.sync_dir / f"v{version:08d}"
-            wt.save_safetensors_dir(named, directory)
-            for old in sorted(self.sync_dir.glob("v*"))[:-2]:
-                shutil.rmtree(old, ignore_errors=True)
-            return {"model_path": str(directory.resolve())}
-        buckets = _buckets(named, self.bucket_bytes) if self.transport == "shm" else [named]
-        if len(self._kept) != len(buckets):
-            self.close()
-        if self.transport == "shm":
-            payloads = []
-            for i, bucket in enumerate(buckets):
-                try:
-                    kept = self._kept[i].refill(bucket) if i < len(self._kept) else None
-                except ValueError:  # the tensors grew: a new segment
-                    self._kept[i].close()
-                    kept = None
-                if kept is None:
-                    kept = wt.SharedMemoryBucket(bucket)
-                    if self.share_parameters:
-                        params = dict(model.named_parameters())
-                        kept.adopt([params[name] for name, _ in bucket])
-                    self._kept[i:i + 1] = [kept]
-                payloads.append(kept.payload())
-            return {"payloads": payloads}
-        device = self.engine_device or named[0][1].device
-        if not self._kept:
-            self._kept = [wtg.CudaIpcBucket(device) for _ in buckets]
-        # sync=False: the copies are enqueued, not awaited; the engine waits on the bucket's ready event
-        return {"payloads": [kept.fill(bucket, sync=False) for kept, bucket in zip(self._kept, buckets)]}
 
     async def _abandon_sessions(self, opening: dict[str, asyncio.Future]) -> None:
         """Close the sessions opened for a push whose weights were never sent (bounded, errors ignored:
@@ -321,13 +253,16 @@ class WeightSync:
             await self.client.end_weight_update(urls=urls)
             phases["load"] = time.perf_counter() - t1
         t2 = time.perf_counter()
-        while True:  # the engine confirms by reporting the new version
-            got = (await self.client.get_weight_version(urls=urls))[url]
-            if got == weight_version:
-                break
-            await asyncio.sleep(0.01)
+        # the engine confirms by reporting the new version (read again every VERIFY_POLL_S; the
+        # deadline in _update_within_deadline bounds it, errors end it)
+        confirmed = AsyncRetrying(retry=retry_if_result(lambda got: got != weight_version),
+                                  wait=wait_fixed(VERIFY_POLL_S))
+        await confirmed(self._weight_version, url)
         phases["verify"] = time.perf_counter() - t2
         return phases
+
+    async def _weight_version(self, url: str) -> str | None:
+        return (await self.client.get_weight_version(urls=[url]))[url]
 
     # ----- publication -----------------------------------------------------------------------------
 
@@ -365,21 +300,6 @@ class WeightSync:
             log.exception("could not write shellrl:engines")
 
 
-def _buckets(named: list[tuple[str, torch.Tensor]], bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
-    """Split named tensors, in order, into buckets of at most bucket_bytes (a larger tensor alone)."""
-    out, current, size = [], [], 0
-    for name, tensor in named:
-        nbytes = tensor.numel() * tensor.element_size()
-        if current and size + nbytes > bucket_bytes:
-            out.append(current)
-            current, size = [], 0
-        current.append((name, tensor))
-        size += nbytes + wt.ALIGN_BYTES
-    if current:
-        out.append(current)
-    return out
-
-
 async def _bounded(coro, timeout_s: float):
     """Await `coro` for at most timeout_s; None on timeout or error (probes and clean-ups only)."""
     task = asyncio.ensure_future(coro)
@@ -392,30 +312,3 @@ async def _bounded(coro, timeout_s: float):
         return task.result()
     except Exception:  # noqa: BLE001 (a probe or clean-up: any failure means "no answer")
         return None
-
-
-def remove_orphan_segments(prefix: str = "shellrl_w", directory: Path = Path("/dev/shm")) -> int:
-    """Unlink shared-memory segments `<prefix>_<pid>_<token>` whose creating process is gone (a
-    learner killed with SIGKILL leaves its kept segment behind). Returns how many were removed."""
-    removed = 0
-    pattern = re.compile(rf"^{re.escape(prefix)}_(\d+)_[0-9a-f]+$")
-    for path in directory.glob(f"{prefix}_*") if directory.is_dir() else ():
-        match = pattern.match(path.name)
-        if not match or _alive(int(match.group(1))):
-            continue
-        try:
-            path.unlink()
-            removed += 1
-        except OSError:
-            pass
-    return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

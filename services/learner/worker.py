@@ -37,6 +37,7 @@ from shellrl.streams import StreamConsumer, StreamEntry
 log = logging.getLogger(__name__)
 
 CONSUMED_IDS_KEPT = 200_000
+FINAL_CHECKPOINT_S = 30.0  # drain: time for the last checkpoint on top of the grace period
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,16 @@ class LearnerWorker:
         self.running.set()
         self.paused_idle = asyncio.Event()  # set while paused with no step or push in progress
         self._checkpoint_requests: list[asyncio.Future] = []
+        self._run_task: asyncio.Task | None = None  # the task running `run` (awaited by `drain`)
 
     @property
     def version(self) -> int:
         return self.trainer.step_count
 
     async def run(self, stop: asyncio.Event) -> None:
-        """The loop (see the module docstring) until `stop`; then a last checkpoint."""
+        """The loop (see the module docstring) until `stop`; then a last checkpoint, which
+        acknowledges every entry resolved since the one before (see `drain`)."""
+        self._run_task = asyncio.current_task()
         await self.consumer.ensure_group()
         await self.resume()
         while not stop.is_set():
@@ -83,7 +87,7 @@ class LearnerWorker:
                 await _wait_any(self.running, stop, timeout_s=1.0)
                 continue
             self.paused_idle.clear()
-            await self.intake(await self.read())
+            await self.intake(await self.consumer.take(stop, self.config.read_count))
             self.ready += self.assembler.pop_ready(self.version)
             await self.sync.reconcile(self.trainer.model, self.version)
             if sum(g.counts for g in self.ready) < self.config.groups_per_step:
@@ -95,6 +99,21 @@ class LearnerWorker:
                 await self.checkpoint()
         if self.version > self.checkpointed_step:
             await self.checkpoint()
+
+    async def drain(self, grace_s: float) -> bool:
+        """Wait (after `stop` was set) until `run` has finished the step in progress, its weight
+        push and the last checkpoint: at most `grace_s` + FINAL_CHECKPOINT_S seconds. Returns
+        False when it has not; the caller then cancels `run`, and the entries the unfinished
+        steps resolved stay pending (re-read and trained again after a restart, never lost)."""
+        task = self._run_task
+        if task is None or task.done():
+            return True
+        done, _ = await asyncio.wait({task}, timeout=grace_s + FINAL_CHECKPOINT_S)
+        if not done:
+            log.warning("learner loop busy past the grace period; step in progress abandoned",
+                        extra={"grace_s": grace_s, "policy_version": self.version,
+                               "checkpointed_step": self.checkpointed_step})
+        return bool(done)
 
     # ----- stages ------------------------------------------------------------------------------------
 
@@ -113,14 +132,6 @@ class LearnerWorker:
         metrics.LEARNER_STEP.set(self.version)
         self.completed_step = self.version
         await self.sync.push(self.trainer.model, self.version)
-
-    async def read(self) -> list[StreamEntry]:
-        try:
-            return await self.consumer.read(count=self.config.read_count)
-        except Exception:  # Redis away: keep trying, never crash the loop
-            log.exception("reading shellrl:trajectories failed; retrying in 1 s")
-            await asyncio.sleep(1.0)
-            return []
 
     async def intake(self, entries: list[StreamEntry]) -> None:
         """Parse entries; skip consumed trajectory ids; hand the rest to the assembler."""

@@ -13,7 +13,7 @@ Transports of the buffer (the `serialized_named_tensors` entries of `/update_wei
 * CUDA IPC (GPU, same host): the buffer lives on the engine's GPU; the JSON carries the CUDA IPC
   memory handle (from torch.multiprocessing's reductions) and the GPU's UUID, so it opens under any
   `CUDA_VISIBLE_DEVICES` numbering (`shellrl.weights.gpu`).
-* disk: a safetensors directory (`save_safetensors_dir` / `load_safetensors_dir`).
+* disk: a safetensors directory (`shellrl.weights.disk`).
 The GPU transports (CUDA IPC, `CudaIpcBucket`, and the page-locked `PinnedHostBucket` for GPUs without
 peer access) are in `shellrl.weights.gpu`; benchmarks/bench_gpu_weight_sync.py measures them.
 SGLang pickles these payloads (`MultiprocessingSerializer`); shellrl's engine never unpickles an
@@ -327,35 +327,3 @@ def open_shared_memory_buffer(payload: dict) -> Iterator[tuple[torch.Tensor, lis
         yield mapping.buffer, metadata
     finally:
         mapping.close()
-
-
-# ----- disk (safetensors) -------------------------------------------------------------------------------
-
-
-def save_safetensors_dir(named_tensors: Iterable[tuple[str, torch.Tensor]], directory: str | Path,
-                         filename: str = "model.safetensors") -> Path:
-    """Write the tensors as one safetensors file in `directory` (created); returns the file path.
-    Written to a temporary name and renamed, so a reader never sees half a file."""
-    from safetensors.torch import save_file
-
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    target = directory / filename
-    tmp = directory / f".{filename}.tmp-{os.getpid()}"
-    save_file({n: t.detach().contiguous().cpu() for n, t in named_tensors}, str(tmp), metadata={"format": "pt"})
-    os.replace(tmp, target)
-    return target
-
-
-def load_safetensors_dir(directory: str | Path) -> list[tuple[str, torch.Tensor]]:
-    """Every tensor of every `*.safetensors` file in `directory`, on CPU.
-    Raises FileNotFoundError when there is none."""
-    from safetensors.torch import load_file
-
-    files = sorted(Path(directory).glob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors files in {directory}")
-    out: list = []
-    for path in files:
-        out.extend(load_file(str(path)).items())
-    return out

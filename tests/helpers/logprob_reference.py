@@ -14,7 +14,7 @@ import sys
 
 import torch
 
-from shellrl.weights import bucket as wt
+from shellrl.weights import disk as wtd
 from shellrl.models import load_model
 
 
@@ -36,7 +36,7 @@ def compute(spec: dict) -> list[list[float]]:
             for name, tensor in original.items():
                 params[name].copy_(tensor)
             if case.get("weights_dir"):
-                for name, tensor in wt.load_safetensors_dir(case["weights_dir"]):
+                for name, tensor in wtd.load_safetensors_dir(case["weights_dir"]):
                     params[name].copy_(tensor)
         prompt, output = case["prompt"], case["output"]
         ids = torch.tensor([prompt + output])

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from shellrl.weights import bucket as wt
+from shellrl.weights import disk as wtd
 from shellrl.clients.engine import EngineClient, EngineError, VersionSpan
 from shellrl.models import load_model
 from tests.helpers.engine import perturbed, reference_logprobs, running_engine
@@ -57,8 +58,8 @@ async def wait_for_tokens(engine_url: str, minimum_running: int = 1) -> None:
 async def test_retract_pause_and_update_mid_generation_labels_tokens_and_matches_both_weight_sets(
         engine, client, base_weights, tmp_path):
     weights_a, weights_b = perturbed(base_weights, 1), perturbed(base_weights, 2)
-    wt.save_safetensors_dir(weights_a, tmp_path / "a")
-    wt.save_safetensors_dir(weights_b, tmp_path / "b")
+    wtd.save_safetensors_dir(weights_a, tmp_path / "a")
+    wtd.save_safetensors_dir(weights_b, tmp_path / "b")
     await push(client, weights_a, "a")
     task = asyncio.create_task(client.generate(PROMPT, LONG, rid="retracted"))
     await wait_for_tokens(engine.url)
@@ -129,7 +130,7 @@ async def test_in_place_pause_keeps_the_request_and_labels_later_tokens_with_the
 
 async def test_disk_update_serves_logprobs_of_the_checkpoint(engine, client, base_weights, tmp_path):
     weights = perturbed(base_weights, 9)
-    wt.save_safetensors_dir(weights, tmp_path / "ckpt")
+    wtd.save_safetensors_dir(weights, tmp_path / "ckpt")
     await client.update_weights_from_disk(str(tmp_path / "ckpt"), "disk-1")
     result = await client.generate(PROMPT, {"max_new_tokens": 12, "temperature": 0.7, "ignore_eos": True})
     assert result.weight_version == "disk-1"

@@ -4,7 +4,11 @@ import sys
 
 import torch
 
-from services.learner.weight_sync import _buckets, choose_transport, remove_orphan_segments
+from services.learner.weight_transport import (
+    choose_transport,
+    remove_orphan_segments,
+    split_buckets,
+)
 
 
 def test_orphan_segments_of_dead_learners_are_removed_and_live_ones_kept(tmp_path):
@@ -28,9 +32,9 @@ def test_transport_follows_the_topology():
 
 def test_buckets_keep_order_and_respect_the_size_bound():
     named = [(f"t{i}", torch.zeros(256)) for i in range(5)]  # 1 KiB each
-    buckets = _buckets(named, bucket_bytes=2200)
+    buckets = split_buckets(named, bucket_bytes=2200)
     assert [[n for n, _ in b] for b in buckets] == [["t0", "t1"], ["t2", "t3"], ["t4"]]
-    assert len(_buckets([("big", torch.zeros(10_000))], bucket_bytes=100)) == 1
+    assert len(split_buckets([("big", torch.zeros(10_000))], bucket_bytes=100)) == 1
 
 
 async def test_a_call_that_timed_out_is_reported_as_the_deadline_and_a_refused_one_as_an_error(tmp_path):

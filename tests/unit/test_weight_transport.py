@@ -12,6 +12,9 @@ import pytest
 import torch
 
 from shellrl.weights import bucket as wt
+from shellrl.weights import disk as wtd
+
+
 def _tensors():
     g = torch.Generator().manual_seed(0)
     return [("w.float", torch.randn(3, 5, generator=g)), ("w.int", torch.arange(7, dtype=torch.int64)),
@@ -75,11 +78,11 @@ def test_opening_a_missing_segment_raises_file_not_found():
 
 def test_safetensors_dir_round_trip(tmp_path):
     tensors = _tensors()
-    wt.save_safetensors_dir(tensors, tmp_path / "ckpt")
-    loaded = dict(wt.load_safetensors_dir(tmp_path / "ckpt"))
+    wtd.save_safetensors_dir(tensors, tmp_path / "ckpt")
+    loaded = dict(wtd.load_safetensors_dir(tmp_path / "ckpt"))
     assert all(torch.equal(loaded[name], tensor) for name, tensor in tensors)
     with pytest.raises(FileNotFoundError):
-        wt.load_safetensors_dir(tmp_path)
+        wtd.load_safetensors_dir(tmp_path)
 
 
 def test_shared_memory_bucket_refill_reuses_the_segment():
