@@ -44,13 +44,14 @@ from services.rollout.admission import Admission, PolicyVersionWatcher
 from services.rollout.agent_loop import AgentLoop, EpisodeLimits, EpisodeSpec
 from services.rollout.app import connect_redis
 from services.rollout.prompt import ChatFormat, load_chat_tokenizer
-from services.rollout.scheduler import TaskPool
+from services.rollout.task_pool import TaskPool
 from services.rollout.task_store import TaskStore
 from services.rollout.worker import Capacity, InfraGate, RolloutConfig, RolloutWorker
 from shellrl import streams
 from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import min_policy_version, parse_trajectory, task_from_json
-from shellrl.clients.engine import EngineClient, GenerateResult
+from shellrl.clients.engine import EngineClient
+from shellrl.clients.engine_responses import GenerateResult
 from shellrl.clients.sandbox import SandboxClient
 from tests.helpers.redis_server import RedisServer, free_port
 from shellrl.service.main import wait_until_ready
@@ -271,10 +272,11 @@ async def bench_tail(mode: str, max_staleness: int, strict: bool, *, scale: floa
     background = [asyncio.create_task(watcher.run()), asyncio.create_task(pool.feed()),
                   asyncio.create_task(_learner(redis, engine, group_size, groups, result, stop))]
     start = time.monotonic()
-    main = asyncio.create_task(worker.run())
+    stop_admitting = asyncio.Event()
+    main = asyncio.create_task(worker.run(stop_admitting))
     await asyncio.sleep(window_s)
     end = time.monotonic()
-    worker.stop_admitting()
+    stop_admitting.set()
     await cancel_and_wait(main)
     finished = sum(1 for s, e in engine.busy_s if e <= end)
     busy = sum(max(0.0, min(e, end) - max(s, start)) for s, e in engine.busy_s)

@@ -21,10 +21,13 @@ from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
 from services.engine import metrics
 from services.engine.protocol import parse_generate, render_response
+from services.engine.request_state import DuplicateRequestId
 from services.engine.runtime import EngineRuntime
-from services.engine.scheduler import PAUSE_MODES, DuplicateRequestId
+from services.engine.scheduler import PAUSE_MODES
+from services.engine.settings import EngineSettings
 from services.engine.weights import WeightUpdateError
 from shellrl.service.app import ApiError, create_app
+from shellrl.service.main import Served
 
 
 class _Body(BaseModel):
@@ -141,8 +144,17 @@ async def _wait_or_abort_on_disconnect(request: Request, scheduler, states: list
             return None
 
 
-def build_app(runtime: EngineRuntime) -> FastAPI:
-    """The engine's FastAPI app; starts and stops the scheduler with the app's lifespan."""
+def build_app(settings: EngineSettings) -> Served:
+    """Load the model (`EngineRuntime`, seconds to minutes) and serve it: on SIGTERM the engine
+    drains (`EngineRuntime.begin_drain`) within `serve_grace_s`. Raises what loading the model
+    raises."""
+    runtime = EngineRuntime(settings)
+    return Served(build_app_for(runtime), on_exit_signal=runtime.on_exit_signal,
+                  grace_s=runtime.serve_grace_s)
+
+
+def build_app_for(runtime: EngineRuntime) -> FastAPI:
+    """The engine's FastAPI app over `runtime`; the app's lifespan starts and stops the scheduler."""
     from contextlib import asynccontextmanager
 
     @asynccontextmanager

@@ -240,7 +240,7 @@ def _spec(rid: str, ids: list[int], raw: dict, field: str, limits: ModelLimits, 
 
 
 def render_response(state, tokenizer) -> dict:
-    """SGLang's response object for a finished request (`state`: scheduler.RequestState)."""
+    """SGLang's response object for a finished request (`state`: request_state.RequestState)."""
     spec: RequestSpec = state.spec
     finish = state.finish_reason
     ids = state.output_ids

@@ -1,7 +1,7 @@
 """The engine's state behind the HTTP routes: model, tokenizer, scheduler, weight-update session.
 
-Built once in `__main__` from `EngineSettings`. Routes (app.py) translate HTTP to these methods;
-everything that touches the model runs on the scheduler thread through `Scheduler.call`.
+Built once by `app.build_app` from `EngineSettings`. Routes (app.py) translate HTTP to these
+methods; everything that touches the model runs on the scheduler thread through `Scheduler.call`.
 
 Weight-update session (SGLang 0.5.23 `/begin_weight_update` ... `/end_weight_update`): tensor
 updates inside a session are validated and staged; `end` swaps all of them in at once between
@@ -261,7 +261,7 @@ class EngineRuntime:
     def server_info(self) -> dict:
         return {
             **self.settings.public_dict(),
-            "port": self.settings.resolved_port(),
+            "port": self.settings.listen_port,
             "tp_size": 1, "dp_size": 1,
             "context_length": self.limits.context_length,
             "max_total_num_tokens": self.settings.prefix_cache_max_bytes // max(1, self.scheduler.kv_shape.bytes_per_token()),

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from shellrl.service.settings import ServiceSettings
 
-DEFAULT_PORT = 30000  # SGLang's default
-
 
 class EngineSettings(ServiceSettings):
     """Read by services/engine only."""
+
+    default_port: ClassVar[int] = 30000  # SGLang's default
 
     model_path: str = Field("smollm2", description="'smollm2', 'tiny' or a local Hugging Face directory.")
     served_model_name: str | None = Field(None, description="Name reported by /model_info (default: model_path).")
@@ -31,6 +31,3 @@ class EngineSettings(ServiceSettings):
     fp32_lm_head: bool = Field(True, description="LM head in float32 (hidden and weight cast up), as the learner "
                                                  "computes it; bf16 logits cost ~0.03 nats of log-prob parity.")
     health_check_timeout_s: float = Field(20.0, gt=0, description="/health_generate gives 503 after this.")
-
-    def resolved_port(self) -> int:
-        return self.port or DEFAULT_PORT

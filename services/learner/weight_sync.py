@@ -38,7 +38,8 @@ from tenacity import AsyncRetrying, retry_if_result, wait_fixed
 
 from services.learner import metrics
 from services.learner.weight_transport import BUCKET_BYTES, WeightStaging
-from shellrl.clients.engine import EngineClient, EngineError, EngineUnavailable
+from shellrl.clients.engine import EngineClient
+from shellrl.clients.engine_responses import EngineError, EngineUnavailable
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY
 from shellrl.streams.keys import ENGINES_KEY
 

@@ -11,7 +11,8 @@ import pytest
 
 
 from shellrl.weights import gpu as wtg
-from shellrl.clients.engine import EngineClient, EngineError
+from shellrl.clients.engine import EngineClient
+from shellrl.clients.engine_responses import EngineError
 from tests.gpu.conftest import ENGINE_DEVICE, requires_cuda
 
 torch = pytest.importorskip("torch")

@@ -7,7 +7,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from shellrl.clients.engine import EngineClient, EngineUnavailable
+from shellrl.clients.engine import EngineClient
+from shellrl.clients.engine_responses import EngineUnavailable
 from tests.helpers.engine import running_engine
 
 

@@ -9,7 +9,8 @@ import random
 import httpx
 import pytest
 
-from shellrl.clients.engine import EngineClient, EngineError
+from shellrl.clients.engine import EngineClient
+from shellrl.clients.engine_responses import EngineError
 from tests.helpers.engine import engine_loads, reference_logprobs, running_engine
 from tests.helpers.waiting import wait_until_async
 

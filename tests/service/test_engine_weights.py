@@ -12,7 +12,8 @@ import torch
 
 from shellrl.weights import bucket as wt
 from shellrl.weights import disk as wtd
-from shellrl.clients.engine import EngineClient, EngineError, VersionSpan
+from shellrl.clients.engine import EngineClient
+from shellrl.clients.engine_responses import EngineError, VersionSpan
 from shellrl.models import load_model
 from tests.helpers.engine import perturbed, reference_logprobs, running_engine
 

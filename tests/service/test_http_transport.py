@@ -11,7 +11,8 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request, Response
 
-from shellrl.clients.engine import EngineClient, EngineUnavailable
+from shellrl.clients.engine import EngineClient
+from shellrl.clients.engine_responses import EngineUnavailable
 from shellrl.clients.transport import AiohttpTransport
 from shellrl.clients.sandbox import SandboxClient, SandboxError
 from tests.fakes.fake_engine import serve_in_thread

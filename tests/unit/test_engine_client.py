@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from shellrl.clients.engine import EngineClient, EngineError, EngineUnavailable, VersionSpan, parse_generate_response
+from shellrl.clients.engine import EngineClient
+from shellrl.clients.engine_responses import (
+    EngineError, EngineUnavailable, VersionSpan, parse_generate_response)
 from tests.helpers.redis_server import free_port
 
 

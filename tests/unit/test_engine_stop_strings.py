@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 
 from services.engine.protocol import RequestSpec
+from services.engine.request_state import new_request_state, stop_reason
 from services.engine.sampling import SamplingSpec
-from services.engine.scheduler import Scheduler
 from shellrl.models import load_tokenizer
 
 
@@ -21,8 +20,6 @@ def _byte_tokens(tokenizer, text: str) -> list[int]:
 
 def test_a_stop_string_generated_in_more_tokens_than_its_encoding_is_found():
     tokenizer = load_tokenizer("tiny")
-    # stand-in for the scheduler: the two methods read only these attributes
-    scheduler = SimpleNamespace(tokenizer=tokenizer, eos_token_ids=set(), kv_shape=None)
     loop = asyncio.new_event_loop()
     try:
         for stop, spelled in (("。", _byte_tokens(tokenizer, "。")),  # 1 token encoded, 3 byte tokens generated
@@ -30,9 +27,9 @@ def test_a_stop_string_generated_in_more_tokens_than_its_encoding_is_found():
             assert len(spelled) > len(tokenizer.encode(stop, add_special_tokens=False))
             spec = RequestSpec(rid="r", input_ids=(1,), max_new_tokens=100, sampling=SamplingSpec(0.0),
                                stop_strings=(stop,))
-            state = Scheduler._new_state(scheduler, spec, loop)
+            state = new_request_state(spec, loop, tokenizer, device=None)
             state.output_ids = [100, 101, *spelled]
             assert tokenizer.decode(state.output_ids[-state.stop_window_tokens:]).endswith(stop)
-            assert Scheduler._stop_reason(scheduler, state) == {"type": "stop", "matched": stop}
+            assert stop_reason(state, tokenizer, eos_token_ids=set()) == {"type": "stop", "matched": stop}
     finally:
         loop.close()

@@ -43,7 +43,8 @@ async def test_a_call_that_timed_out_is_reported_as_the_deadline_and_a_refused_o
     import asyncio
 
     from services.learner.weight_sync import WeightSync
-    from shellrl.clients.engine import EngineClient, EngineUnavailable
+    from shellrl.clients.engine import EngineClient
+    from shellrl.clients.engine_responses import EngineUnavailable
 
     sync = WeightSync(EngineClient(["http://e"]), None, transport="disk", deadline_s=2.0, sync_dir=tmp_path)
 
