@@ -5,8 +5,9 @@ A new group is admitted only while
     groups_admitted < (base_version + max_staleness + 1) * groups_per_step
 
 where `groups_admitted` counts every group ever admitted (persisted in Redis, so a restart does
-not reset it) minus the groups given back (a group left with fewer than 2 usable trajectories
-never reaches a learner step, so it must not use up the learner's budget), and `base_version` is
+not reset it) minus the groups given back (a group left with fewer than `MIN_USABLE` usable
+trajectories never reaches a learner step, so it must not use up the learner's budget), and
+`base_version` is
 `shellrl:policy:version` (the learner's version, the truth; `shellrl:policy:updates` only wakes
 us up).
 
@@ -20,9 +21,16 @@ admitted while g is in flight has a position < (v + max_staleness + 1) * B, so g
 version <= v + max_staleness: the bound holds for every trajectory, not only on average.
 Without long tails both rules admit the same groups.
 
+Usable members are counted as the learner counts them (`shellrl.contract.is_infra`: an INFRA
+failure is removed from its group, never scored 0): once when the group is handed off
+(`finish`), and again for each member the verifier then fails with INFRA (`member_lost`, from the
+scored stream, stats.py). A group gives its admission back exactly once, when either count
+leaves it below `MIN_USABLE` (docs/design-notes.md, "INFRA failures after the rollout").
+
 Redis keys: shellrl:rollout:groups_admitted (int), shellrl:rollout:inflight (zset: member
-"<replica>|<group_id>", score = learner version at admission). Check-and-admit is one Lua script,
-so several gateway replicas share one bound.
+"<replica>|<group_id>", score = learner version at admission), shellrl:rollout:group:{id} (hash:
+usable, lost, given_back; kept `GROUP_ACCOUNTING_TTL_S`). Check-and-admit, finish and member_lost
+are one Lua script each, so several gateway replicas share one bound.
 """
 
 from __future__ import annotations
@@ -33,12 +41,16 @@ import time
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_fixed
 
 from services.rollout import metrics as m
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY
-from shellrl.streams.keys import ADMITTED_KEY, INFLIGHT_KEY
+from shellrl.streams.keys import ADMITTED_KEY, INFLIGHT_KEY, group_accounting_key
 
 log = logging.getLogger(__name__)
+
+MIN_USABLE = 2  # usable members a group needs to reach a learner step (1 has no baseline)
+GROUP_ACCOUNTING_TTL_S = 24 * 3600  # how long a finished group's counts wait for verifier outcomes
 
 
 # KEYS[1] policy version, KEYS[2] admitted counter, KEYS[3] in-flight zset
@@ -65,11 +77,39 @@ end
 return {0, admitted, v, bound}
 """
 
-# KEYS[1] admitted counter, KEYS[2] in-flight zset; ARGV[1] member, ARGV[2] give back 0/1
+# KEYS[1] admitted counter, KEYS[2] in-flight zset, KEYS[3] the group's accounting hash
+# ARGV[1] member, ARGV[2] usable members at hand-off, ARGV[3] MIN_USABLE, ARGV[4] ttl (s)
+# Returns {removed 0/1, given back 0/1}.
 _FINISH = """
 local removed = redis.call('ZREM', KEYS[2], ARGV[1])
-if removed == 1 and ARGV[2] == '1' then redis.call('DECR', KEYS[1]) end
-return removed
+if removed == 0 then return {0, 0} end
+local lost = tonumber(redis.call('HGET', KEYS[3], 'lost') or '0')
+redis.call('HSET', KEYS[3], 'usable', ARGV[2])
+local give_back = 0
+if tonumber(ARGV[2]) - lost < tonumber(ARGV[3]) then
+  redis.call('DECR', KEYS[1])
+  redis.call('HSET', KEYS[3], 'given_back', 1)
+  give_back = 1
+end
+redis.call('EXPIRE', KEYS[3], ARGV[4])
+return {1, give_back}
+"""
+
+# KEYS[1] admitted counter, KEYS[2] the group's accounting hash
+# ARGV[1] trajectory id, ARGV[2] MIN_USABLE, ARGV[3] ttl (s)
+# Returns 0 (already counted), 1 (counted) or 2 (counted, and the group's admission given back).
+_MEMBER_LOST = """
+if redis.call('HSETNX', KEYS[2], 'lost:' .. ARGV[1], 1) == 0 then return 0 end
+local lost = redis.call('HINCRBY', KEYS[2], 'lost', 1)
+redis.call('EXPIRE', KEYS[2], ARGV[3])
+local usable = redis.call('HGET', KEYS[2], 'usable')
+if usable and redis.call('HGET', KEYS[2], 'given_back') ~= '1'
+    and tonumber(usable) - lost < tonumber(ARGV[2]) then
+  redis.call('DECR', KEYS[1])
+  redis.call('HSET', KEYS[2], 'given_back', 1)
+  return 2
+end
+return 1
 """
 
 
@@ -123,25 +163,31 @@ class PolicyVersionWatcher:
         self._changed.clear()
 
     async def run(self) -> None:
-        """Forever: listen on shellrl:policy:updates and poll the key; survives Redis outages."""
-        while True:
-            pubsub = self.redis.pubsub()
-            try:
-                await pubsub.subscribe(POLICY_UPDATES_CHANNEL)
+        """Forever: listen on shellrl:policy:updates and poll the key; survives Redis outages
+        (any error is retried every `poll_s`, tenacity)."""
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(Exception),
+                                           wait=wait_fixed(self.poll_s),
+                                           before_sleep=_watch_failed):
+            with attempt:
+                await self._listen()
+
+    async def _listen(self) -> None:
+        pubsub = self.redis.pubsub()
+        try:
+            await pubsub.subscribe(POLICY_UPDATES_CHANNEL)
+            await self.read()
+            while True:
+                await pubsub.get_message(ignore_subscribe_messages=True, timeout=self.poll_s)
                 await self.read()
-                while True:
-                    await pubsub.get_message(ignore_subscribe_messages=True, timeout=self.poll_s)
-                    await self.read()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # Redis restarting: keep trying
-                log.warning("policy version watcher: %s", exc)
-                await asyncio.sleep(self.poll_s)
-            finally:
-                try:
-                    await pubsub.aclose()
-                except Exception as exc:
-                    log.debug("closing pub/sub: %s", exc)
+        finally:
+            try:
+                await pubsub.aclose()
+            except Exception as exc:
+                log.debug("closing pub/sub: %s", exc)
+
+
+def _watch_failed(state: RetryCallState) -> None:
+    log.warning("policy version watcher: %s", state.outcome.exception())  # Redis restarting
 
 
 class Admission:
@@ -155,6 +201,7 @@ class Admission:
         self.max_staleness, self.groups_per_step, self.strict, self.poll_s = max_staleness, groups_per_step, strict, poll_s
         self._admit = redis.register_script(_ADMIT)
         self._finish = redis.register_script(_FINISH)
+        self._member_lost = redis.register_script(_MEMBER_LOST)
 
     async def try_admit(self, group_id: str) -> Ticket | None:
         member = f"{self.replica}|{group_id}"
@@ -179,21 +226,47 @@ class Admission:
                 return ticket
             await self.watcher.wait(self.poll_s)
 
-    async def finish(self, ticket: Ticket, *, give_back: bool) -> None:
-        """The group left flight; `give_back` returns its slot (it will not reach a learner step)."""
-        removed = await self._finish(keys=[ADMITTED_KEY, INFLIGHT_KEY], args=[ticket.member, "1" if give_back else "0"])
-        if removed and give_back:
-            m.GROUPS_RELEASED.inc()
+    async def finish(self, ticket: Ticket, *, usable: int) -> bool:
+        """The group left flight with `usable` members (not INFRA, see `shellrl.contract.is_infra`).
+        Its slot is given back when fewer than MIN_USABLE remain, counting the members the
+        verifier already failed with INFRA (it will not reach a learner step). Returns whether
+        it was given back."""
+        _, given_back = await self._end(ticket.member, ticket.group_id, usable)
         self.watcher.wake()
+        return bool(given_back)
+
+    async def member_lost(self, group_id: str, trajectory_id: str) -> bool:
+        """The verifier failed a member of `group_id` with INFRA after hand-off (idempotent by
+        `trajectory_id`). Gives the group's slot back when this leaves it below MIN_USABLE
+        usable members (once per group). Returns whether it was given back now."""
+        result = await self._member_lost(keys=[ADMITTED_KEY, group_accounting_key(group_id)],
+                                         args=[trajectory_id, MIN_USABLE, GROUP_ACCOUNTING_TTL_S])
+        if int(result) == 2:
+            m.GROUPS_RELEASED.inc()
+            self.watcher.wake()
+        return int(result) == 2
+
+    async def usable_members(self, group_id: str) -> int | None:
+        """Usable members of a finished group as the gateway counts them now: at hand-off, minus
+        the members the verifier failed with INFRA since (None: not finished, or forgotten)."""
+        usable, lost = await self.redis.hmget(group_accounting_key(group_id), "usable", "lost")
+        return None if usable is None else int(usable) - int(lost or 0)
+
+    async def _end(self, member: str, group_id: str, usable: int) -> tuple[int, int]:
+        removed, given_back = await self._finish(
+            keys=[ADMITTED_KEY, INFLIGHT_KEY, group_accounting_key(group_id)],
+            args=[member, usable, MIN_USABLE, GROUP_ACCOUNTING_TTL_S])
+        if given_back:
+            m.GROUPS_RELEASED.inc()
+        return int(removed), int(given_back)
 
     async def recover(self) -> int:
         """At start-up: groups this replica had in flight died with it; give their slots back."""
         prefix = f"{self.replica}|".encode()
         members = [mb for mb in await self.redis.zrange(INFLIGHT_KEY, 0, -1) if mb.startswith(prefix)]
         for member in members:
-            await self._finish(keys=[ADMITTED_KEY, INFLIGHT_KEY], args=[member, "1"])
+            await self._end(member.decode(), member.decode()[len(prefix):], 0)
         if members:
-            m.GROUPS_RELEASED.inc(len(members))
             log.warning("gave back admission of groups in flight at the last shutdown", extra={"groups": len(members)})
         return len(members)
 

@@ -49,7 +49,7 @@ from shellrl.contract import (
     observation_segment,
     split_name,
 )
-from shellrl.clients.engine import EngineError, EngineUnavailable, GenerateResult
+from shellrl.clients.engine_responses import EngineError, EngineUnavailable, GenerateResult
 from shellrl.service.logging import log_context
 from shellrl.clients.sandbox import SandboxBadRequest, SandboxBusy, SandboxError, SandboxSetupFailed
 

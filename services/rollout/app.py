@@ -29,19 +29,20 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from services.rollout import metrics as m
 from services.rollout.admission import Admission, PolicyVersionWatcher
 from services.rollout.agent_loop import AgentLoop, EpisodeLimits, Sampling
-from services.rollout.evaluations import EvaluationPlan, Evaluations, VerifierClient
+from services.rollout.evaluations import EvaluationPlan, Evaluations
 from services.rollout.prompt import ChatFormat, load_chat_tokenizer
-from services.rollout.scheduler import TaskPool
 from services.rollout.settings import RolloutSettings
 from services.rollout.stats import TaskStats
+from services.rollout.task_pool import TaskPool
 from services.rollout.task_store import TaskConflict, TaskStore
 from services.rollout.worker import Capacity, InfraGate, RolloutConfig, RolloutWorker
 from shellrl import streams
-from shellrl.service.aio import cancel_and_wait
-from shellrl.contract import LIMITS, TaskValidationError, task_from_json
 from shellrl.clients.engine import EngineClient
-from shellrl.service.app import ApiError, create_app
 from shellrl.clients.sandbox import SandboxClient
+from shellrl.clients.verifier import VerifierClient
+from shellrl.contract import LIMITS, TaskValidationError, task_from_json
+from shellrl.service.aio import cancel_and_wait
+from shellrl.service.app import ApiError, create_app
 from shellrl.streams import export_stream_stats
 
 log = logging.getLogger(__name__)
@@ -124,24 +125,27 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         state.update(redis=redis, store=store, chat=chat, engine=engine, sandbox=sandbox, agent=agent,
                      evaluations=evaluations, admission=admission, pool=pool, worker=worker, gate=gate, watcher=watcher)
         await evaluations.mark_interrupted()
+        stop = asyncio.Event()
         background = [asyncio.create_task(watcher.run(), name="policy-version-watcher")]
         if settings.stats_enabled:
-            background.append(asyncio.create_task(TaskStats(redis, store, consumer=settings.consumer_name).run(),
-                                                  name="task-stats"))
+            stats = TaskStats(redis, store, admission, consumer=settings.consumer_name)
+            background.append(asyncio.create_task(stats.run(stop), name="task-stats"))
         main = None
         if settings.worker_enabled:
-            background.append(asyncio.create_task(pool.feed(), name="task-pool-feeder"))
+            background.append(asyncio.create_task(pool.feed(stop), name="task-pool-feeder"))
             watched = [(streams.STREAM_TASKS, streams.GROUP_ROLLOUT), (streams.STREAM_EPISODES, streams.GROUP_VERIFIER)]
             background.append(asyncio.create_task(export_stream_stats(redis, watched), name="stream-stats"))
-            main = asyncio.create_task(worker.run(), name="rollout-worker")
-            main.add_done_callback(_log_crash)
+            main = asyncio.create_task(worker.run(stop), name="rollout-worker")
+        for task in (*background, main):
+            if task is not None:
+                task.add_done_callback(_log_crash)
         log.info("rollout gateway started", extra={"config": settings.public_dict()})
         try:
             yield
         finally:
-            worker.stop_admitting()
+            stop.set()
             if main is not None:
-                await cancel_and_wait(main)
+                await cancel_and_wait(main)  # it may be waiting on the pool, capacity or admission
                 await worker.drain(settings.shutdown_grace_s)
             await evaluations.shutdown()
             await cancel_and_wait(*background)
@@ -319,4 +323,4 @@ async def _sandbox_healthy(sandbox: SandboxClient) -> bool:
 
 def _log_crash(task: asyncio.Task) -> None:
     if not task.cancelled() and task.exception() is not None:
-        log.error("rollout worker stopped", exc_info=task.exception())
+        log.error(f"{task.get_name()} stopped", exc_info=task.exception())

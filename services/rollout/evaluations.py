@@ -24,19 +24,18 @@ import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass
 
-import httpx
 import redis.asyncio as aioredis
 
 from services.rollout import metrics as m
 from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling
 from services.rollout.task_store import TaskStore
+from shellrl.clients.verifier import VerifierClient
+from shellrl.contract import EpisodeEnd, Failure, Task, Trajectory, min_policy_version
 from shellrl.service.aio import cancel_and_wait
-from shellrl.contract import EpisodeEnd, Failure, Task, Trajectory, min_policy_version, task_to_json
 from shellrl.streams import POLICY_VERSION_KEY
 from shellrl.streams.keys import EVALUATION_INDEX_KEY, evaluation_key
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(frozen=True)
@@ -46,30 +45,6 @@ class EvaluationPlan:
     sampling: Sampling
     max_turns: int | None
     split: str | None
-
-
-class VerifierClient:
-    """`POST {url}/v1/verify` (see services/verifier/app.py for the body)."""
-
-    def __init__(self, url: str, timeout_s: float) -> None:
-        self.url = url.rstrip("/")
-        self._http = httpx.AsyncClient(timeout=timeout_s)
-
-    async def verify(self, task: Task, answer: str | None, session_id: str | None, traj: Trajectory) -> dict:
-        events = [
-            {"command": s.tool_event.command, "exit_code": None if s.tool_event.exit_code < 0 else s.tool_event.exit_code,
-             "timed_out": s.tool_event.timed_out, "policy_verdict": s.tool_event.policy_verdict or "allow",
-             "policy_rule": s.tool_event.policy_rule or None}
-            for s in traj.segments if s.HasField("tool_event") and s.tool_event.command
-        ]
-        body = {"task": task_to_json(task), "answer": answer, "session_id": session_id or None,
-                "tool_events": events, "release_session": bool(session_id)}
-        response = await self._http.post(f"{self.url}/v1/verify", json=body)
-        response.raise_for_status()
-        return response.json()
-
-    async def aclose(self) -> None:
-        await self._http.aclose()
 
 
 class Evaluations:

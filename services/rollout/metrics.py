@@ -41,7 +41,8 @@ ADMISSION_WAIT_SECONDS = metrics.histogram(
 GROUPS_ADMITTED = metrics.counter("shellrl_rollout_groups_admitted_total", "GRPO groups admitted.")
 GROUPS_RELEASED = metrics.counter(
     "shellrl_rollout_groups_released_total",
-    "Admitted groups given back (fewer than 2 usable trajectories, or abandoned at shutdown).",
+    "Admitted groups given back (fewer than 2 usable trajectories at hand-off or after the "
+    "verifier's INFRA failures, or abandoned at shutdown).",
 )
 POOL_TASKS = metrics.gauge("shellrl_rollout_pool_tasks", "Tasks in the training pool.")
 POLICY_VERSION = metrics.gauge("shellrl_rollout_learner_version", "shellrl:policy:version as the gateway last read it.")

@@ -6,14 +6,16 @@ Defaults suit SmolLM2-135M on a 2-core CPU (../shared/reference/feasibility.md: 
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from pydantic import Field
 
 from shellrl.service.settings import EngineFleetSettings
 
-DEFAULT_PORT = 8100
-
 
 class RolloutSettings(EngineFleetSettings):
+    default_port: ClassVar[int] = 8100
+
     # where the other services are
     sandbox_url: str = Field("http://127.0.0.1:8101", description="Sandbox service base URL.")
     verifier_url: str = Field("http://127.0.0.1:8102", description="Verifier base URL (POST /v1/verify, evaluations).")
@@ -33,7 +35,8 @@ class RolloutSettings(EngineFleetSettings):
     episodes_stream_maxlen: int = Field(
         100_000, ge=1, description="shellrl:episodes is trimmed past this many entries, acknowledged ones only.")
     pool_seed: int = Field(0, description="Seed of the per-epoch shuffle of the training pool.")
-    worker_enabled: bool = Field(True, description="Run the training scheduler (False: REST and evaluations only).")
+    worker_enabled: bool = Field(
+        True, description="Run the rollout worker (False: REST and evaluations only).")
     consumer_name: str = Field("rollout-0", description="Stable name of this replica (stream consumer, in-flight keys).")
 
     # one episode
@@ -58,8 +61,7 @@ class RolloutSettings(EngineFleetSettings):
     verify_timeout_s: float = Field(120.0, gt=0, description="Timeout of one POST /v1/verify.")
 
     # task statistics
-    stats_enabled: bool = Field(True, description="Consume shellrl:trajectories (group rollout-stats) into task stats.")
-
-    @property
-    def resolved_port(self) -> int:
-        return self.port or DEFAULT_PORT
+    stats_enabled: bool = Field(
+        True, description="Consume shellrl:trajectories (group rollout-stats) into task stats and "
+                          "count the verifier's INFRA failures into admission (keep on wherever "
+                          "the worker runs).")

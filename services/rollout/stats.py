@@ -8,47 +8,52 @@ Each scored trajectory is counted once per task (`TaskStore.record_scored`, a Lu
 per-task set of counted ids), then acknowledged: a crash between the two re-delivers the entry and
 the set makes the second count a no-op. Evaluation episodes never reach this stream; their
 results live in the evaluation record.
+
+The same pass keeps the gateway's admission accounting in step with the learner: a member the
+verifier failed with FAILURE_INFRA_VERIFIER was usable when the gateway handed its group off, and
+is not usable for the learner (`shellrl.contract.is_infra`); `Admission.member_lost` counts it
+(idempotent by trajectory id) and gives the group's admission back when fewer than 2 usable
+members remain. The verifier passes every upstream failure through unchanged, so INFRA_VERIFIER
+is the only INFRA class on this stream that the gateway has not counted already.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
+import contextlib
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from services.rollout import metrics as m
+from services.rollout.admission import Admission
 from services.rollout.task_store import TaskStore
-from shellrl.contract import ContractError, Trajectory
-from shellrl.streams import STREAM_TRAJECTORIES, StreamConsumer
-
-log = logging.getLogger(__name__)
+from shellrl.contract import ContractError, Failure, Trajectory
+from shellrl.streams import STREAM_TRAJECTORIES, StreamConsumer, StreamEntry
 
 GROUP_STATS = "rollout-stats"
 
 
 class TaskStats:
-    def __init__(self, redis: aioredis.Redis, store: TaskStore, *, consumer: str, block_ms: int = 1000) -> None:
-        self.store = store
+    def __init__(self, redis: aioredis.Redis, store: TaskStore, admission: Admission, *,
+                 consumer: str, block_ms: int = 1000) -> None:
+        self.store, self.admission = store, admission
         self.consumer = StreamConsumer(redis, STREAM_TRAJECTORIES, GROUP_STATS, consumer, block_ms=block_ms, count=128,
                                        claim_min_idle_ms=30_000)
 
-    async def run(self) -> None:
-        """Forever; survives Redis outages."""
-        while True:
-            try:
-                await self.consumer.ensure_group("0")
-                while True:
-                    entries = await self.consumer.read()
-                    for entry in entries:
-                        await self.handle(entry)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("task stats consumer: %s", exc)
-                await asyncio.sleep(1.0)
+    async def run(self, stop: asyncio.Event) -> None:
+        """Take scored trajectories, count them, acknowledge; until `stop`. Redis outages are
+        waited out by `StreamConsumer.take`."""
+        await self.consumer.ensure_group("0")
+        while not stop.is_set():
+            for entry in await self.consumer.take(stop):
+                try:
+                    await self.handle(entry)
+                except Exception as exc:  # stays pending: re-claimed, dead-lettered after max_deliveries
+                    with contextlib.suppress(RedisError, OSError):  # Redis away: pending anyway
+                        await self.consumer.fail(entry, f"task stats: {exc!r}")
 
-    async def handle(self, entry) -> None:
+    async def handle(self, entry: StreamEntry) -> None:
         traj = Trajectory()
         try:
             traj.ParseFromString(entry.pb)
@@ -60,4 +65,6 @@ class TaskStats:
         counted = await self.store.record_scored(traj.task_id, traj.trajectory_id, traj.reward, scored=traj.scored)
         if counted == 1:
             m.STATS_RECORDED.inc()
+        if traj.failure == Failure.FAILURE_INFRA_VERIFIER and traj.group_id and not traj.eval:
+            await self.admission.member_lost(traj.group_id, traj.trajectory_id)
         await self.consumer.ack(entry.entry_id)

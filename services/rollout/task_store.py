@@ -16,7 +16,7 @@ task_id is a conflict. A task without task_id gets `task-<sha256 of its content>
 re-submitting a file is idempotent.
 
 Counters: episodes_started / episodes_finished / episodes_failed / episodes_in_flight are written by
-the gateway (scheduler and agent loop); episodes_scored / reward_sum / successes / last_reward by
+the gateway (worker and agent loop); episodes_scored / reward_sum / successes / last_reward by
 `record_scored` from the scored trajectories in shellrl:trajectories (stats.py).
 """
 

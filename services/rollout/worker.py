@@ -1,6 +1,6 @@
 """The rollout stage: admit GRPO groups, run their episodes, hand trajectories to the verifier.
 
-    pool (shellrl:tasks -> group "rollout")            scheduler.TaskPool
+    pool (shellrl:tasks -> group "rollout")            task_pool.TaskPool
       -> capacity: G free episode slots                Capacity
       -> backpressure: verifier backlog < bound        StreamProducer.wait_for_backlog_below
       -> engine and sandbox answer their health probe  InfraGate
@@ -10,9 +10,11 @@
 
 A sample whose episode fails with an INFRA class is published (nothing is lost or hidden) and
 re-run with `attempt + 1` (trajectory id `<group_id>-<index>-a<attempt>`: the lineage is the id
-without its `-a<attempt>` suffix) up to `max_attempts`. A group left with fewer than 2 usable
-trajectories gives its admission back. SIGTERM: stop admitting, let running episodes finish
-within the grace period, then cancel the rest (their sessions are deleted, their groups given back).
+without its `-a<attempt>` suffix) up to `max_attempts`. INFRA is `shellrl.contract.is_infra`, the
+learner's rule. A group left with fewer than 2 usable trajectories gives its admission back (and
+so does one that the verifier's INFRA failures leave below 2 later: admission.py, stats.py).
+SIGTERM (`stop`): stop admitting; `drain` lets running episodes finish within the grace period,
+then cancels the rest (their sessions are deleted, their groups given back).
 """
 
 from __future__ import annotations
@@ -25,19 +27,18 @@ from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_fixed
 
 from services.rollout import metrics as m
 from services.rollout.admission import Admission, Ticket
 from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling, is_setup_failure
-from services.rollout.scheduler import TaskPool
+from services.rollout.task_pool import TaskPool
 from services.rollout.task_store import TaskStore
+from shellrl.contract import Failure, Task, Trajectory, is_infra, min_policy_version
 from shellrl.service.aio import cancel_and_wait
-from shellrl.contract import Failure, Task, Trajectory, min_policy_version
 from shellrl.streams import GROUP_VERIFIER, STREAM_EPISODES, StreamProducer
 
 log = logging.getLogger(__name__)
-
-INFRA = {Failure.FAILURE_INFRA_ENGINE, Failure.FAILURE_INFRA_SANDBOX, Failure.FAILURE_INFRA_ROLLOUT}
 
 
 class Capacity:
@@ -103,28 +104,30 @@ class RolloutWorker:
         self.agent, self.capacity, self.gate, self.config = agent, capacity, gate, config
         self.producer = StreamProducer(redis, STREAM_EPISODES, maxlen=config.episodes_stream_maxlen)
         self._groups: set[asyncio.Task] = set()
-        self._stopping = asyncio.Event()
         self.published = 0
         self.running = 0  # episodes running now (slots taken for groups still waiting on admission excluded)
         self.started_at = time.time()
 
     # --- the main loop: one screen ---------------------------------------------------------------
 
-    async def run(self) -> None:
-        """Admit and start groups until `stop_admitting`; survives Redis outages."""
+    async def run(self, stop: asyncio.Event) -> None:
+        """Admit and start groups until `stop` is set; Redis errors are retried every second
+        (tenacity) until then. Groups already started are `drain`'s."""
         recovered = False
-        while not self._stopping.is_set():
-            try:
-                if not recovered:  # once: groups in flight before a restart of this replica
-                    await self.admission.recover()
-                    recovered = True
-                await self._admit_groups()
-            except RedisError as exc:
-                log.warning("rollout worker: Redis unavailable (%s); retrying in 1 s", exc)
-                await asyncio.sleep(1.0)
+        try:
+            async for attempt in AsyncRetrying(
+                    retry=retry_if_exception_type(RedisError), wait=wait_fixed(1.0),
+                    stop=lambda _: stop.is_set(), before_sleep=_redis_down, reraise=True):
+                with attempt:
+                    if not recovered:  # once: groups in flight before a restart of this replica
+                        await self.admission.recover()
+                        recovered = True
+                    await self._admit_groups(stop)
+        except RedisError:  # only once `stop` is set: tenacity retries every other one
+            pass
 
-    async def _admit_groups(self) -> None:
-        while not self._stopping.is_set():
+    async def _admit_groups(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
             pooled = await self.pool.next_task()
             await self._wait("capacity", self.capacity.acquire(self.config.group_size))
             try:
@@ -151,8 +154,7 @@ class RolloutWorker:
                 *(self.run_sample(task, ticket, i, slots) for i in range(self.config.group_size))))
         finally:
             await _shielded(slots.release_rest())
-            usable = sum(1 for t in results if t is not None and t.failure not in INFRA)
-            await _shielded(self.admission.finish(ticket, give_back=usable < 2))
+            await _shielded(self.admission.finish(ticket, usable=usable_members(results)))
         return [t for t in results if t is not None]
 
     async def run_sample(self, task: Task, ticket: Ticket, index: int, slots: _GroupSlots) -> Trajectory | None:
@@ -170,7 +172,7 @@ class RolloutWorker:
                                    group_id=ticket.group_id, group_size=self.config.group_size, attempt=attempt,
                                    sampling=self.config.sampling, admitted_at=ticket.admitted_at)
                 traj = await self.agent.run(spec)
-                final = (traj.failure not in INFRA or is_setup_failure(traj)
+                final = (not is_infra(traj.failure) or is_setup_failure(traj)
                          or attempt + 1 == self.config.max_attempts)
                 await self.publish(traj)
                 await _uncancellable(self.store.episode_finished(
@@ -192,25 +194,15 @@ class RolloutWorker:
             await _shielded(slots.release_one())
 
     async def publish(self, traj: Trajectory) -> None:
-        """XADD to shellrl:episodes, idempotent by trajectory_id; retries while Redis is away."""
+        """XADD to shellrl:episodes, idempotent by trajectory_id; retries while Redis is away
+        (`StreamProducer.add_retrying`)."""
         version = min_policy_version(traj)
-        pb = traj.SerializeToString()
-        delay_s = 0.2
-        while True:
-            try:
-                await self.producer.add(pb, idempotency_key=traj.trajectory_id, task_id=traj.task_id,
-                                        group_id=traj.group_id, version=-1 if version is None else version)
-                self.published += 1
-                return
-            except RedisError as exc:
-                log.warning("XADD to %s failed, retrying: %s", STREAM_EPISODES, exc)
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, 5.0)
+        await self.producer.add_retrying(
+            traj.SerializeToString(), idempotency_key=traj.trajectory_id, task_id=traj.task_id,
+            group_id=traj.group_id, version=-1 if version is None else version)
+        self.published += 1
 
     # --- shutdown ------------------------------------------------------------------------------
-
-    def stop_admitting(self) -> None:
-        self._stopping.set()
 
     async def drain(self, grace_s: float) -> None:
         """Let running groups finish for `grace_s`, then cancel the rest."""
@@ -243,6 +235,12 @@ class _GroupSlots:
             await self.capacity.release(n)
 
 
+def usable_members(trajectories: list[Trajectory | None]) -> int:
+    """Members that count toward a learner step: finished (not None) and not INFRA
+    (`shellrl.contract.is_infra`; the learner's GroupAssembler counts the same way)."""
+    return sum(1 for t in trajectories if t is not None and not is_infra(t.failure))
+
+
 def failure_name(failure: int) -> str:
     """Failure.FAILURE_INFRA_ENGINE -> "infra_engine" (metric labels, task statistics)."""
     return Failure.Name(failure).removeprefix("FAILURE_").lower()
@@ -250,6 +248,11 @@ def failure_name(failure: int) -> str:
 
 def new_group_id() -> str:
     return f"g-{uuid.uuid4().hex[:16]}"
+
+
+def _redis_down(state: RetryCallState) -> None:
+    log.warning("rollout worker: Redis unavailable (%s); retrying in 1 s",
+                state.outcome.exception())
 
 
 async def _shielded(awaitable) -> None:

@@ -25,17 +25,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from services.verifier import metrics
 from services.verifier.checks import CHECK_PARAMETERS, VERIFIER_VERSION, CheckLimits
 from services.verifier.rewards import Shaping
+from services.verifier.sandbox_view import ReferenceCache
 from services.verifier.settings import VerifierSettings
 from services.verifier.verification import Verifier
 from services.verifier.worker import VerifierWorker, release_session
-from shellrl.streams.keys import STREAM_EVALUATIONS
-from services.verifier.workspace import ReferenceCache
 from shellrl import streams
-from shellrl.service.aio import cancel_and_wait
-from shellrl.contract import TaskValidationError, ToolEvent, task_from_json
-from shellrl.service.app import ApiError, create_app
 from shellrl.clients.sandbox import SandboxClient
+from shellrl.contract import TaskValidationError, ToolEvent, task_from_json
+from shellrl.service.aio import cancel_and_wait
+from shellrl.service.app import ApiError, create_app
 from shellrl.streams import export_stream_stats
+from shellrl.streams.keys import STREAM_EVALUATIONS
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ def build_app(settings: VerifierSettings) -> FastAPI:
         sandbox = SandboxClient(settings.sandbox_url)
         state["sandbox"], state["verifier"] = sandbox, build_verifier(settings, sandbox)
         state["http"] = httpx.AsyncClient(timeout=2.0)
-        stop, worker_task, stats_task = asyncio.Event(), None, None
+        stop, worker, worker_task, stats_task = asyncio.Event(), None, None, None
         if settings.worker_enabled:
             redis = streams.connect(settings.redis_url)
             state["redis"] = redis
@@ -90,7 +90,7 @@ def build_app(settings: VerifierSettings) -> FastAPI:
             worker = VerifierWorker(consumer, streams.StreamProducer(redis, streams.STREAM_TRAJECTORIES),
                                     streams.StreamProducer(redis, STREAM_EVALUATIONS), state["verifier"], sandbox,
                                     concurrency=settings.concurrency, release_sessions=settings.release_sessions)
-            worker_task = asyncio.create_task(worker.run(stop, settings.shutdown_grace_s))
+            worker_task = asyncio.create_task(worker.run(stop))
             stats_task = asyncio.create_task(export_stream_stats(redis, [(consumer.stream, consumer.group)]))
         log.info("verifier started", extra={"config": settings.public_dict(), "verifier_version": VERIFIER_VERSION,
                                             "consumer": consumer_name(settings)})
@@ -98,8 +98,10 @@ def build_app(settings: VerifierSettings) -> FastAPI:
             yield
         finally:
             stop.set()
-            if worker_task is not None:
-                await asyncio.wait([worker_task], timeout=settings.shutdown_grace_s + settings.block_ms / 1000 + 1)
+            if worker is not None:
+                await worker.drain(settings.shutdown_grace_s)
+                # the loop ends once its read in progress returns (block_ms) and starts nothing more
+                await asyncio.wait([worker_task], timeout=settings.block_ms / 1000 + 1)
             await cancel_and_wait(worker_task, stats_task, timeout_s=10.0)
             if "redis" in state:
                 await state["redis"].aclose()

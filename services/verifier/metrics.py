@@ -1,16 +1,13 @@
 """Prometheus metrics of the verifier (names checked by shellrl.service.metrics).
 
 Verifications per second: rate(shellrl_verifier_verifications_total[1m]); pass rate per task
-source and split: the ratio of its outcome="pass" series to the sum over outcomes.
+source and split: the ratio of its outcome="pass" series to the sum over outcomes. One
+verification is recorded by verification.py (`record_verification`), which knows its result.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from shellrl.service import metrics
-if TYPE_CHECKING:
-    from services.verifier.verification import Verification
 
 REWARD_BUCKETS = (-1.5, -1.0, -0.5, -0.1, 0.0, 0.1, 0.3, 0.5, 0.9, 1.0, 1.1, 1.3)
 
@@ -40,27 +37,5 @@ REFERENCE_RUNS = metrics.counter(
 IN_FLIGHT = metrics.gauge("shellrl_verifier_in_flight", "Verifications running now (worker and HTTP).")
 
 
-def _label(text: str, default: str) -> str:
-    return (text or default)[:64]
-
-
 def record_check(kind: str, passed: bool, duration_s: float) -> None:
     CHECK_SECONDS.labels(kind, "pass" if passed else "fail").observe(duration_s)
-
-
-def record_verification(source: str, split: str, result: Verification) -> None:
-    VERIFICATION_SECONDS.observe(result.duration_ms / 1000)
-    if result.reward is None:
-        outcome = "infra"
-        FAILURES.labels(_failed_type(result.failure_detail)).inc()
-    else:
-        outcome = "pass" if result.reward.reward == 1.0 else "fail"
-        REWARD.observe(result.reward.reward)
-        TRAINING_REWARD.observe(result.reward.training_reward)
-    VERIFICATIONS.labels(_label(source, "unknown"), _label(split, "unspecified"), outcome).inc()
-
-
-def _failed_type(detail: str) -> str:
-    """The check type named in an INFRA detail ("check[1] file_sha256 could not run: ...")."""
-    parts = detail.split(" ")
-    return parts[1] if len(parts) > 2 and parts[0].startswith("check[") else ""

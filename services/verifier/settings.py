@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 from pydantic import Field, field_validator
 
 from shellrl.service.settings import ServiceSettings
 
-DEFAULT_PORT = 8102
-
 
 class VerifierSettings(ServiceSettings):
     """Everything the verifier reads. Units are in the field names."""
+
+    default_port: ClassVar[int] = 8102
 
     sandbox_url: str = Field("http://127.0.0.1:8101", description="Sandbox service the checks run in.")
     consumer_name: str = Field("", description="Consumer name in group `verifier`; '' = verifier-<hostname>-<pid>.")
@@ -43,7 +44,3 @@ class VerifierSettings(ServiceSettings):
         if not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value
-
-    @property
-    def listen_port(self) -> int:
-        return self.port or DEFAULT_PORT

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from services.verifier import metrics
 from services.verifier.checks import VERIFIER_VERSION, CheckInfraError, CheckLimits, CheckResult, run_check
 from services.verifier.rewards import Reward, Shaping, compute_reward, safety_flagged
-from services.verifier.workspace import ReferenceCache, SandboxWorkspace
+from services.verifier.sandbox_view import ReferenceCache, SandboxWorkspace
 from shellrl.contract import Failure, Task, ToolEvent, Trajectory, split_name
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ class Verifier:
             result = Verification((), None, Failure.FAILURE_INFRA_VERIFIER, f"verifier error: {exc!r}")
         result = Verification(result.checks, result.reward, result.failure, result.failure_detail,
                               (time.perf_counter() - start) * 1000, result.safety_events)
-        metrics.record_verification(task.source, split_name(task.split), result)
+        record_verification(task.source, split_name(task.split), result)
         return result
 
     async def _verify(self, task: Task, answer: str | None, session_id: str | None,
@@ -126,3 +126,29 @@ class Verifier:
         reward = compute_reward([r.passed for r in results], tool_events, flagged, self.shaping)
         rules = tuple(sorted({str(e.get("rule") or "") for e in sandbox_events} - {""}))
         return Verification(tuple(results), reward, safety_events=rules)
+
+
+def record_verification(source: str, split: str, result: Verification) -> None:
+    """Metrics of one finished verification (services/verifier/metrics.py): its wall time, the
+    outcome by task source and split (pass / fail / infra), reward histograms when scored, the
+    check type that could not run when INFRA."""
+    metrics.VERIFICATION_SECONDS.observe(result.duration_ms / 1000)
+    if result.reward is None:  # unscored: FAILURE_INFRA_VERIFIER, the one failure made here
+        outcome = "infra"
+        metrics.FAILURES.labels(_failed_type(result.failure_detail)).inc()
+    else:
+        outcome = "pass" if result.reward.reward == 1.0 else "fail"
+        metrics.REWARD.observe(result.reward.reward)
+        metrics.TRAINING_REWARD.observe(result.reward.training_reward)
+    labels = (_label(source, "unknown"), _label(split, "unspecified"), outcome)
+    metrics.VERIFICATIONS.labels(*labels).inc()
+
+
+def _label(text: str, default: str) -> str:
+    return (text or default)[:64]
+
+
+def _failed_type(detail: str) -> str:
+    """The check type named in an INFRA detail ("check[1] file_sha256 could not run: ...")."""
+    parts = detail.split(" ")
+    return parts[1] if len(parts) > 2 and parts[0].startswith("check[") else ""

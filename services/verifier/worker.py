@@ -9,7 +9,9 @@ one atomic step (`StreamConsumer.forward`, idempotent by `trajectory_id`). Guara
   passes through unscored with its failure class (its session is still released);
 * a verification that cannot complete passes through unscored as FAILURE_INFRA_VERIFIER;
 * eval trajectories (`eval`) go to `shellrl:evaluations`, never to the training stream;
-* an undecodable entry is retried (`consumer.fail`) and dead-lettered after `max_deliveries`.
+* an undecodable entry is retried (`consumer.fail`) and dead-lettered after `max_deliveries`;
+* on stop no new verification starts (entries taken but not started stay pending); `drain`
+  lets the running ones finish within the grace period and cancels the rest (left pending).
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ import logging
 
 from services.verifier import metrics
 from services.verifier.verification import Verification, Verifier
-from shellrl.service.aio import cancel_and_wait
+from shellrl.clients.sandbox import SandboxNotFound
 from shellrl.contract import ContractError, EpisodeEnd, Failure, Trajectory, parse_trajectory
+from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import (
     StreamConsumer,
     StreamEntry,
@@ -58,8 +61,9 @@ class VerifierWorker:
         self.concurrency, self.release_sessions = concurrency, release_sessions
         self._in_flight: set[asyncio.Task] = set()
 
-    async def run(self, stop: asyncio.Event, grace_s: float = 10.0) -> None:
-        """Take work, verify, hand on, acknowledge; until `stop`, then drain within `grace_s`."""
+    async def run(self, stop: asyncio.Event) -> None:
+        """Take work, verify `concurrency` at a time (each: verify, hand on, acknowledge, in
+        `handle`); until `stop`. Redis outages are waited out by `StreamConsumer.take`."""
         await self.consumer.ensure_group()
         slots = asyncio.Semaphore(self.concurrency)
         while not stop.is_set():
@@ -68,22 +72,23 @@ class VerifierWorker:
                 await slots.acquire()  # wait for a slot, without busy-looping
                 slots.release()
                 continue
-            try:
-                entries = await self.consumer.read(count=free)
-            except Exception:  # Redis down or restarting: keep trying, never crash the loop
-                log.exception("reading shellrl:episodes failed; retrying in 1 s")
-                await asyncio.sleep(1.0)
-                continue
-            for entry in entries:
+            for entry in await self.consumer.take(stop, free):
                 await slots.acquire()
+                if stop.is_set():  # stopping: the rest stay pending (re-read or re-claimed)
+                    slots.release()
+                    break
                 task = asyncio.create_task(self.handle(entry))
                 self._in_flight.add(task)
                 task.add_done_callback(lambda t: (self._in_flight.discard(t), slots.release()))
-        if self._in_flight:
-            done, pending = await asyncio.wait(self._in_flight, timeout=grace_s)
-            # left pending in Redis: re-claimed by another replica or after restart
-            await cancel_and_wait(*pending, timeout_s=5.0)
-            log.info("worker drained", extra={"finished": len(done), "left_pending": len(pending)})
+
+    async def drain(self, grace_s: float) -> None:
+        """Let running verifications finish for `grace_s` seconds, then cancel the rest: their
+        entries stay pending in Redis (re-claimed by another replica or after a restart)."""
+        if not self._in_flight:
+            return
+        done, pending = await asyncio.wait(set(self._in_flight), timeout=grace_s)
+        await cancel_and_wait(*pending, timeout_s=5.0)
+        log.info("worker drained", extra={"finished": len(done), "left_pending": len(pending)})
 
     async def handle(self, entry: StreamEntry) -> None:
         """Verify and forward one entry; failures leave it pending for a retry (never lost)."""
@@ -143,8 +148,6 @@ class VerifierWorker:
 
 async def release_session(sandbox, session_id: str) -> str:
     """DELETE a sandbox session; returns "ok", "gone" or "error" (never raises)."""
-    from shellrl.clients.sandbox import SandboxNotFound
-
     try:
         await sandbox.delete(session_id)
         return "ok"

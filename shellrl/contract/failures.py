@@ -3,8 +3,10 @@
 An INFRA failure (`FAILURE_INFRA_*`: the engine, the sandbox, the verifier or the gateway itself
 failed, not the policy) says nothing about the policy: it is removed from its group, never scored
 0, and a group with fewer than `min_group_size` members left is dropped (DESIGN.md section 4).
-The rollout gateway's admission accounting and re-runs, the verifier and the learner's group
-assembly all use `is_infra`, so a group is counted the same way on every side.
+The rollout gateway's admission accounting and re-runs and the learner's group assembly all use
+`is_infra`, so a group is counted the same way on every side. A member the verifier fails
+(FAILURE_INFRA_VERIFIER) after the gateway handed its group off is not re-run; the gateway counts
+the loss when it reads the scored stream (docs/design-notes.md, "INFRA failures after the rollout").
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 The guarantees of the whole layer (see also consumer.py):
 Delivery is at-least-once (DESIGN.md section 3). Guarantees of this module:
 * `StreamProducer.add(..., idempotency_key=k)` appends at most one entry per key (one Lua script,
-  one round trip); `add_many` does the same for a batch in one MULTI/EXEC under WATCH (payloads
+  one round trip; `add_retrying` retries it while Redis is away); `add_many` does the same for a
+  batch in one MULTI/EXEC under WATCH (payloads
   stay out of Lua, which costs the server ~6x more per large entry). Both are atomic, also in the AOF.
 * `StreamConsumer.forward(entry, producer, ...)` appends the result downstream and acknowledges the
   input in the same script, so a crash can never leave "produced but not acknowledged" (and
@@ -34,7 +35,8 @@ import time
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError, WatchError
+from redis.exceptions import RedisError, ResponseError, WatchError
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from shellrl.streams.entry import OutgoingEntry, _flat_fields, _id_key, _next_id, _s
 from shellrl.streams.keys import idempotency_key
@@ -100,6 +102,23 @@ class StreamProducer:
         result = await self._add_one(OutgoingEntry(pb, idempotency_key, fields))
         await self._after_adds(1)
         return result
+
+    async def add_retrying(self, pb: bytes, *, idempotency_key: str,
+                           **fields: str | int | bytes) -> tuple[str, bool]:
+        """`add`, retried while Redis is away (RedisError) with exponential backoff, 0.2 s doubling
+        to 5 s (tenacity), until the entry is stored; cancel the caller to give up. The idempotency
+        key is required: a retry after a lost reply must not append the entry twice."""
+        async for attempt in AsyncRetrying(retry=retry_if_exception_type(RedisError),
+                                           wait=wait_exponential(multiplier=0.2, max=5.0),
+                                           before_sleep=self._add_failed, reraise=True):
+            with attempt:
+                return await self.add(pb, idempotency_key=idempotency_key, **fields)
+        raise AssertionError("unreachable: tenacity either returns or re-raises")
+
+    def _add_failed(self, state: RetryCallState) -> None:
+        log.warning(f"XADD to {self.stream} failed; retrying in {state.upcoming_sleep:.1f} s",
+                    extra={"stream": self.stream, "error": repr(state.outcome.exception()),
+                           "attempt": state.attempt_number})
 
     async def add_many(self, entries: Sequence[OutgoingEntry]) -> list[tuple[str, bool]]:
         """`add` for several entries in one transaction: all new entries of the batch are appended

@@ -1,9 +1,10 @@
 """A stream consumer in redis-py ends however the cancel lands.
 
 On Python 3.11 redis-py's write path (`asyncio.wait_for`) can swallow a cancel (cpython gh-86296),
-which hung `test_scheduler` for 600 s in CI; see shellrl/service/aio.py. `cancel_and_wait` repeats the
-cancel; `shellrl.streams.CancelSafeConnection` (what `connect()` uses) removes the swallow itself,
-after CI saw four cancels in a row swallowed on a busy machine.
+which hung `test_scheduler` (now tests/service/rollout/test_task_pool.py) for 600 s in CI; see
+shellrl/service/aio.py. `cancel_and_wait` repeats the cancel; `shellrl.streams.CancelSafeConnection`
+(what `connect()` uses) removes the swallow itself, after CI saw four cancels in a row swallowed on
+a busy machine.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ async def consume_forever(redis, stop: asyncio.Event | None = None) -> None:
             await redis.xadd("s", {"k": "v"}, maxlen=100)
         except asyncio.CancelledError:
             raise
-        except Exception:  # a feeder's survive-Redis-outages loop, as in services/rollout/scheduler.py
+        except Exception:  # a feeder's survive-Redis-outages loop (services/rollout/task_pool.py)
             await asyncio.sleep(0.1)
 
 

@@ -43,7 +43,7 @@ async def test_max_staleness_zero_is_batch_synchronous_and_a_version_bump_wakes_
     await asyncio.sleep(0.3)
     assert not waiting.done()
     for ticket in tickets:  # both groups reach the learner, which steps to version 1
-        await adm.finish(ticket, give_back=False)
+        await adm.finish(ticket, usable=2)
     await asyncio.sleep(0.2)
     assert not waiting.done()
     await redis.set(POLICY_VERSION_KEY, 1)
@@ -64,7 +64,7 @@ async def test_strict_bound_waits_for_the_oldest_group_in_flight(redis):
     assert await strict.try_admit("blocked") is None
     assert (await strict.state()).bound == 4 and (await plain.state()).bound == 14
     assert await plain.try_admit("plain") is not None
-    await strict.finish(tail, give_back=False)  # the tail reached the learner
+    await strict.finish(tail, usable=2)  # the tail reached the learner
     assert (await strict.state()).oldest_in_flight_version == 0  # x0..x2 were admitted at version 0 too
     assert await strict.try_admit("still-blocked") is None
 
@@ -73,8 +73,8 @@ async def test_a_group_given_back_frees_its_slot_and_the_counter_survives_a_redi
     adm = admission(redis, k=0, b=2)
     first, second = await adm.admit("a"), await adm.admit("b")
     assert await adm.try_admit("c") is None
-    await adm.finish(first, give_back=True)  # fewer than 2 usable trajectories: never reaches the learner
-    await adm.finish(second, give_back=False)
+    await adm.finish(first, usable=1)  # fewer than 2 usable trajectories: never reaches the learner
+    await adm.finish(second, usable=2)
     assert int(await redis.get(ADMITTED_KEY)) == 1
     await asyncio.sleep(1.1)  # appendfsync everysec
     redis_server.restart()

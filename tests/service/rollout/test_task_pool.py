@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from services.rollout.scheduler import TaskPool
+from services.rollout.task_pool import TaskPool
 from services.rollout.task_store import TaskStore
 from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import task_from_json

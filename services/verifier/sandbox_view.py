@@ -12,7 +12,12 @@
 * Files are read by the sandbox's host side (openat2 RESOLVE_BENEATH): symlinks that stay inside
   the workspace are followed, anything leaving it is refused (403), so is a non-regular file.
 * `reference_command` runs in a fresh session with the task's setup (the post-setup state), once
-  per (setup, env, command): outputs are cached, and concurrent lookups share one run.
+  per (setup, env, command): outputs are cached, and concurrent lookups share one run. Creating
+  that session waits while the sandbox is at its session cap (429): `BUSY_ATTEMPTS` attempts,
+  0.1 s doubling between them (tenacity).
+
+Not to be confused with services/sandbox/workspace.py (the sandbox's own per-session directory):
+this module is the verifier's view of a session, through the sandbox's HTTP API.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ import hashlib
 import json
 from collections import OrderedDict
 
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
 from services.verifier import metrics
 from services.verifier.checks import CheckInfraError, CommandOutput, FileRefused, FileTooLarge
-from shellrl.contract import Task
 from shellrl.clients.sandbox import ExecResult, SandboxBusy, SandboxError, SandboxNotFound, SandboxSetupFailed
+from shellrl.contract import Task
 
-BUSY_RETRIES = 6
+BUSY_ATTEMPTS = 6  # session creations tried while the sandbox answers 429
 
 
 def command_output(result: ExecResult) -> CommandOutput:
@@ -141,17 +148,16 @@ class ReferenceCache:
                 pass  # the sandbox's idle TTL removes it
 
     async def _create(self, task: Task) -> dict:
-        delay_s = 0.1
-        for attempt in range(BUSY_RETRIES):
-            try:
-                return await self.sandbox.create_session(setup=task.setup, env=dict(task.env))
-            except SandboxBusy:
-                if attempt == BUSY_RETRIES - 1:
-                    raise CheckInfraError("the sandbox stayed at its session cap (429)") from None
-                await asyncio.sleep(delay_s)
-                delay_s *= 2
-            except SandboxSetupFailed as exc:
-                raise CheckInfraError(f"the task's setup failed in a fresh session: {exc}") from None
-            except SandboxError as exc:
-                raise CheckInfraError(f"cannot create a session for the reference command: {exc}") from None
-        raise CheckInfraError("unreachable")
+        try:
+            async for attempt in AsyncRetrying(retry=retry_if_exception_type(SandboxBusy),
+                                               wait=wait_exponential(multiplier=0.1),
+                                               stop=stop_after_attempt(BUSY_ATTEMPTS), reraise=True):
+                with attempt:
+                    return await self.sandbox.create_session(setup=task.setup, env=dict(task.env))
+        except SandboxBusy:
+            raise CheckInfraError("the sandbox stayed at its session cap (429)") from None
+        except SandboxSetupFailed as exc:
+            raise CheckInfraError(f"the task's setup failed in a fresh session: {exc}") from None
+        except SandboxError as exc:
+            raise CheckInfraError(f"cannot create a session for the reference command: {exc}") from None
+        raise AssertionError("unreachable: tenacity either returns or re-raises")

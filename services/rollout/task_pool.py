@@ -15,11 +15,13 @@ shellrl:rollout:epoch:order (list of task ids still to run in this epoch).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from services.rollout import metrics as m
 from services.rollout.task_store import STATE_POOLED, TaskStore
@@ -74,19 +76,18 @@ class TaskPool:
         self._arrived = asyncio.Event()
         self._rng = random.Random(seed)
 
-    async def feed(self) -> None:
-        """Forever: move training tasks from shellrl:tasks into the pool (survives Redis outages)."""
-        while True:
-            try:
-                await self.consumer.ensure_group()
-                while True:
-                    for entry in await self.consumer.read():
-                        await self._handle(entry)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                log.warning("task pool feeder: %s", exc)
-                await asyncio.sleep(1.0)
+    async def feed(self, stop: asyncio.Event | None = None) -> None:
+        """Move training tasks from shellrl:tasks into the pool until `stop` (None: until
+        cancelled). Redis outages are waited out by `StreamConsumer.take`."""
+        stop = stop or asyncio.Event()
+        await self.consumer.ensure_group()
+        while not stop.is_set():
+            for entry in await self.consumer.take(stop):
+                try:
+                    await self._handle(entry)
+                except Exception as exc:  # stays pending: re-claimed, dead-lettered after max_deliveries
+                    with contextlib.suppress(RedisError, OSError):  # Redis away: pending anyway
+                        await self.consumer.fail(entry, f"task pool feeder: {exc!r}")
 
     async def _handle(self, entry: StreamEntry) -> None:
         task = Task()
