@@ -3,11 +3,13 @@
 Consumes parsed trajectories (with their stream entry ids) in any order; produces RolloutGroups
 (the valid members of one `group_id`) once `group_size` samples arrived, or once
 `group_timeout_s` passed since the first one arrived (then the group is used if at least
-`min_group_size` valid members remain, else dropped). An INFRA failure does not count as an
-arrived sample: the gateway re-runs that sample (attempt + 1) and publishes the retry too.
+`min_group_size` valid members remain, else dropped). An INFRA failure of the rollout (engine,
+sandbox, gateway) does not count as an arrived sample: the gateway re-runs that sample (attempt +
+1) and publishes the retry too. A verifier INFRA failure has arrived for good: it is never re-run
+(contract.is_rerun), so waiting for it would hold the group until `group_timeout_s`.
 
 A released group `counts` toward a learner step when at least 2 of its samples did not fail
-with INFRA, whatever happens to them here (stale, unscored, zero variance). That is the
+with INFRA (of either kind), whatever happens to them here (stale, unscored, zero variance). That is the
 gateway's "usable" rule: it gives back the admission of a group with fewer than 2 usable samples
 (services/rollout/worker.py), so learner versions and admitted groups stay in step. Guarantees:
 * every trajectory handed in comes back exactly once, either as a member of a returned group or
@@ -37,6 +39,7 @@ from shellrl.contract import (
     Trajectory,
     TrajectoryArrays,
     is_infra,
+    is_rerun,
     min_policy_version,
     trajectory_arrays,
 )
@@ -44,8 +47,9 @@ from shellrl.rl.advantages import group_advantages
 from shellrl.rl.batch import TrainSample
 from shellrl.rl.staleness import staleness
 
-_NOT_SAMPLES = frozenset({"infra_failure", "eval"})
-DROP_REASONS = ("stale", "infra_failure", "unscored", "nan_reward", "eval", "empty_response", "duplicate",
+_NOT_SAMPLES = frozenset({"infra_failure", "verifier_failure", "eval"})  # never usable
+_AWAITING_RERUN = frozenset({"infra_failure", "eval"})  # not an arrival: a re-run follows (or none is due)
+DROP_REASONS = ("stale", "infra_failure", "verifier_failure", "unscored", "nan_reward", "eval", "empty_response", "duplicate",
                 "invalid", "late_member", "group_too_small")
 
 
@@ -111,8 +115,9 @@ class _Pending:
 
     @property
     def arrivals(self) -> int:
-        """Samples arrived (INFRA failures are re-run by the gateway: they do not count)."""
-        return len(self.members) + sum(d.reason not in _NOT_SAMPLES for d in self.dropped)
+        """Samples arrived (rollout INFRA failures are re-run by the gateway: they do not count; a
+        verifier failure does, no re-run follows it)."""
+        return len(self.members) + sum(d.reason not in _AWAITING_RERUN for d in self.dropped)
 
 
 class GroupAssembler:
@@ -215,7 +220,7 @@ def _validate(traj: Trajectory) -> tuple[str | None, TrajectoryArrays | None, in
     if traj.eval:
         return "eval", None, None
     if is_infra(traj.failure):
-        return "infra_failure", None, None
+        return ("infra_failure" if is_rerun(traj.failure) else "verifier_failure"), None, None
     if not traj.scored:
         return "unscored", None, None
     if not math.isfinite(traj.training_reward):

@@ -24,7 +24,7 @@ uint8 loss mask), see trajectory.proto. Decoders validate byte lengths and raise
 
 from shellrl.contract.errors import ContractError, TaskValidationError
 from shellrl.contract.exec import ExecResult, PolicyVerdict
-from shellrl.contract.failures import INFRA_FAILURES, is_infra
+from shellrl.contract.failures import INFRA_FAILURES, RERUN_FAILURES, is_infra, is_rerun
 from shellrl.contract.tasks import (
     CHECK_TYPES,
     LIMITS,
@@ -82,7 +82,7 @@ __all__ = [
     "CommandOutputEquals", "FileContains", "FileExists", "FileSha256", "Split", "Task",
     "EpisodeEnd", "Failure", "FinishReason", "SamplingParams", "Segment", "SegmentKind",
     "ToolEvent", "Trajectory", "ContractError", "TaskValidationError", "ExecResult", "PolicyVerdict",
-    "INFRA_FAILURES", "is_infra", "ACTION", "OBSERVATION", "LIMITS", "SPLIT_NAMES",
+    "INFRA_FAILURES", "RERUN_FAILURES", "is_infra", "is_rerun", "ACTION", "OBSERVATION", "LIMITS", "SPLIT_NAMES",
     "encode_token_ids", "decode_token_ids", "encode_logprobs", "decode_logprobs",
     "encode_loss_mask", "decode_loss_mask", "action_segment", "observation_segment",
     "TrajectoryArrays", "trajectory_arrays", "min_policy_version", "parse_trajectory",

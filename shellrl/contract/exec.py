@@ -29,7 +29,9 @@ ALLOW = PolicyVerdict("allow", None)
 class ExecResult:
     """One command's outcome. `exit_code` is None when the policy denied the command; 124 with
     `timed_out` when the wall-clock limit killed it; 128+N when signal N killed it. Truncated byte
-    counts: output beyond the session's cap that was dropped. `duration_ms`: wall clock (ms)."""
+    counts: output beyond the session's cap that was dropped. `duration_ms`: wall clock (ms) the
+    command ran; `queue_ms`: wall clock (ms) it waited before it started (for the session's earlier
+    commands and for an exec slot shared with other sessions); 0 from senders that predate it."""
 
     stdout: str
     stderr: str
@@ -39,12 +41,13 @@ class ExecResult:
     stderr_truncated_bytes: int
     duration_ms: float
     policy: PolicyVerdict
+    queue_ms: float = 0.0
 
     def as_dict(self) -> dict:
         return {"stdout": self.stdout, "stderr": self.stderr, "exit_code": self.exit_code,
                 "timed_out": self.timed_out, "stdout_truncated_bytes": self.stdout_truncated_bytes,
                 "stderr_truncated_bytes": self.stderr_truncated_bytes, "duration_ms": self.duration_ms,
-                "policy": self.policy.as_dict()}
+                "queue_ms": self.queue_ms, "policy": self.policy.as_dict()}
 
     @classmethod
     def from_json(cls, data: dict) -> ExecResult:
@@ -56,6 +59,7 @@ class ExecResult:
                 timed_out=bool(data["timed_out"]), stdout_truncated_bytes=int(data["stdout_truncated_bytes"]),
                 stderr_truncated_bytes=int(data["stderr_truncated_bytes"]), duration_ms=float(data["duration_ms"]),
                 policy=PolicyVerdict(policy["verdict"], policy.get("rule")),
+                queue_ms=float(data.get("queue_ms", 0.0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ContractError(f"malformed exec result: {exc!r}") from None

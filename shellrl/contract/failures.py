@@ -17,6 +17,17 @@ INFRA_FAILURES: frozenset[int] = frozenset(v for name, v in Failure.items() if n
 """Every `FAILURE_INFRA_*` value (engine, sandbox, verifier, rollout)."""
 
 
+RERUN_FAILURES: frozenset[int] = INFRA_FAILURES - {Failure.FAILURE_INFRA_VERIFIER}
+"""INFRA failures of the rollout itself, which the gateway re-runs (attempt + 1) before it hands
+the group off; the verifier's come after the hand-off and are never re-run."""
+
+
 def is_infra(failure: int | None) -> bool:
     """True when `failure` (a `Failure` enum value; None = no failure) is an INFRA class."""
     return failure in INFRA_FAILURES
+
+
+def is_rerun(failure: int | None) -> bool:
+    """True when a re-run of the sample follows this failure (`RERUN_FAILURES`): the learner waits
+    for it; after any other INFRA failure (the verifier's) the sample has arrived for good."""
+    return failure in RERUN_FAILURES

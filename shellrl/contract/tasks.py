@@ -42,8 +42,31 @@ SPLIT_NAMES = {"train": Split.SPLIT_TRAIN, "eval_id": Split.SPLIT_EVAL_ID, "eval
                "eval": Split.SPLIT_EVAL}
 _SPLIT_BY_VALUE = {v: k for k, v in SPLIT_NAMES.items()}
 
+MAX_ENV_BYTES = 64 << 10
+"""The largest task environment, in bytes: the UTF-8 of every `NAME=value` plus its NUL, as
+execve(2) counts it (one string may not exceed 128 KiB there, all of them with the arguments
+~2 MiB). The one place this limit is stated: tasks are refused above it (`task_from_json`), and
+so is the sandbox's POST /v1/sessions (400 env_too_large), since every program a command starts
+inherits the environment."""
+
 LIMITS = {"instruction_chars": 16_384, "setup_chars": 65_536, "checks": 16, "tags": 32, "max_turns": 64,
-          "task_id_chars": 128, "pattern_chars": 4096}
+          "task_id_chars": 128, "pattern_chars": 4096, "env_bytes": MAX_ENV_BYTES}
+
+
+def env_bytes(env: Mapping[str, str]) -> int:
+    """Size of `env` as execve(2) counts it: UTF-8 bytes of every `NAME=value` plus a NUL. The
+    strings must be valid Unicode (no lone surrogates: UnicodeEncodeError)."""
+    return sum(len(k.encode()) + len(v.encode()) + 2 for k, v in env.items())
+
+
+def first_surrogate(text: str) -> int | None:
+    """Index of the first lone UTF-16 surrogate (U+D800..U+DFFF) in `text`, None when `text` is
+    valid Unicode (encodable as UTF-8). JSON allows `"\\ud800"`; nothing downstream can run it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 
 
@@ -147,11 +170,15 @@ def task_from_json(obj: Any, *, default_split: str = "train") -> Task:
     instruction = obj.get("instruction")
     if not isinstance(instruction, str) or not instruction.strip():
         raise TaskValidationError("instruction", "must be a non-empty string")
+    if first_surrogate(instruction) is not None:
+        raise TaskValidationError("instruction", "contains a lone UTF-16 surrogate (not valid Unicode)")
     if len(instruction) > LIMITS["instruction_chars"]:
         raise TaskValidationError("instruction", f"longer than {LIMITS['instruction_chars']} characters")
     setup = obj.get("setup", "")
     if not isinstance(setup, str) or len(setup) > LIMITS["setup_chars"] or "\x00" in setup:
         raise TaskValidationError("setup", f"must be a string without NUL bytes, at most {LIMITS['setup_chars']} characters")
+    if (at := first_surrogate(setup)) is not None:
+        raise TaskValidationError("setup", f"lone UTF-16 surrogate at character {at} (not valid Unicode)")
     task_id = obj.get("task_id", "")
     if task_id and (not isinstance(task_id, str) or len(task_id) > LIMITS["task_id_chars"] or not _TASK_ID.match(task_id)):
         raise TaskValidationError("task_id", "must match [A-Za-z0-9][A-Za-z0-9._:-]* (at most 128 characters)")
@@ -166,9 +193,15 @@ def task_from_json(obj: Any, *, default_split: str = "train") -> Task:
     env = obj.get("env", {}) or {}
     if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise TaskValidationError("env", "must map strings to strings")
-    for k in env:
+    for k, v in env.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
-            raise TaskValidationError(f"env.{k}", "not a valid environment variable name")
+            shown = k[:200].encode("utf-8", "backslashreplace").decode()  # a lone surrogate, escaped
+            raise TaskValidationError(f"env.{shown}", "not a valid environment variable name")
+        if "\x00" in v or first_surrogate(v) is not None:
+            raise TaskValidationError(f"env.{k}", "value has a NUL byte or a lone UTF-16 surrogate")
+    if env_bytes(env) > MAX_ENV_BYTES:
+        raise TaskValidationError("env", f"{env_bytes(env)} bytes (NAME=value plus a NUL each); at most "
+                                         f"{MAX_ENV_BYTES}")
     tags = obj.get("tags", []) or []
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags) or len(tags) > LIMITS["tags"]:
         raise TaskValidationError("tags", f"must be a list of at most {LIMITS['tags']} strings")

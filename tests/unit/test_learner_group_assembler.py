@@ -42,11 +42,11 @@ def test_infra_failures_leave_the_group_and_the_rest_is_used():
     a.add("e1", make_trajectory("g", 0), 0)
     a.add("e2", make_trajectory("g", 0, failure=Failure.FAILURE_INFRA_SANDBOX), 0)
     a.add("e3", make_trajectory("g", math.nan, scored=False, failure=Failure.FAILURE_INFRA_VERIFIER), 0)
-    assert a.pop_ready(0) == []  # INFRA failures are re-run by the gateway: wait for the retries
+    assert a.pop_ready(0) == []  # the sandbox failure is re-run by the gateway: wait for the retry
     clock.now = 10.0
     (group,) = a.pop_ready(0)
     assert len(group.members) == 2 and group.timed_out and group.counts
-    assert sorted(d.reason for d in group.dropped) == ["infra_failure", "infra_failure"]
+    assert sorted(d.reason for d in group.dropped) == ["infra_failure", "verifier_failure"]
     assert sorted(group.entry_ids) == ["e0", "e1", "e2", "e3"]
     advantages = [s.advantage for s in group_samples(group).samples]
     np.testing.assert_allclose(advantages, [0.9998, -0.9998], atol=1e-4)  # never scored 0
@@ -193,3 +193,23 @@ def test_nan_rewards_leave_the_group_and_the_valid_pair_gets_plus_minus_one():
     g1, g3 = a.pop_ready(0)
     np.testing.assert_allclose([s.advantage for s in group_samples(g1).samples], [0.9998, -0.9998], atol=1e-4)
     assert not g3.trainable and [d.reason for d in g3.dropped].count("nan_reward") == 4
+
+
+def test_a_verifier_failure_is_never_re_run_so_its_group_is_complete_without_waiting():
+    """Chaos found groups holding verifier failures waiting the whole group timeout (900 s) for
+    re-runs the gateway never sends (issue 15 item 8): such a member has arrived for good."""
+    a, clock = assembler()
+    a.add("e0", make_trajectory("g", 1), 0)
+    a.add("e1", make_trajectory("g", 0), 0)
+    a.add("e2", make_trajectory("g", 1), 0)
+    a.add("e3", make_trajectory("g", math.nan, scored=False, failure=Failure.FAILURE_INFRA_VERIFIER), 0)
+    (group,) = a.pop_ready(0)  # at once, clock still 0
+    assert not group.timed_out and len(group.members) == 3 and group.counts
+    assert [d.reason for d in group.dropped] == ["verifier_failure"]
+
+    b, _ = assembler()
+    b.add("f0", make_trajectory("h", 1), 0)
+    for i in range(1, 4):
+        b.add(f"f{i}", make_trajectory("h", math.nan, scored=False, failure=Failure.FAILURE_INFRA_VERIFIER), 0)
+    (lonely,) = b.pop_ready(0)  # complete, and with one usable member it counts toward no step
+    assert not lonely.timed_out and not lonely.counts and lonely.members == ()

@@ -105,8 +105,8 @@ async def count_losses(redis, admission: Admission) -> None:
 
 async def learner_groups(redis) -> dict[str, RolloutGroup]:
     """The learner's GroupAssembler over shellrl:trajectories (released at once: a member the
-    verifier failed is never re-run, so its group is released by the timeout, not completeness)."""
-    assembler = GroupAssembler(group_timeout_s=0.0, max_staleness=10)
+    verifier failed is never re-run: it has arrived, so its group is complete without a timeout)."""
+    assembler = GroupAssembler(group_timeout_s=3600.0, max_staleness=10)
     for entry_id, fields in await redis.xrange(STREAM_TRAJECTORIES):
         traj = parse_trajectory(fields[b"pb"])
         assert assembler.add(entry_id.decode(), traj, learner_version=0) is None
@@ -116,7 +116,7 @@ async def learner_groups(redis) -> dict[str, RolloutGroup]:
 def learner_usable(group: RolloutGroup) -> int:
     """Usable members as `RolloutGroup.counts` counts them: members, plus dropped samples that
     were not INFRA (here: valid members dropped with a group too small)."""
-    return len(group.members) + sum(d.reason != "infra_failure" for d in group.dropped)
+    return len(group.members) + sum(d.reason not in ("infra_failure", "verifier_failure") for d in group.dropped)
 
 
 async def test_a_verifier_failure_counts_the_same_for_the_gateway_and_the_learner(redis):
