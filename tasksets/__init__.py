@@ -51,8 +51,11 @@ def load_taskset(name: str, split: str | None = None, *, seed: int = 0) -> list[
 
         tasks = load_public("agentbench_os")
     elif name == "default":
-        tasks = (load_taskset("seeds", split) + load_taskset("generated", split, seed=seed)
-                 + load_taskset("agentbench_os", split))
+        tasks = (
+            load_taskset("seeds", split)
+            + load_taskset("generated", split, seed=seed)
+            + load_taskset("agentbench_os", split)
+        )
     else:
         raise ValueError(f"unknown task set {name!r}; one of {TASKSETS} or a .jsonl path")
     return [t for t in tasks if split is None or split_name(t.split) == split]

@@ -21,8 +21,8 @@ import sys
 from collections import Counter, defaultdict
 
 from shellrl.contract import split_name, task_to_json
-from tasksets import SPLITS, TASKSETS, load_taskset
 from shellrl.service.main import wait_until_ready
+from tasksets import SPLITS, TASKSETS, load_taskset
 
 
 def _cmd_list(_: argparse.Namespace) -> int:
@@ -37,9 +37,19 @@ def _cmd_list(_: argparse.Namespace) -> int:
         for task in load_taskset(name):
             by_split[split_name(task.split)].append(task)
         for split, tasks in sorted(by_split.items()):
-            difficulty = Counter(t.split(":", 1)[1] for task in tasks for t in task.tags if t.startswith("difficulty:"))
-            table.add_row(name, split, str(len(tasks)), str(len({t.template for t in tasks if t.template})),
-                          " ".join(f"{k}={v}" for k, v in sorted(difficulty.items())))
+            difficulty = Counter(
+                t.split(":", 1)[1]
+                for task in tasks
+                for t in task.tags
+                if t.startswith("difficulty:")
+            )
+            table.add_row(
+                name,
+                split,
+                str(len(tasks)),
+                str(len({t.template for t in tasks if t.template})),
+                " ".join(f"{k}={v}" for k, v in sorted(difficulty.items())),
+            )
     Console().print(table)
     return 0
 
@@ -56,33 +66,64 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     from tasksets.validate import ValidationCache, generated_wrong_answers, validate_tasks
 
-    tasks = [t for name in args.sets for split in (args.splits or [None])
-             for t in load_taskset(name, split, seed=args.seed)]
+    tasks = [
+        t
+        for name in args.sets
+        for split in (args.splits or [None])
+        for t in load_taskset(name, split, seed=args.seed)
+    ]
     if args.sample and args.sample < len(tasks):
         tasks = random.Random(args.seed).sample(tasks, args.sample)
     sandbox = _start_sandbox() if args.start_sandbox else None
     url = sandbox.url if sandbox else args.sandbox_url
     try:
-        results = asyncio.run(validate_tasks(
-            tasks, url, wrong_answers=generated_wrong_answers(tasks, args.seed), concurrency=args.concurrency,
-            cache=None if args.no_cache else ValidationCache()))
+        results = asyncio.run(
+            validate_tasks(
+                tasks,
+                url,
+                wrong_answers=generated_wrong_answers(tasks, args.seed),
+                concurrency=args.concurrency,
+                cache=None if args.no_cache else ValidationCache(),
+            )
+        )
     finally:
         if sandbox:
             sandbox.stop()
     console = Console(width=160)
     table = Table(title=f"reference solutions and wrong answers in a real sandbox ({url})")
-    for col in ("source", "split", "tasks", "reference passes", "wrong answer fails", "cached", "p50 ms/task"):
+    for col in (
+        "source",
+        "split",
+        "tasks",
+        "reference passes",
+        "wrong answer fails",
+        "cached",
+        "p50 ms/task",
+    ):
         table.add_column(col)
     groups = defaultdict(list)
     for r in results:
         groups[(r.source, r.split)].append(r)
     for (source, split), rs in sorted(groups.items()):
         ran = sorted(r.duration_ms for r in rs if not r.cached)
-        table.add_row(source, split, str(len(rs)), _rate(sum(r.reference_passed for r in rs), len(rs)),
-                      _rate(sum(r.wrong_failed for r in rs), len(rs)), str(sum(r.cached for r in rs)),
-                      f"{ran[len(ran) // 2]:.0f}" if ran else "-")
-    table.add_row("all", "", str(len(results)), _rate(sum(r.reference_passed for r in results), len(results)),
-                  _rate(sum(r.wrong_failed for r in results), len(results)), str(sum(r.cached for r in results)), "")
+        table.add_row(
+            source,
+            split,
+            str(len(rs)),
+            _rate(sum(r.reference_passed for r in rs), len(rs)),
+            _rate(sum(r.wrong_failed for r in rs), len(rs)),
+            str(sum(r.cached for r in rs)),
+            f"{ran[len(ran) // 2]:.0f}" if ran else "-",
+        )
+    table.add_row(
+        "all",
+        "",
+        str(len(results)),
+        _rate(sum(r.reference_passed for r in results), len(results)),
+        _rate(sum(r.wrong_failed for r in results), len(results)),
+        str(sum(r.cached for r in results)),
+        "",
+    )
     console.print(table)
     failures = [r for r in results if not r.ok]
     for r in failures:
@@ -101,19 +142,31 @@ class _SandboxProcess:
         import socket
         import subprocess
 
-
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
-        env = {**os.environ, "SHELLRL_PORT": str(port), "SHELLRL_HOST": "127.0.0.1", "SHELLRL_LOG_LEVEL": "WARNING"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "services.sandbox"], env=env, stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        env = {
+            **os.environ,
+            "SHELLRL_PORT": str(port),
+            "SHELLRL_HOST": "127.0.0.1",
+            "SHELLRL_LOG_LEVEL": "WARNING",
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "services.sandbox"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             wait_until_ready(self.url, 60, process=self.proc, what="sandbox")
         except RuntimeError as exc:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"sandbox exited: {self.proc.stderr.read().decode(errors='replace')[-2000:]}") from None
+                raise RuntimeError(
+                    f"sandbox exited: {self.proc.stderr.read().decode(errors='replace')[-2000:]}"
+                ) from None
             self.stop()
             raise RuntimeError(str(exc)) from None
 
@@ -135,23 +188,36 @@ def _start_sandbox() -> _SandboxProcess:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tasksets", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m tasksets",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("list", help="task sets, splits and counts")
     export = sub.add_parser("export", help="write a task set as JSONL to stdout")
     export.add_argument("set", help=f"one of {TASKSETS} or a .jsonl path")
     export.add_argument("--split", choices=SPLITS)
     export.add_argument("--seed", type=int, default=0)
-    validate = sub.add_parser("validate", help="run reference solutions and wrong answers in a real sandbox")
+    validate = sub.add_parser(
+        "validate", help="run reference solutions and wrong answers in a real sandbox"
+    )
     validate.add_argument("--sets", nargs="+", default=["seeds", "generated", "agentbench_os"])
     validate.add_argument("--splits", nargs="+", choices=SPLITS)
-    validate.add_argument("--sample", type=int, default=0, help="validate a random sample of this many tasks")
+    validate.add_argument(
+        "--sample", type=int, default=0, help="validate a random sample of this many tasks"
+    )
     validate.add_argument("--seed", type=int, default=0)
     validate.add_argument("--concurrency", type=int, default=4)
-    validate.add_argument("--sandbox-url", default=os.environ.get("SHELLRL_SANDBOX_URL", "http://127.0.0.1:8101"))
-    validate.add_argument("--start-sandbox", action="store_true", help="start a sandbox service for the run")
-    validate.add_argument("--no-cache", action="store_true", help="ignore and do not update the validation cache")
+    validate.add_argument(
+        "--sandbox-url", default=os.environ.get("SHELLRL_SANDBOX_URL", "http://127.0.0.1:8101")
+    )
+    validate.add_argument(
+        "--start-sandbox", action="store_true", help="start a sandbox service for the run"
+    )
+    validate.add_argument(
+        "--no-cache", action="store_true", help="ignore and do not update the validation cache"
+    )
     args = parser.parse_args(argv)
     return {"list": _cmd_list, "export": _cmd_export, "validate": _cmd_validate}[args.command](args)
 

@@ -39,7 +39,9 @@ def templates_for(split: str) -> list[Template]:
 
 def fingerprint(instance: Instance) -> str:
     """sha256 of what makes an instance distinct (instruction, setup, checks, env)."""
-    body = json.dumps([instance.instruction, instance.setup, instance.checks, instance.env], sort_keys=True)
+    body = json.dumps(
+        [instance.instruction, instance.setup, instance.checks, instance.env], sort_keys=True
+    )
     return hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -60,15 +62,24 @@ def in_heldout(fp: str) -> bool:
 def _instances(split: str, count: int, seed: int) -> list[tuple[Template, Instance, str]]:
     """`count` distinct instances of the split's templates, round-robin."""
     tmpls = templates_for(split)
-    streams = {t.name: _stream(f"shellrl-gen:{seed}:{'ood' if split == 'eval_ood' else 'id'}", t) for t in tmpls}
-    accept = {"train": lambda fp: not in_heldout(fp), "eval_id": in_heldout, "eval_ood": lambda fp: True}[split]
+    streams = {
+        t.name: _stream(f"shellrl-gen:{seed}:{'ood' if split == 'eval_ood' else 'id'}", t)
+        for t in tmpls
+    }
+    accept = {
+        "train": lambda fp: not in_heldout(fp),
+        "eval_id": in_heldout,
+        "eval_ood": lambda fp: True,
+    }[split]
     tries = _MAX_TRIES_PER_TASK * (HELDOUT_BUCKETS if split == "eval_id" else 1)
     seen: set[str] = set()
     out: list[tuple[Template, Instance, str]] = []
     exhausted: set[str] = set()
     while len(out) < count:
         if len(exhausted) == len(tmpls):
-            raise ValueError(f"split {split}: only {len(out)} distinct instances exist, {count} asked")
+            raise ValueError(
+                f"split {split}: only {len(out)} distinct instances exist, {count} asked"
+            )
         for tmpl in tmpls:
             if len(out) >= count or tmpl.name in exhausted:
                 continue
@@ -86,27 +97,37 @@ def _instances(split: str, count: int, seed: int) -> list[tuple[Template, Instan
 
 def to_task(tmpl: Template, inst: Instance, fp: str, split: str) -> Task:
     """A generated instance as a validated `Task` (task_id `gen-<template>-<fingerprint[:12]>`)."""
-    return task_from_json({
-        "task_id": f"gen-{tmpl.name}-{fp[:12]}",
-        "instruction": inst.instruction,
-        "setup": inst.setup,
-        "env": inst.env,
-        "check": inst.checks,
-        "split": split,
-        "tags": ["generated", f"template:{tmpl.name}", f"difficulty:{tmpl.difficulty}", tmpl.kind],
-        "source": SOURCE,
-        "reference_solution": inst.reference_solution,
-        "template": tmpl.name,
-    })
+    return task_from_json(
+        {
+            "task_id": f"gen-{tmpl.name}-{fp[:12]}",
+            "instruction": inst.instruction,
+            "setup": inst.setup,
+            "env": inst.env,
+            "check": inst.checks,
+            "split": split,
+            "tags": [
+                "generated",
+                f"template:{tmpl.name}",
+                f"difficulty:{tmpl.difficulty}",
+                tmpl.kind,
+            ],
+            "source": SOURCE,
+            "reference_solution": inst.reference_solution,
+            "template": tmpl.name,
+        }
+    )
 
 
-def generate_with_wrong_answers(split: str, count: int | None = None,
-                                seed: int = DEFAULT_SEED) -> list[tuple[Task, str]]:
+def generate_with_wrong_answers(
+    split: str, count: int | None = None, seed: int = DEFAULT_SEED
+) -> list[tuple[Task, str]]:
     """(task, a plausible wrong answer) pairs; see `generate`."""
     if split not in SPLITS:
         raise ValueError(f"unknown generated split {split!r}; one of {SPLITS}")
     count = DEFAULT_COUNTS[split] if count is None else count
-    return [(to_task(t, i, fp, split), i.wrong_answer) for t, i, fp in _instances(split, count, seed)]
+    return [
+        (to_task(t, i, fp, split), i.wrong_answer) for t, i, fp in _instances(split, count, seed)
+    ]
 
 
 def generate(split: str, count: int | None = None, seed: int = DEFAULT_SEED) -> list[Task]:

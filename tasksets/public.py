@@ -20,5 +20,7 @@ def load_public(name: str = "agentbench_os") -> list[Task]:
     (with the line number) for a bad record."""
     if name not in PUBLIC_SETS:
         raise KeyError(f"unknown public task set {name!r}; one of {sorted(PUBLIC_SETS)}")
-    text = resources.files("tasksets").joinpath("data", PUBLIC_SETS[name]).read_text(encoding="utf-8")
+    text = (
+        resources.files("tasksets").joinpath("data", PUBLIC_SETS[name]).read_text(encoding="utf-8")
+    )
     return list(iter_tasks_jsonl(text.splitlines()))

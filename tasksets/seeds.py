@@ -23,8 +23,10 @@ PRODUCT_FACTORS = (1234, 5678)
 SEED_TASKS_JSON: list[dict] = [
     {
         "task_id": "seed-sha256",
-        "instruction": (f"Compute the SHA-256 hash of the string {SHA256_INPUT} (exactly these 13 characters, "
-                        "without a trailing newline) and answer with the hex digest."),
+        "instruction": (
+            f"Compute the SHA-256 hash of the string {SHA256_INPUT} (exactly these 13 characters, "
+            "without a trailing newline) and answer with the hex digest."
+        ),
         "setup": "",
         "check": {"type": "answer_equals", "expected": SHA256_EXPECTED, "case_insensitive": True},
         "reference_solution": f"printf '%s' {SHA256_INPUT} | sha256sum | cut -d' ' -f1",
@@ -32,13 +34,19 @@ SEED_TASKS_JSON: list[dict] = [
     },
     {
         "task_id": "seed-numbers",
-        "instruction": ("Write the numbers 1 to 5, one per line, into a file named numbers.txt. Then count the "
-                        "lines of numbers.txt and answer with the count."),
+        "instruction": (
+            "Write the numbers 1 to 5, one per line, into a file named numbers.txt. Then count the "
+            "lines of numbers.txt and answer with the count."
+        ),
         "setup": "",
         "check": [
             {"type": "answer_integer_equals", "expected": 5},
             {"type": "file_exists", "path": "numbers.txt"},
-            {"type": "command_output_equals", "command": "cat numbers.txt", "expected": "1\n2\n3\n4\n5"},
+            {
+                "type": "command_output_equals",
+                "command": "cat numbers.txt",
+                "expected": "1\n2\n3\n4\n5",
+            },
         ],
         "reference_solution": "seq 1 5 > numbers.txt\nwc -l < numbers.txt",
         "tags": ["seed", "difficulty:easy", "answer", "file_state"],
@@ -53,10 +61,15 @@ SEED_TASKS_JSON: list[dict] = [
     },
     {
         "task_id": "seed-product",
-        "instruction": (f"Use python3 -c to compute the product {PRODUCT_FACTORS[0]} * {PRODUCT_FACTORS[1]} and "
-                        "answer with the result."),
+        "instruction": (
+            f"Use python3 -c to compute the product {PRODUCT_FACTORS[0]} * {PRODUCT_FACTORS[1]} and "
+            "answer with the result."
+        ),
         "setup": "",
-        "check": {"type": "answer_integer_equals", "expected": PRODUCT_FACTORS[0] * PRODUCT_FACTORS[1]},
+        "check": {
+            "type": "answer_integer_equals",
+            "expected": PRODUCT_FACTORS[0] * PRODUCT_FACTORS[1],
+        },
         "reference_solution": f"python3 -c 'print({PRODUCT_FACTORS[0]} * {PRODUCT_FACTORS[1]})'",
         "tags": ["seed", "difficulty:easy", "answer"],
     },

@@ -27,7 +27,11 @@ from shellrl.contract import Task, split_name, task_to_json
 
 log = logging.getLogger(__name__)
 
-CACHE_PATH = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "shellrl" / "validated-tasks.json"
+CACHE_PATH = (
+    Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    / "shellrl"
+    / "validated-tasks.json"
+)
 REFERENCE_TIMEOUT_S = 30.0
 
 
@@ -100,7 +104,9 @@ class ValidationCache:
         tmp.replace(self.path)
 
 
-async def _verify_in_fresh_session(sandbox, verifier, task: Task, answer_script: str | None, answer: str | None):
+async def _verify_in_fresh_session(
+    sandbox, verifier, task: Task, answer_script: str | None, answer: str | None
+):
     """(verification, reference exec result or None) in a new session that is deleted afterwards."""
     session = await sandbox.create_session(setup=task.setup, env=dict(task.env))
     session_id = session["session_id"]
@@ -120,31 +126,57 @@ async def _verify_in_fresh_session(sandbox, verifier, task: Task, answer_script:
 async def validate_task(task: Task, wrong_answer: str, sandbox, verifier) -> TaskValidation:
     """Validate one task (see the module docstring). Never raises."""
     start = time.perf_counter()
-    meta = {"task_id": task.task_id, "source": task.source, "split": split_name(task.split),
-            "template": task.template}
+    meta = {
+        "task_id": task.task_id,
+        "source": task.source,
+        "split": split_name(task.split),
+        "template": task.template,
+    }
     if not task.reference_solution:
-        return TaskValidation(**meta, reference_passed=False, wrong_failed=False, detail="no reference_solution")
+        return TaskValidation(
+            **meta, reference_passed=False, wrong_failed=False, detail="no reference_solution"
+        )
     try:
-        ref, ran = await _verify_in_fresh_session(sandbox, verifier, task, task.reference_solution, None)
+        ref, ran = await _verify_in_fresh_session(
+            sandbox, verifier, task, task.reference_solution, None
+        )
         wrong, _ = await _verify_in_fresh_session(sandbox, verifier, task, None, wrong_answer)
     except Exception as exc:  # noqa: BLE001 (a task that cannot run does not validate; reported, never raised)
-        return TaskValidation(**meta, reference_passed=False, wrong_failed=False, detail=f"sandbox: {exc!r}",
-                              duration_ms=(time.perf_counter() - start) * 1000)
+        return TaskValidation(
+            **meta,
+            reference_passed=False,
+            wrong_failed=False,
+            detail=f"sandbox: {exc!r}",
+            duration_ms=(time.perf_counter() - start) * 1000,
+        )
     details = []
     reference_passed = ref.scored and ref.reward.reward == 1.0
     if not reference_passed:
         failed = [c.detail for c in ref.checks if not c.passed]
-        details.append(f"reference: {ref.failure_detail or failed} (exit {ran.exit_code if ran else '?'}, "
-                       f"stderr {ran.stderr[-200:] if ran else ''!r})")
+        details.append(
+            f"reference: {ref.failure_detail or failed} (exit {ran.exit_code if ran else '?'}, "
+            f"stderr {ran.stderr[-200:] if ran else ''!r})"
+        )
     wrong_failed = wrong.scored and wrong.reward.reward == 0.0
     if not wrong_failed:
         details.append(f"wrong answer {wrong_answer!r}: " + (wrong.failure_detail or "passed"))
-    return TaskValidation(**meta, reference_passed=reference_passed, wrong_failed=wrong_failed,
-                          detail="; ".join(details), duration_ms=(time.perf_counter() - start) * 1000)
+    return TaskValidation(
+        **meta,
+        reference_passed=reference_passed,
+        wrong_failed=wrong_failed,
+        detail="; ".join(details),
+        duration_ms=(time.perf_counter() - start) * 1000,
+    )
 
 
-async def validate_tasks(tasks: Sequence[Task], sandbox_url: str, *, wrong_answers: dict[str, str] | None = None,
-                         concurrency: int = 4, cache: ValidationCache | None = None) -> list[TaskValidation]:
+async def validate_tasks(
+    tasks: Sequence[Task],
+    sandbox_url: str,
+    *,
+    wrong_answers: dict[str, str] | None = None,
+    concurrency: int = 4,
+    cache: ValidationCache | None = None,
+) -> list[TaskValidation]:
     """Validate `tasks` against the sandbox at `sandbox_url`, `concurrency` at a time.
 
     Tasks whose content key is in `cache` are reported as validated without running; newly
@@ -155,16 +187,27 @@ async def validate_tasks(tasks: Sequence[Task], sandbox_url: str, *, wrong_answe
     from shellrl.clients.sandbox import SandboxClient
 
     sandbox = SandboxClient(sandbox_url)
-    verifier = build_verifier(VerifierSettings(sandbox_url=sandbox_url, worker_enabled=False), sandbox)
+    verifier = build_verifier(
+        VerifierSettings(sandbox_url=sandbox_url, worker_enabled=False), sandbox
+    )
     slots = asyncio.Semaphore(concurrency)
 
     async def one(task: Task) -> TaskValidation:
         key = content_key(task)
         if cache is not None and key in cache.keys:
-            return TaskValidation(task.task_id, task.source, split_name(task.split), task.template, True, True,
-                                  cached=True)
+            return TaskValidation(
+                task.task_id,
+                task.source,
+                split_name(task.split),
+                task.template,
+                True,
+                True,
+                cached=True,
+            )
         async with slots:
-            result = await validate_task(task, wrong_answer_for(task, wrong_answers), sandbox, verifier)
+            result = await validate_task(
+                task, wrong_answer_for(task, wrong_answers), sandbox, verifier
+            )
         if result.ok and cache is not None:
             cache.keys.add(key)
         return result
@@ -178,15 +221,27 @@ async def validate_tasks(tasks: Sequence[Task], sandbox_url: str, *, wrong_answe
     return list(results)
 
 
-def load_validated(name: str, split: str | None, sandbox_url: str, *, seed: int = 0,
-                   cache: ValidationCache | None = None) -> tuple[list[Task], list[TaskValidation]]:
+def load_validated(
+    name: str,
+    split: str | None,
+    sandbox_url: str,
+    *,
+    seed: int = 0,
+    cache: ValidationCache | None = None,
+) -> tuple[list[Task], list[TaskValidation]]:
     """`load_taskset(name, split)` keeping only the tasks that validate; also returns the
     failures (so that a caller can report them). Blocking; runs its own event loop."""
     from tasksets import load_taskset
 
     tasks = load_taskset(name, split, seed=seed)
-    results = asyncio.run(validate_tasks(tasks, sandbox_url, wrong_answers=generated_wrong_answers(tasks, seed),
-                                         cache=cache if cache is not None else ValidationCache()))
+    results = asyncio.run(
+        validate_tasks(
+            tasks,
+            sandbox_url,
+            wrong_answers=generated_wrong_answers(tasks, seed),
+            cache=cache if cache is not None else ValidationCache(),
+        )
+    )
     ok = {r.task_id for r in results if r.ok}
     return [t for t in tasks if t.task_id in ok], [r for r in results if not r.ok]
 
@@ -196,4 +251,8 @@ def generated_wrong_answers(tasks: Iterable[Task], seed: int = 0) -> dict[str, s
     from tasksets.generator import SOURCE, generate_with_wrong_answers
 
     splits = {split_name(t.split) for t in tasks if t.source == SOURCE}
-    return {task.task_id: wrong for s in splits for task, wrong in generate_with_wrong_answers(s, seed=seed)}
+    return {
+        task.task_id: wrong
+        for s in splits
+        for task, wrong in generate_with_wrong_answers(s, seed=seed)
+    }

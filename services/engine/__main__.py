@@ -16,8 +16,11 @@ FLAGS = (
     Flag(("--weight-version",)),
     Flag(("--max-running-requests",), {"type": int}),
     Flag(("--num-threads",), {"type": int, "help": "torch intra-op threads (0 = torch's default)"}),
-    Flag(("--disable-radix-cache",), {"action": "store_true", "help": "turn the prefix cache off"},
-         to_settings=lambda _: {"prefix_cache": False}),
+    Flag(
+        ("--disable-radix-cache",),
+        {"action": "store_true", "help": "turn the prefix cache off"},
+        to_settings=lambda _: {"prefix_cache": False},
+    ),
 )
 
 

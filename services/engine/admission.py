@@ -19,8 +19,12 @@ IN_BATCH_PREFIX_MIN_TOKENS = 32  # shared uncached prefix tokens that make a req
 Admitted = tuple[RequestState, list[int], int, list]
 
 
-def select_prefill(waiting: Iterable[RequestState], free_rows: int, prefix_cache: PrefixCache,
-                   max_prefill_tokens: int) -> list[Admitted]:
+def select_prefill(
+    waiting: Iterable[RequestState],
+    free_rows: int,
+    prefix_cache: PrefixCache,
+    max_prefill_tokens: int,
+) -> list[Admitted]:
     """The requests of `waiting` (in order) that the next prefill takes, with their prefix-cache
     hits; at most `free_rows`. Removes nothing from `waiting`."""
     group: list[Admitted] = []
@@ -31,7 +35,9 @@ def select_prefill(waiting: Iterable[RequestState], free_rows: int, prefix_cache
         tokens = state.tokens()
         cached, pieces = prefix_cache.match(tokens, len(tokens) - 1)
         if prefix_cache.enabled and any(
-                _shared_prefix(tokens, other) >= cached + IN_BATCH_PREFIX_MIN_TOKENS for _, other, _, _ in group):
+            _shared_prefix(tokens, other) >= cached + IN_BATCH_PREFIX_MIN_TOKENS
+            for _, other, _, _ in group
+        ):
             continue  # in-batch prefix caching: it will find that prefix cached after this prefill
         longest_if_added = max(longest, len(tokens) - cached)
         if group and longest_if_added * (len(group) + 1) > max_prefill_tokens:

@@ -48,11 +48,15 @@ class BufferPool:
             return self._take(numel, dtype, device)
 
     def _take(self, numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        fits = [b for b in self._free if b.numel() >= numel and b.dtype == dtype and b.device == device]
+        fits = [
+            b for b in self._free if b.numel() >= numel and b.dtype == dtype and b.device == device
+        ]
         if not fits:
             return torch.zeros(numel, dtype=dtype, device=device)
         block = min(fits, key=lambda b: b.numel())
-        self._free = [b for b in self._free if b is not block]  # by identity: == on tensors is elementwise
+        self._free = [
+            b for b in self._free if b is not block
+        ]  # by identity: == on tensors is elementwise
         block[:numel].zero_()
         return block
 
@@ -94,8 +98,8 @@ class _SlotLayer(DynamicLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         end = self.length + key_states.shape[-2]
-        self._key_buffer[:, :, self.length:end].copy_(key_states)
-        self._value_buffer[:, :, self.length:end].copy_(value_states)
+        self._key_buffer[:, :, self.length : end].copy_(key_states)
+        self._value_buffer[:, :, self.length : end].copy_(value_states)
         self.length = end
         self.keys, self.values = self._key_buffer[:, :, :end], self._value_buffer[:, :, :end]
         return self.keys, self.values
@@ -118,13 +122,18 @@ class KVShape:
     device: torch.device
 
     @staticmethod
-    def of(model) -> "KVShape":
+    def of(model) -> KVShape:
         config = model.config
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         param = next(model.parameters())
-        return KVShape(config.num_hidden_layers, getattr(config, "num_key_value_heads", None) or heads, head_dim,
-                       param.dtype, param.device)
+        return KVShape(
+            config.num_hidden_layers,
+            getattr(config, "num_key_value_heads", None) or heads,
+            head_dim,
+            param.dtype,
+            param.device,
+        )
 
     def bytes_per_token(self) -> int:
         return 2 * self.layers * self.kv_heads * self.head_dim * torch.finfo(self.dtype).bits // 8
@@ -138,7 +147,7 @@ class BatchKV:
         self.shape, self.length = shape, length
         dims = (shape.layers, 2, rows, shape.kv_heads, capacity, shape.head_dim)
         self._block = POOL.take(math.prod(dims), shape.dtype, shape.device)
-        self.kv = self._block[:math.prod(dims)].view(dims)
+        self.kv = self._block[: math.prod(dims)].view(dims)
         self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=shape.device)
 
     def release(self) -> None:
@@ -164,29 +173,36 @@ class BatchKV:
         """Room for `extra_columns` more columns (grows by copying into a larger buffer)."""
         if self.length + extra_columns <= self.capacity:
             return
-        grown = BatchKV(self.shape, self.rows, self.length, self.length + extra_columns + self.capacity // 2)
-        grown.kv[:, :, :, :, :self.length] = self.kv[:, :, :, :, :self.length]
-        grown.valid[:, :self.length] = self.valid[:, :self.length]
+        grown = BatchKV(
+            self.shape, self.rows, self.length, self.length + extra_columns + self.capacity // 2
+        )
+        grown.kv[:, :, :, :, : self.length] = self.kv[:, :, :, :, : self.length]
+        grown.valid[:, : self.length] = self.valid[:, : self.length]
         self.release()
         self.kv, self.valid, self._block = grown.kv, grown.valid, grown._block
 
     def cache(self) -> Cache:
         """A transformers Cache view over the buffer at the current length."""
-        return Cache(layers=[_SlotLayer(self.kv[i, 0], self.kv[i, 1], self.length) for i in range(self.shape.layers)])
+        return Cache(
+            layers=[
+                _SlotLayer(self.kv[i, 0], self.kv[i, 1], self.length)
+                for i in range(self.shape.layers)
+            ]
+        )
 
-    def select(self, rows: list[int]) -> "BatchKV":
+    def select(self, rows: list[int]) -> BatchKV:
         """A new BatchKV with only `rows` (in that order), leading all-padding columns dropped."""
         index = torch.tensor(rows, dtype=torch.long, device=self.kv.device)
-        valid = self.valid[index, :self.length]
+        valid = self.valid[index, : self.length]
         used = valid.any(dim=0).nonzero()
         start = int(used[0]) if len(used) else self.length
         out = BatchKV(self.shape, len(rows), self.length - start)
-        out.kv[:, :, :, :, :out.length] = self.kv[:, :, index, :, start:self.length]
-        out.valid[:, :out.length] = valid[:, start:]
+        out.kv[:, :, :, :, : out.length] = self.kv[:, :, index, :, start : self.length]
+        out.valid[:, : out.length] = valid[:, start:]
         return out
 
     @staticmethod
-    def concat(first: "BatchKV", second: "BatchKV", first_rows: list[int] | None = None) -> "BatchKV":
+    def concat(first: BatchKV, second: BatchKV, first_rows: list[int] | None = None) -> BatchKV:
         """Rows `first_rows` of `first` (default all), then all rows of `second`, right-aligned to the
         longer of the two."""
         selected = first_rows is not None and first_rows != list(range(first.rows))
@@ -196,36 +212,51 @@ class BatchKV:
         out = BatchKV(first.shape, first.rows + second.rows, length)
         for part, row0 in ((first, 0), (second, first.rows)):
             rows, col0 = slice(row0, row0 + part.rows), length - part.length
-            out.kv[:, :, rows, :, col0:length] = part.kv[:, :, :, :, :part.length]
-            out.valid[rows, col0:length] = part.valid[:, :part.length]
+            out.kv[:, :, rows, :, col0:length] = part.kv[:, :, :, :, : part.length]
+            out.valid[rows, col0:length] = part.valid[:, : part.length]
         if selected:
             first.release()  # our temporary; the caller owns the originals
         return out
 
     def row_tail(self, row: int, tokens: int) -> torch.Tensor:
         """KV of the last `tokens` real tokens of `row`: [layers, 2, kv_heads, tokens, head_dim] (a copy)."""
-        columns = self.valid[row, :self.length].nonzero().squeeze(1)[-tokens:] if tokens else None
+        columns = self.valid[row, : self.length].nonzero().squeeze(1)[-tokens:] if tokens else None
         if columns is None:
-            return self.kv.new_zeros(self.shape.layers, 2, self.shape.kv_heads, 0, self.shape.head_dim)
+            return self.kv.new_zeros(
+                self.shape.layers, 2, self.shape.kv_heads, 0, self.shape.head_dim
+            )
         return self.kv[:, :, row].index_select(3, columns)
 
     def attention_mask(self, query_valid: torch.Tensor) -> torch.Tensor:
         """Additive mask [B, 1, q, length + q] for `q` new columns with validity `query_valid` [B, q]."""
         rows, q = query_valid.shape
-        keys_valid = torch.cat([self.valid[:, :self.length], query_valid], dim=1)  # [B, length + q]
+        keys_valid = torch.cat(
+            [self.valid[:, : self.length], query_valid], dim=1
+        )  # [B, length + q]
         query_columns = torch.arange(self.length, self.length + q, device=keys_valid.device)
         key_columns = torch.arange(self.length + q, device=keys_valid.device)
         causal = key_columns[None, :] <= query_columns[:, None]  # [q, length + q]
         allowed = keys_valid[:, None, :] & causal[None]
         own = key_columns[None, :] == query_columns[:, None]
-        allowed = allowed | (own[None] & ~query_valid[:, :, None])  # padding queries see themselves only
-        mask = torch.zeros(rows, 1, q, self.length + q, dtype=self.shape.dtype, device=keys_valid.device)
+        allowed = allowed | (
+            own[None] & ~query_valid[:, :, None]
+        )  # padding queries see themselves only
+        mask = torch.zeros(
+            rows, 1, q, self.length + q, dtype=self.shape.dtype, device=keys_valid.device
+        )
         return mask.masked_fill_(~allowed[:, None], torch.finfo(self.shape.dtype).min)
 
 
 @torch.inference_mode()
-def forward_columns(model, batch: BatchKV, input_ids: torch.Tensor, positions: torch.Tensor,
-                    query_valid: torch.Tensor, *, fp32_lm_head: bool = False) -> torch.Tensor:
+def forward_columns(
+    model,
+    batch: BatchKV,
+    input_ids: torch.Tensor,
+    positions: torch.Tensor,
+    query_valid: torch.Tensor,
+    *,
+    fp32_lm_head: bool = False,
+) -> torch.Tensor:
     """Run `q` new columns for every row and append their K/V; returns last-column logits [B, V] float32.
 
     input_ids, positions: [B, q] int64 (positions are each token's real position in its sequence);
@@ -238,15 +269,27 @@ def forward_columns(model, batch: BatchKV, input_ids: torch.Tensor, positions: t
     batch.ensure_capacity(q)
     mask = batch.attention_mask(query_valid)
     if fp32_lm_head:
-        hidden = model.get_decoder()(input_ids=input_ids, position_ids=positions, attention_mask=mask,
-                                     cache=batch.cache(), use_cache=True).last_hidden_state[:, -1, :]
+        hidden = model.get_decoder()(
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=mask,
+            cache=batch.cache(),
+            use_cache=True,
+        ).last_hidden_state[:, -1, :]
         head = model.get_output_embeddings()
-        logits = torch.nn.functional.linear(hidden.float(), head.weight.float(),
-                                            None if head.bias is None else head.bias.float())
+        logits = torch.nn.functional.linear(
+            hidden.float(), head.weight.float(), None if head.bias is None else head.bias.float()
+        )
     else:
-        out = model(input_ids=input_ids, position_ids=positions, attention_mask=mask, cache=batch.cache(),
-                    use_cache=True, logits_to_keep=1)
+        out = model(
+            input_ids=input_ids,
+            position_ids=positions,
+            attention_mask=mask,
+            cache=batch.cache(),
+            use_cache=True,
+            logits_to_keep=1,
+        )
         logits = out.logits[:, -1, :].float()
-    batch.valid[:, batch.length:batch.length + q] = query_valid
+    batch.valid[:, batch.length : batch.length + q] = query_valid
     batch.length += q
     return logits

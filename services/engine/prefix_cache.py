@@ -21,7 +21,9 @@ import torch
 class _Node:
     __slots__ = ("tokens", "kv", "children", "parent", "last_used")
 
-    def __init__(self, tokens: tuple[int, ...], kv: torch.Tensor | None, parent: "_Node | None") -> None:
+    def __init__(
+        self, tokens: tuple[int, ...], kv: torch.Tensor | None, parent: _Node | None
+    ) -> None:
         self.tokens, self.kv, self.parent = tokens, kv, parent
         self.children: dict[int, _Node] = {}
         self.last_used = 0
@@ -73,9 +75,11 @@ class PrefixCache:
         while position < len(tokens):
             child = node.children.get(tokens[position])
             if child is None:
-                if position < start:  # part of the prefix was evicted meanwhile: nothing to attach to
+                if (
+                    position < start
+                ):  # part of the prefix was evicted meanwhile: nothing to attach to
                     return
-                piece = kv_tail[:, :, :, position - start:].clone()
+                piece = kv_tail[:, :, :, position - start :].clone()
                 leaf = _Node(tuple(tokens[position:]), piece, node)
                 leaf.last_used = now
                 node.children[tokens[position]] = leaf
@@ -94,7 +98,11 @@ class PrefixCache:
         tail.children, tail.last_used = node.children, node.last_used
         for grandchild in tail.children.values():
             grandchild.parent = tail
-        node.tokens, node.kv, node.children = node.tokens[:at], node.kv[:, :, :, :at], {tail.tokens[0]: tail}
+        node.tokens, node.kv, node.children = (
+            node.tokens[:at],
+            node.kv[:, :, :, :at],
+            {tail.tokens[0]: tail},
+        )
 
     def _account(self, node: _Node, sign: int) -> None:
         self.bytes += sign * node.kv.numel() * node.kv.element_size()

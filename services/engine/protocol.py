@@ -23,17 +23,45 @@ MAX_STOP_STRINGS = 32
 
 # Top-level SGLang fields accepted only with these (default) values.
 _DEFAULT_ONLY = {
-    "logprob_start_len": (-1,), "top_logprobs_num": (0,), "token_ids_logprob": (None,), "stream": (False,),
-    "return_hidden_states": (False,), "return_routed_experts": (False,), "lora_path": (None,),
-    "image_data": (None,), "video_data": (None,), "audio_data": (None,), "input_embeds": (None,),
-    "custom_logit_processor": (None,), "session_params": (None,), "return_sampling_mask": (False,),
+    "logprob_start_len": (-1,),
+    "top_logprobs_num": (0,),
+    "token_ids_logprob": (None,),
+    "stream": (False,),
+    "return_hidden_states": (False,),
+    "return_routed_experts": (False,),
+    "lora_path": (None,),
+    "image_data": (None,),
+    "video_data": (None,),
+    "audio_data": (None,),
+    "input_embeds": (None,),
+    "custom_logit_processor": (None,),
+    "session_params": (None,),
+    "return_sampling_mask": (False,),
 }
 # Top-level SGLang fields that do not change what this engine computes.
-_IGNORED = {"priority", "extra_key", "cache_salt", "routing_key", "session_id", "routed_dp_rank",
-            "data_parallel_rank", "log_metrics", "routed_experts_start_len", "bootstrap_host", "bootstrap_port",
-            "bootstrap_room"}
-_HANDLED = {"text", "input_ids", "sampling_params", "rid", "return_logprob", "return_text_in_logprobs",
-            "return_prompt_token_ids"}
+_IGNORED = {
+    "priority",
+    "extra_key",
+    "cache_salt",
+    "routing_key",
+    "session_id",
+    "routed_dp_rank",
+    "data_parallel_rank",
+    "log_metrics",
+    "routed_experts_start_len",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+}
+_HANDLED = {
+    "text",
+    "input_ids",
+    "sampling_params",
+    "rid",
+    "return_logprob",
+    "return_text_in_logprobs",
+    "return_prompt_token_ids",
+}
 
 
 class SamplingParams(BaseModel):
@@ -71,9 +99,20 @@ class SamplingParams(BaseModel):
     watermark: dict | None = None
 
 
-_UNSUPPORTED_SAMPLING = {"n": 1, "min_new_tokens": 0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-                         "repetition_penalty": 1.0, "logit_bias": None, "json_schema": None, "regex": None,
-                         "ebnf": None, "structural_tag": None, "beam_width": None, "watermark": None}
+_UNSUPPORTED_SAMPLING = {
+    "n": 1,
+    "min_new_tokens": 0,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "logit_bias": None,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "beam_width": None,
+    "watermark": None,
+}
 
 
 @dataclass(frozen=True)
@@ -102,24 +141,37 @@ class ModelLimits:
     context_length: int
 
 
-def parse_generate(body: object, limits: ModelLimits, tokenizer, new_rid) -> tuple[list[RequestSpec], bool]:
+def parse_generate(
+    body: object, limits: ModelLimits, tokenizer, new_rid
+) -> tuple[list[RequestSpec], bool]:
     """Validated specs for a `/generate` body and whether it was a batch. Raises ApiError(400)."""
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_request", "request body must be a JSON object")
     for key in body:
         if key in _DEFAULT_ONLY:
             if body[key] is not None and body[key] not in _DEFAULT_ONLY[key]:
-                raise ApiError(400, "unsupported", f"{key}={body[key]!r} is not supported by shellrl's engine", key)
+                raise ApiError(
+                    400,
+                    "unsupported",
+                    f"{key}={body[key]!r} is not supported by shellrl's engine",
+                    key,
+                )
         elif key not in _HANDLED and key not in _IGNORED:
             raise ApiError(400, "unknown_field", f"unknown field {key!r}", key)
     prompts, is_batch = _prompts(body, tokenizer, limits)
     count = len(prompts)
     params = _per_item(body.get("sampling_params") or {}, count, "sampling_params", dict, is_batch)
-    return_logprob = _per_item(body.get("return_logprob", False), count, "return_logprob", bool, is_batch)
+    return_logprob = _per_item(
+        body.get("return_logprob", False), count, "return_logprob", bool, is_batch
+    )
     rids = _rids(body.get("rid"), count, is_batch, new_rid)
     specs = []
     for i, (ids, raw, logprob, rid) in enumerate(zip(prompts, params, return_logprob, rids)):
-        field = f"sampling_params[{i}]" if isinstance(body.get("sampling_params"), list) else "sampling_params"
+        field = (
+            f"sampling_params[{i}]"
+            if isinstance(body.get("sampling_params"), list)
+            else "sampling_params"
+        )
         specs.append(_spec(rid, ids, raw, field, limits, bool(logprob), body))
     return specs, is_batch
 
@@ -127,13 +179,22 @@ def parse_generate(body: object, limits: ModelLimits, tokenizer, new_rid) -> tup
 def _prompts(body: dict, tokenizer, limits: ModelLimits) -> tuple[list[list[int]], bool]:
     given = [k for k in ("text", "input_ids") if body.get(k) is not None]
     if len(given) != 1:
-        raise ApiError(400, "invalid_request", "Either text or input_ids should be provided (exactly one).",
-                       "input_ids")
+        raise ApiError(
+            400,
+            "invalid_request",
+            "Either text or input_ids should be provided (exactly one).",
+            "input_ids",
+        )
     if given[0] == "text":
         text = body["text"]
         texts = text if isinstance(text, list) else [text]
         if not texts or not all(isinstance(t, str) for t in texts):
-            raise ApiError(400, "invalid_request", "text must be a string or a non-empty list of strings", "text")
+            raise ApiError(
+                400,
+                "invalid_request",
+                "text must be a string or a non-empty list of strings",
+                "text",
+            )
         # the tokenizer's defaults (special tokens such as a BOS included), as SGLang's tokenizer manager
         prompts = [tokenizer.encode(t) for t in texts]
         is_batch = isinstance(text, list)
@@ -149,24 +210,43 @@ def _prompts(body: dict, tokenizer, limits: ModelLimits) -> tuple[list[list[int]
             raise ApiError(400, "invalid_request", f"{given[0]} cannot be empty.", field)
         bad = [t for t in prompt if type(t) is not int or not 0 <= t < limits.vocab_size]
         if bad:
-            raise ApiError(400, "invalid_request", f"token ids must be integers in [0, {limits.vocab_size}); "
-                           f"got {bad[:5]!r}", field)
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"token ids must be integers in [0, {limits.vocab_size}); got {bad[:5]!r}",
+                field,
+            )
         if len(prompt) >= limits.context_length:
-            raise ApiError(400, "invalid_request", f"The input ({len(prompt)} tokens) is longer than the model's "
-                           f"context length ({limits.context_length} tokens).", field)
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"The input ({len(prompt)} tokens) is longer than the model's "
+                f"context length ({limits.context_length} tokens).",
+                field,
+            )
     return prompts, is_batch
 
 
 def _per_item(value, count: int, field: str, kind: type, is_batch: bool) -> list:
     if isinstance(value, list) and kind is not list:
         if not is_batch or len(value) != count:
-            raise ApiError(400, "invalid_request", f"{field} list must have one entry per prompt ({count})", field)
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"{field} list must have one entry per prompt ({count})",
+                field,
+            )
         items = value
     else:
         items = [value] * count
     for item in items:
         if not isinstance(item, kind):
-            raise ApiError(400, "invalid_request", f"{field} must be a {kind.__name__} or a list of them", field)
+            raise ApiError(
+                400,
+                "invalid_request",
+                f"{field} must be a {kind.__name__} or a list of them",
+                field,
+            )
     return items
 
 
@@ -178,10 +258,14 @@ def _max_new_tokens(requested: int | None, prompt_len: int, limits: ModelLimits,
     if requested is None:
         return room
     if requested > room:
-        raise ApiError(400, "invalid_request", "Requested token count exceeds the model's maximum context length "
-                       f"of {limits.context_length} tokens. You requested a total of {prompt_len + requested} tokens: "
-                       f"{prompt_len} tokens from the input messages and {requested} tokens for the completion.",
-                       f"{field}.max_new_tokens")
+        raise ApiError(
+            400,
+            "invalid_request",
+            "Requested token count exceeds the model's maximum context length "
+            f"of {limits.context_length} tokens. You requested a total of {prompt_len + requested} tokens: "
+            f"{prompt_len} tokens from the input messages and {requested} tokens for the completion.",
+            f"{field}.max_new_tokens",
+        )
     return requested
 
 
@@ -190,51 +274,96 @@ def _rids(rid, count: int, is_batch: bool, new_rid) -> list[str]:
         return [new_rid() for _ in range(count)]
     if isinstance(rid, str) and rid:
         return [f"{rid}_{i}" for i in range(count)] if is_batch else [rid]
-    if isinstance(rid, list) and is_batch and len(rid) == count and all(isinstance(r, str) and r for r in rid):
+    if (
+        isinstance(rid, list)
+        and is_batch
+        and len(rid) == count
+        and all(isinstance(r, str) and r for r in rid)
+    ):
         if len(set(rid)) != count:
             raise ApiError(400, "invalid_request", "rid list has duplicates", "rid")
         return list(rid)
-    raise ApiError(400, "invalid_request", "rid must be a non-empty string (or one per prompt in a batch)", "rid")
+    raise ApiError(
+        400,
+        "invalid_request",
+        "rid must be a non-empty string (or one per prompt in a batch)",
+        "rid",
+    )
 
 
-def _spec(rid: str, ids: list[int], raw: dict, field: str, limits: ModelLimits, return_logprob: bool,
-          body: dict) -> RequestSpec:
+def _spec(
+    rid: str,
+    ids: list[int],
+    raw: dict,
+    field: str,
+    limits: ModelLimits,
+    return_logprob: bool,
+    body: dict,
+) -> RequestSpec:
     try:
         # An explicit null means "the default", except for max_new_tokens, where SGLang reads null as
         # "no limit" (scheduler.py:init_req_max_new_tokens), i.e. up to the context length.
         params = SamplingParams.model_validate(
-            {k: v for k, v in raw.items() if v is not None or k == "max_new_tokens"})
+            {k: v for k, v in raw.items() if v is not None or k == "max_new_tokens"}
+        )
     except ValidationError as exc:
         error = exc.errors()[0]
         where = ".".join(str(p) for p in error["loc"])
-        raise ApiError(400, "invalid_request", f"{field}.{where}: {error['msg']}", f"{field}.{where}") from exc
+        raise ApiError(
+            400, "invalid_request", f"{field}.{where}: {error['msg']}", f"{field}.{where}"
+        ) from exc
     if params.logit_bias == {}:  # SGLang's own default (entrypoints/openai/protocol.py)
         params.logit_bias = None
     for key, default in _UNSUPPORTED_SAMPLING.items():
         if getattr(params, key) != default:
-            raise ApiError(400, "unsupported", f"{key} is not supported by shellrl's engine", f"{field}.{key}")
+            raise ApiError(
+                400, "unsupported", f"{key} is not supported by shellrl's engine", f"{field}.{key}"
+            )
     if params.top_k == 0 or params.top_k < -1:
-        raise ApiError(400, "invalid_request", "top_k must be -1 (disabled) or >= 1", f"{field}.top_k")
+        raise ApiError(
+            400, "invalid_request", "top_k must be -1 (disabled) or >= 1", f"{field}.top_k"
+        )
     stops = tuple([params.stop] if isinstance(params.stop, str) else params.stop or [])
-    regexes = tuple([params.stop_regex] if isinstance(params.stop_regex, str) else params.stop_regex or [])
+    regexes = tuple(
+        [params.stop_regex] if isinstance(params.stop_regex, str) else params.stop_regex or []
+    )
     if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
-        raise ApiError(400, "invalid_request", f"stop: at most {MAX_STOP_STRINGS} non-empty strings", f"{field}.stop")
+        raise ApiError(
+            400,
+            "invalid_request",
+            f"stop: at most {MAX_STOP_STRINGS} non-empty strings",
+            f"{field}.stop",
+        )
     for pattern in regexes:
         try:
             re.compile(pattern)
         except re.error as exc:
-            raise ApiError(400, "invalid_request", f"stop_regex {pattern!r}: {exc}", f"{field}.stop_regex") from exc
+            raise ApiError(
+                400, "invalid_request", f"stop_regex {pattern!r}: {exc}", f"{field}.stop_regex"
+            ) from exc
     if any(not 0 <= t < limits.vocab_size for t in params.stop_token_ids or []):
-        raise ApiError(400, "invalid_request", "stop_token_ids must be in the vocabulary", f"{field}.stop_token_ids")
+        raise ApiError(
+            400,
+            "invalid_request",
+            "stop_token_ids must be in the vocabulary",
+            f"{field}.stop_token_ids",
+        )
     return RequestSpec(
-        rid=rid, input_ids=tuple(ids),
+        rid=rid,
+        input_ids=tuple(ids),
         max_new_tokens=_max_new_tokens(params.max_new_tokens, len(ids), limits, field),
-        sampling=SamplingSpec(params.temperature, params.top_p, params.top_k, params.min_p, params.sampling_seed),
-        stop_strings=stops, stop_regex=regexes, stop_token_ids=frozenset(params.stop_token_ids or ()),
-        ignore_eos=params.ignore_eos, no_stop_trim=params.no_stop_trim,
+        sampling=SamplingSpec(
+            params.temperature, params.top_p, params.top_k, params.min_p, params.sampling_seed
+        ),
+        stop_strings=stops,
+        stop_regex=regexes,
+        stop_token_ids=frozenset(params.stop_token_ids or ()),
+        ignore_eos=params.ignore_eos,
+        no_stop_trim=params.no_stop_trim,
         skip_special_tokens=params.skip_special_tokens,
         spaces_between_special_tokens=params.spaces_between_special_tokens,
-        return_logprob=return_logprob, return_text_in_logprobs=bool(body.get("return_text_in_logprobs", False)),
+        return_logprob=return_logprob,
+        return_text_in_logprobs=bool(body.get("return_text_in_logprobs", False)),
         return_prompt_token_ids=bool(body.get("return_prompt_token_ids", False)),
     )
 
@@ -245,11 +374,26 @@ def render_response(state, tokenizer) -> dict:
     finish = state.finish_reason
     ids = state.output_ids
     text_ids = ids
-    if not spec.no_stop_trim and finish.get("type") == "stop" and isinstance(finish.get("matched"), int):
+    if (
+        not spec.no_stop_trim
+        and finish.get("type") == "stop"
+        and isinstance(finish.get("matched"), int)
+    ):
         text_ids = ids[:-1]  # the matched stop token is kept in output_ids but cut from text
-    text = tokenizer.decode(text_ids, skip_special_tokens=spec.skip_special_tokens,
-                            spaces_between_special_tokens=spec.spaces_between_special_tokens) if text_ids else ""
-    if not spec.no_stop_trim and finish.get("type") == "stop" and isinstance(finish.get("matched"), str):
+    text = (
+        tokenizer.decode(
+            text_ids,
+            skip_special_tokens=spec.skip_special_tokens,
+            spaces_between_special_tokens=spec.spaces_between_special_tokens,
+        )
+        if text_ids
+        else ""
+    )
+    if (
+        not spec.no_stop_trim
+        and finish.get("type") == "stop"
+        and isinstance(finish.get("matched"), str)
+    ):
         cut = _find_stop(text, finish["matched"], spec.stop_regex)
         if cut >= 0:
             text = text[:cut]
@@ -267,7 +411,11 @@ def render_response(state, tokenizer) -> dict:
     if not state.aborted_in_queue:
         meta["prompt_tokens"] = len(spec.input_ids)
     if spec.return_logprob:
-        texts = [tokenizer.decode([t]) for t in ids] if spec.return_text_in_logprobs else [None] * len(ids)
+        texts = (
+            [tokenizer.decode([t]) for t in ids]
+            if spec.return_text_in_logprobs
+            else [None] * len(ids)
+        )
         meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(state.logprobs, ids, texts)]
         meta["input_token_logprobs"] = []
         meta["output_token_logprobs_length"] = len(ids)

@@ -36,7 +36,9 @@ class RequestState:
     created_s: float = field(default_factory=time.monotonic)
     output_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    spans: list[list] = field(default_factory=list)  # [weight_version, start, end) over output tokens
+    spans: list[list] = field(
+        default_factory=list
+    )  # [weight_version, start, end) over output tokens
     finish_reason: dict | None = None
     cached_tokens: int = 0
     num_retractions: int = 0
@@ -62,8 +64,13 @@ class RequestState:
             self.spans.append([weight_version, n - 1, n])
 
 
-def new_request_state(spec: RequestSpec, loop: asyncio.AbstractEventLoop, tokenizer, *,
-                      device: torch.device | str | None) -> RequestState:
+def new_request_state(
+    spec: RequestSpec,
+    loop: asyncio.AbstractEventLoop,
+    tokenizer,
+    *,
+    device: torch.device | str | None,
+) -> RequestState:
     """A fresh state for `spec`, its future on `loop`; `device` holds its sampling generator
     (seeded requests only)."""
     state = RequestState(spec, loop.create_future(), loop)
@@ -73,8 +80,12 @@ def new_request_state(spec: RequestSpec, loop: asyncio.AbstractEventLoop, tokeni
     # + 1 tokens always hold it. SGLang also searches the whole decoded text
     # (Req._check_str_based_finish).
     state.stop_window_tokens = 1 + max(
-        (max(len(s.encode("utf-8")), len(tokenizer.encode(s, add_special_tokens=False)))
-         for s in spec.stop_strings), default=0)
+        (
+            max(len(s.encode("utf-8")), len(tokenizer.encode(s, add_special_tokens=False)))
+            for s in spec.stop_strings
+        ),
+        default=0,
+    )
     if spec.stop_regex:
         state.stop_window_tokens = max(state.stop_window_tokens, 64)
     if spec.sampling.seed is not None:
@@ -88,8 +99,10 @@ def stop_reason(state: RequestState, tokenizer, eos_token_ids: set[int]) -> dict
     allowed token is "stop", not "length": the learner's overlong filter reads it as complete."""
     spec, token = state.spec, state.output_ids[-1]
     if spec.stop_strings or spec.stop_regex:
-        tail = tokenizer.decode(state.output_ids[-state.stop_window_tokens:],
-                                skip_special_tokens=spec.skip_special_tokens)
+        tail = tokenizer.decode(
+            state.output_ids[-state.stop_window_tokens :],
+            skip_special_tokens=spec.skip_special_tokens,
+        )
         for stop in spec.stop_strings:
             if stop in tail:
                 return {"type": "stop", "matched": stop}
@@ -105,8 +118,12 @@ def stop_reason(state: RequestState, tokenizer, eos_token_ids: set[int]) -> dict
 
 def engine_error(exc: Exception) -> dict:
     """The finish reason of a request whose forward pass failed (HTTP 500 at `/generate`)."""
-    return {"type": "abort", "message": f"engine error: {exc!r}", "status_code": 500,
-            "err_type": "InternalServerError"}
+    return {
+        "type": "abort",
+        "message": f"engine error: {exc!r}",
+        "status_code": 500,
+        "err_type": "InternalServerError",
+    }
 
 
 def finish(state: RequestState, reason: dict, weight_version: str) -> None:

@@ -26,8 +26,15 @@ COMPACT_MIN_DEAD_ROWS = 8
 class RunningBatch:
     """Rows (`None` = finished, awaiting compaction) and their KV (see the module docstring)."""
 
-    def __init__(self, model, kv_shape: KVShape, prefix_cache: PrefixCache, *,
-                 max_prefill_tokens: int, fp32_lm_head: bool) -> None:
+    def __init__(
+        self,
+        model,
+        kv_shape: KVShape,
+        prefix_cache: PrefixCache,
+        *,
+        max_prefill_tokens: int,
+        fp32_lm_head: bool,
+    ) -> None:
         self.model, self.kv_shape, self.prefix_cache = model, kv_shape, prefix_cache
         self.max_prefill_tokens, self.fp32_lm_head = max_prefill_tokens, fp32_lm_head
         self.rows: list[RequestState | None] = []  # None = finished, awaiting compaction
@@ -72,11 +79,14 @@ class RunningBatch:
         self.replace(kv, [*self.live(), *states])
         return len(self.rows) - len(states)
 
-    def offer_to_prefix_cache(self, state: RequestState, row: int, kv: BatchKV | None = None,
-                              upto: int | None = None) -> None:
+    def offer_to_prefix_cache(
+        self, state: RequestState, row: int, kv: BatchKV | None = None, upto: int | None = None
+    ) -> None:
         """Give the prefix cache the KV this row computed that it has not offered yet."""
         kv = kv or self.kv
-        tokens = state.tokens()[:upto if upto is not None else len(state.tokens()) - 1]  # last token: no KV yet
+        tokens = state.tokens()[
+            : upto if upto is not None else len(state.tokens()) - 1
+        ]  # last token: no KV yet
         new = len(tokens) - state.kv_inserted
         if kv is None or new <= 0 or not self.prefix_cache.enabled:
             return
@@ -100,13 +110,13 @@ class RunningBatch:
         for row, (state, tokens, cached, pieces) in enumerate(group):
             column = cached_max - cached
             for piece in pieces:
-                batch.kv[:, :, row, :, column:column + piece.shape[3]] = piece
+                batch.kv[:, :, row, :, column : column + piece.shape[3]] = piece
                 column += piece.shape[3]
-            batch.valid[row, cached_max - cached:cached_max] = True
+            batch.valid[row, cached_max - cached : cached_max] = True
             suffix = len(tokens) - cached
-            ids[row, suffix_max - suffix:] = torch.tensor(tokens[cached:])
-            positions[row, suffix_max - suffix:] = torch.arange(cached, len(tokens))
-            query_valid[row, suffix_max - suffix:] = True
+            ids[row, suffix_max - suffix :] = torch.tensor(tokens[cached:])
+            positions[row, suffix_max - suffix :] = torch.arange(cached, len(tokens))
+            query_valid[row, suffix_max - suffix :] = True
             state.cached_tokens = max(state.cached_tokens, min(cached, len(state.spec.input_ids)))
             if state.num_retractions == 0 or not state.output_ids:
                 metrics.PROMPT_TOKENS.inc(len(state.spec.input_ids))
@@ -114,8 +124,14 @@ class RunningBatch:
         chunk = max(1, self.max_prefill_tokens // rows)
         for c0 in range(0, suffix_max, chunk):
             c1 = min(suffix_max, c0 + chunk)
-            logits = forward_columns(self.model, batch, ids[:, c0:c1].to(device), positions[:, c0:c1].to(device),
-                                     query_valid[:, c0:c1].to(device), fp32_lm_head=self.fp32_lm_head)
+            logits = forward_columns(
+                self.model,
+                batch,
+                ids[:, c0:c1].to(device),
+                positions[:, c0:c1].to(device),
+                query_valid[:, c0:c1].to(device),
+                fp32_lm_head=self.fp32_lm_head,
+            )
         generation = self.prefix_cache.generation
         for row, (state, tokens, cached, _) in enumerate(group):
             state.kv_generation, state.kv_inserted = generation, cached
@@ -127,20 +143,32 @@ class RunningBatch:
         (finished rows: padding)."""
         device = self.kv_shape.device
         rows = self.rows  # finished rows (None) ride along as padding until compaction
-        ids = torch.tensor([[s.output_ids[-1] if s else 0] for s in rows], dtype=torch.long, device=device)
-        positions = torch.tensor([[len(s.spec.input_ids) + len(s.output_ids) - 1 if s else 0] for s in rows],
-                                 dtype=torch.long, device=device)
+        ids = torch.tensor(
+            [[s.output_ids[-1] if s else 0] for s in rows], dtype=torch.long, device=device
+        )
+        positions = torch.tensor(
+            [[len(s.spec.input_ids) + len(s.output_ids) - 1 if s else 0] for s in rows],
+            dtype=torch.long,
+            device=device,
+        )
         valid = torch.tensor([[s is not None] for s in rows], dtype=torch.bool, device=device)
-        return forward_columns(self.model, self.kv, ids, positions, valid,
-                               fp32_lm_head=self.fp32_lm_head)
+        return forward_columns(
+            self.model, self.kv, ids, positions, valid, fp32_lm_head=self.fp32_lm_head
+        )
 
-    def sample(self, logits: torch.Tensor,
-               first_row: int) -> list[tuple[int, RequestState, int, float]]:
+    def sample(
+        self, logits: torch.Tensor, first_row: int
+    ) -> list[tuple[int, RequestState, int, float]]:
         """One token for each live row in [first_row, first_row + len(logits)) from `logits`
         [len, vocab] float32: [(row, state, token id, its log-prob)], in row order."""
-        rows = [first_row + i for i in range(logits.shape[0])
-                if self.rows[first_row + i] is not None]
+        rows = [
+            first_row + i for i in range(logits.shape[0]) if self.rows[first_row + i] is not None
+        ]
         states = [self.rows[row] for row in rows]
-        logits = logits[[row - first_row for row in rows]] if len(rows) < logits.shape[0] else logits
-        tokens, logprobs = sample_next(logits, [s.spec.sampling for s in states], [s.generator for s in states])
+        logits = (
+            logits[[row - first_row for row in rows]] if len(rows) < logits.shape[0] else logits
+        )
+        tokens, logprobs = sample_next(
+            logits, [s.spec.sampling for s in states], [s.generator for s in states]
+        )
         return list(zip(rows, states, tokens.tolist(), logprobs.tolist()))

@@ -32,16 +32,20 @@ class SamplingSpec:
         return self.temperature < GREEDY_BELOW
 
 
-def sample_next(logits: torch.Tensor, specs: list[SamplingSpec],
-                generators: list[torch.Generator | None]) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_next(
+    logits: torch.Tensor, specs: list[SamplingSpec], generators: list[torch.Generator | None]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Next token and its log-prob for each row.
 
     logits: [B, V] float32. specs, generators: one per row (a generator makes a row's draws depend
     only on its own seed, not on the batch). Returns (tokens [B] int64, logprobs [B] float32).
     """
     rows = logits.shape[0]
-    temperatures = torch.tensor([1.0 if s.greedy else s.temperature for s in specs], dtype=logits.dtype,
-                                device=logits.device)
+    temperatures = torch.tensor(
+        [1.0 if s.greedy else s.temperature for s in specs],
+        dtype=logits.dtype,
+        device=logits.device,
+    )
     logprobs_all = torch.log_softmax(logits / temperatures[:, None], dim=-1)
     tokens = torch.empty(rows, dtype=torch.long, device=logits.device)
     for row, (spec, generator) in enumerate(zip(specs, generators)):
@@ -61,8 +65,10 @@ def _truncated_probs(logprobs: torch.Tensor, spec: SamplingSpec) -> torch.Tensor
         sorted_probs, order = torch.sort(probs, descending=True)
         keep = torch.ones_like(sorted_probs, dtype=torch.bool)
         if 0 < spec.top_k < vocab:
-            keep[spec.top_k:] = False
-        if spec.top_p < 1.0:  # keep the smallest head whose mass reaches top_p (the first token always)
+            keep[spec.top_k :] = False
+        if (
+            spec.top_p < 1.0
+        ):  # keep the smallest head whose mass reaches top_p (the first token always)
             before = torch.cumsum(sorted_probs, 0) - sorted_probs
             keep &= before <= spec.top_p
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs * keep)

@@ -33,8 +33,15 @@ from services.engine.kv_batch import POOL, KVShape
 from services.engine.prefix_cache import PrefixCache
 from services.engine.protocol import RequestSpec
 from services.engine.request_state import (
-    ABORTED, ABORTED_IN_QUEUE, DuplicateRequestId, RequestState, engine_error, finish,
-    new_request_state, stop_reason)
+    ABORTED,
+    ABORTED_IN_QUEUE,
+    DuplicateRequestId,
+    RequestState,
+    engine_error,
+    finish,
+    new_request_state,
+    stop_reason,
+)
 from services.engine.running_batch import RunningBatch
 
 log = logging.getLogger(__name__)
@@ -52,12 +59,24 @@ class _Command:
 class Scheduler:
     """Owns the model, the running batch and the prefix cache (see the module docstring)."""
 
-    def __init__(self, model, tokenizer, *, weight_version: str, max_running_requests: int,
-                 max_prefill_tokens: int, prefix_cache: PrefixCache, eos_token_ids: set[int],
-                 fp32_lm_head: bool = False) -> None:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        weight_version: str,
+        max_running_requests: int,
+        max_prefill_tokens: int,
+        prefix_cache: PrefixCache,
+        eos_token_ids: set[int],
+        fp32_lm_head: bool = False,
+    ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.weight_version = weight_version
-        self.max_running_requests, self.max_prefill_tokens = max_running_requests, max_prefill_tokens
+        self.max_running_requests, self.max_prefill_tokens = (
+            max_running_requests,
+            max_prefill_tokens,
+        )
         self.prefix_cache, self.eos_token_ids = prefix_cache, eos_token_ids
         self.kv_shape = KVShape.of(model)
         self.paused: str | None = None
@@ -68,8 +87,13 @@ class Scheduler:
         self._rids: set[str] = set()
         self._waiting: deque[RequestState] = deque()
         self._held: list[RequestState] = []  # arrived while paused
-        self._batch = RunningBatch(model, self.kv_shape, prefix_cache,
-                                   max_prefill_tokens=max_prefill_tokens, fp32_lm_head=fp32_lm_head)
+        self._batch = RunningBatch(
+            model,
+            self.kv_shape,
+            prefix_cache,
+            max_prefill_tokens=max_prefill_tokens,
+            fp32_lm_head=fp32_lm_head,
+        )
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
 
@@ -91,7 +115,9 @@ class Scheduler:
         """Queue a request; its future resolves with the finished state. Raises DuplicateRequestId."""
         return self.submit_many([spec], loop)[0]
 
-    def submit_many(self, specs: list[RequestSpec], loop: asyncio.AbstractEventLoop) -> list[RequestState]:
+    def submit_many(
+        self, specs: list[RequestSpec], loop: asyncio.AbstractEventLoop
+    ) -> list[RequestState]:
         """Queue the requests of one /generate call, all or none: DuplicateRequestId if any rid is
         already live (nothing is queued then, so a refused batch disturbs no other request)."""
         device = self.kv_shape.device
@@ -105,7 +131,9 @@ class Scheduler:
         self._wake.set()
         return states
 
-    def call(self, fn: Callable[[], object], *, when_idle: bool = False) -> concurrent.futures.Future:
+    def call(
+        self, fn: Callable[[], object], *, when_idle: bool = False
+    ) -> concurrent.futures.Future:
         """Run `fn` on the scheduler thread between two steps. `when_idle`: only once no request is
         running (new requests are not admitted meanwhile) unless generation is paused."""
         command = _Command(fn, concurrent.futures.Future(), when_idle)
@@ -115,8 +143,11 @@ class Scheduler:
         return command.result
 
     def loads(self) -> dict:
-        return {"num_running_reqs": len(self._batch.live()),
-                "num_waiting_reqs": len(self._waiting) + len(self._held), "paused": self.paused}
+        return {
+            "num_running_reqs": len(self._batch.live()),
+            "num_waiting_reqs": len(self._waiting) + len(self._held),
+            "paused": self.paused,
+        }
 
     # ----- commands (run on the scheduler thread through `call`) -----------------------------------
 
@@ -249,8 +280,12 @@ class Scheduler:
 
     def _admit(self) -> bool:
         """Prefill as many waiting requests as the running limit and the token budget allow."""
-        group = select_prefill(self._waiting, self.max_running_requests - len(self._batch.live()),
-                               self.prefix_cache, self.max_prefill_tokens)
+        group = select_prefill(
+            self._waiting,
+            self.max_running_requests - len(self._batch.live()),
+            self.prefix_cache,
+            self.max_prefill_tokens,
+        )
         if not group:
             return False
         for state, *_ in group:

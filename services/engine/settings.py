@@ -14,20 +14,41 @@ class EngineSettings(ServiceSettings):
 
     default_port: ClassVar[int] = 30000  # SGLang's default
 
-    model_path: str = Field("smollm2", description="'smollm2', 'tiny' or a local Hugging Face directory.")
-    served_model_name: str | None = Field(None, description="Name reported by /model_info (default: model_path).")
+    model_path: str = Field(
+        "smollm2", description="'smollm2', 'tiny' or a local Hugging Face directory."
+    )
+    served_model_name: str | None = Field(
+        None, description="Name reported by /model_info (default: model_path)."
+    )
     device: str = Field("cpu", description="torch device: 'cpu', 'cuda', 'cuda:1'.")
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
-        "auto", description="Model dtype; auto = float32 on CPU, bfloat16 on CUDA.")
-    weight_version: str = Field("default", description="Initial weight version string (SGLang --weight-version).")
+        "auto", description="Model dtype; auto = float32 on CPU, bfloat16 on CUDA."
+    )
+    weight_version: str = Field(
+        "default", description="Initial weight version string (SGLang --weight-version)."
+    )
     max_running_requests: int = Field(64, ge=1, description="Requests decoded together at most.")
-    max_prefill_tokens: int = Field(4096, ge=16,
-                                    description="Padded tokens per prefill forward (rows x longest suffix); "
-                                                "longer prompts are prefilled in chunks.")
-    prefix_cache: bool = Field(True, description="Reuse KV of shared token prefixes (SGLang: not --disable-radix-cache).")
-    prefix_cache_max_bytes: int = Field(1 << 30, ge=0, description="KV bytes the prefix cache may hold.")
+    max_prefill_tokens: int = Field(
+        4096,
+        ge=16,
+        description="Padded tokens per prefill forward (rows x longest suffix); "
+        "longer prompts are prefilled in chunks.",
+    )
+    prefix_cache: bool = Field(
+        True, description="Reuse KV of shared token prefixes (SGLang: not --disable-radix-cache)."
+    )
+    prefix_cache_max_bytes: int = Field(
+        1 << 30, ge=0, description="KV bytes the prefix cache may hold."
+    )
     num_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default.")
-    attn_implementation: Literal["sdpa", "eager"] = Field("sdpa", description="transformers attention kernel.")
-    fp32_lm_head: bool = Field(True, description="LM head in float32 (hidden and weight cast up), as the learner "
-                                                 "computes it; bf16 logits cost ~0.03 nats of log-prob parity.")
-    health_check_timeout_s: float = Field(20.0, gt=0, description="/health_generate gives 503 after this.")
+    attn_implementation: Literal["sdpa", "eager"] = Field(
+        "sdpa", description="transformers attention kernel."
+    )
+    fp32_lm_head: bool = Field(
+        True,
+        description="LM head in float32 (hidden and weight cast up), as the learner "
+        "computes it; bf16 logits cost ~0.03 nats of log-prob parity.",
+    )
+    health_check_timeout_s: float = Field(
+        20.0, gt=0, description="/health_generate gives 503 after this."
+    )

@@ -21,8 +21,12 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-CANDIDATES = ("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
-              "/usr/lib64/libjemalloc.so.2", "/usr/local/lib/libjemalloc.so.2")
+CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+    "/usr/lib/aarch64-linux-gnu/libjemalloc.so.2",
+    "/usr/lib64/libjemalloc.so.2",
+    "/usr/local/lib/libjemalloc.so.2",
+)
 
 
 def jemalloc_path() -> str | None:
@@ -45,11 +49,15 @@ def reexec_with_jemalloc(module: str, argv: list[str]) -> None:
         return
     library = jemalloc_path()
     if library is None:
-        log.warning("libjemalloc.so.2 not found (apt-get install libjemalloc2): using glibc malloc, "
-                    "whose RSS runs several times above live tensor memory")
+        log.warning(
+            "libjemalloc.so.2 not found (apt-get install libjemalloc2): using glibc malloc, "
+            "whose RSS runs several times above live tensor memory"
+        )
         return
     env = dict(os.environ)
-    env["LD_PRELOAD"] = f"{library} {env['LD_PRELOAD']}".strip() if env.get("LD_PRELOAD") else library
+    env["LD_PRELOAD"] = (
+        f"{library} {env['LD_PRELOAD']}".strip() if env.get("LD_PRELOAD") else library
+    )
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)

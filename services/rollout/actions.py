@@ -19,7 +19,9 @@ from dataclasses import dataclass
 _OPEN = re.compile(r"<\s*(bash|answer)\s*>", re.IGNORECASE)
 _CLOSE = re.compile(r"<\s*/\s*(bash|answer)\s*>", re.IGNORECASE)
 
-FORMAT_HINT = "Reply with <bash>COMMAND</bash> to run one command, or <answer>ANSWER</answer> to finish."
+FORMAT_HINT = (
+    "Reply with <bash>COMMAND</bash> to run one command, or <answer>ANSWER</answer> to finish."
+)
 
 
 @dataclass(frozen=True)
@@ -55,19 +57,28 @@ def parse_action(text: str, end_of_turn: str = "") -> Action:
         close = _CLOSE.search(text)
         if close:
             tag = close.group(1).lower()
-            return ParseError("unopened_tag", f"error: found </{tag}> without <{tag}>. {FORMAT_HINT}")
+            return ParseError(
+                "unopened_tag", f"error: found </{tag}> without <{tag}>. {FORMAT_HINT}"
+            )
         return ParseError("no_action", f"error: no action found. {FORMAT_HINT}")
     first = opens[0]
     tag = first.group(1).lower()
     close = next((c for c in _CLOSE.finditer(text, first.end()) if c.group(1).lower() == tag), None)
     if close is None:
-        return ParseError("unclosed_tag", f"error: <{tag}> was not closed with </{tag}>. {FORMAT_HINT}")
+        return ParseError(
+            "unclosed_tag", f"error: <{tag}> was not closed with </{tag}>. {FORMAT_HINT}"
+        )
     if len(opens) > 1:
-        return ParseError("two_actions", f"error: more than one action in one reply; give exactly one. {FORMAT_HINT}")
-    body = text[first.end():close.start()]
+        return ParseError(
+            "two_actions",
+            f"error: more than one action in one reply; give exactly one. {FORMAT_HINT}",
+        )
+    body = text[first.end() : close.start()]
     if tag == "answer":
         return AnswerAction(body.strip())
     command = body.strip()
     if not command:
-        return ParseError("empty_command", f"error: the command in <bash></bash> is empty. {FORMAT_HINT}")
+        return ParseError(
+            "empty_command", f"error: the command in <bash></bash> is empty. {FORMAT_HINT}"
+        )
     return BashAction(command)

@@ -165,9 +165,11 @@ class PolicyVersionWatcher:
     async def run(self) -> None:
         """Forever: listen on shellrl:policy:updates and poll the key; survives Redis outages
         (any error is retried every `poll_s`, tenacity)."""
-        async for attempt in AsyncRetrying(retry=retry_if_exception_type(Exception),
-                                           wait=wait_fixed(self.poll_s),
-                                           before_sleep=_watch_failed):
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(Exception),
+            wait=wait_fixed(self.poll_s),
+            before_sleep=_watch_failed,
+        ):
             with attempt:
                 await self._listen()
 
@@ -193,12 +195,26 @@ def _watch_failed(state: RetryCallState) -> None:
 class Admission:
     """Check-and-admit against the staleness bound; `admit` waits until a group fits."""
 
-    def __init__(self, redis: aioredis.Redis, watcher: PolicyVersionWatcher, *, replica: str, max_staleness: int,
-                 groups_per_step: int, strict: bool = True, poll_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        watcher: PolicyVersionWatcher,
+        *,
+        replica: str,
+        max_staleness: int,
+        groups_per_step: int,
+        strict: bool = True,
+        poll_s: float = 1.0,
+    ) -> None:
         if max_staleness < 0 or groups_per_step < 1:
             raise ValueError("max_staleness >= 0 and groups_per_step >= 1")
         self.redis, self.watcher, self.replica = redis, watcher, replica
-        self.max_staleness, self.groups_per_step, self.strict, self.poll_s = max_staleness, groups_per_step, strict, poll_s
+        self.max_staleness, self.groups_per_step, self.strict, self.poll_s = (
+            max_staleness,
+            groups_per_step,
+            strict,
+            poll_s,
+        )
         self._admit = redis.register_script(_ADMIT)
         self._finish = redis.register_script(_FINISH)
         self._member_lost = redis.register_script(_MEMBER_LOST)
@@ -239,8 +255,10 @@ class Admission:
         """The verifier failed a member of `group_id` with INFRA after hand-off (idempotent by
         `trajectory_id`). Gives the group's slot back when this leaves it below MIN_USABLE
         usable members (once per group). Returns whether it was given back now."""
-        result = await self._member_lost(keys=[ADMITTED_KEY, group_accounting_key(group_id)],
-                                         args=[trajectory_id, MIN_USABLE, GROUP_ACCOUNTING_TTL_S])
+        result = await self._member_lost(
+            keys=[ADMITTED_KEY, group_accounting_key(group_id)],
+            args=[trajectory_id, MIN_USABLE, GROUP_ACCOUNTING_TTL_S],
+        )
         if int(result) == 2:
             m.GROUPS_RELEASED.inc()
             self.watcher.wake()
@@ -255,7 +273,8 @@ class Admission:
     async def _end(self, member: str, group_id: str, usable: int) -> tuple[int, int]:
         removed, given_back = await self._finish(
             keys=[ADMITTED_KEY, INFLIGHT_KEY, group_accounting_key(group_id)],
-            args=[member, usable, MIN_USABLE, GROUP_ACCOUNTING_TTL_S])
+            args=[member, usable, MIN_USABLE, GROUP_ACCOUNTING_TTL_S],
+        )
         if given_back:
             m.GROUPS_RELEASED.inc()
         return int(removed), int(given_back)
@@ -263,11 +282,16 @@ class Admission:
     async def recover(self) -> int:
         """At start-up: groups this replica had in flight died with it; give their slots back."""
         prefix = f"{self.replica}|".encode()
-        members = [mb for mb in await self.redis.zrange(INFLIGHT_KEY, 0, -1) if mb.startswith(prefix)]
+        members = [
+            mb for mb in await self.redis.zrange(INFLIGHT_KEY, 0, -1) if mb.startswith(prefix)
+        ]
         for member in members:
-            await self._end(member.decode(), member.decode()[len(prefix):], 0)
+            await self._end(member.decode(), member.decode()[len(prefix) :], 0)
         if members:
-            log.warning("gave back admission of groups in flight at the last shutdown", extra={"groups": len(members)})
+            log.warning(
+                "gave back admission of groups in flight at the last shutdown",
+                extra={"groups": len(members)},
+            )
         return len(members)
 
     async def state(self) -> AdmissionState:
@@ -280,5 +304,10 @@ class Admission:
         v = int(version) if version is not None else 0
         oldest_v = int(oldest[0][1]) if oldest else None
         base = min(v, oldest_v) if self.strict and oldest_v is not None else v
-        return AdmissionState(v, int(admitted) if admitted is not None else v * self.groups_per_step,
-                              (base + self.max_staleness + 1) * self.groups_per_step, oldest_v, int(inflight))
+        return AdmissionState(
+            v,
+            int(admitted) if admitted is not None else v * self.groups_per_step,
+            (base + self.max_staleness + 1) * self.groups_per_step,
+            oldest_v,
+            int(inflight),
+        )

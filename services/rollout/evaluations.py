@@ -48,8 +48,15 @@ class EvaluationPlan:
 
 
 class Evaluations:
-    def __init__(self, redis: aioredis.Redis, store: TaskStore, agent: AgentLoop, verifier: VerifierClient, *,
-                 max_in_flight: int) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        store: TaskStore,
+        agent: AgentLoop,
+        verifier: VerifierClient,
+        *,
+        max_in_flight: int,
+    ) -> None:
         self.redis, self.store, self.agent, self.verifier = redis, store, agent, verifier
         self._slots = asyncio.Semaphore(max_in_flight)
         self._running: dict[str, asyncio.Task] = {}
@@ -61,7 +68,9 @@ class Evaluations:
         for raw in await self.redis.zrange(EVALUATION_INDEX_KEY, 0, -1):
             key = evaluation_key(raw.decode())
             if (await self.redis.hget(key, "state")) == b"running":
-                await self.redis.hset(key, mapping={"state": "interrupted", "finished_at": f"{time.time():.3f}"})
+                await self.redis.hset(
+                    key, mapping={"state": "interrupted", "finished_at": f"{time.time():.3f}"}
+                )
                 n += 1
         return n
 
@@ -69,14 +78,22 @@ class Evaluations:
         evaluation_id = f"eval-{uuid.uuid4().hex[:12]}"
         raw_version = await self.redis.get(POLICY_VERSION_KEY)
         version = int(raw_version) if raw_version is not None else 0
-        meta = {"evaluation_id": evaluation_id, "split": plan.split, "task_ids": plan.task_ids,
-                "episodes_per_task": plan.episodes_per_task, "sampling": asdict(plan.sampling),
-                "max_turns": plan.max_turns, "policy_version": version,
-                "budget_episodes": len(plan.task_ids) * plan.episodes_per_task}
+        meta = {
+            "evaluation_id": evaluation_id,
+            "split": plan.split,
+            "task_ids": plan.task_ids,
+            "episodes_per_task": plan.episodes_per_task,
+            "sampling": asdict(plan.sampling),
+            "max_turns": plan.max_turns,
+            "policy_version": version,
+            "budget_episodes": len(plan.task_ids) * plan.episodes_per_task,
+        }
         now = time.time()
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(evaluation_key(evaluation_id), mapping={"meta": json.dumps(meta), "state": "running",
-                                                        "created_at": f"{now:.3f}"})
+            pipe.hset(
+                evaluation_key(evaluation_id),
+                mapping={"meta": json.dumps(meta), "state": "running", "created_at": f"{now:.3f}"},
+            )
             pipe.zadd(EVALUATION_INDEX_KEY, {evaluation_id: now})
             await pipe.execute()
         runner = asyncio.create_task(self._run(evaluation_id, plan))
@@ -87,8 +104,11 @@ class Evaluations:
     async def _run(self, evaluation_id: str, plan: EvaluationPlan) -> None:
         state = "done"
         try:
-            jobs = [self._episode(evaluation_id, plan, task_id, k)
-                    for task_id in plan.task_ids for k in range(plan.episodes_per_task)]
+            jobs = [
+                self._episode(evaluation_id, plan, task_id, k)
+                for task_id in plan.task_ids
+                for k in range(plan.episodes_per_task)
+            ]
             await asyncio.gather(*jobs)
         except asyncio.CancelledError:
             state = "interrupted"
@@ -97,13 +117,20 @@ class Evaluations:
             log.exception("evaluation failed", extra={"evaluation_id": evaluation_id})
             state = "failed"
         finally:
-            await self.redis.hset(evaluation_key(evaluation_id), mapping={"state": state, "finished_at": f"{time.time():.3f}"})
+            await self.redis.hset(
+                evaluation_key(evaluation_id),
+                mapping={"state": state, "finished_at": f"{time.time():.3f}"},
+            )
             m.EVALUATIONS.labels(state).inc()
 
-    async def _episode(self, evaluation_id: str, plan: EvaluationPlan, task_id: str, k: int) -> None:
+    async def _episode(
+        self, evaluation_id: str, plan: EvaluationPlan, task_id: str, k: int
+    ) -> None:
         task = await self.store.get_task(task_id)
         if task is None:
-            await self._record(evaluation_id, {"task_id": task_id, "episode": k, "outcome": "unknown_task"})
+            await self._record(
+                evaluation_id, {"task_id": task_id, "episode": k, "outcome": "unknown_task"}
+            )
             return
         if plan.max_turns:
             task.max_turns = plan.max_turns
@@ -111,8 +138,14 @@ class Evaluations:
             self._in_flight += 1
             m.EVAL_EPISODES_IN_FLIGHT.set(self._in_flight)
             try:
-                spec = EpisodeSpec(task=task, trajectory_id=f"{evaluation_id}-{task_id}-{k}", eval=True,
-                                   evaluation_id=evaluation_id, sampling=plan.sampling, keep_session=True)
+                spec = EpisodeSpec(
+                    task=task,
+                    trajectory_id=f"{evaluation_id}-{task_id}-{k}",
+                    eval=True,
+                    evaluation_id=evaluation_id,
+                    sampling=plan.sampling,
+                    keep_session=True,
+                )
                 traj = await self.agent.run(spec)
                 result = await self._score(task, traj)
             finally:
@@ -121,23 +154,42 @@ class Evaluations:
         await self._record(evaluation_id, {"task_id": task_id, "episode": k, **result})
 
     async def _score(self, task: Task, traj: Trajectory) -> dict:
-        out = {"trajectory_id": traj.trajectory_id, "answer": traj.answer if traj.end == EpisodeEnd.EPISODE_END_ANSWER else None,
-               "end": EpisodeEnd.Name(traj.end).removeprefix("EPISODE_END_").lower(), "num_turns": traj.num_turns,
-               "policy_versions": sorted({s.policy_version for s in traj.segments if s.kind == 1 and s.token_ids}),
-               "min_policy_version": min_policy_version(traj), "reward": None}
+        out = {
+            "trajectory_id": traj.trajectory_id,
+            "answer": traj.answer if traj.end == EpisodeEnd.EPISODE_END_ANSWER else None,
+            "end": EpisodeEnd.Name(traj.end).removeprefix("EPISODE_END_").lower(),
+            "num_turns": traj.num_turns,
+            "policy_versions": sorted(
+                {s.policy_version for s in traj.segments if s.kind == 1 and s.token_ids}
+            ),
+            "min_policy_version": min_policy_version(traj),
+            "reward": None,
+        }
         if traj.failure != Failure.FAILURE_NONE:
-            return {**out, "outcome": Failure.Name(traj.failure).removeprefix("FAILURE_").lower(),
-                    "failure_detail": traj.failure_detail}
+            return {
+                **out,
+                "outcome": Failure.Name(traj.failure).removeprefix("FAILURE_").lower(),
+                "failure_detail": traj.failure_detail,
+            }
         try:
             verdict = await self.verifier.verify(task, out["answer"], traj.sandbox_session_id, traj)
         except Exception as exc:
             await self.agent._delete_session(traj.sandbox_session_id)
             return {**out, "outcome": "infra_verifier", "failure_detail": f"verifier: {exc}"[:1000]}
         if verdict.get("failure") or verdict.get("reward") is None:
-            return {**out, "outcome": "infra_verifier", "failure_detail": verdict.get("failure_detail", "")}
+            return {
+                **out,
+                "outcome": "infra_verifier",
+                "failure_detail": verdict.get("failure_detail", ""),
+            }
         reward = float(verdict["reward"])
-        return {**out, "reward": reward, "outcome": "success" if reward >= 1.0 else "wrong",
-                "checks": verdict.get("checks", []), "verifier_version": verdict.get("verifier_version")}
+        return {
+            **out,
+            "reward": reward,
+            "outcome": "success" if reward >= 1.0 else "wrong",
+            "checks": verdict.get("checks", []),
+            "verifier_version": verdict.get("verifier_version"),
+        }
 
     async def _record(self, evaluation_id: str, result: dict) -> None:
         await self.redis.rpush(evaluation_key(evaluation_id) + ":results", json.dumps(result))
@@ -149,15 +201,23 @@ class Evaluations:
             return None
         h = {k.decode(): v.decode() for k, v in raw.items()}
         meta = json.loads(h["meta"])
-        results = [json.loads(r) for r in await self.redis.lrange(evaluation_key(evaluation_id) + ":results", 0, -1)]
+        results = [
+            json.loads(r)
+            for r in await self.redis.lrange(evaluation_key(evaluation_id) + ":results", 0, -1)
+        ]
         outcomes = Counter(r["outcome"] for r in results)
         scored = [r for r in results if r.get("reward") is not None]
         versions = sorted({v for r in results for v in r.get("policy_versions", [])})
         out = {
-            **meta, "state": h.get("state"), "created_at": float(h["created_at"]),
+            **meta,
+            "state": h.get("state"),
+            "created_at": float(h["created_at"]),
             "finished_at": float(h["finished_at"]) if "finished_at" in h else None,
-            "episodes_done": len(results), "episodes_scored": len(scored),
-            "success_rate": sum(r["outcome"] == "success" for r in scored) / len(scored) if scored else None,
+            "episodes_done": len(results),
+            "episodes_scored": len(scored),
+            "success_rate": sum(r["outcome"] == "success" for r in scored) / len(scored)
+            if scored
+            else None,
             "mean_reward": sum(r["reward"] for r in scored) / len(scored) if scored else None,
             "outcomes": dict(outcomes),
             "failures": {k: v for k, v in outcomes.items() if k not in ("success", "wrong")},
@@ -171,7 +231,9 @@ class Evaluations:
 
     async def recent(self, limit: int = 50) -> list[dict]:
         ids = [r.decode() for r in await self.redis.zrevrange(EVALUATION_INDEX_KEY, 0, limit - 1)]
-        return [d for d in [await self.describe(i, with_results=False) for i in ids] if d is not None]
+        return [
+            d for d in [await self.describe(i, with_results=False) for i in ids] if d is not None
+        ]
 
     async def shutdown(self) -> None:
         await cancel_and_wait(*self._running.values())
@@ -180,7 +242,9 @@ class Evaluations:
 def _per_task(results: list[dict]) -> dict:
     out: dict[str, dict] = {}
     for r in results:
-        entry = out.setdefault(r["task_id"], {"episodes": 0, "successes": 0, "scored": 0, "outcomes": Counter()})
+        entry = out.setdefault(
+            r["task_id"], {"episodes": 0, "successes": 0, "scored": 0, "outcomes": Counter()}
+        )
         entry["episodes"] += 1
         entry["outcomes"][r["outcome"]] += 1
         if r.get("reward") is not None:

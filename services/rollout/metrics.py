@@ -3,23 +3,32 @@
 from __future__ import annotations
 
 from shellrl.service import metrics
+
 EPISODES_IN_FLIGHT = metrics.gauge("shellrl_episodes_in_flight", "Training episodes running now.")
-EVAL_EPISODES_IN_FLIGHT = metrics.gauge("shellrl_rollout_eval_episodes_in_flight", "Evaluation episodes running now.")
+EVAL_EPISODES_IN_FLIGHT = metrics.gauge(
+    "shellrl_rollout_eval_episodes_in_flight", "Evaluation episodes running now."
+)
 TOKENS = metrics.counter(
-    "shellrl_rollout_tokens_total", "Tokens by kind: prompt, action (engine-sampled), observation (harness).",
+    "shellrl_rollout_tokens_total",
+    "Tokens by kind: prompt, action (engine-sampled), observation (harness).",
     ("kind",),
 )
 TURNS = metrics.counter("shellrl_rollout_turns_total", "Agent turns (one model reply each).")
 EPISODES = metrics.counter(
-    "shellrl_rollout_episodes_total", "Finished episodes by how they ended (answer, max_turns, context, failure).",
+    "shellrl_rollout_episodes_total",
+    "Finished episodes by how they ended (answer, max_turns, context, failure).",
     ("end",),
 )
 FAILURES = metrics.counter(
     "shellrl_rollout_failures_total", "Episodes that ended with a failure class.", ("failure",)
 )
-RETRIES = metrics.counter("shellrl_rollout_retries_total", "Samples re-run with attempt+1 after an INFRA failure.")
+RETRIES = metrics.counter(
+    "shellrl_rollout_retries_total", "Samples re-run with attempt+1 after an INFRA failure."
+)
 PARSE_ERRORS = metrics.counter(
-    "shellrl_rollout_parse_errors_total", "Malformed replies by kind (the observation says what was wrong).", ("kind",)
+    "shellrl_rollout_parse_errors_total",
+    "Malformed replies by kind (the observation says what was wrong).",
+    ("kind",),
 )
 PARTIAL_CONTINUATIONS = metrics.counter(
     "shellrl_rollout_partial_continuations_total",
@@ -27,11 +36,18 @@ PARTIAL_CONTINUATIONS = metrics.counter(
 )
 VERSION_EPISODES = metrics.counter(
     "shellrl_rollout_episodes_by_version_total",
-    "Finished episodes by the oldest policy version of their ACTION tokens.", ("policy_version",),
+    "Finished episodes by the oldest policy version of their ACTION tokens.",
+    ("policy_version",),
 )
-GENERATE_SECONDS = metrics.histogram("shellrl_rollout_generate_seconds", "Latency of one /generate call.")
-EXEC_SECONDS = metrics.histogram("shellrl_rollout_exec_seconds", "Latency of one sandbox exec call (HTTP round trip).")
-SESSION_SECONDS = metrics.histogram("shellrl_rollout_session_create_seconds", "Sandbox session creation (setup).")
+GENERATE_SECONDS = metrics.histogram(
+    "shellrl_rollout_generate_seconds", "Latency of one /generate call."
+)
+EXEC_SECONDS = metrics.histogram(
+    "shellrl_rollout_exec_seconds", "Latency of one sandbox exec call (HTTP round trip)."
+)
+SESSION_SECONDS = metrics.histogram(
+    "shellrl_rollout_session_create_seconds", "Sandbox session creation (setup)."
+)
 EPISODE_SECONDS = metrics.histogram("shellrl_rollout_episode_seconds", "Wall time of one episode.")
 ADMISSION_WAIT_SECONDS = metrics.histogram(
     "shellrl_rollout_admission_wait_seconds",
@@ -45,10 +61,16 @@ GROUPS_RELEASED = metrics.counter(
     "verifier's INFRA failures, or abandoned at shutdown).",
 )
 POOL_TASKS = metrics.gauge("shellrl_rollout_pool_tasks", "Tasks in the training pool.")
-POLICY_VERSION = metrics.gauge("shellrl_rollout_learner_version", "shellrl:policy:version as the gateway last read it.")
+POLICY_VERSION = metrics.gauge(
+    "shellrl_rollout_learner_version", "shellrl:policy:version as the gateway last read it."
+)
 EPOCH = metrics.gauge("shellrl_rollout_epoch", "Current epoch over the training pool.")
-TASKS_SUBMITTED = metrics.counter("shellrl_rollout_tasks_submitted_total", "Tasks accepted by POST /v1/tasks.", ("status",))
+TASKS_SUBMITTED = metrics.counter(
+    "shellrl_rollout_tasks_submitted_total", "Tasks accepted by POST /v1/tasks.", ("status",)
+)
 STATS_RECORDED = metrics.counter(
     "shellrl_rollout_scored_trajectories_total", "Scored trajectories counted into task statistics."
 )
-EVALUATIONS = metrics.counter("shellrl_rollout_evaluations_total", "Evaluations by final state.", ("state",))
+EVALUATIONS = metrics.counter(
+    "shellrl_rollout_evaluations_total", "Evaluations by final state.", ("state",)
+)

@@ -18,50 +18,97 @@ class RolloutSettings(EngineFleetSettings):
 
     # where the other services are
     sandbox_url: str = Field("http://127.0.0.1:8101", description="Sandbox service base URL.")
-    verifier_url: str = Field("http://127.0.0.1:8102", description="Verifier base URL (POST /v1/verify, evaluations).")
-    model_path: str = Field("smollm2", description="Tokenizer / chat template: 'smollm2', 'tiny' or a HF directory.")
+    verifier_url: str = Field(
+        "http://127.0.0.1:8102", description="Verifier base URL (POST /v1/verify, evaluations)."
+    )
+    model_path: str = Field(
+        "smollm2", description="Tokenizer / chat template: 'smollm2', 'tiny' or a HF directory."
+    )
 
     # GRPO groups and admission (DESIGN.md section 5)
-    group_size: int = Field(8, ge=1, le=256, description="G: episodes per group (same task, same sampling).")
-    groups_per_step: int = Field(4, ge=1, description="Groups the learner trains per optimizer step.")
-    max_staleness: int = Field(1, ge=0, description="Max policy versions between admission and training.")
+    group_size: int = Field(
+        8, ge=1, le=256, description="G: episodes per group (same task, same sampling)."
+    )
+    groups_per_step: int = Field(
+        4, ge=1, description="Groups the learner trains per optimizer step."
+    )
+    max_staleness: int = Field(
+        1, ge=0, description="Max policy versions between admission and training."
+    )
     strict_staleness: bool = Field(
-        True, description="Also bound admission by the oldest in-flight group's version, so a long-tail group "
-                          "can never be overtaken by more than max_staleness steps (see admission.py).")
-    max_episodes_in_flight: int = Field(64, ge=1, description="Cap on training episodes running at once.")
+        True,
+        description="Also bound admission by the oldest in-flight group's version, so a long-tail group "
+        "can never be overtaken by more than max_staleness steps (see admission.py).",
+    )
+    max_episodes_in_flight: int = Field(
+        64, ge=1, description="Cap on training episodes running at once."
+    )
     episodes_backlog_bound: int = Field(
-        512, ge=1, description="Admission waits while shellrl:episodes has this many entries unacknowledged "
-                               "by the verifier group.")
+        512,
+        ge=1,
+        description="Admission waits while shellrl:episodes has this many entries unacknowledged "
+        "by the verifier group.",
+    )
     episodes_stream_maxlen: int = Field(
-        100_000, ge=1, description="shellrl:episodes is trimmed past this many entries, acknowledged ones only.")
+        100_000,
+        ge=1,
+        description="shellrl:episodes is trimmed past this many entries, acknowledged ones only.",
+    )
     pool_seed: int = Field(0, description="Seed of the per-epoch shuffle of the training pool.")
     worker_enabled: bool = Field(
-        True, description="Run the rollout worker (False: REST and evaluations only).")
-    consumer_name: str = Field("rollout-0", description="Stable name of this replica (stream consumer, in-flight keys).")
+        True, description="Run the rollout worker (False: REST and evaluations only)."
+    )
+    consumer_name: str = Field(
+        "rollout-0", description="Stable name of this replica (stream consumer, in-flight keys)."
+    )
 
     # one episode
     max_turns: int = Field(3, ge=1, le=64, description="Turns per episode when the task says 0.")
     max_new_tokens: int = Field(40, ge=1, description="New tokens per turn.")
-    temperature: float = Field(1.0, ge=0.0, description="Sampling temperature of training episodes.")
+    temperature: float = Field(
+        1.0, ge=0.0, description="Sampling temperature of training episodes."
+    )
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(-1, ge=-1, description="-1 = disabled.")
-    max_context_tokens: int = Field(2048, ge=64, description="Context budget: prompt + all segments, tokens.")
-    max_observation_chars: int = Field(600, ge=16, description="Cap on stdout and on stderr in one observation.")
-    exec_timeout_s: float = Field(10.0, gt=0, description="Wall-clock limit of one command in the sandbox.")
-    episode_timeout_s: float = Field(600.0, gt=0, description="Wall-clock budget of one episode (TIMEOUT_BUDGET).")
-    max_attempts: int = Field(3, ge=1, description="Attempts of one sample when it fails with an INFRA class.")
-    retry_backoff_s: float = Field(1.0, ge=0, description="Wait before an INFRA retry (doubles per attempt).")
-    sandbox_busy_poll_s: float = Field(0.5, gt=0, description="Wait between session attempts while the sandbox says 429.")
-    max_continuations: int = Field(32, ge=1, description="Aborted-and-continued requests allowed in one turn.")
-    sandbox_policy: str = Field("", description="Sandbox policy name for episode sessions ('' = its default).")
+    max_context_tokens: int = Field(
+        2048, ge=64, description="Context budget: prompt + all segments, tokens."
+    )
+    max_observation_chars: int = Field(
+        600, ge=16, description="Cap on stdout and on stderr in one observation."
+    )
+    exec_timeout_s: float = Field(
+        10.0, gt=0, description="Wall-clock limit of one command in the sandbox."
+    )
+    episode_timeout_s: float = Field(
+        600.0, gt=0, description="Wall-clock budget of one episode (TIMEOUT_BUDGET)."
+    )
+    max_attempts: int = Field(
+        3, ge=1, description="Attempts of one sample when it fails with an INFRA class."
+    )
+    retry_backoff_s: float = Field(
+        1.0, ge=0, description="Wait before an INFRA retry (doubles per attempt)."
+    )
+    sandbox_busy_poll_s: float = Field(
+        0.5, gt=0, description="Wait between session attempts while the sandbox says 429."
+    )
+    max_continuations: int = Field(
+        32, ge=1, description="Aborted-and-continued requests allowed in one turn."
+    )
+    sandbox_policy: str = Field(
+        "", description="Sandbox policy name for episode sessions ('' = its default)."
+    )
 
     # evaluations
     eval_max_in_flight: int = Field(16, ge=1, description="Evaluation episodes running at once.")
-    eval_max_episodes: int = Field(2048, ge=1, description="Largest episode budget one evaluation may ask for.")
+    eval_max_episodes: int = Field(
+        2048, ge=1, description="Largest episode budget one evaluation may ask for."
+    )
     verify_timeout_s: float = Field(120.0, gt=0, description="Timeout of one POST /v1/verify.")
 
     # task statistics
     stats_enabled: bool = Field(
-        True, description="Consume shellrl:trajectories (group rollout-stats) into task stats and "
-                          "count the verifier's INFRA failures into admission (keep on wherever "
-                          "the worker runs).")
+        True,
+        description="Consume shellrl:trajectories (group rollout-stats) into task stats and "
+        "count the verifier's INFRA failures into admission (keep on wherever "
+        "the worker runs).",
+    )

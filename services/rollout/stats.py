@@ -35,11 +35,25 @@ GROUP_STATS = "rollout-stats"
 
 
 class TaskStats:
-    def __init__(self, redis: aioredis.Redis, store: TaskStore, admission: Admission, *,
-                 consumer: str, block_ms: int = 1000) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        store: TaskStore,
+        admission: Admission,
+        *,
+        consumer: str,
+        block_ms: int = 1000,
+    ) -> None:
         self.store, self.admission = store, admission
-        self.consumer = StreamConsumer(redis, STREAM_TRAJECTORIES, GROUP_STATS, consumer, block_ms=block_ms, count=128,
-                                       claim_min_idle_ms=30_000)
+        self.consumer = StreamConsumer(
+            redis,
+            STREAM_TRAJECTORIES,
+            GROUP_STATS,
+            consumer,
+            block_ms=block_ms,
+            count=128,
+            claim_min_idle_ms=30_000,
+        )
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take scored trajectories, count them, acknowledge; until `stop`. Redis outages are
@@ -49,7 +63,9 @@ class TaskStats:
             for entry in await self.consumer.take(stop):
                 try:
                     await self.handle(entry)
-                except Exception as exc:  # stays pending: re-claimed, dead-lettered after max_deliveries
+                except (
+                    Exception
+                ) as exc:  # stays pending: re-claimed, dead-lettered after max_deliveries
                     with contextlib.suppress(RedisError, OSError):  # Redis away: pending anyway
                         await self.consumer.fail(entry, f"task stats: {exc!r}")
 
@@ -62,7 +78,9 @@ class TaskStats:
         except Exception as exc:
             await self.consumer.dead_letter(entry, f"not a valid shellrl.v1.Trajectory: {exc}")
             return
-        counted = await self.store.record_scored(traj.task_id, traj.trajectory_id, traj.reward, scored=traj.scored)
+        counted = await self.store.record_scored(
+            traj.task_id, traj.trajectory_id, traj.reward, scored=traj.scored
+        )
         if counted == 1:
             m.STATS_RECORDED.inc()
         if traj.failure == Failure.FAILURE_INFRA_VERIFIER and traj.group_id and not traj.eval:

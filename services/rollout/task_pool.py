@@ -68,9 +68,13 @@ class PooledTask:
 class TaskPool:
     """The training pool: `feed()` fills it from the stream, `next_task()` yields tasks in epochs."""
 
-    def __init__(self, redis: aioredis.Redis, store: TaskStore, *, consumer: str, seed: int = 0) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, store: TaskStore, *, consumer: str, seed: int = 0
+    ) -> None:
         self.redis, self.store, self.seed = redis, store, seed
-        self.consumer = StreamConsumer(redis, STREAM_TASKS, GROUP_ROLLOUT, consumer, block_ms=1000, count=256)
+        self.consumer = StreamConsumer(
+            redis, STREAM_TASKS, GROUP_ROLLOUT, consumer, block_ms=1000, count=256
+        )
         self._join = redis.register_script(_JOIN)
         self._new_epoch = redis.register_script(_NEW_EPOCH)
         self._arrived = asyncio.Event()
@@ -85,7 +89,9 @@ class TaskPool:
             for entry in await self.consumer.take(stop):
                 try:
                     await self._handle(entry)
-                except Exception as exc:  # stays pending: re-claimed, dead-lettered after max_deliveries
+                except (
+                    Exception
+                ) as exc:  # stays pending: re-claimed, dead-lettered after max_deliveries
                     with contextlib.suppress(RedisError, OSError):  # Redis away: pending anyway
                         await self.consumer.fail(entry, f"task pool feeder: {exc!r}")
 
@@ -101,8 +107,10 @@ class TaskPool:
         if split_name(task.split) != "train":  # the REST API only streams training tasks
             await self.consumer.ack(entry.entry_id)
             return
-        added = await self._join(keys=[POOL_KEY, ORDER_KEY, task_key(task.task_id), STREAM_TASKS],
-                                 args=[task.task_id, GROUP_ROLLOUT, entry.entry_id, STATE_POOLED, self._rng.random()])
+        added = await self._join(
+            keys=[POOL_KEY, ORDER_KEY, task_key(task.task_id), STREAM_TASKS],
+            args=[task.task_id, GROUP_ROLLOUT, entry.entry_id, STATE_POOLED, self._rng.random()],
+        )
         if added:
             m.POOL_TASKS.inc()
             self._arrived.set()
@@ -138,4 +146,7 @@ class TaskPool:
             new_epoch = await self._new_epoch(keys=[ORDER_KEY, EPOCH_KEY], args=members)
             if new_epoch != -1:
                 m.EPOCH.set(int(new_epoch))
-                log.info("new epoch over the training pool", extra={"epoch": int(new_epoch), "tasks": len(members)})
+                log.info(
+                    "new epoch over the training pool",
+                    extra={"epoch": int(new_epoch), "tasks": len(members)},
+                )

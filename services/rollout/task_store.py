@@ -34,8 +34,14 @@ from shellrl.streams import STREAM_TASKS, task_key
 from shellrl.streams.keys import TASK_INDEX_KEY, TASK_SEQ_KEY
 
 STATE_QUEUED, STATE_POOLED, STATE_HELD_OUT = "queued", "pooled", "held_out"
-COUNTERS = ("episodes_started", "episodes_finished", "episodes_failed", "episodes_in_flight", "episodes_scored",
-            "successes")
+COUNTERS = (
+    "episodes_started",
+    "episodes_finished",
+    "episodes_failed",
+    "episodes_in_flight",
+    "episodes_scored",
+    "successes",
+)
 
 
 def index_key(split: str | None = None) -> str:
@@ -113,9 +119,24 @@ class TaskStore:
         split = split_name(task.split)
         train = split == "train"
         status, _ = await self._submit(
-            keys=[task_key(task.task_id), TASK_INDEX_KEY, index_key(split), STREAM_TASKS, TASK_SEQ_KEY],
-            args=[digest, task.SerializeToString(), split, task.source, json.dumps(list(task.tags)),
-                  f"{time.time():.3f}", STATE_QUEUED if train else STATE_HELD_OUT, task.task_id, "1" if train else "0"],
+            keys=[
+                task_key(task.task_id),
+                TASK_INDEX_KEY,
+                index_key(split),
+                STREAM_TASKS,
+                TASK_SEQ_KEY,
+            ],
+            args=[
+                digest,
+                task.SerializeToString(),
+                split,
+                task.source,
+                json.dumps(list(task.tags)),
+                f"{time.time():.3f}",
+                STATE_QUEUED if train else STATE_HELD_OUT,
+                task.task_id,
+                "1" if train else "0",
+            ],
         )
         status = status.decode() if isinstance(status, bytes) else status
         if status == "conflict":
@@ -144,8 +165,15 @@ class TaskStore:
             return None
         return _view(task_id, raw, versions, failures, with_task=with_task)
 
-    async def list_tasks(self, *, split: str | None = None, source: str | None = None, tag: str | None = None,
-                   cursor: int = 0, limit: int = 50) -> tuple[list[dict], int | None]:
+    async def list_tasks(
+        self,
+        *,
+        split: str | None = None,
+        source: str | None = None,
+        tag: str | None = None,
+        cursor: int = 0,
+        limit: int = 50,
+    ) -> tuple[list[dict], int | None]:
         """Tasks in submission order, filtered; returns (page, next_cursor or None).
 
         `cursor` is a submission sequence number: the page holds tasks with seq > cursor.
@@ -154,7 +182,9 @@ class TaskStore:
         start = f"({cursor}" if cursor else "-inf"
         key = index_key(split)
         while len(out) < limit:
-            rows = await self.redis.zrangebyscore(key, start, "+inf", start=0, num=max(limit * 4, 64), withscores=True)
+            rows = await self.redis.zrangebyscore(
+                key, start, "+inf", start=0, num=max(limit * 4, 64), withscores=True
+            )
             if not rows:
                 return out, None
             async with self.redis.pipeline(transaction=False) as pipe:
@@ -188,8 +218,9 @@ class TaskStore:
             pipe.hincrby(task_key(task_id), "episodes_in_flight", n)
             await pipe.execute()
 
-    async def episode_finished(self, task_id: str, *, failure: str | None, policy_version: int | None,
-                               final: bool) -> None:
+    async def episode_finished(
+        self, task_id: str, *, failure: str | None, policy_version: int | None, final: bool
+    ) -> None:
         """One attempt ended. `final`: no retry follows (the sample leaves the in-flight count)."""
         key = task_key(task_id)
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -209,13 +240,22 @@ class TaskStore:
         if n:
             await self.redis.hincrby(task_key(task_id), "episodes_in_flight", -n)
 
-    async def record_scored(self, task_id: str, trajectory_id: str, reward: float, *, scored: bool) -> int:
+    async def record_scored(
+        self, task_id: str, trajectory_id: str, reward: float, *, scored: bool
+    ) -> int:
         """Count one scored trajectory once. Returns 1 counted, 0 already counted, -1 unknown task."""
-        return int(await self._scored(
-            keys=[task_key(task_id), task_key(task_id) + ":scored"],
-            args=[trajectory_id, repr(float(reward)), "1" if reward >= 1.0 else "0", f"{time.time():.3f}",
-                  "1" if scored else "0"],
-        ))
+        return int(
+            await self._scored(
+                keys=[task_key(task_id), task_key(task_id) + ":scored"],
+                args=[
+                    trajectory_id,
+                    repr(float(reward)),
+                    "1" if reward >= 1.0 else "0",
+                    f"{time.time():.3f}",
+                    "1" if scored else "0",
+                ],
+            )
+        )
 
 
 def _s(v) -> str:
@@ -235,8 +275,11 @@ def _view(task_id: str, raw: dict, versions: dict, failures: dict, *, with_task:
         "tags": json.loads(_s(h.get("tags", b"[]"))),
         "created_at": float(_s(h.get("created_at", b"0"))),
         "episodes": {
-            "started": num("episodes_started"), "finished": num("episodes_finished"),
-            "failed": num("episodes_failed"), "in_flight": num("episodes_in_flight"), "scored": scored,
+            "started": num("episodes_started"),
+            "finished": num("episodes_finished"),
+            "failed": num("episodes_failed"),
+            "in_flight": num("episodes_in_flight"),
+            "scored": scored,
         },
         "rewards": {
             "mean": reward_sum / scored if scored else None,
@@ -244,7 +287,9 @@ def _view(task_id: str, raw: dict, versions: dict, failures: dict, *, with_task:
             "success_rate": num("successes") / scored if scored else None,
             "last": float(_s(h["last_reward"])) if "last_reward" in h else None,
         },
-        "policy_versions": {_s(k): int(v) for k, v in sorted(versions.items(), key=lambda kv: int(kv[0]))},
+        "policy_versions": {
+            _s(k): int(v) for k, v in sorted(versions.items(), key=lambda kv: int(kv[0]))
+        },
         "failures": {_s(k): int(v) for k, v in failures.items()},
     }
     if with_task and "pb" in h:

@@ -50,7 +50,9 @@ class Capacity:
 
     async def acquire(self, n: int) -> None:
         if n > self.slots:
-            raise ValueError(f"a group of {n} episodes never fits {self.slots} slots (max_episodes_in_flight)")
+            raise ValueError(
+                f"a group of {n} episodes never fits {self.slots} slots (max_episodes_in_flight)"
+            )
         async with self._cond:
             await self._cond.wait_for(lambda: self.used + n <= self.slots)
             self.used += n
@@ -98,14 +100,25 @@ class RolloutConfig:
 
 
 class RolloutWorker:
-    def __init__(self, redis: aioredis.Redis, store: TaskStore, pool: TaskPool, admission: Admission,
-                 agent: AgentLoop, capacity: Capacity, gate: InfraGate, config: RolloutConfig) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        store: TaskStore,
+        pool: TaskPool,
+        admission: Admission,
+        agent: AgentLoop,
+        capacity: Capacity,
+        gate: InfraGate,
+        config: RolloutConfig,
+    ) -> None:
         self.redis, self.store, self.pool, self.admission = redis, store, pool, admission
         self.agent, self.capacity, self.gate, self.config = agent, capacity, gate, config
         self.producer = StreamProducer(redis, STREAM_EPISODES, maxlen=config.episodes_stream_maxlen)
         self._groups: set[asyncio.Task] = set()
         self.published = 0
-        self.running = 0  # episodes running now (slots taken for groups still waiting on admission excluded)
+        self.running = (
+            0  # episodes running now (slots taken for groups still waiting on admission excluded)
+        )
         self.started_at = time.time()
 
     # --- the main loop: one screen ---------------------------------------------------------------
@@ -116,8 +129,12 @@ class RolloutWorker:
         recovered = False
         try:
             async for attempt in AsyncRetrying(
-                    retry=retry_if_exception_type(RedisError), wait=wait_fixed(1.0),
-                    stop=lambda _: stop.is_set(), before_sleep=_redis_down, reraise=True):
+                retry=retry_if_exception_type(RedisError),
+                wait=wait_fixed(1.0),
+                stop=lambda _: stop.is_set(),
+                before_sleep=_redis_down,
+                reraise=True,
+            ):
                 with attempt:
                     if not recovered:  # once: groups in flight before a restart of this replica
                         await self.admission.recover()
@@ -131,8 +148,12 @@ class RolloutWorker:
             pooled = await self.pool.next_task()
             await self._wait("capacity", self.capacity.acquire(self.config.group_size))
             try:
-                await self._wait("backlog", self.producer.wait_for_backlog_below(
-                    GROUP_VERIFIER, self.config.episodes_backlog_bound))
+                await self._wait(
+                    "backlog",
+                    self.producer.wait_for_backlog_below(
+                        GROUP_VERIFIER, self.config.episodes_backlog_bound
+                    ),
+                )
                 await self.gate.wait_up()
                 ticket = await self.admission.admit(new_group_id())
             except BaseException:
@@ -150,14 +171,22 @@ class RolloutWorker:
         results: list[Trajectory | None] = []
         try:
             await _uncancellable(self.store.episodes_admitted(task.task_id, self.config.group_size))
-            results = list(await asyncio.gather(
-                *(self.run_sample(task, ticket, i, slots) for i in range(self.config.group_size))))
+            results = list(
+                await asyncio.gather(
+                    *(
+                        self.run_sample(task, ticket, i, slots)
+                        for i in range(self.config.group_size)
+                    )
+                )
+            )
         finally:
             await _shielded(slots.release_rest())
             await _shielded(self.admission.finish(ticket, usable=usable_members(results)))
         return [t for t in results if t is not None]
 
-    async def run_sample(self, task: Task, ticket: Ticket, index: int, slots: _GroupSlots) -> Trajectory | None:
+    async def run_sample(
+        self, task: Task, ticket: Ticket, index: int, slots: _GroupSlots
+    ) -> Trajectory | None:
         """One sample of a group, retried with attempt+1 on INFRA failures. Holds one capacity slot."""
         traj = None
         self.running += 1
@@ -168,16 +197,30 @@ class RolloutWorker:
                     m.RETRIES.inc()
                     await asyncio.sleep(self.config.retry_backoff_s * 2 ** (attempt - 1))
                     await self.gate.wait_up()
-                spec = EpisodeSpec(task=task, trajectory_id=f"{ticket.group_id}-{index}-a{attempt}",
-                                   group_id=ticket.group_id, group_size=self.config.group_size, attempt=attempt,
-                                   sampling=self.config.sampling, admitted_at=ticket.admitted_at)
+                spec = EpisodeSpec(
+                    task=task,
+                    trajectory_id=f"{ticket.group_id}-{index}-a{attempt}",
+                    group_id=ticket.group_id,
+                    group_size=self.config.group_size,
+                    attempt=attempt,
+                    sampling=self.config.sampling,
+                    admitted_at=ticket.admitted_at,
+                )
                 traj = await self.agent.run(spec)
-                final = (not is_infra(traj.failure) or is_setup_failure(traj)
-                         or attempt + 1 == self.config.max_attempts)
+                final = (
+                    not is_infra(traj.failure)
+                    or is_setup_failure(traj)
+                    or attempt + 1 == self.config.max_attempts
+                )
                 await self.publish(traj)
-                await _uncancellable(self.store.episode_finished(
-                    task.task_id, failure=failure_name(traj.failure) if traj.failure else None,
-                    policy_version=min_policy_version(traj), final=final))
+                await _uncancellable(
+                    self.store.episode_finished(
+                        task.task_id,
+                        failure=failure_name(traj.failure) if traj.failure else None,
+                        policy_version=min_policy_version(traj),
+                        final=final,
+                    )
+                )
                 if traj.failure == Failure.FAILURE_INFRA_ENGINE:
                     self.gate.mark_down("engine")
                 elif traj.failure == Failure.FAILURE_INFRA_SANDBOX and not is_setup_failure(traj):
@@ -198,8 +241,12 @@ class RolloutWorker:
         (`StreamProducer.add_retrying`)."""
         version = min_policy_version(traj)
         await self.producer.add_retrying(
-            traj.SerializeToString(), idempotency_key=traj.trajectory_id, task_id=traj.task_id,
-            group_id=traj.group_id, version=-1 if version is None else version)
+            traj.SerializeToString(),
+            idempotency_key=traj.trajectory_id,
+            task_id=traj.task_id,
+            group_id=traj.group_id,
+            version=-1 if version is None else version,
+        )
         self.published += 1
 
     # --- shutdown ------------------------------------------------------------------------------
@@ -251,8 +298,9 @@ def new_group_id() -> str:
 
 
 def _redis_down(state: RetryCallState) -> None:
-    log.warning("rollout worker: Redis unavailable (%s); retrying in 1 s",
-                state.outcome.exception())
+    log.warning(
+        "rollout worker: Redis unavailable (%s); retrying in 1 s", state.outcome.exception()
+    )
 
 
 async def _shielded(awaitable) -> None:

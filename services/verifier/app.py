@@ -44,7 +44,9 @@ class ToolEventIn(BaseModel):
     """One command of the episode, as the sandbox answered it (for the shaping components)."""
 
     model_config = ConfigDict(extra="forbid")
-    exit_code: int | None = Field(None, description="null: the command did not exit (timeout, denied).")
+    exit_code: int | None = Field(
+        None, description="null: the command did not exit (timeout, denied)."
+    )
     timed_out: bool = False
     policy_verdict: str = Field("allow", pattern="^(allow|flag|deny)$")
     policy_rule: str | None = None
@@ -55,16 +57,28 @@ class VerifyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task: dict = Field(description="A task in JSON form (the format of ../shared/tasks/*.jsonl).")
     answer: str | None = Field(None, description="The agent's final answer; null = none given.")
-    session_id: str | None = Field(None, description="Sandbox session of the episode (needed by workspace checks).")
+    session_id: str | None = Field(
+        None, description="Sandbox session of the episode (needed by workspace checks)."
+    )
     tool_events: list[ToolEventIn] = Field(default_factory=list, max_length=10_000)
     release_session: bool = Field(False, description="DELETE the session after verifying.")
 
 
 def build_verifier(settings: VerifierSettings, sandbox: SandboxClient | None) -> Verifier:
-    limits = CheckLimits(settings.check_timeout_s, settings.max_file_bytes, settings.max_answer_chars)
-    shaping = Shaping(settings.shaping_enabled, settings.shaping_exit_zero_bonus, settings.shaping_exit_zero_cap,
-                      settings.shaping_timeout_penalty, settings.shaping_safety_penalty, settings.require_command)
-    return Verifier(sandbox, limits, shaping, ReferenceCache(sandbox, settings.reference_cache_size))
+    limits = CheckLimits(
+        settings.check_timeout_s, settings.max_file_bytes, settings.max_answer_chars
+    )
+    shaping = Shaping(
+        settings.shaping_enabled,
+        settings.shaping_exit_zero_bonus,
+        settings.shaping_exit_zero_cap,
+        settings.shaping_timeout_penalty,
+        settings.shaping_safety_penalty,
+        settings.require_command,
+    )
+    return Verifier(
+        sandbox, limits, shaping, ReferenceCache(sandbox, settings.reference_cache_size)
+    )
 
 
 def consumer_name(settings: VerifierSettings) -> str:
@@ -84,16 +98,36 @@ def build_app(settings: VerifierSettings) -> FastAPI:
             redis = streams.connect(settings.redis_url)
             state["redis"] = redis
             consumer = streams.StreamConsumer(
-                redis, streams.STREAM_EPISODES, streams.GROUP_VERIFIER, consumer_name(settings),
-                block_ms=settings.block_ms, count=settings.read_count, claim_min_idle_ms=settings.claim_min_idle_ms,
-                max_deliveries=settings.max_deliveries)
-            worker = VerifierWorker(consumer, streams.StreamProducer(redis, streams.STREAM_TRAJECTORIES),
-                                    streams.StreamProducer(redis, STREAM_EVALUATIONS), state["verifier"], sandbox,
-                                    concurrency=settings.concurrency, release_sessions=settings.release_sessions)
+                redis,
+                streams.STREAM_EPISODES,
+                streams.GROUP_VERIFIER,
+                consumer_name(settings),
+                block_ms=settings.block_ms,
+                count=settings.read_count,
+                claim_min_idle_ms=settings.claim_min_idle_ms,
+                max_deliveries=settings.max_deliveries,
+            )
+            worker = VerifierWorker(
+                consumer,
+                streams.StreamProducer(redis, streams.STREAM_TRAJECTORIES),
+                streams.StreamProducer(redis, STREAM_EVALUATIONS),
+                state["verifier"],
+                sandbox,
+                concurrency=settings.concurrency,
+                release_sessions=settings.release_sessions,
+            )
             worker_task = asyncio.create_task(worker.run(stop))
-            stats_task = asyncio.create_task(export_stream_stats(redis, [(consumer.stream, consumer.group)]))
-        log.info("verifier started", extra={"config": settings.public_dict(), "verifier_version": VERIFIER_VERSION,
-                                            "consumer": consumer_name(settings)})
+            stats_task = asyncio.create_task(
+                export_stream_stats(redis, [(consumer.stream, consumer.group)])
+            )
+        log.info(
+            "verifier started",
+            extra={
+                "config": settings.public_dict(),
+                "verifier_version": VERIFIER_VERSION,
+                "consumer": consumer_name(settings),
+            },
+        )
         try:
             yield
         finally:
@@ -126,24 +160,40 @@ def build_app(settings: VerifierSettings) -> FastAPI:
             task = task_from_json(request.task)
         except TaskValidationError as exc:
             raise ApiError(422, "invalid_task", exc.message, f"task.{exc.field}") from None
-        events = [ToolEvent(command=e.command, exit_code=-1 if e.exit_code is None else e.exit_code,
-                            timed_out=e.timed_out, policy_verdict=e.policy_verdict, policy_rule=e.policy_rule or "")
-                  for e in request.tool_events]
+        events = [
+            ToolEvent(
+                command=e.command,
+                exit_code=-1 if e.exit_code is None else e.exit_code,
+                timed_out=e.timed_out,
+                policy_verdict=e.policy_verdict,
+                policy_rule=e.policy_rule or "",
+            )
+            for e in request.tool_events
+        ]
         metrics.IN_FLIGHT.inc()
         try:
-            result = await state["verifier"].verify(task, request.answer, request.session_id, events)
+            result = await state["verifier"].verify(
+                task, request.answer, request.session_id, events
+            )
         finally:
             metrics.IN_FLIGHT.dec()
         if request.release_session and request.session_id:
-            metrics.SESSION_RELEASES.labels(await release_session(state["sandbox"], request.session_id)).inc()
+            metrics.SESSION_RELEASES.labels(
+                await release_session(state["sandbox"], request.session_id)
+            ).inc()
         return result.to_json()
 
     @app.get("/v1/checks", tags=["verifier"])
     async def list_checks() -> dict:
         return {
             "verifier_version": VERIFIER_VERSION,
-            "checks": [{"type": kind, "parameters": {**params, "timeout_s": "float = 0 (the verifier's default)"}}
-                       for kind, params in CHECK_PARAMETERS.items()],
+            "checks": [
+                {
+                    "type": kind,
+                    "parameters": {**params, "timeout_s": "float = 0 (the verifier's default)"},
+                }
+                for kind, params in CHECK_PARAMETERS.items()
+            ],
             "default_timeout_s": settings.check_timeout_s,
             "max_file_bytes": settings.max_file_bytes,
         }

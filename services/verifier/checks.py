@@ -94,8 +94,12 @@ class CheckResult:
     duration_ms: float = 0.0
 
     def to_json(self) -> dict:
-        return {"type": self.type, "passed": self.passed, "detail": self.detail,
-                "duration_ms": round(self.duration_ms, 3)}
+        return {
+            "type": self.type,
+            "passed": self.passed,
+            "detail": self.detail,
+            "duration_ms": round(self.duration_ms, 3),
+        }
 
 
 def norm(text: str) -> str:
@@ -109,12 +113,15 @@ def _short(text: str, n: int = 80) -> str:
 
 # --- answer checks (pure) -----------------------------------------------------------------------
 
+
 def answer_equals(answer: str, expected: str, case_insensitive: bool = False) -> tuple[bool, str]:
     """norm(answer) == norm(expected); with case_insensitive both are casefolded first."""
     a, e = norm(answer), norm(expected)
     if case_insensitive:
         a, e = a.casefold(), e.casefold()
-    return (a == e), ("equal" if a == e else f"answer {_short(norm(answer))} != expected {_short(norm(expected))}")
+    return (a == e), (
+        "equal" if a == e else f"answer {_short(norm(answer))} != expected {_short(norm(expected))}"
+    )
 
 
 def answer_integer_equals(answer: str, expected: int) -> tuple[bool, str]:
@@ -129,30 +136,42 @@ def answer_integer_equals(answer: str, expected: int) -> tuple[bool, str]:
     return equal, f"{_short(text)} {'==' if equal else '!='} {expected}"
 
 
-def answer_matches(answer: str, pattern: str, case_insensitive: bool, timeout_s: float) -> tuple[bool, str]:
+def answer_matches(
+    answer: str, pattern: str, case_insensitive: bool, timeout_s: float
+) -> tuple[bool, str]:
     """norm(answer) is a FULL match of `pattern` (regex, `re` syntax). A match that runs past
     `timeout_s` fails."""
     flags = REGEX_FLAGS | (regex.IGNORECASE if case_insensitive else 0)
     try:
-        found = regex.fullmatch(pattern, norm(answer), flags=flags, timeout=timeout_s, concurrent=True)
+        found = regex.fullmatch(
+            pattern, norm(answer), flags=flags, timeout=timeout_s, concurrent=True
+        )
     except TimeoutError:
         return False, f"regex ran past {timeout_s:g} s"
-    return found is not None, "full match" if found else f"answer {_short(norm(answer))} does not fully match"
+    return (
+        found is not None,
+        "full match" if found else f"answer {_short(norm(answer))} does not fully match",
+    )
 
 
 # --- workspace checks ---------------------------------------------------------------------------
+
 
 def _file_kind_script(path: str) -> str:
     """Prints one word for `path` relative to the workspace root (the shell's cwd): missing,
     outside (resolves outside the root, e.g. through a symlink), directory, file or other."""
     return (
-        'root=$(pwd -P); p=$(realpath -e -- ' + shlex.quote(path) + ' 2>/dev/null) || { echo missing; exit 0; }; '
+        "root=$(pwd -P); p=$(realpath -e -- "
+        + shlex.quote(path)
+        + " 2>/dev/null) || { echo missing; exit 0; }; "
         'case "$p" in "$root"/*) ;; *) echo outside; exit 0;; esac; '
         'if [ -d "$p" ]; then echo directory; elif [ -f "$p" ]; then echo file; else echo other; fi'
     )
 
 
-async def _file_exists(ws: Workspace, path: str, directory: bool, timeout_s: float) -> tuple[bool, str]:
+async def _file_exists(
+    ws: Workspace, path: str, directory: bool, timeout_s: float
+) -> tuple[bool, str]:
     if not directory:  # the sandbox's host-side open: no shell involved
         try:
             await ws.read_file(path, 0)
@@ -180,7 +199,9 @@ async def _read_capped(ws: Workspace, path: str, limits: CheckLimits) -> bytes |
     return data
 
 
-async def _file_contains(ws: Workspace, spec, limits: CheckLimits, timeout_s: float) -> tuple[bool, str]:
+async def _file_contains(
+    ws: Workspace, spec, limits: CheckLimits, timeout_s: float
+) -> tuple[bool, str]:
     data = await _read_capped(ws, spec.path, limits)
     if isinstance(data, str):
         return False, data
@@ -189,8 +210,9 @@ async def _file_contains(ws: Workspace, spec, limits: CheckLimits, timeout_s: fl
         return found, f"{spec.path}: substring {'found' if found else 'not found'}"
     text = data.decode("utf-8", errors="replace")
     try:
-        match = await asyncio.to_thread(regex.search, spec.regex, text, flags=REGEX_FLAGS, timeout=timeout_s,
-                                        concurrent=True)
+        match = await asyncio.to_thread(
+            regex.search, spec.regex, text, flags=REGEX_FLAGS, timeout=timeout_s, concurrent=True
+        )
     except TimeoutError:
         return False, f"{spec.path}: regex ran past {timeout_s:g} s"
     return match is not None, f"{spec.path}: regex {'matched' if match else 'did not match'}"
@@ -201,7 +223,10 @@ async def _file_sha256(ws: Workspace, spec, limits: CheckLimits) -> tuple[bool, 
     if isinstance(data, str):
         return False, data
     digest = hashlib.sha256(data).hexdigest()
-    return digest == spec.sha256, f"{spec.path}: sha256 {digest[:16]}… {'==' if digest == spec.sha256 else '!='} {spec.sha256[:16]}…"
+    return (
+        digest == spec.sha256,
+        f"{spec.path}: sha256 {digest[:16]}… {'==' if digest == spec.sha256 else '!='} {spec.sha256[:16]}…",
+    )
 
 
 def _command_ran(out: CommandOutput, what: str) -> None:
@@ -215,7 +240,10 @@ async def _command_output_equals(ws: Workspace, spec, timeout_s: float) -> tuple
     if out.timed_out:
         return False, f"command ran past {timeout_s:g} s"
     if out.stdout_truncated_bytes:
-        return False, f"command output cut by the sandbox ({out.stdout_truncated_bytes} bytes dropped)"
+        return (
+            False,
+            f"command output cut by the sandbox ({out.stdout_truncated_bytes} bytes dropped)",
+        )
     if spec.WhichOneof("target") == "expected":
         expected = spec.expected
     else:
@@ -225,7 +253,10 @@ async def _command_output_equals(ws: Workspace, spec, timeout_s: float) -> tuple
             raise CheckInfraError("reference command timed out or its output was cut")
         expected = ref.stdout
     ok = norm(out.stdout) == norm(expected)
-    return ok, "output equal" if ok else f"output {_short(norm(out.stdout))} != {_short(norm(expected))}"
+    return (
+        ok,
+        "output equal" if ok else f"output {_short(norm(out.stdout))} != {_short(norm(expected))}",
+    )
 
 
 async def _command_exit_code(ws: Workspace, spec, timeout_s: float) -> tuple[bool, str]:
@@ -239,7 +270,9 @@ async def _command_exit_code(ws: Workspace, spec, timeout_s: float) -> tuple[boo
 ANSWER_CHECKS = ("answer_equals", "answer_integer_equals", "answer_matches")
 
 
-async def run_check(check: Check, answer: str | None, workspace: Workspace | None, limits: CheckLimits) -> CheckResult:
+async def run_check(
+    check: Check, answer: str | None, workspace: Workspace | None, limits: CheckLimits
+) -> CheckResult:
     """Run one check. Raises CheckInfraError when it cannot run (including a workspace check
     without a workspace, and a sandbox call that outlives the check's budget by 10 s)."""
     kind = check.WhichOneof("kind")
@@ -256,20 +289,27 @@ async def run_check(check: Check, answer: str | None, workspace: Workspace | Non
         elif kind == "answer_integer_equals":
             passed, detail = answer_integer_equals(answer, spec.expected)
         else:
-            passed, detail = await asyncio.to_thread(answer_matches, answer, spec.pattern, spec.case_insensitive,
-                                                     timeout_s)
+            passed, detail = await asyncio.to_thread(
+                answer_matches, answer, spec.pattern, spec.case_insensitive, timeout_s
+            )
     else:
         if workspace is None:
             raise CheckInfraError(f"{kind} needs the episode's sandbox session, and there is none")
         try:
-            passed, detail = await asyncio.wait_for(_workspace_check(kind, spec, workspace, limits, timeout_s),
-                                                    timeout_s * (2 if kind == "command_output_equals" else 1) + 10)
+            passed, detail = await asyncio.wait_for(
+                _workspace_check(kind, spec, workspace, limits, timeout_s),
+                timeout_s * (2 if kind == "command_output_equals" else 1) + 10,
+            )
         except TimeoutError:
-            raise CheckInfraError(f"{kind}: the sandbox did not answer within the check's budget") from None
+            raise CheckInfraError(
+                f"{kind}: the sandbox did not answer within the check's budget"
+            ) from None
     return CheckResult(kind, passed, detail, (time.perf_counter() - start) * 1000)
 
 
-async def _workspace_check(kind: str, spec, ws: Workspace, limits: CheckLimits, timeout_s: float) -> tuple[bool, str]:
+async def _workspace_check(
+    kind: str, spec, ws: Workspace, limits: CheckLimits, timeout_s: float
+) -> tuple[bool, str]:
     if kind == "file_exists":
         return await _file_exists(ws, spec.path, spec.directory, timeout_s)
     if kind == "file_contains":
@@ -288,9 +328,17 @@ CHECK_PARAMETERS: dict[str, dict[str, str]] = {
     "answer_integer_equals": {"expected": "int64"},
     "answer_matches": {"pattern": "str (regex, full match)", "case_insensitive": "bool = false"},
     "file_exists": {"path": "str (relative)", "directory": "bool = false"},
-    "file_contains": {"path": "str (relative)", "substring": "str (one of)", "regex": "str (one of)"},
+    "file_contains": {
+        "path": "str (relative)",
+        "substring": "str (one of)",
+        "regex": "str (one of)",
+    },
     "file_sha256": {"path": "str (relative)", "sha256": "64 lowercase hex"},
-    "command_output_equals": {"command": "str", "expected": "str (one of)", "reference_command": "str (one of)"},
+    "command_output_equals": {
+        "command": "str",
+        "expected": "str (one of)",
+        "reference_command": "str (one of)",
+    },
     "command_exit_code": {"command": "str", "exit_code": "int32 = 0"},
 }
 """Parameters of each check type, for GET /v1/checks (every check also takes timeout_s: float = 0)."""

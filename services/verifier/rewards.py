@@ -14,8 +14,8 @@ One rule is switched on by itself (`Shaping.require_command`, independent of `en
   ungrounded_success  -outcome when no command of the episode ran in the sandbox (none sent, or
                       every one denied by the policy): such a success trains as 0 (`reward` stays 1)
 
-Why: with binary rewards GRPO amplifies lucky guesses. In main-job run6 (`git show 5456081:docs/main-job/run6/report.md`) a few
-early groups had a correct bare `<answer>3</answer>` while their members that ran a command failed;
+Why: with binary rewards GRPO amplifies lucky guesses. In main-job run6
+(`git show 5456081:docs/main-job/run6/report.md`) a few early groups had a correct bare `<answer>3</answer>` while their members that ran a command failed;
 the group-relative advantages pushed the answer-at-once behaviour up and command use down, and from
 step 3 every trained trajectory was a 7-token guess (mean reward of a step's 32 episodes 0.00-0.31,
 eval_id 18.8% -> 3.1%). With the rule, a group whose only successes are guesses has no reward
@@ -72,8 +72,12 @@ def command_events(tool_events: Iterable[ToolEvent]) -> list[ToolEvent]:
     return [e for e in tool_events if not e.parse_error]
 
 
-def compute_reward(checks_passed: Iterable[bool], tool_events: Iterable[ToolEvent], safety_flagged: bool,
-                   shaping: Shaping) -> Reward:
+def compute_reward(
+    checks_passed: Iterable[bool],
+    tool_events: Iterable[ToolEvent],
+    safety_flagged: bool,
+    shaping: Shaping,
+) -> Reward:
     """Outcome and shaping of one verified episode.
 
     checks_passed: one bool per check (an empty list is an error: a task has at least one check).
@@ -92,11 +96,17 @@ def compute_reward(checks_passed: Iterable[bool], tool_events: Iterable[ToolEven
         "exit_zero_bonus": min(shaping.exit_zero_bonus * exit_zero, shaping.exit_zero_cap),
         "timeout_penalty": shaping.timeout_penalty * timed_out + 0.0,  # never -0.0
         "safety_penalty": shaping.safety_penalty if safety_flagged else 0.0,
-        "ungrounded_success": -outcome if outcome and not any(e.policy_verdict != "deny" for e in commands) else 0.0,
+        "ungrounded_success": -outcome
+        if outcome and not any(e.policy_verdict != "deny" for e in commands)
+        else 0.0,
     }
     training = outcome
     if shaping.enabled:
-        training += components["exit_zero_bonus"] + components["timeout_penalty"] + components["safety_penalty"]
+        training += (
+            components["exit_zero_bonus"]
+            + components["timeout_penalty"]
+            + components["safety_penalty"]
+        )
     if shaping.require_command:
         training += components["ungrounded_success"]
     if not math.isfinite(training):  # cannot happen with finite weights; never let it travel
@@ -107,4 +117,6 @@ def compute_reward(checks_passed: Iterable[bool], tool_events: Iterable[ToolEven
 def safety_flagged(tool_events: Iterable[ToolEvent], sandbox_events: Iterable[object] = ()) -> bool:
     """True when the sandbox flagged or denied a command of the episode (its session's safety
     events, or the policy verdicts recorded on the tool events)."""
-    return any(True for _ in sandbox_events) or any(e.policy_verdict in SAFETY_VERDICTS for e in tool_events)
+    return any(True for _ in sandbox_events) or any(
+        e.policy_verdict in SAFETY_VERDICTS for e in tool_events
+    )

@@ -31,15 +31,26 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from services.verifier import metrics
 from services.verifier.checks import CheckInfraError, CommandOutput, FileRefused, FileTooLarge
-from shellrl.clients.sandbox import ExecResult, SandboxBusy, SandboxError, SandboxNotFound, SandboxSetupFailed
+from shellrl.clients.sandbox import (
+    ExecResult,
+    SandboxBusy,
+    SandboxError,
+    SandboxNotFound,
+    SandboxSetupFailed,
+)
 from shellrl.contract import Task
 
 BUSY_ATTEMPTS = 6  # session creations tried while the sandbox answers 429
 
 
 def command_output(result: ExecResult) -> CommandOutput:
-    return CommandOutput(result.stdout, result.exit_code, result.timed_out, result.stdout_truncated_bytes,
-                         result.policy.verdict)
+    return CommandOutput(
+        result.stdout,
+        result.exit_code,
+        result.timed_out,
+        result.stdout_truncated_bytes,
+        result.policy.verdict,
+    )
 
 
 def _session_gone(exc: SandboxError) -> bool:
@@ -50,8 +61,15 @@ class SandboxWorkspace:
     """One episode's session. `prepare()` must be called first (it reads the session's workspace
     path and safety events, before any check command can add its own)."""
 
-    def __init__(self, sandbox, session_id: str, task: Task, reference_cache: ReferenceCache) -> None:
-        self.sandbox, self.session_id, self.task, self.reference_cache = sandbox, session_id, task, reference_cache
+    def __init__(
+        self, sandbox, session_id: str, task: Task, reference_cache: ReferenceCache
+    ) -> None:
+        self.sandbox, self.session_id, self.task, self.reference_cache = (
+            sandbox,
+            session_id,
+            task,
+            reference_cache,
+        )
         self.workspace_path: str | None = None
         self.safety_events: list[dict] = []
 
@@ -61,7 +79,11 @@ class SandboxWorkspace:
         try:
             info = await self.sandbox.session_info(self.session_id)
         except SandboxError as exc:
-            gone = "is gone (expired, deleted or never existed)" if _session_gone(exc) else f"cannot be read: {exc}"
+            gone = (
+                "is gone (expired, deleted or never existed)"
+                if _session_gone(exc)
+                else f"cannot be read: {exc}"
+            )
             raise CheckInfraError(f"sandbox session {self.session_id} {gone}") from None
         self.workspace_path = info["workspace"]
         self.safety_events = [e for e in info.get("safety_events", []) if isinstance(e, dict)]
@@ -71,11 +93,15 @@ class SandboxWorkspace:
         try:
             await self.sandbox.kill_processes(self.session_id)
         except SandboxError as exc:
-            raise CheckInfraError(f"killing the processes of session {self.session_id} failed: {exc}") from None
+            raise CheckInfraError(
+                f"killing the processes of session {self.session_id} failed: {exc}"
+            ) from None
 
     async def run(self, command: str, timeout_s: float) -> CommandOutput:
         try:
-            result = await self.sandbox.exec(self.session_id, command, timeout_s=timeout_s, fresh_state=True)
+            result = await self.sandbox.exec(
+                self.session_id, command, timeout_s=timeout_s, fresh_state=True
+            )
         except SandboxError as exc:
             raise CheckInfraError(f"exec in session {self.session_id} failed: {exc}") from None
         await self._kill_processes()  # whatever the check command left running
@@ -89,7 +115,9 @@ class SandboxWorkspace:
                 raise FileTooLarge(f"larger than max_file_bytes={max_bytes}") from None
             if exc.status in (400, 403) or exc.code == "file_not_found":
                 raise FileRefused((exc.body.get("error") or {}).get("message", str(exc))) from None
-            raise CheckInfraError(f"reading {path!r} from session {self.session_id} failed: {exc}") from None
+            raise CheckInfraError(
+                f"reading {path!r} from session {self.session_id} failed: {exc}"
+            ) from None
 
     async def run_reference(self, command: str, timeout_s: float) -> CommandOutput:
         return await self.reference_cache.output(self.task, command, timeout_s)
@@ -105,7 +133,9 @@ class ReferenceCache:
 
     @staticmethod
     def key(task: Task, command: str) -> str:
-        return hashlib.sha256(json.dumps([task.setup, sorted(task.env.items()), command]).encode()).hexdigest()
+        return hashlib.sha256(
+            json.dumps([task.setup, sorted(task.env.items()), command]).encode()
+        ).hexdigest()
 
     async def output(self, task: Task, command: str, timeout_s: float) -> CommandOutput:
         """The reference command's output in a fresh post-setup workspace. Raises CheckInfraError."""
@@ -121,7 +151,9 @@ class ReferenceCache:
         try:
             out = await self._run(task, command, timeout_s)
         except BaseException as exc:
-            future.set_exception(exc if isinstance(exc, Exception) else CheckInfraError("cancelled"))
+            future.set_exception(
+                exc if isinstance(exc, Exception) else CheckInfraError("cancelled")
+            )
             future.exception()  # mark retrieved: waiters re-raise it
             raise
         finally:
@@ -137,8 +169,11 @@ class ReferenceCache:
     async def _run(self, task: Task, command: str, timeout_s: float) -> CommandOutput:
         session = await self._create(task)
         try:
-            return command_output(await self.sandbox.exec(session["session_id"], command, timeout_s=timeout_s,
-                                                          fresh_state=True))
+            return command_output(
+                await self.sandbox.exec(
+                    session["session_id"], command, timeout_s=timeout_s, fresh_state=True
+                )
+            )
         except SandboxError as exc:
             raise CheckInfraError(f"reference command failed to run: {exc}") from None
         finally:
@@ -149,9 +184,12 @@ class ReferenceCache:
 
     async def _create(self, task: Task) -> dict:
         try:
-            async for attempt in AsyncRetrying(retry=retry_if_exception_type(SandboxBusy),
-                                               wait=wait_exponential(multiplier=0.1),
-                                               stop=stop_after_attempt(BUSY_ATTEMPTS), reraise=True):
+            async for attempt in AsyncRetrying(
+                retry=retry_if_exception_type(SandboxBusy),
+                wait=wait_exponential(multiplier=0.1),
+                stop=stop_after_attempt(BUSY_ATTEMPTS),
+                reraise=True,
+            ):
                 with attempt:
                     return await self.sandbox.create_session(setup=task.setup, env=dict(task.env))
         except SandboxBusy:
@@ -159,5 +197,7 @@ class ReferenceCache:
         except SandboxSetupFailed as exc:
             raise CheckInfraError(f"the task's setup failed in a fresh session: {exc}") from None
         except SandboxError as exc:
-            raise CheckInfraError(f"cannot create a session for the reference command: {exc}") from None
+            raise CheckInfraError(
+                f"cannot create a session for the reference command: {exc}"
+            ) from None
         raise AssertionError("unreachable: tenacity either returns or re-raises")

@@ -15,30 +15,76 @@ class VerifierSettings(ServiceSettings):
 
     default_port: ClassVar[int] = 8102
 
-    sandbox_url: str = Field("http://127.0.0.1:8101", description="Sandbox service the checks run in.")
-    consumer_name: str = Field("", description="Consumer name in group `verifier`; '' = verifier-<hostname>-<pid>.")
-    worker_enabled: bool = Field(True, description="Consume shellrl:episodes (off: only POST /v1/verify).")
-    concurrency: int = Field(8, ge=1, le=256, description="Trajectories verified at the same time by the worker.")
+    sandbox_url: str = Field(
+        "http://127.0.0.1:8101", description="Sandbox service the checks run in."
+    )
+    consumer_name: str = Field(
+        "", description="Consumer name in group `verifier`; '' = verifier-<hostname>-<pid>."
+    )
+    worker_enabled: bool = Field(
+        True, description="Consume shellrl:episodes (off: only POST /v1/verify)."
+    )
+    concurrency: int = Field(
+        8, ge=1, le=256, description="Trajectories verified at the same time by the worker."
+    )
     read_count: int = Field(16, ge=1, le=512, description="Entries per XREADGROUP.")
-    block_ms: int = Field(1000, gt=0, lt=5000, description="Blocking read time of the stream consumer, ms.")
-    claim_min_idle_ms: int = Field(60_000, ge=100, description="Idle time after which another replica's entry is re-claimed, ms.")
-    max_deliveries: int = Field(5, ge=1, description="Deliveries after which a failing entry goes to shellrl:dead.")
-    check_timeout_s: float = Field(10.0, gt=0, le=600, description="Timeout of a check whose own timeout_s is 0, s.")
-    max_file_bytes: int = Field(16 * 1024 * 1024, ge=1024, description="Largest file file_contains/file_sha256 read; larger fails the check.")
-    max_answer_chars: int = Field(65_536, ge=1, description="Answers longer than this fail answer checks.")
-    reference_cache_size: int = Field(1024, ge=0, description="reference_command outputs cached (per setup, env, command).")
-    release_sessions: bool = Field(True, description="DELETE the sandbox session after scoring a trajectory.")
-    shaping_enabled: bool = Field(False, description="Add the shaping components into training_reward (off by default).")
-    shaping_exit_zero_bonus: float = Field(0.1, description="Shaping: added per command that exited 0.")
-    shaping_exit_zero_cap: float = Field(0.3, ge=0, description="Shaping: cap of the exit-0 bonus sum.")
-    shaping_timeout_penalty: float = Field(-0.1, description="Shaping: added per command that timed out.")
-    shaping_safety_penalty: float = Field(-1.0, description="Shaping: added once when the sandbox policy flagged or denied a command.")
-    require_command: bool = Field(False, description="A success whose episode sent no command to the sandbox trains as 0 "
-                                  "(reward component ungrounded_success; reward stays 1). Independent of shaping_enabled; "
-                                  "the main job turns it on.")
+    block_ms: int = Field(
+        1000, gt=0, lt=5000, description="Blocking read time of the stream consumer, ms."
+    )
+    claim_min_idle_ms: int = Field(
+        60_000,
+        ge=100,
+        description="Idle time after which another replica's entry is re-claimed, ms.",
+    )
+    max_deliveries: int = Field(
+        5, ge=1, description="Deliveries after which a failing entry goes to shellrl:dead."
+    )
+    check_timeout_s: float = Field(
+        10.0, gt=0, le=600, description="Timeout of a check whose own timeout_s is 0, s."
+    )
+    max_file_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="Largest file file_contains/file_sha256 read; larger fails the check.",
+    )
+    max_answer_chars: int = Field(
+        65_536, ge=1, description="Answers longer than this fail answer checks."
+    )
+    reference_cache_size: int = Field(
+        1024, ge=0, description="reference_command outputs cached (per setup, env, command)."
+    )
+    release_sessions: bool = Field(
+        True, description="DELETE the sandbox session after scoring a trajectory."
+    )
+    shaping_enabled: bool = Field(
+        False, description="Add the shaping components into training_reward (off by default)."
+    )
+    shaping_exit_zero_bonus: float = Field(
+        0.1, description="Shaping: added per command that exited 0."
+    )
+    shaping_exit_zero_cap: float = Field(
+        0.3, ge=0, description="Shaping: cap of the exit-0 bonus sum."
+    )
+    shaping_timeout_penalty: float = Field(
+        -0.1, description="Shaping: added per command that timed out."
+    )
+    shaping_safety_penalty: float = Field(
+        -1.0, description="Shaping: added once when the sandbox policy flagged or denied a command."
+    )
+    require_command: bool = Field(
+        False,
+        description="A success whose episode sent no command to the sandbox trains as 0 "
+        "(reward component ungrounded_success; reward stays 1). Independent of shaping_enabled; "
+        "the main job turns it on.",
+    )
 
-    @field_validator("shaping_exit_zero_bonus", "shaping_exit_zero_cap", "shaping_timeout_penalty",
-                     "shaping_safety_penalty", "check_timeout_s")
+    @field_validator(
+        "shaping_exit_zero_bonus",
+        "shaping_exit_zero_cap",
+        "shaping_timeout_penalty",
+        "shaping_safety_penalty",
+        "check_timeout_s",
+    )
     @classmethod
     def _finite(cls, value: float) -> float:
         if not math.isfinite(value):

@@ -19,7 +19,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.verifier import metrics
-from services.verifier.checks import VERIFIER_VERSION, CheckInfraError, CheckLimits, CheckResult, run_check
+from services.verifier.checks import (
+    VERIFIER_VERSION,
+    CheckInfraError,
+    CheckLimits,
+    CheckResult,
+    run_check,
+)
 from services.verifier.rewards import Reward, Shaping, compute_reward, safety_flagged
 from services.verifier.sandbox_view import ReferenceCache, SandboxWorkspace
 from shellrl.contract import Failure, Task, ToolEvent, Trajectory, split_name
@@ -82,11 +88,23 @@ class Verifier:
     sandbox: a shellrl.clients.sandbox.SandboxClient (None: only answer checks can run).
     """
 
-    def __init__(self, sandbox, limits: CheckLimits, shaping: Shaping, reference_cache: ReferenceCache) -> None:
-        self.sandbox, self.limits, self.shaping, self.reference_cache = sandbox, limits, shaping, reference_cache
+    def __init__(
+        self, sandbox, limits: CheckLimits, shaping: Shaping, reference_cache: ReferenceCache
+    ) -> None:
+        self.sandbox, self.limits, self.shaping, self.reference_cache = (
+            sandbox,
+            limits,
+            shaping,
+            reference_cache,
+        )
 
-    async def verify(self, task: Task, answer: str | None, session_id: str | None,
-                     tool_events: Sequence[ToolEvent] = ()) -> Verification:
+    async def verify(
+        self,
+        task: Task,
+        answer: str | None,
+        session_id: str | None,
+        tool_events: Sequence[ToolEvent] = (),
+    ) -> Verification:
         """Verify one episode of `task`. Never raises: failures come back as data."""
         start = time.perf_counter()
         try:
@@ -95,14 +113,27 @@ class Verifier:
             result = Verification((), None, Failure.FAILURE_INFRA_VERIFIER, str(exc))
         except Exception as exc:  # a bug or an unforeseen sandbox answer: this episode only
             log.exception("verification crashed", extra={"task_id": task.task_id})
-            result = Verification((), None, Failure.FAILURE_INFRA_VERIFIER, f"verifier error: {exc!r}")
-        result = Verification(result.checks, result.reward, result.failure, result.failure_detail,
-                              (time.perf_counter() - start) * 1000, result.safety_events)
+            result = Verification(
+                (), None, Failure.FAILURE_INFRA_VERIFIER, f"verifier error: {exc!r}"
+            )
+        result = Verification(
+            result.checks,
+            result.reward,
+            result.failure,
+            result.failure_detail,
+            (time.perf_counter() - start) * 1000,
+            result.safety_events,
+        )
         record_verification(task.source, split_name(task.split), result)
         return result
 
-    async def _verify(self, task: Task, answer: str | None, session_id: str | None,
-                      tool_events: Sequence[ToolEvent]) -> Verification:
+    async def _verify(
+        self,
+        task: Task,
+        answer: str | None,
+        session_id: str | None,
+        tool_events: Sequence[ToolEvent],
+    ) -> Verification:
         if not task.checks:
             raise CheckInfraError("the task has no checks")
         workspace = None
@@ -117,8 +148,12 @@ class Verifier:
                 result = await run_check(check, answer, workspace, self.limits)
             except CheckInfraError as exc:
                 kind = check.WhichOneof("kind")
-                return Verification(tuple(results), None, Failure.FAILURE_INFRA_VERIFIER,
-                                    f"check[{i}] {kind} could not run: {exc}")
+                return Verification(
+                    tuple(results),
+                    None,
+                    Failure.FAILURE_INFRA_VERIFIER,
+                    f"check[{i}] {kind} could not run: {exc}",
+                )
             metrics.record_check(result.type, result.passed, result.duration_ms / 1000)
             results.append(result)
         sandbox_events = workspace.safety_events if workspace else []

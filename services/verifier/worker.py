@@ -54,8 +54,17 @@ class VerifierWorker:
     session after scoring.
     """
 
-    def __init__(self, consumer: StreamConsumer, trajectories: StreamProducer, evaluations: StreamProducer,
-                 verifier: Verifier, sandbox, *, concurrency: int, release_sessions: bool = True) -> None:
+    def __init__(
+        self,
+        consumer: StreamConsumer,
+        trajectories: StreamProducer,
+        evaluations: StreamProducer,
+        verifier: Verifier,
+        sandbox,
+        *,
+        concurrency: int,
+        release_sessions: bool = True,
+    ) -> None:
         self.consumer, self.trajectories, self.evaluations = consumer, trajectories, evaluations
         self.verifier, self.sandbox = verifier, sandbox
         self.concurrency, self.release_sessions = concurrency, release_sessions
@@ -102,20 +111,29 @@ class VerifierWorker:
         out = self.evaluations if traj.eval else self.trajectories
         try:
             if entry.deliveries > 1 and await self.already_forwarded(out, traj.trajectory_id):
-                outcome = "duplicate"  # re-delivered after a crash past forward's XADD: only acknowledge
+                outcome = (
+                    "duplicate"  # re-delivered after a crash past forward's XADD: only acknowledge
+                )
             else:
                 outcome = await self.score(traj)
                 await self.release(traj)
             _, duplicate = await self.consumer.forward(
-                entry, out, traj.SerializeToString(), idempotency_key=traj.trajectory_id,
-                task_id=entry.text("task_id", traj.task_id), group_id=entry.text("group_id", traj.group_id),
-                version=entry.text("version", ""))
+                entry,
+                out,
+                traj.SerializeToString(),
+                idempotency_key=traj.trajectory_id,
+                task_id=entry.text("task_id", traj.task_id),
+                group_id=entry.text("group_id", traj.group_id),
+                version=entry.text("version", ""),
+            )
             metrics.TRAJECTORIES.labels("duplicate" if duplicate else outcome).inc()
         except asyncio.CancelledError:
             raise
         except Exception as exc:
-            log.exception("handling an episode failed; it stays pending",
-                          extra={"trajectory_id": traj.trajectory_id, "entry_id": entry.entry_id})
+            log.exception(
+                "handling an episode failed; it stays pending",
+                extra={"trajectory_id": traj.trajectory_id, "entry_id": entry.entry_id},
+            )
             await self.consumer.fail(entry, f"{type(exc).__name__}: {exc}")
         finally:
             metrics.IN_FLIGHT.dec()
@@ -129,13 +147,26 @@ class VerifierWorker:
             Verification((), None, traj.failure, traj.failure_detail).apply_to(traj)
             return "passed_through"
         if not traj.HasField("task"):
-            result = Verification((), None, Failure.FAILURE_INFRA_VERIFIER, "the trajectory carries no task")
+            result = Verification(
+                (), None, Failure.FAILURE_INFRA_VERIFIER, "the trajectory carries no task"
+            )
         else:
-            result = await self.verifier.verify(traj.task, final_answer(traj), traj.sandbox_session_id or None, tool_events(traj))
+            result = await self.verifier.verify(
+                traj.task, final_answer(traj), traj.sandbox_session_id or None, tool_events(traj)
+            )
         result.apply_to(traj)
-        log.info("verified", extra={"trajectory_id": traj.trajectory_id, "group_id": traj.group_id,
-                                    "task_id": traj.task_id, "reward": traj.reward, "scored": traj.scored,
-                                    "failure": Failure.Name(traj.failure), "duration_ms": round(result.duration_ms, 1)})
+        log.info(
+            "verified",
+            extra={
+                "trajectory_id": traj.trajectory_id,
+                "group_id": traj.group_id,
+                "task_id": traj.task_id,
+                "reward": traj.reward,
+                "scored": traj.scored,
+                "failure": Failure.Name(traj.failure),
+                "duration_ms": round(result.duration_ms, 1),
+            },
+        )
         return "scored" if result.scored else "unscored"
 
     async def release(self, traj: Trajectory) -> None:
@@ -143,7 +174,9 @@ class VerifierWorker:
         the sandbox's idle TTL removes what we could not)."""
         if not (self.release_sessions and traj.sandbox_session_id and self.sandbox is not None):
             return
-        metrics.SESSION_RELEASES.labels(await release_session(self.sandbox, traj.sandbox_session_id)).inc()
+        metrics.SESSION_RELEASES.labels(
+            await release_session(self.sandbox, traj.sandbox_session_id)
+        ).inc()
 
 
 async def release_session(sandbox, session_id: str) -> str:
@@ -154,5 +187,8 @@ async def release_session(sandbox, session_id: str) -> str:
     except SandboxNotFound:
         return "gone"
     except Exception as exc:  # noqa: BLE001 (never raises: the sandbox's TTL removes what we could not)
-        log.warning("releasing a sandbox session failed", extra={"session_id": session_id, "error": repr(exc)})
+        log.warning(
+            "releasing a sandbox session failed",
+            extra={"session_id": session_id, "error": repr(exc)},
+        )
         return "error"

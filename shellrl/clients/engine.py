@@ -25,7 +25,13 @@ import uuid
 
 from shellrl.clients.engine_fleet import EngineFleet
 from shellrl.clients.engine_responses import (
-    EngineError, EngineUnavailable, GenerateResult, body_of, error_code, parse_generate_response)
+    EngineError,
+    EngineUnavailable,
+    GenerateResult,
+    body_of,
+    error_code,
+    parse_generate_response,
+)
 from shellrl.clients.engine_retry import Resend, resends, send_once
 
 
@@ -50,10 +56,16 @@ class EngineClient(EngineFleet):
         Raises EngineUnavailable, EngineError (including 400 for bad input).
         """
         rid = rid or uuid.uuid4().hex
-        body = {"input_ids": list(input_ids), "sampling_params": dict(sampling_params),
-                "return_logprob": return_logprob, "rid": rid}
+        body = {
+            "input_ids": list(input_ids),
+            "sampling_params": dict(sampling_params),
+            "return_logprob": return_logprob,
+            "rid": rid,
+        }
         tried: set[str] = set()
-        async for attempt in resends(self.connect_retries, self.retry_backoff_s):  # engine may change
+        async for attempt in resends(
+            self.connect_retries, self.retry_backoff_s
+        ):  # engine may change
             with attempt:
                 target = url.rstrip("/") if url else self._pick(tried)
                 tried.add(target)
@@ -71,6 +83,10 @@ class EngineClient(EngineFleet):
                     raise Resend(refused, backoff=False)
                 if response.status_code >= 400:
                     raise EngineError(target, response.status_code, body_of(response))
-                return parse_generate_response(response.json(), engine_url=target, return_logprob=return_logprob,
-                                               prompt_tokens=len(input_ids))
+                return parse_generate_response(
+                    response.json(),
+                    engine_url=target,
+                    return_logprob=return_logprob,
+                    prompt_tokens=len(input_ids),
+                )
         raise AssertionError("unreachable")

@@ -25,8 +25,9 @@ class Resend(Exception):
         self.error, self.backoff = error, backoff
 
 
-async def send_once(http: httpx.AsyncClient, method: str, url: str, path: str,
-                    **kwargs) -> httpx.Response:
+async def send_once(
+    http: httpx.AsyncClient, method: str, url: str, path: str, **kwargs
+) -> httpx.Response:
     """One HTTP call to `url + path`; the response whatever its status. Raises Resend (connect error
     or connect timeout), EngineUnavailable (no answer in time: `timed_out`; connection lost)."""
     try:
@@ -35,7 +36,9 @@ async def send_once(http: httpx.AsyncClient, method: str, url: str, path: str,
         error = EngineUnavailable(url, f"cannot connect ({type(exc).__name__}: {exc})")
         raise Resend(error, backoff=True) from exc
     except httpx.TimeoutException as exc:
-        raise EngineUnavailable(url, f"no answer in time ({type(exc).__name__})", timed_out=True) from exc
+        raise EngineUnavailable(
+            url, f"no answer in time ({type(exc).__name__})", timed_out=True
+        ) from exc
     except httpx.TransportError as exc:  # the request may have run: never re-sent
         raise EngineUnavailable(url, f"connection lost ({type(exc).__name__}: {exc})") from exc
 
@@ -48,9 +51,12 @@ def resends(retries: int, backoff_s: float) -> AsyncRetrying:
     def wait_s(state: RetryCallState) -> float:
         return backoff_s * state.attempt_number if state.outcome.exception().backoff else 0.0
 
-    return AsyncRetrying(retry=retry_if_exception_type(Resend),
-                         stop=stop_after_attempt(retries + 1), wait=wait_s,
-                         retry_error_callback=_give_up)
+    return AsyncRetrying(
+        retry=retry_if_exception_type(Resend),
+        stop=stop_after_attempt(retries + 1),
+        wait=wait_s,
+        retry_error_callback=_give_up,
+    )
 
 
 def _give_up(state: RetryCallState):

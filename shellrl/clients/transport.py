@@ -56,7 +56,9 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     (httpx calls it from `AsyncClient.aclose`).
     """
 
-    def __init__(self, max_connections: int = 100, keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S) -> None:
+    def __init__(
+        self, max_connections: int = 100, keepalive_timeout_s: float = KEEPALIVE_TIMEOUT_S
+    ) -> None:
         if max_connections < 0:
             raise ValueError(f"max_connections must be >= 0; got {max_connections}")
         self.max_connections = max_connections
@@ -67,11 +69,17 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
     def _get_session(self) -> aiohttp.ClientSession:
         loop = asyncio.get_running_loop()
         if self._session is None or self._session.closed or self._loop is not loop:
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
-                                             keepalive_timeout=self.keepalive_timeout_s)
-            self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                                  cookie_jar=aiohttp.DummyCookieJar(),
-                                                  skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"))
+            connector = aiohttp.TCPConnector(
+                limit=self.max_connections,
+                limit_per_host=0,
+                keepalive_timeout=self.keepalive_timeout_s,
+            )
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
+            )
             self._loop = loop
         return self._session
 
@@ -80,15 +88,23 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
         connect_s, read_s = timeout.get("connect"), timeout.get("read")
         pool_s = timeout.get("pool")
         client_timeout = aiohttp.ClientTimeout(
-            total=None, connect=None if connect_s is None or pool_s is None else connect_s + pool_s,
-            sock_connect=connect_s, sock_read=read_s,
+            total=None,
+            connect=None if connect_s is None or pool_s is None else connect_s + pool_s,
+            sock_connect=connect_s,
+            sock_read=read_s,
         )
-        headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() not in _SKIP_HEADERS]
+        headers = [
+            (k, v) for k, v in request.headers.multi_items() if k.lower() not in _SKIP_HEADERS
+        ]
         body = await request.aread()
         try:
             async with self._get_session().request(
-                request.method, str(request.url), headers=headers, data=body or None,
-                allow_redirects=False, timeout=client_timeout,
+                request.method,
+                str(request.url),
+                headers=headers,
+                data=body or None,
+                allow_redirects=False,
+                timeout=client_timeout,
             ) as response:
                 content = await response.read()
                 status, raw_headers, reason = response.status, response.raw_headers, response.reason
@@ -96,17 +112,28 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             raise httpx.ConnectTimeout(str(exc) or "timed out connecting", request=request) from exc
         except aiohttp.ClientConnectorError as exc:
             raise httpx.ConnectError(str(exc), request=request) from exc
-        except (aiohttp.ServerTimeoutError, asyncio.TimeoutError) as exc:
-            raise httpx.ReadTimeout(str(exc) or "timed out reading the response", request=request) from exc
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise httpx.ReadTimeout(
+                str(exc) or "timed out reading the response", request=request
+            ) from exc
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientResponseError) as exc:
-            raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__, request=request) from exc
+            raise httpx.RemoteProtocolError(
+                str(exc) or type(exc).__name__, request=request
+            ) from exc
         except (aiohttp.ClientPayloadError, aiohttp.ClientOSError) as exc:
             raise httpx.ReadError(str(exc) or type(exc).__name__, request=request) from exc
         except aiohttp.ClientError as exc:
             raise httpx.TransportError(f"{type(exc).__name__}: {exc}", request=request) from exc
-        return httpx.Response(status, headers=list(raw_headers), content=content, request=request,
-                              extensions={"http_version": b"HTTP/1.1",
-                                          "reason_phrase": (reason or "").encode("latin-1", "replace")})
+        return httpx.Response(
+            status,
+            headers=list(raw_headers),
+            content=content,
+            request=request,
+            extensions={
+                "http_version": b"HTTP/1.1",
+                "reason_phrase": (reason or "").encode("latin-1", "replace"),
+            },
+        )
 
     async def aclose(self) -> None:
         if self._session is not None and self._loop is asyncio.get_running_loop():

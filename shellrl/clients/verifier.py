@@ -24,20 +24,30 @@ class VerifierClient:
         self.url = url.rstrip("/")
         self._http = httpx.AsyncClient(timeout=timeout_s)
 
-    async def verify(self, task: Task, answer: str | None, session_id: str | None,
-                     traj: Trajectory) -> dict:
+    async def verify(
+        self, task: Task, answer: str | None, session_id: str | None, traj: Trajectory
+    ) -> dict:
         """The verifier's JSON verdict for one episode: `reward` (null when unscored), `failure`,
         `checks`, `verifier_version` ... The session is released when `session_id` is given.
         Raises httpx.HTTPError (connection failure, timeout, non-2xx status)."""
         events = [
-            {"command": e.command, "exit_code": None if e.exit_code < 0 else e.exit_code,
-             "timed_out": e.timed_out, "policy_verdict": e.policy_verdict or "allow",
-             "policy_rule": e.policy_rule or None}
+            {
+                "command": e.command,
+                "exit_code": None if e.exit_code < 0 else e.exit_code,
+                "timed_out": e.timed_out,
+                "policy_verdict": e.policy_verdict or "allow",
+                "policy_rule": e.policy_rule or None,
+            }
             for e in (s.tool_event for s in traj.segments if s.HasField("tool_event"))
             if e.command
         ]
-        body = {"task": task_to_json(task), "answer": answer, "session_id": session_id or None,
-                "tool_events": events, "release_session": bool(session_id)}
+        body = {
+            "task": task_to_json(task),
+            "answer": answer,
+            "session_id": session_id or None,
+            "tool_events": events,
+            "release_session": bool(session_id),
+        }
         response = await self._http.post(f"{self.url}/v1/verify", json=body)
         response.raise_for_status()
         return response.json()

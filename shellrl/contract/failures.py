@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from shellrl.v1.trajectory_pb2 import Failure
 
-INFRA_FAILURES: frozenset[int] = frozenset(v for name, v in Failure.items() if name.startswith("FAILURE_INFRA_"))
+INFRA_FAILURES: frozenset[int] = frozenset(
+    v for name, v in Failure.items() if name.startswith("FAILURE_INFRA_")
+)
 """Every `FAILURE_INFRA_*` value (engine, sandbox, verifier, rollout)."""
 
 

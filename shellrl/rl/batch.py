@@ -40,11 +40,15 @@ class TrainSample:
         r = len(self.response_ids)
         for name in ("behavior_logprobs", "loss_mask", "policy_versions", "temperatures"):
             if len(getattr(self, name)) != r:
-                raise ValueError(f"{self.trajectory_id}: {name} has {len(getattr(self, name))} entries, "
-                                 f"response_ids has {r}")
+                raise ValueError(
+                    f"{self.trajectory_id}: {name} has {len(getattr(self, name))} entries, "
+                    f"response_ids has {r}"
+                )
         if len(self.prompt_ids) == 0:
-            raise ValueError(f"{self.trajectory_id}: empty prompt (the first response token needs a prompt token "
-                             "before it to be scored)")
+            raise ValueError(
+                f"{self.trajectory_id}: empty prompt (the first response token needs a prompt token "
+                "before it to be scored)"
+            )
 
 
 @dataclass(frozen=True)
@@ -83,13 +87,22 @@ class TrainBatch:
         """The same batch with every tensor on `device` (self when already there)."""
         if self.input_ids.device == torch.device(device):
             return self
-        return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
-                                if isinstance(getattr(self, f.name), torch.Tensor)})
+        return replace(
+            self,
+            **{
+                f.name: getattr(self, f.name).to(device)
+                for f in fields(self)
+                if isinstance(getattr(self, f.name), torch.Tensor)
+            },
+        )
 
     def rows(self, start: int, stop: int) -> TrainBatch:
         """Rows [start, stop), cut to their own longest row rounded up to `pad_to_multiple_of`."""
         length = int(self.lengths[start:stop].max().item())
-        length = min(-(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of, int(self.input_ids.shape[1]))
+        length = min(
+            -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of,
+            int(self.input_ids.shape[1]),
+        )
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
@@ -112,7 +125,9 @@ class TrainBatch:
             yield self.rows(start, min(start + micro_batch_size, self.size))
 
 
-def build_batch(samples: Sequence[TrainSample], pad_token_id: int, pad_to_multiple_of: int = 1) -> TrainBatch:
+def build_batch(
+    samples: Sequence[TrainSample], pad_token_id: int, pad_to_multiple_of: int = 1
+) -> TrainBatch:
     """Right-pad `samples` into a TrainBatch (see the module docstring for the alignment).
 
     L = max(P+R) rounded up to a multiple of `pad_to_multiple_of` (fewer distinct shapes keep the
@@ -135,8 +150,8 @@ def build_batch(samples: Sequence[TrainSample], pad_token_id: int, pad_to_multip
     for i, s in enumerate(samples):
         p, r = len(s.prompt_ids), len(s.response_ids)
         input_ids[i, :p] = s.prompt_ids
-        input_ids[i, p:p + r] = s.response_ids
-        attention_mask[i, :p + r] = 1
+        input_ids[i, p : p + r] = s.response_ids
+        attention_mask[i, : p + r] = 1
         cols = slice(p - 1, p + r - 1)  # shift by one: logits at P-1+t score response token t
         mask = np.asarray(s.loss_mask, dtype=np.float32)
         loss_mask[i, cols] = mask

@@ -38,14 +38,21 @@ GREEDY_TEMPERATURE = 1e-6
 def enable_gradient_checkpointing(model) -> None:
     """Turn on HF activation (gradient) checkpointing, non-reentrant, for every decoder layer; no KV cache."""
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        model.activation_checkpointing_enable(
+            activation_checkpointing_kwargs={"use_reentrant": False}
+        )
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
 
 
-def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, target_ids: torch.Tensor,
-                  temperatures: torch.Tensor) -> torch.Tensor:
+def head_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    target_ids: torch.Tensor,
+    temperatures: torch.Tensor,
+) -> torch.Tensor:
     """log_softmax((hidden @ weight.T + bias) / T)[target] in float32.
 
     hidden: [n, H]; weight: [V, H]; bias: [V] or None; target_ids: [n] int64; temperatures: [n]
@@ -65,7 +72,11 @@ def shared_prefix_length(batch: TrainBatch) -> int:
     if ids.shape[0] < 2 or ids.shape[1] == 0:
         return 0
     arange = torch.arange(ids.shape[1], device=ids.device)
-    same = (ids == ids[:1]).all(0) & (batch.attention_mask > 0).all(0) & (batch.position_ids == arange).all(0)
+    same = (
+        (ids == ids[:1]).all(0)
+        & (batch.attention_mask > 0).all(0)
+        & (batch.position_ids == arange).all(0)
+    )
     differs = (~same).nonzero()
     length = int(differs[0, 0]) if differs.numel() else int(ids.shape[1])
     return max(0, min(length, int(batch.lengths.min()) - 1))
@@ -78,26 +89,53 @@ def decoder_hidden(model, batch: TrainBatch, share_prefix_min_tokens: int = 0) -
     prefix = shared_prefix_length(batch) if share_prefix_min_tokens > 0 else 0
     # checkpointed layers in training mode may drop the KV cache (they do in some transformers versions)
     if prefix < max(1, share_prefix_min_tokens) or (_checkpointing(model) and model.training):
-        return decoder(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                       position_ids=batch.position_ids, use_cache=False).last_hidden_state
+        return decoder(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            position_ids=batch.position_ids,
+            use_cache=False,
+        ).last_hidden_state
     b, cache = batch.size, DynamicCache(config=model.config)
-    key = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"  # 5.24 renamed it
-    head = decoder(input_ids=batch.input_ids[:1, :prefix], attention_mask=batch.attention_mask[:1, :prefix],
-                   position_ids=batch.position_ids[:1, :prefix], use_cache=True, **{key: cache})
-    cache.batch_repeat_interleave(b)  # repeat_interleave is differentiable: the rows' gradients sum into the prefix
-    tail = decoder(input_ids=batch.input_ids[:, prefix:], attention_mask=batch.attention_mask,
-                   position_ids=batch.position_ids[:, prefix:], use_cache=True, **{key: cache})
+    key = (
+        "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    )  # 5.24 renamed it
+    head = decoder(
+        input_ids=batch.input_ids[:1, :prefix],
+        attention_mask=batch.attention_mask[:1, :prefix],
+        position_ids=batch.position_ids[:1, :prefix],
+        use_cache=True,
+        **{key: cache},
+    )
+    cache.batch_repeat_interleave(
+        b
+    )  # repeat_interleave is differentiable: the rows' gradients sum into the prefix
+    tail = decoder(
+        input_ids=batch.input_ids[:, prefix:],
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids[:, prefix:],
+        use_cache=True,
+        **{key: cache},
+    )
     return torch.cat([head.last_hidden_state.expand(b, -1, -1), tail.last_hidden_state], dim=1)
 
 
 def _checkpointing(model) -> bool:
     flag = getattr(type(model), "is_activation_checkpointing", None)  # transformers >= 5.2x
-    return bool(model.is_activation_checkpointing if flag is not None else getattr(model, "is_gradient_checkpointing",
-                                                                                   False))
+    return bool(
+        model.is_activation_checkpointing
+        if flag is not None
+        else getattr(model, "is_gradient_checkpointing", False)
+    )
 
 
-def token_logprobs(model, batch: TrainBatch, *, positions: torch.Tensor | None = None,
-                   chunk_tokens: int = 1024, share_prefix_min_tokens: int = 0) -> torch.Tensor:
+def token_logprobs(
+    model,
+    batch: TrainBatch,
+    *,
+    positions: torch.Tensor | None = None,
+    chunk_tokens: int = 1024,
+    share_prefix_min_tokens: int = 0,
+) -> torch.Tensor:
     """Log-probs of `batch.target_ids` under `model`, at the scored positions.
 
     model: a HF causal LM (`get_decoder()`, `get_output_embeddings()`). positions: [b, L-1] mask of
@@ -109,18 +147,33 @@ def token_logprobs(model, batch: TrainBatch, *, positions: torch.Tensor | None =
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1; got {chunk_tokens}")
     positions = batch.loss_mask > 0 if positions is None else positions.bool()
-    hidden = decoder_hidden(model, batch, share_prefix_min_tokens)[:, :-1]  # [b, L-1, H]: column j scores target j
+    hidden = decoder_hidden(model, batch, share_prefix_min_tokens)[
+        :, :-1
+    ]  # [b, L-1, H]: column j scores target j
     head = model.get_output_embeddings()
-    temperatures = torch.where(batch.temperatures > GREEDY_TEMPERATURE, batch.temperatures,
-                               torch.ones_like(batch.temperatures))
+    temperatures = torch.where(
+        batch.temperatures > GREEDY_TEMPERATURE,
+        batch.temperatures,
+        torch.ones_like(batch.temperatures),
+    )
     use_checkpoint = torch.is_grad_enabled()
     rows, cols, values = [], [], []
     for i in range(hidden.shape[0]):
         idx = positions[i].nonzero().squeeze(-1)
         for start in range(0, idx.numel(), chunk_tokens):
-            part = idx[start:start + chunk_tokens]
-            args = (hidden[i, part], head.weight, head.bias, batch.target_ids[i, part], temperatures[i, part])
-            lp = checkpoint(head_logprobs, *args, use_reentrant=False) if use_checkpoint else head_logprobs(*args)
+            part = idx[start : start + chunk_tokens]
+            args = (
+                hidden[i, part],
+                head.weight,
+                head.bias,
+                batch.target_ids[i, part],
+                temperatures[i, part],
+            )
+            lp = (
+                checkpoint(head_logprobs, *args, use_reentrant=False)
+                if use_checkpoint
+                else head_logprobs(*args)
+            )
             rows.append(torch.full_like(part, i))
             cols.append(part)
             values.append(lp)

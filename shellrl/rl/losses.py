@@ -59,7 +59,9 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         if not (0 <= self.clip_eps_low < 1 and self.clip_eps_high >= 0):
-            raise ValueError(f"clip eps must satisfy 0 <= low < 1, high >= 0; got {self.clip_eps_low}, {self.clip_eps_high}")
+            raise ValueError(
+                f"clip eps must satisfy 0 <= low < 1, high >= 0; got {self.clip_eps_low}, {self.clip_eps_high}"
+            )
         if self.dual_clip_c is not None and self.dual_clip_c <= 1:
             raise ValueError(f"dual_clip_c must be > 1; got {self.dual_clip_c}")
         if self.behavior_weight_cap is not None and self.behavior_weight_cap <= 0:
@@ -67,7 +69,9 @@ class PPOConfig:
         if self.max_log_ratio <= 0:
             raise ValueError(f"max_log_ratio must be > 0; got {self.max_log_ratio}")
         if self.aggregation not in ("token_mean", "seq_mean_token_mean"):
-            raise ValueError(f"aggregation must be token_mean or seq_mean_token_mean; got {self.aggregation!r}")
+            raise ValueError(
+                f"aggregation must be token_mean or seq_mean_token_mean; got {self.aggregation!r}"
+            )
 
 
 def loss_weights(loss_mask: torch.Tensor, aggregation: Aggregation = "token_mean") -> torch.Tensor:
@@ -121,15 +125,23 @@ class LossStats:
         """Fractions and means for metrics and /v1/status."""
         n = max(self.tokens, 1.0)
         return {
-            "policy_loss": self.policy_loss, "kl": self.kl, "tokens": self.tokens,
-            "clip_fraction_low": self.clipped_low / n, "clip_fraction_high": self.clipped_high / n,
-            "dual_clip_fraction": self.dual_clipped / n, "is_weight_mean": self.is_weight_sum / n,
-            "is_weight_max": self.is_weight_max, "is_truncated_fraction": self.is_truncated / n,
-            "log_ratio_clamped": self.log_ratio_clamped, "ratio_max": self.ratio_max,
+            "policy_loss": self.policy_loss,
+            "kl": self.kl,
+            "tokens": self.tokens,
+            "clip_fraction_low": self.clipped_low / n,
+            "clip_fraction_high": self.clipped_high / n,
+            "dual_clip_fraction": self.dual_clipped / n,
+            "is_weight_mean": self.is_weight_sum / n,
+            "is_weight_max": self.is_weight_max,
+            "is_truncated_fraction": self.is_truncated / n,
+            "log_ratio_clamped": self.log_ratio_clamped,
+            "ratio_max": self.ratio_max,
         }
 
 
-def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, max_log_ratio: float = 20.0) -> torch.Tensor:
+def k3_kl(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, max_log_ratio: float = 20.0
+) -> torch.Tensor:
     """Per-token k3 estimate of KL(pi || ref): exp(d) - d - 1 with d = clamp(ref - logp, +-M). >= 0."""
     d = (ref_logprobs - logprobs).clamp(-max_log_ratio, max_log_ratio)
     return torch.exp(d) - d - 1.0
@@ -153,8 +165,13 @@ def decoupled_ppo_loss(
     LossStats of these tokens). Raises ValueError on mismatched shapes or a missing reference.
     """
     shape = logprobs.shape
-    for name, t in (("proximal_logprobs", proximal_logprobs), ("behavior_logprobs", behavior_logprobs),
-                    ("advantages", advantages), ("loss_mask", loss_mask), ("weights", weights)):
+    for name, t in (
+        ("proximal_logprobs", proximal_logprobs),
+        ("behavior_logprobs", behavior_logprobs),
+        ("advantages", advantages),
+        ("loss_mask", loss_mask),
+        ("weights", weights),
+    ):
         if t.shape != shape:
             raise ValueError(f"{name} has shape {tuple(t.shape)}, logprobs {tuple(shape)}")
     if config.kl_coef > 0 and ref_logprobs is None:
@@ -185,7 +202,9 @@ def decoupled_ppo_loss(
     kl = torch.zeros_like(loss)
     if config.kl_coef > 0:
         kl = k3_kl(logprobs, ref_logprobs.detach(), m)
-        loss = loss + config.kl_coef * weight * ratio * kl  # the ratio makes the gradient KL(pi || ref)'s
+        loss = (
+            loss + config.kl_coef * weight * ratio * kl
+        )  # the ratio makes the gradient KL(pi || ref)'s
 
     weights = torch.where(mask, weights, torch.zeros_like(weights))
     loss = torch.where(mask, loss, torch.zeros_like(loss))  # padding never contributes (nor NaN)
@@ -197,8 +216,12 @@ def decoupled_ppo_loss(
             policy_loss=float(total),
             kl=float((kl * weights).sum()),
             tokens=float(mask.sum()),
-            clipped_low=float((mask & (advantages < 0) & (ratio < 1.0 - config.clip_eps_low)).sum()),
-            clipped_high=float((mask & (advantages > 0) & (ratio > 1.0 + config.clip_eps_high)).sum()),
+            clipped_low=float(
+                (mask & (advantages < 0) & (ratio < 1.0 - config.clip_eps_low)).sum()
+            ),
+            clipped_high=float(
+                (mask & (advantages > 0) & (ratio > 1.0 + config.clip_eps_high)).sum()
+            ),
             dual_clipped=float((mask & dual).sum()),
             is_weight_sum=float(weight[mask].sum()),
             is_weight_max=float(raw_weight[mask].max()) if mask.any() else 0.0,

@@ -38,9 +38,17 @@ def error_body(code: str, message: str, field: str | None = None) -> dict:
 
 
 _LOCATIONS = ("body", "query", "path", "header", "cookie")
-_STATUS_CODES = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
-                 405: "method_not_allowed", 409: "conflict", 413: "payload_too_large", 429: "too_many_requests",
-                 503: "unavailable"}
+_STATUS_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "payload_too_large",
+    429: "too_many_requests",
+    503: "unavailable",
+}
 
 
 def _loc_to_field(loc: tuple, error_type: str = "") -> str | None:
@@ -72,7 +80,10 @@ def install_error_handlers(app: FastAPI) -> None:
         message = f"{field}: {first.get('msg')}" if field else str(first.get("msg"))
         body = error_body("invalid_request", message, field)
         body["error"]["details"] = [
-            {"field": _loc_to_field(tuple(e.get("loc", ())), e.get("type", "")), "message": e.get("msg")}
+            {
+                "field": _loc_to_field(tuple(e.get("loc", ())), e.get("type", "")),
+                "message": e.get("msg"),
+            }
             for e in errors[:20]
         ]
         return JSONResponse(body, status_code=422)
@@ -80,13 +91,18 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _STATUS_CODES.get(exc.status_code, "http_error")
-        return JSONResponse(error_body(code, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+        return JSONResponse(
+            error_body(code, str(exc.detail)),
+            status_code=exc.status_code,
+            headers=getattr(exc, "headers", None),
+        )
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", extra={"path": request.url.path})
-        return JSONResponse(error_body("internal", f"{type(exc).__name__}: {exc}"[:1000]), status_code=500)
+        return JSONResponse(
+            error_body("internal", f"{type(exc).__name__}: {exc}"[:1000]), status_code=500
+        )
 
 
 def create_app(
@@ -115,9 +131,13 @@ def create_app(
         try:
             details = await ready_check()
         except Exception as exc:  # readiness reports, it never raises
-            return JSONResponse({"ready": False, "service": service, "reason": repr(exc)}, status_code=503)
+            return JSONResponse(
+                {"ready": False, "service": service, "reason": repr(exc)}, status_code=503
+            )
         ready = bool(details.get("ready", True))
-        return JSONResponse({"service": service, **details, "ready": ready}, status_code=200 if ready else 503)
+        return JSONResponse(
+            {"service": service, **details, "ready": ready}, status_code=200 if ready else 503
+        )
 
     @app.get("/metrics", tags=["probes"])
     async def metrics():
@@ -130,8 +150,14 @@ def create_app(
     return app
 
 
-def serve(app: FastAPI, host: str, port: int, log_level: str = "info", grace_s: float = 10.0,
-          on_exit_signal: Callable[[], None] | None = None) -> None:
+def serve(
+    app: FastAPI,
+    host: str,
+    port: int,
+    log_level: str = "info",
+    grace_s: float = 10.0,
+    on_exit_signal: Callable[[], None] | None = None,
+) -> None:
     """Run uvicorn until SIGINT/SIGTERM; in-flight requests get `grace_s` to finish, then uvicorn
     cancels them. `on_exit_signal` runs once, on the event loop's thread, when the first signal
     arrives (the engine uses it to end its in-flight generations as aborts before the grace runs out)."""
@@ -144,8 +170,15 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "info", grace_s: 
             if first and on_exit_signal is not None:
                 on_exit_signal()
 
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(), access_log=False,
-                            timeout_graceful_shutdown=grace_s, log_config=None)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level.lower(),
+        access_log=False,
+        timeout_graceful_shutdown=grace_s,
+        log_config=None,
+    )
     try:
         _Server(config).run()
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it captured once it has shut down

@@ -19,8 +19,14 @@ import sys
 import time
 from collections.abc import Iterator
 
-_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime", "taskName"}
-_CONTEXT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("shellrl_log_context", default=None)
+_STANDARD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+    "taskName",
+}
+_CONTEXT: contextvars.ContextVar[dict | None] = contextvars.ContextVar(
+    "shellrl_log_context", default=None
+)
 
 
 @contextlib.contextmanager

@@ -53,18 +53,28 @@ class Served:
     grace_s: float | None = None
 
 
-def run_service(service: str, settings_cls: type[ServiceSettings], build_app: Callable[[Any], Any],
-                argv: Sequence[str] | None = None, *, flags: Sequence[Flag] = (),
-                description: str | None = None) -> None:
+def run_service(
+    service: str,
+    settings_cls: type[ServiceSettings],
+    build_app: Callable[[Any], Any],
+    argv: Sequence[str] | None = None,
+    *,
+    flags: Sequence[Flag] = (),
+    description: str | None = None,
+) -> None:
     """Parse flags, build settings, log, build the app, serve until SIGTERM/SIGINT (see module doc).
     SystemExit with one line per bad setting; nothing returns before the server has stopped."""
     parser = argparse.ArgumentParser(
-        prog=f"python -m services.{service}", description=description,
+        prog=f"python -m services.{service}",
+        description=description,
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         epilog=f"Every setting is also a SHELLRL_* environment variable (services/{service}/settings.py); "
-               "flags win.")
+        "flags win.",
+    )
     parser.add_argument("--host", help="interface to bind (default: SHELLRL_HOST or 127.0.0.1)")
-    parser.add_argument("--port", type=int, help=f"port (default: SHELLRL_PORT or {settings_cls.default_port})")
+    parser.add_argument(
+        "--port", type=int, help=f"port (default: SHELLRL_PORT or {settings_cls.default_port})"
+    )
     translate = {}
     for flag in flags:
         action = parser.add_argument(*flag.names, **flag.options)
@@ -79,16 +89,30 @@ def run_service(service: str, settings_cls: type[ServiceSettings], build_app: Ca
     settings = settings_cls.from_env_or_exit(**overrides)
     setup_logging(service, settings.log_level)
     logging.getLogger(f"services.{service}").info(
-        f"starting {service}", extra={"config": settings.public_dict(), "port": settings.listen_port})
+        f"starting {service}",
+        extra={"config": settings.public_dict(), "port": settings.listen_port},
+    )
     built = build_app(settings)
     served = built if isinstance(built, Served) else Served(built)
     grace_s = settings.shutdown_grace_s if served.grace_s is None else served.grace_s
-    serve(served.app, settings.host, settings.listen_port, settings.log_level, grace_s,
-          on_exit_signal=served.on_exit_signal)
+    serve(
+        served.app,
+        settings.host,
+        settings.listen_port,
+        settings.log_level,
+        grace_s,
+        on_exit_signal=served.on_exit_signal,
+    )
 
 
-def wait_until_ready(url: str, timeout_s: float, *, process: subprocess.Popen | None = None,
-                     what: str | None = None, poll_s: float = 0.2) -> None:
+def wait_until_ready(
+    url: str,
+    timeout_s: float,
+    *,
+    process: subprocess.Popen | None = None,
+    what: str | None = None,
+    poll_s: float = 0.2,
+) -> None:
     """Block until `GET {url}/readyz` answers 200. RuntimeError when `process` (the service's
     process, if we started it) exits first, or after `timeout_s` seconds (the message names `what`,
     default the URL). Connection errors and 503s are retried every `poll_s` seconds."""
@@ -96,7 +120,9 @@ def wait_until_ready(url: str, timeout_s: float, *, process: subprocess.Popen | 
     deadline = time.monotonic() + timeout_s
     while True:
         if process is not None and process.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {process.returncode} before it was ready")
+            raise RuntimeError(
+                f"{what} exited with status {process.returncode} before it was ready"
+            )
         try:
             if httpx.get(f"{url.rstrip('/')}/readyz", timeout=2.0).status_code == 200:
                 return

@@ -25,16 +25,52 @@ _NAME = re.compile(r"^shellrl_[a-z][a-z0-9_]*$")
 _FORBIDDEN_LABELS = {"trajectory_id", "task_id", "group_id", "session_id", "request_id", "rid"}
 
 # Latency buckets in seconds, from 1 ms to 5 min.
-LATENCY_BUCKETS_S = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60, 120, 300)
+LATENCY_BUCKETS_S = (
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.02,
+    0.05,
+    0.1,
+    0.2,
+    0.5,
+    1,
+    2,
+    5,
+    10,
+    30,
+    60,
+    120,
+    300,
+)
 STALENESS_BUCKETS = (0, 1, 2, 3, 4, 5, 6, 8, 10, 16, 32)
 
 
 # Abbreviated or non-base units (promtool: "metric names should not contain abbreviated units").
-_NON_BASE_UNITS = {"ms": "seconds", "msec": "seconds", "millis": "seconds", "milliseconds": "seconds",
-                   "us": "seconds", "microseconds": "seconds", "ns": "seconds", "nanoseconds": "seconds",
-                   "sec": "seconds", "secs": "seconds", "s": "seconds", "minutes": "seconds", "hours": "seconds",
-                   "kb": "bytes", "mb": "bytes", "gb": "bytes", "kib": "bytes", "mib": "bytes", "gib": "bytes",
-                   "percent": "ratio (0-1)", "pct": "ratio (0-1)"}
+_NON_BASE_UNITS = {
+    "ms": "seconds",
+    "msec": "seconds",
+    "millis": "seconds",
+    "milliseconds": "seconds",
+    "us": "seconds",
+    "microseconds": "seconds",
+    "ns": "seconds",
+    "nanoseconds": "seconds",
+    "sec": "seconds",
+    "secs": "seconds",
+    "s": "seconds",
+    "minutes": "seconds",
+    "hours": "seconds",
+    "kb": "bytes",
+    "mb": "bytes",
+    "gb": "bytes",
+    "kib": "bytes",
+    "mib": "bytes",
+    "gib": "bytes",
+    "percent": "ratio (0-1)",
+    "pct": "ratio (0-1)",
+}
 
 
 def _check(name: str, labels: tuple[str, ...]) -> None:
@@ -43,7 +79,9 @@ def _check(name: str, labels: tuple[str, ...]) -> None:
         raise ValueError(f"metric name {name!r} must match {_NAME.pattern}")
     for word in name.split("_")[1:]:
         if word in _NON_BASE_UNITS:
-            raise ValueError(f"metric {name}: use base units ({_NON_BASE_UNITS[word]}), not '{word}'")
+            raise ValueError(
+                f"metric {name}: use base units ({_NON_BASE_UNITS[word]}), not '{word}'"
+            )
     if name.endswith("_total") and "_total" in name[:-6]:
         raise ValueError(f"metric {name}: '_total' only once, at the end")
     bad_label = [label for label in labels if not re.fullmatch(r"[a-z][a-z0-9_]*", label)]
@@ -54,7 +92,9 @@ def _check(name: str, labels: tuple[str, ...]) -> None:
         raise ValueError(f"metric {name}: ids are not labels ({sorted(bad)})")
 
 
-def counter(name: str, doc: str, labels: tuple[str, ...] = (), registry=DEFAULT_REGISTRY) -> Counter:
+def counter(
+    name: str, doc: str, labels: tuple[str, ...] = (), registry=DEFAULT_REGISTRY
+) -> Counter:
     """A counter; `name` ends in `_total` (prometheus-client strips and re-adds it)."""
     _check(name, labels)
     if not name.endswith("_total"):
@@ -71,7 +111,11 @@ def gauge(name: str, doc: str, labels: tuple[str, ...] = (), registry=DEFAULT_RE
 
 
 def histogram(
-    name: str, doc: str, labels: tuple[str, ...] = (), buckets=LATENCY_BUCKETS_S, registry=DEFAULT_REGISTRY
+    name: str,
+    doc: str,
+    labels: tuple[str, ...] = (),
+    buckets=LATENCY_BUCKETS_S,
+    registry=DEFAULT_REGISTRY,
 ) -> Histogram:
     """A histogram; the name ends in its base unit where it has one (`_seconds`, `_bytes`)."""
     _check(name, labels)

@@ -28,7 +28,9 @@ class ServiceSettings(BaseSettings):
     port: int = Field(0, ge=0, le=65535, description="HTTP port; 0 = the service's default port.")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding the streams.")
     log_level: str = Field("INFO", description="stdlib logging level name.")
-    shutdown_grace_s: float = Field(10.0, ge=0, description="Drain time for in-flight work on SIGTERM.")
+    shutdown_grace_s: float = Field(
+        10.0, ge=0, description="Drain time for in-flight work on SIGTERM."
+    )
 
     @model_validator(mode="after")
     def _no_mistyped_env(self):
@@ -41,12 +43,16 @@ class ServiceSettings(BaseSettings):
         tests/unit/test_settings.py checks that no two services' settings are one typo apart."""
         own = set(type(self).model_fields)
         for name, close in unknown_env_settings(type(self)).items():
-            twin = next((t for t in (name + "s", name.removesuffix("s")) if t != name and t in own), None)
+            twin = next(
+                (t for t in (name + "s", name.removesuffix("s")) if t != name and t in own), None
+            )
             if not close and twin and name not in known_setting_names():
                 close = twin
             if close:
-                raise ValueError(f"{ENV_PREFIX}{name.upper()}: unknown setting; did you mean "
-                                 f"{ENV_PREFIX}{close.upper()}?")
+                raise ValueError(
+                    f"{ENV_PREFIX}{name.upper()}: unknown setting; did you mean "
+                    f"{ENV_PREFIX}{close.upper()}?"
+                )
         return self
 
     @property
@@ -76,7 +82,11 @@ class ServiceSettings(BaseSettings):
         out = {}
         for key, value in self.model_dump(mode="json").items():
             if isinstance(value, str):
-                value = ",".join(map(redact_url, value.split(","))) if key.endswith("_urls") else redact_url(value)
+                value = (
+                    ",".join(map(redact_url, value.split(",")))
+                    if key.endswith("_urls")
+                    else redact_url(value)
+                )
             out[key] = value
         return out
 
@@ -98,7 +108,9 @@ def redact_url(value: str) -> str:
     if query:
         pairs = parse_qsl(query, keep_blank_values=True)
         if any(k.lower() == "password" for k, _ in pairs):
-            query = urlencode([(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*")
+            query = urlencode(
+                [(k, "***" if k.lower() == "password" else v) for k, v in pairs], safe="*"
+            )
     if (netloc, query) == (parts.netloc, parts.query):
         return value
     return urlunsplit(parts._replace(netloc=netloc, query=query))
@@ -107,8 +119,11 @@ def redact_url(value: str) -> str:
 class EngineFleetSettings(ServiceSettings):
     """Settings of a service that talks to inference engines (rollout, learner)."""
 
-    engine_urls: str = Field("http://127.0.0.1:30000", description="Comma-separated engine base URLs (SGLang API); "
-                             "the learner pushes weights to every one.")
+    engine_urls: str = Field(
+        "http://127.0.0.1:30000",
+        description="Comma-separated engine base URLs (SGLang API); "
+        "the learner pushes weights to every one.",
+    )
 
     @field_validator("engine_urls")
     @classmethod
@@ -120,6 +135,7 @@ class EngineFleetSettings(ServiceSettings):
     @property
     def engine_url_list(self) -> list[str]:
         return [u.strip().rstrip("/") for u in self.engine_urls.split(",") if u.strip()]
+
 
 SERVICES = ("rollout", "sandbox", "verifier", "learner", "engine")
 
@@ -146,7 +162,9 @@ def known_setting_names() -> frozenset[str]:
     return frozenset(names)
 
 
-def unknown_env_settings(cls: type[BaseSettings], environ: dict[str, str] | None = None) -> dict[str, str | None]:
+def unknown_env_settings(
+    cls: type[BaseSettings], environ: dict[str, str] | None = None
+) -> dict[str, str | None]:
     """`SHELLRL_*` environment variables that are no field of `cls`: {field-like name: the field it
     is one typo away from, or None}."""
     environ = os.environ if environ is None else environ
@@ -155,7 +173,7 @@ def unknown_env_settings(cls: type[BaseSettings], environ: dict[str, str] | None
     for var in environ:
         if not var.upper().startswith(ENV_PREFIX):
             continue
-        name = var[len(ENV_PREFIX):].lower()
+        name = var[len(ENV_PREFIX) :].lower()
         if name not in fields:
             out[name] = one_typo_away(name, fields)
     return out
@@ -168,7 +186,11 @@ def one_typo_away(name: str, fields: set[str] | list[str]) -> str | None:
         return None
     twins = {name + "s", name.removesuffix("s")}
     for field in sorted(fields):
-        if field not in twins and abs(len(field) - len(name)) <= 1 and _osa_distance(name, field) == 1:
+        if (
+            field not in twins
+            and abs(len(field) - len(name)) <= 1
+            and _osa_distance(name, field) == 1
+        ):
             return field
     return None
 

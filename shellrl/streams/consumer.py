@@ -93,12 +93,18 @@ class StreamConsumer:
     ) -> None:
         check_block_ms(redis, block_ms)
         if count < 1 or max_deliveries < 1 or dead_maxlen < 1:
-            raise ValueError(f"count, max_deliveries and dead_maxlen must be >= 1; got {count}, {max_deliveries}, "
-                             f"{dead_maxlen}")
+            raise ValueError(
+                f"count, max_deliveries and dead_maxlen must be >= 1; got {count}, {max_deliveries}, "
+                f"{dead_maxlen}"
+            )
         self.redis, self.stream, self.group, self.consumer = redis, stream, group, consumer
         self.block_ms, self.count = block_ms, count
         self.claim_min_idle_ms, self.claim_interval_s = claim_min_idle_ms, claim_interval_s
-        self.max_deliveries, self.dead_stream, self.dead_maxlen = max_deliveries, dead_stream, dead_maxlen
+        self.max_deliveries, self.dead_stream, self.dead_maxlen = (
+            max_deliveries,
+            dead_stream,
+            dead_maxlen,
+        )
         self._recovered = False
         self._last_claim = 0.0
         self._errors: dict[str, str] = {}
@@ -120,9 +126,12 @@ class StreamConsumer:
         lost batch is handled by the next successful read instead of waiting for a re-claim."""
         try:
             async for attempt in AsyncRetrying(
-                    retry=retry_if_exception_type((RedisError, OSError)),
-                    wait=wait_exponential(multiplier=0.5, max=10.0),
-                    stop=lambda _state: stop.is_set(), before_sleep=self._read_failed, reraise=True):
+                retry=retry_if_exception_type((RedisError, OSError)),
+                wait=wait_exponential(multiplier=0.5, max=10.0),
+                stop=lambda _state: stop.is_set(),
+                before_sleep=self._read_failed,
+                reraise=True,
+            ):
                 with attempt:
                     return await self.read(count)
         except (RedisError, OSError):
@@ -131,11 +140,20 @@ class StreamConsumer:
 
     def _read_failed(self, state: RetryCallState) -> None:
         self._recovered = False  # the lost batch, if any, is in our own pending list
-        log.warning(f"reading {self.stream} failed; retrying in {state.upcoming_sleep:.1f} s",
-                    extra={"stream": self.stream, "group": self.group, "consumer": self.consumer,
-                           "error": repr(state.outcome.exception()), "attempt": state.attempt_number})
+        log.warning(
+            f"reading {self.stream} failed; retrying in {state.upcoming_sleep:.1f} s",
+            extra={
+                "stream": self.stream,
+                "group": self.group,
+                "consumer": self.consumer,
+                "error": repr(state.outcome.exception()),
+                "attempt": state.attempt_number,
+            },
+        )
 
-    async def read(self, count: int | None = None, block_ms: int | None = None) -> list[StreamEntry]:
+    async def read(
+        self, count: int | None = None, block_ms: int | None = None
+    ) -> list[StreamEntry]:
         """Next entries to handle (possibly empty after `block_ms`). Poison entries are dead-lettered here.
 
         block_ms: None = the consumer's `block_ms`; 0 = do not block. Raises ValueError for a
@@ -159,10 +177,14 @@ class StreamConsumer:
         resp = await self.redis.xreadgroup(
             self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms or None
         )
-        return await self._hand_out([(_s(eid), f) for _, entries in resp or [] for eid, f in entries])
+        return await self._hand_out(
+            [(_s(eid), f) for _, entries in resp or [] for eid, f in entries]
+        )
 
     async def _read_own_pending(self, count: int) -> list[StreamEntry]:
-        resp = await self.redis.xreadgroup(self.group, self.consumer, {self.stream: "0"}, count=count)
+        resp = await self.redis.xreadgroup(
+            self.group, self.consumer, {self.stream: "0"}, count=count
+        )
         entries = [(_s(eid), f) for _, es in resp or [] for eid, f in es]
         deleted = [eid for eid, f in entries if not f]
         if deleted:  # trimmed while pending (cannot happen through trim_acknowledged): drop refs
@@ -180,7 +202,9 @@ class StreamConsumer:
             for eid, _ in raw:
                 pipe.hincrby(self._attempts_key, eid, 1)
             attempts = await pipe.execute()
-        entries = [StreamEntry(self.stream, eid, _fields(f), int(n)) for (eid, f), n in zip(raw, attempts)]
+        entries = [
+            StreamEntry(self.stream, eid, _fields(f), int(n)) for (eid, f), n in zip(raw, attempts)
+        ]
         entries = await self._filter_poison(entries)
         self._in_flight.update(e.entry_id for e in entries)
         return entries
@@ -193,7 +217,12 @@ class StreamConsumer:
         want = count or self.count
         while len(out) < want:
             resp = await self.redis.xautoclaim(
-                self.stream, self.group, self.consumer, self.claim_min_idle_ms, start_id=cursor, count=want - len(out)
+                self.stream,
+                self.group,
+                self.consumer,
+                self.claim_min_idle_ms,
+                start_id=cursor,
+                count=want - len(out),
             )
             cursor, claimed = _s(resp[0]), resp[1]
             if len(resp) > 2 and resp[2]:  # Redis >= 7: ids trimmed away, already out of the PEL
@@ -204,24 +233,36 @@ class StreamConsumer:
                 break
         if out:
             RECLAIMED.labels(self.stream, self.group).inc(len(out))
-            log.warning("re-claimed idle entries", extra={"stream": self.stream, "group": self.group, "count": len(out)})
+            log.warning(
+                "re-claimed idle entries",
+                extra={"stream": self.stream, "group": self.group, "count": len(out)},
+            )
         return out
 
     def _lost(self, entry_ids: list[str]) -> None:
         """Entries that were pending here but trimmed from the stream: never handled, counted and
         logged by id (shellrl_stream_lost_total{stream,group})."""
         LOST.labels(self.stream, self.group).inc(len(entry_ids))
-        log.error("pending entries were trimmed before they were handled (lost)",
-                  extra={"stream": self.stream, "group": self.group, "entry_ids": entry_ids[:100],
-                         "count": len(entry_ids)})
+        log.error(
+            "pending entries were trimmed before they were handled (lost)",
+            extra={
+                "stream": self.stream,
+                "group": self.group,
+                "entry_ids": entry_ids[:100],
+                "count": len(entry_ids),
+            },
+        )
 
     async def _filter_poison(self, entries: list[StreamEntry]) -> list[StreamEntry]:
         keep = []
         for e in entries:
             if e.deliveries > self.max_deliveries:
                 reason = self._errors.pop(e.entry_id, None) or await self._stored_error(e.entry_id)
-                await self.dead_letter(e, f"delivered {e.deliveries} times without acknowledgement; last error: "
-                                          f"{reason or 'consumer crashed or timed out'}")
+                await self.dead_letter(
+                    e,
+                    f"delivered {e.deliveries} times without acknowledgement; last error: "
+                    f"{reason or 'consumer crashed or timed out'}",
+                )
             else:
                 keep.append(e)
         return keep
@@ -264,8 +305,15 @@ class StreamConsumer:
         self._in_flight.discard(entry.entry_id)  # handed out again after a re-claim
         self._errors[entry.entry_id] = reason
         await self.redis.hset(self._error_key, entry.entry_id, reason[:2000])
-        log.warning("entry failed; will retry", extra={"stream": self.stream, "entry_id": entry.entry_id,
-                                                      "deliveries": entry.deliveries, "reason": reason[:500]})
+        log.warning(
+            "entry failed; will retry",
+            extra={
+                "stream": self.stream,
+                "entry_id": entry.entry_id,
+                "deliveries": entry.deliveries,
+                "reason": reason[:500],
+            },
+        )
 
     async def dead_letter(self, entry: StreamEntry, reason: str) -> None:
         """Move `entry` to the dead-letter stream with `reason`, and acknowledge it (atomically).
@@ -276,8 +324,14 @@ class StreamConsumer:
         drops nothing undelivered; it is kept for inspection, and the counter keeps the total).
         """
         self._done(entry.entry_id)
-        fields = {**entry.fields, "source_stream": self.stream, "group": self.group, "entry_id": entry.entry_id,
-                  "reason": reason[:4000], "deliveries": str(entry.deliveries)}
+        fields = {
+            **entry.fields,
+            "source_stream": self.stream,
+            "group": self.group,
+            "entry_id": entry.entry_id,
+            "reason": reason[:4000],
+            "deliveries": str(entry.deliveries),
+        }
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.xadd(self.dead_stream, fields, maxlen=self.dead_maxlen, approximate=False)
             pipe.xack(self.stream, self.group, entry.entry_id)
@@ -285,8 +339,15 @@ class StreamConsumer:
             pipe.hdel(self._attempts_key, entry.entry_id)
             await pipe.execute()
         DEAD_LETTERS.labels(self.stream, self.group).inc()
-        log.error("dead-lettered entry", extra={"stream": self.stream, "group": self.group,
-                                                 "entry_id": entry.entry_id, "reason": reason[:500]})
+        log.error(
+            "dead-lettered entry",
+            extra={
+                "stream": self.stream,
+                "group": self.group,
+                "entry_id": entry.entry_id,
+                "reason": reason[:500],
+            },
+        )
 
     async def forward(
         self, entry: StreamEntry, to: StreamProducer, pb: bytes, *, idempotency_key: str, **fields
@@ -297,8 +358,10 @@ class StreamConsumer:
         appended under `idempotency_key` is only acknowledged.
         """
         self._done(entry.entry_id)
-        result = await to._add_one(OutgoingEntry(pb, idempotency_key, fields),
-                                   ack=(self.stream, self.group, entry.entry_id))
+        result = await to._add_one(
+            OutgoingEntry(pb, idempotency_key, fields),
+            ack=(self.stream, self.group, entry.entry_id),
+        )
         await self.redis.hdel(self._error_key, entry.entry_id)
         await self.redis.hdel(self._attempts_key, entry.entry_id)
         await to._after_adds(1)

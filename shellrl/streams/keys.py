@@ -12,7 +12,9 @@ STREAM_TRAJECTORIES = "shellrl:trajectories"
 STREAM_DEAD = "shellrl:dead"
 POLICY_VERSION_KEY = "shellrl:policy:version"
 POLICY_UPDATES_CHANNEL = "shellrl:policy:updates"
-STREAM_EVALUATIONS = "shellrl:evaluations"  # scored eval trajectories (Trajectory.eval = true), by the verifier
+STREAM_EVALUATIONS = (
+    "shellrl:evaluations"  # scored eval trajectories (Trajectory.eval = true), by the verifier
+)
 GROUP_ROLLOUT, GROUP_VERIFIER, GROUP_LEARNER = "rollout", "verifier", "learner"
 
 # the rollout gateway's state
@@ -27,7 +29,6 @@ EVALUATION_INDEX_KEY = "shellrl:evaluations:index"  # evaluations by start time
 
 # the learner's state
 ENGINES_KEY = "shellrl:engines"  # hash: engine url -> JSON EngineState
-
 
 
 def task_key(task_id: str) -> str:

@@ -92,7 +92,9 @@ class StreamProducer:
         self._adds_since_trim = 0
         self._script = redis.register_script(_ADD_SCRIPT)
 
-    async def add(self, pb: bytes, *, idempotency_key: str | None = None, **fields: str | int | bytes) -> tuple[str, bool]:
+    async def add(
+        self, pb: bytes, *, idempotency_key: str | None = None, **fields: str | int | bytes
+    ) -> tuple[str, bool]:
         """XADD `pb` with routing `fields` in one round trip (a Lua script). Returns (entry_id, duplicate).
 
         With `idempotency_key`, a second add of the same key (within `idempotency_ttl_s`) appends
@@ -103,22 +105,31 @@ class StreamProducer:
         await self._after_adds(1)
         return result
 
-    async def add_retrying(self, pb: bytes, *, idempotency_key: str,
-                           **fields: str | int | bytes) -> tuple[str, bool]:
+    async def add_retrying(
+        self, pb: bytes, *, idempotency_key: str, **fields: str | int | bytes
+    ) -> tuple[str, bool]:
         """`add`, retried while Redis is away (RedisError) with exponential backoff, 0.2 s doubling
         to 5 s (tenacity), until the entry is stored; cancel the caller to give up. The idempotency
         key is required: a retry after a lost reply must not append the entry twice."""
-        async for attempt in AsyncRetrying(retry=retry_if_exception_type(RedisError),
-                                           wait=wait_exponential(multiplier=0.2, max=5.0),
-                                           before_sleep=self._add_failed, reraise=True):
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(RedisError),
+            wait=wait_exponential(multiplier=0.2, max=5.0),
+            before_sleep=self._add_failed,
+            reraise=True,
+        ):
             with attempt:
                 return await self.add(pb, idempotency_key=idempotency_key, **fields)
         raise AssertionError("unreachable: tenacity either returns or re-raises")
 
     def _add_failed(self, state: RetryCallState) -> None:
-        log.warning(f"XADD to {self.stream} failed; retrying in {state.upcoming_sleep:.1f} s",
-                    extra={"stream": self.stream, "error": repr(state.outcome.exception()),
-                           "attempt": state.attempt_number})
+        log.warning(
+            f"XADD to {self.stream} failed; retrying in {state.upcoming_sleep:.1f} s",
+            extra={
+                "stream": self.stream,
+                "error": repr(state.outcome.exception()),
+                "attempt": state.attempt_number,
+            },
+        )
 
     async def add_many(self, entries: Sequence[OutgoingEntry]) -> list[tuple[str, bool]]:
         """`add` for several entries in one transaction: all new entries of the batch are appended
@@ -130,13 +141,17 @@ class StreamProducer:
         await self._after_adds(len(entries))
         return out
 
-    async def _add_one(self, e: OutgoingEntry, ack: tuple[str, str, str] | None = None) -> tuple[str, bool]:
+    async def _add_one(
+        self, e: OutgoingEntry, ack: tuple[str, str, str] | None = None
+    ) -> tuple[str, bool]:
         """One entry (and optionally XACK `ack` = (stream, group, entry_id)) in one atomic script."""
         key = idempotency_key(self.stream, e.idempotency_key) if e.idempotency_key else ""
         ack_stream, ack_group, ack_id = ack or ("", "", "")
         flat = [x for item in _flat_fields(e).items() for x in item]
-        entry_id, dup = await self._script(keys=[self.stream, key, ack_stream],
-                                           args=[self.idempotency_ttl_s, ack_group, ack_id, *flat])
+        entry_id, dup = await self._script(
+            keys=[self.stream, key, ack_stream],
+            args=[self.idempotency_ttl_s, ack_group, ack_id, *flat],
+        )
         if dup:
             DUPLICATES.labels(self.stream).inc()
         return _s(entry_id).removeprefix(_UNRECORDED), bool(dup)
@@ -151,7 +166,10 @@ class StreamProducer:
         (INFO commandstats during benchmarks/bench_streams.py). Costs 3 round trips (4 with new
         keys: their entry ids are written after EXEC) per call, whatever the batch size.
         """
-        keys = [idempotency_key(self.stream, e.idempotency_key) if e.idempotency_key else "" for e in entries]
+        keys = [
+            idempotency_key(self.stream, e.idempotency_key) if e.idempotency_key else ""
+            for e in entries
+        ]
         watched = sorted({k for k in keys if k})
         for _ in range(_WATCH_ATTEMPTS):
             async with self.redis.pipeline(transaction=True) as pipe:
@@ -159,9 +177,13 @@ class StreamProducer:
                     existing: dict[str, bytes] = {}
                     if watched:
                         await pipe.watch(*watched)
-                        existing = {k: v for k, v in zip(watched, await pipe.mget(watched)) if v is not None}
+                        existing = {
+                            k: v for k, v in zip(watched, await pipe.mget(watched)) if v is not None
+                        }
                     pipe.multi()
-                    plan: list[tuple[str, object]] = []  # ("dup", id) | ("new", key) | ("same", index)
+                    plan: list[
+                        tuple[str, object]
+                    ] = []  # ("dup", id) | ("new", key) | ("same", index)
                     first: dict[str, int] = {}
                     for i, (e, key) in enumerate(zip(entries, keys)):
                         if key in existing:
@@ -190,7 +212,9 @@ class StreamProducer:
                     out.append((out[value][0], True))
                 else:
                     out.append((value, True))
-            if recorded:  # best effort: a crash here leaves _UNRECORDED, which still marks the key used
+            if (
+                recorded
+            ):  # best effort: a crash here leaves _UNRECORDED, which still marks the key used
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for key, entry_id in recorded.items():
                         pipe.set(key, entry_id, xx=True, keepttl=True)
@@ -199,7 +223,9 @@ class StreamProducer:
             if dups:
                 DUPLICATES.labels(self.stream).inc(dups)
             return out
-        raise RuntimeError(f"{self.stream}: idempotency keys kept changing during {_WATCH_ATTEMPTS} attempts")
+        raise RuntimeError(
+            f"{self.stream}: idempotency keys kept changing during {_WATCH_ATTEMPTS} attempts"
+        )
 
     async def _after_adds(self, n: int) -> None:
         if self.maxlen is None:
@@ -217,9 +243,13 @@ class StreamProducer:
                 if lag is None:  # Redis cannot tell after XDEL in the middle: count from the stream
                     lag = await self._undelivered(info["last-delivered-id"])
                 return int(info["pending"]) + int(lag)
-        return int(await self.redis.xlen(self.stream))  # group not created yet: everything is backlog
+        return int(
+            await self.redis.xlen(self.stream)
+        )  # group not created yet: everything is backlog
 
-    async def wait_for_backlog_below(self, group: str, bound: int, *, poll_s: float = 0.2, timeout_s: float | None = None) -> float:
+    async def wait_for_backlog_below(
+        self, group: str, bound: int, *, poll_s: float = 0.2, timeout_s: float | None = None
+    ) -> float:
         """Backpressure: wait while `group`'s backlog is at or above `bound`. Returns seconds waited.
 
         Raises TimeoutError after `timeout_s` (None = wait forever).
@@ -227,7 +257,9 @@ class StreamProducer:
         start = time.monotonic()
         while await self.backlog(group) >= bound:
             if timeout_s is not None and time.monotonic() - start > timeout_s:
-                raise TimeoutError(f"{self.stream}: backlog of group {group} stayed >= {bound} for {timeout_s}s")
+                raise TimeoutError(
+                    f"{self.stream}: backlog of group {group} stayed >= {bound} for {timeout_s}s"
+                )
             await asyncio.sleep(poll_s)
         return time.monotonic() - start
 

@@ -31,15 +31,20 @@ async def stream_stats(redis: aioredis.Redis, stream: str, group: str) -> dict[s
         if info["name"] == group:
             pending = int(info["pending"])
             lag = info.get("lag")
-            lag = int(lag) if lag is not None else await producer._undelivered(info["last-delivered-id"])
+            lag = (
+                int(lag)
+                if lag is not None
+                else await producer._undelivered(info["last-delivered-id"])
+            )
     STREAM_LENGTH.labels(stream).set(length)
     STREAM_PENDING.labels(stream, group).set(pending)
     STREAM_LAG.labels(stream, group).set(lag)
     return {"length": length, "pending": pending, "lag": lag}
 
 
-async def export_stream_stats(redis: aioredis.Redis, groups: Sequence[tuple[str, str]],
-                              interval_s: float = STATS_INTERVAL_S) -> None:
+async def export_stream_stats(
+    redis: aioredis.Redis, groups: Sequence[tuple[str, str]], interval_s: float = STATS_INTERVAL_S
+) -> None:
     """Run forever (cancel the task to stop): `stream_stats` of every (stream, group) in `groups`
     at once, then every `interval_s` seconds. A Redis error skips that round (logged; the gauges
     keep their last values) and never ends the task. Start it next to a worker's loop:
@@ -53,5 +58,8 @@ async def export_stream_stats(redis: aioredis.Redis, groups: Sequence[tuple[str,
             try:
                 await stream_stats(redis, stream, group)
             except (RedisError, OSError) as exc:
-                log.debug("stream stats unavailable", extra={"stream": stream, "group": group, "error": str(exc)})
+                log.debug(
+                    "stream stats unavailable",
+                    extra={"stream": stream, "group": group, "error": str(exc)},
+                )
         await asyncio.sleep(interval_s)
