@@ -25,12 +25,48 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cli.errors import CliError
 from shellrl.service.main import wait_until_ready
 
 STATE_DIR = Path(os.environ.get("SHELLRL_STATE_DIR", ".shellrl"))
 SERVICE_ORDER = ("engine", "sandbox", "verifier", "rollout", "learner")
 DEFAULT_PORTS = {"redis": 6399, "engine": 30000, "sandbox": 8101, "verifier": 8102, "rollout": 8100, "learner": 8103}
 _PR_SET_PDEATHSIG = 1
+
+
+class StackError(CliError, RuntimeError):
+    """The stack could not start (a port in use, a service that exited or never got ready); the
+    message names the service, its log file and the log's last error line. Exit status 1."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, exit_status=1)
+
+
+def last_error_line(log_path: Path, tail_bytes: int = 64 * 1024) -> str | None:
+    """The last line of a service log that names an error (a JSON log record of level ERROR or
+    CRITICAL, with the last line of its exception, or a Python exception line such as
+    `OSError: ...`), else the last non-empty line;
+    None when the log is empty or missing."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if str(record.get("level", "")).upper() in ("ERROR", "CRITICAL"):
+                exc = str(record.get("exc") or "").strip().splitlines()
+                return str(record.get("msg") or line) + (f": {exc[-1]}" if exc else "")
+        elif ("Error" in line or "Exception" in line) and ": " in line \
+                and not line.startswith("File "):
+            return line
+    return lines[-1] if lines else None
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -92,6 +128,7 @@ class Proc:
     popen: subprocess.Popen
     log_path: Path
     url: str | None
+    pump: threading.Thread | None = None  # copies its output into log_path
 
 
 class Stack:
@@ -115,7 +152,8 @@ class Stack:
                 break
             time.sleep(0.5)
         if busy:
-            raise RuntimeError(f"ports in use: {', '.join(busy)} (another stack running? try `shellrl down`)")
+            raise StackError(f"ports in use: {', '.join(busy)} "
+                             "(another stack running? try `shellrl down`)")
         try:
             self._start_redis()
             for name in cfg.services:
@@ -131,7 +169,8 @@ class Stack:
         popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
         proc = Proc(name, popen, log_path, url)
-        threading.Thread(target=self._pump, args=(proc,), daemon=True).start()
+        proc.pump = threading.Thread(target=self._pump, args=(proc,), daemon=True)
+        proc.pump.start()
         self.procs.append(proc)
         return proc
 
@@ -148,7 +187,8 @@ class Stack:
     def _start_redis(self) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
-            raise RuntimeError("redis-server not found: apt-get install redis-server (make run does this)")
+            raise StackError("redis-server not found: apt-get install redis-server "
+                             "(make run does this)")
         data = (self.config.state_dir / "redis").resolve()
         data.mkdir(parents=True, exist_ok=True)
         port = self.config.ports["redis"]
@@ -158,7 +198,7 @@ class Stack:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if proc.popen.poll() is not None:
-                raise RuntimeError(f"redis-server exited; see {proc.log_path}")
+                raise StackError(f"redis-server exited; see {proc.log_path}")
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.3) as s:
                     s.sendall(b"PING\r\n")
@@ -166,7 +206,7 @@ class Stack:
                         return
             except OSError:
                 time.sleep(0.1)
-        raise RuntimeError("redis-server did not answer PING within 20 s")
+        raise StackError("redis-server did not answer PING within 20 s")
 
     def _start_service(self, name: str) -> None:
         cfg = self.config
@@ -179,7 +219,11 @@ class Stack:
         try:
             wait_until_ready(proc.url, timeout_s, process=proc.popen, what=proc.name, poll_s=0.25)
         except RuntimeError as exc:
-            raise RuntimeError(f"{exc}; see {proc.log_path}") from None
+            if proc.popen.poll() is not None and proc.pump is not None:
+                proc.pump.join(5.0)  # the log's last lines are still in the pipe
+            cause = last_error_line(proc.log_path)
+            last = f" (last error: {cause})" if cause else ""
+            raise StackError(f"{exc}; see {proc.log_path}{last}") from None
 
     def _write_pid_file(self) -> None:
         self.pid_file.write_text(json.dumps({

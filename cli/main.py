@@ -6,10 +6,14 @@ A command module defines:
 
     NAME = "submit"                     # the subcommand (default: the module name)
     HELP = "post a task file"           # one line for `shellrl --help`
-    def add_arguments(parser) -> None   # its argparse arguments
+    def add_arguments(parser) -> None   # its argparse arguments (each with a help text: --help
+                                        # shows every default)
     def run(args) -> int                # exit status
 
 and must import nothing heavy at module level (no torch): `shellrl --help` imports every one.
+A command with a `--config FILE` option reads its defaults from that TOML file (cli/config_file.py);
+flags given on the command line override it. A `CliError` raised by a command is printed as one
+line on stderr (no traceback).
 """
 
 from __future__ import annotations
@@ -20,6 +24,11 @@ import pkgutil
 import sys
 
 import cli.commands
+from cli.errors import CliError
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and `(default: X)` after every option's help."""
 
 
 def command_modules() -> list:
@@ -35,22 +44,52 @@ def command_modules() -> list:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="shellrl", description="Fully asynchronous RL for LLM agents on shell tasks.")
+    parser = argparse.ArgumentParser(
+        prog="shellrl",
+        formatter_class=HelpFormatter,
+        description="Fully asynchronous RL for LLM agents on shell tasks.",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    names = []
     for module in command_modules():
         name = getattr(module, "NAME", module.__name__.rsplit(".", 1)[-1])
-        help_text = getattr(module, "HELP", (module.__doc__ or "").strip().splitlines()[0] if module.__doc__ else "")
-        command = sub.add_parser(name, help=help_text, description=module.__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+        doc = (module.__doc__ or "").strip()
+        help_text = getattr(module, "HELP", doc.splitlines()[0] if doc else "")
+        command = sub.add_parser(
+            name, help=help_text, description=module.__doc__, formatter_class=HelpFormatter
+        )
         if hasattr(module, "add_arguments"):
             module.add_arguments(command)
-        command.set_defaults(_run=module.run)
+        command.set_defaults(_run=module.run, _parser=command)
+        names.append(name)
+    parser.set_defaults(_commands=tuple(names))
     return parser
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse `argv`; with `--config FILE`, parse again over the file's values as defaults.
+    Raises CliError for a config file that is missing, does not parse or names an unknown option."""
+    from cli.config_file import apply_config
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "config", None):
+        apply_config(args._parser, args.config, args.command, args._commands)
+        args = parser.parse_args(argv)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return int(args._run(args) or 0)
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), "")
+    try:
+        args = parse(argv)
+        return int(args._run(args) or 0)
+    except CliError as exc:
+        print(
+            f"shellrl {command}: error: {exc}".replace("shellrl : ", "shellrl: "), file=sys.stderr
+        )
+        return exc.exit_status
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -22,9 +22,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from shellrl.contract import task_to_json
 from cli.launcher import Stack, StackConfig
 from cli.stack_status import collect
+from shellrl.contract import task_to_json
+from shellrl.tracking import TrackingConfig, create_tracker
 
 console = Console()
 
@@ -65,6 +66,9 @@ class JobConfig:
     # a success without any command trains as 0 (services/verifier/rewards.py, ungrounded_success): run6
     # collapsed into answering at once, rewarded by lucky guesses; eval success is the plain outcome
     require_command: bool = True
+    # experiment tracking of the job's evaluations (shellrl/tracking.py; the learner logs its steps
+    # itself): auto = TensorBoard under <state>/tracking/job when installed
+    tracker: str = "auto"
     extra_env: dict = field(default_factory=dict)
 
     def stack_config(self) -> StackConfig:
@@ -91,6 +95,13 @@ class JobConfig:
                                    "SHELLRL_GRADIENT_CHECKPOINTING": "false", "SHELLRL_SHARE_PREFIX_MIN_TOKENS": "32"}}
         return StackConfig(state_dir=self.state_dir, model_path=self.model_path, env=env, service_env=service_env,
                            echo_logs=False)
+
+    def managed_env(self) -> set[str]:
+        """SHELLRL_* names the job sets from its own options or the launcher sets (ports, URLs):
+        `extra_env` (a config file's [env] table) may not set them."""
+        stack = replace(self, extra_env={}).stack_config()
+        names = set(stack.common_env()) | {n for env in stack.service_env.values() for n in env}
+        return names | {"SHELLRL_PORT", "SHELLRL_HOST"}
 
 
 # --- task sets -----------------------------------------------------------------------------
@@ -222,6 +233,23 @@ def train(cfg: JobConfig, info: dict, learner_url: str) -> list[dict]:
     return snapshots
 
 
+def log_evaluations(tracker, results: dict[str, dict], tasks_by_id: dict) -> None:
+    """Success with n and its 95% interval per eval set, and a per-template table, at the policy
+    version the evaluation ran on."""
+    from cli.report import per_template
+    from cli.report_plots import eval_bar
+
+    for name, view in results.items():
+        rate, n, lo, hi = eval_bar(view)
+        step = max(view.get("policy_versions_seen") or [0])
+        tracker.log_metrics({f"eval/{name}/success_rate": rate, f"eval/{name}/success_low": lo,
+                             f"eval/{name}/success_high": hi, f"eval/{name}/episodes": n}, step)
+        rows = [[t, s, e, round(s / e, 4) if e else None]
+                for t, (s, e) in sorted(per_template(view, tasks_by_id).items())]
+        columns = ["template", "successes", "episodes", "success_rate"]
+        tracker.log_table(f"eval/{name}/per_template", columns, rows, step)
+
+
 def check_verifier_config(verifier_url: str, require_command: bool) -> None:
     """Raise RuntimeError unless the running verifier's `require_command` (GET /v1/config) is the
     job's: an environment that overrode it would silently train on guesses again (run6)."""
@@ -241,18 +269,24 @@ def run_job(cfg: JobConfig) -> Path:
     train_pool = train_tasks(cfg)
     console.print(f"[bold]shellrl run[/]: model {cfg.model_path}, {len(train_pool)} training tasks, eval sets "
                   + ", ".join(f"{k} {len(v)}" for k, v in sets.items()))
+    tracker = create_tracker(TrackingConfig(backend=cfg.tracker), "job", cfg.state_dir / "tracking")
+    tasks_by_id: dict = {}
     with Stack(cfg.stack_config()) as stack:
         info = json.loads(stack.pid_file.read_text())
         console.print(f"stack up in {time.time() - t_start:.0f} s; logs in {stack.log_dir}/")
         check_verifier_config(stack.config.url("verifier"), cfg.require_command)
         client = httpx.Client(base_url=stack.config.url("rollout"))
         eval_ids = {name: submit(client, tasks, eval_copy=True) for name, tasks in sets.items()}
+        tasks_by_id = {i: t for name, ts in sets.items() for i, t in zip(eval_ids[name], ts)}
         before = evaluate(client, eval_ids, "before")
+        log_evaluations(tracker, before, tasks_by_id)
         submit(client, train_pool)
         t_train = time.time()
         snapshots = train(cfg, info, stack.config.url("learner"))
         train_s = time.time() - t_train
         after = evaluate(client, eval_ids, "after")
+        log_evaluations(tracker, after, tasks_by_id)
+        tracker.close()
         learner_metrics = httpx.get(f"{stack.config.url('learner')}/metrics", timeout=10).text
         rollout_metrics = httpx.get(f"{stack.config.url('rollout')}/metrics", timeout=10).text
     ledger = cfg.state_dir / "checkpoints" / "steps.jsonl"
@@ -260,6 +294,6 @@ def run_job(cfg: JobConfig) -> Path:
     path = write_report(report_dir, config=asdict(cfg) | {"state_dir": str(cfg.state_dir)}, before=before,
                         after=after, steps=steps, snapshots=snapshots, learner_metrics=learner_metrics,
                         rollout_metrics=rollout_metrics, train_s=train_s, total_s=time.time() - t_start,
-                        tasks_by_id={i: t for name, ts in sets.items() for i, t in zip(eval_ids[name], ts)})
+                        tasks_by_id=tasks_by_id, train_started_at=t_train)
     console.print(f"[bold green]report written:[/] {path}")
     return report_dir

@@ -1,8 +1,9 @@
 """Collect and render the state of a running stack (used by `shellrl status` and `shellrl run`).
 
 `collect(info)` reads each service's /readyz and /v1/status, Redis stream lengths and backlogs,
-and the staleness histogram from the learner's /metrics; it never raises (a service that does
-not answer shows as down). `render(snapshot)` returns a rich renderable.
+the staleness histogram from the learner's /metrics and the engine's generated-token counter; it
+never raises (a service that does not answer shows as down). `down_parts(snapshot)` names what is
+down; `render(snapshot)` returns a rich renderable.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from shellrl import streams
 
 STREAM_GROUPS = ((streams.STREAM_TASKS, streams.GROUP_ROLLOUT), (streams.STREAM_EPISODES, streams.GROUP_VERIFIER),
                  (streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER), (streams.STREAM_DEAD, None))
+
+GENERATION_TOKEN_COUNTERS = ("shellrl_engine_generation_tokens", "sglang:generation_tokens")
 
 
 def _get(url: str, timeout_s: float = 2.0) -> dict | None:
@@ -39,6 +42,18 @@ def histogram_buckets(metrics_text: str, name: str) -> dict[float, float]:
                 le = float(sample.labels["le"])
                 out[le] = out.get(le, 0.0) + sample.value
     return dict(sorted(out.items()))
+
+
+def counter_total(metrics_text: str, names: tuple[str, ...]) -> float | None:
+    """Sum of the counter samples `<name>_total` (every label set) of the first of `names` that
+    the text has; None when it has none of them."""
+    found: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            for name in names:
+                if sample.name in (name, f"{name}_total"):
+                    found[name] = found.get(name, 0.0) + sample.value
+    return next((found[n] for n in names if n in found), None)
 
 
 def quantile_from_buckets(buckets: dict[float, float], q: float) -> float | None:
@@ -92,7 +107,22 @@ def collect(info: dict) -> dict:
             snap["staleness"] = {q: quantile_from_buckets(buckets, q) for q in (0.5, 0.9, 0.99)}
         except httpx.HTTPError:
             pass
+    if "engine" in urls:  # what rollouts generated (shellrl's engine or SGLang), for tokens/s
+        try:
+            text = httpx.get(f"{urls['engine']}/metrics", timeout=2).text
+            snap["engine_generation_tokens"] = counter_total(text, GENERATION_TOKEN_COUNTERS)
+        except httpx.HTTPError:
+            pass
     return snap
+
+
+def down_parts(snap: dict) -> list[str]:
+    """What is down in a `collect` snapshot: services not ready and Redis when it did not answer
+    (e.g. ["engine", "redis"]); [] when everything is up."""
+    down = [name for name, ok in snap["ready"].items() if not ok]
+    if "_error" in snap["streams"]:
+        down.append("redis")
+    return down
 
 
 def render(snap: dict) -> Table:

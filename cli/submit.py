@@ -24,9 +24,9 @@ _LIST_FIELD = re.compile(r"^tasks\[(\d+)\]\.?(.*)$")
 
 def add_arguments(parser) -> None:
     parser.add_argument("file", type=Path, help="JSONL task file ('-' = stdin)")
-    parser.add_argument("--url", default=DEFAULT_URL, help=f"rollout gateway base URL (default {DEFAULT_URL}, "
-                                                           "or SHELLRL_ROLLOUT_URL)")
-    parser.add_argument("--batch-size", type=int, default=500, help="tasks per request (default 500)")
+    parser.add_argument("--url", default=DEFAULT_URL,
+                        help="rollout gateway base URL (SHELLRL_ROLLOUT_URL, else port 8100)")
+    parser.add_argument("--batch-size", type=int, default=500, help="tasks per request")
     parser.add_argument("--split", choices=("train", "eval_id", "eval_ood", "eval"),
                         help="split for lines that do not name one (the gateway's default is train)")
     parser.add_argument("--timeout-s", type=float, default=60.0, help="HTTP timeout per request")

@@ -12,17 +12,18 @@ HELP = "measure the base policy's pass rate per template (what GRPO can learn fr
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model-path", default="smollm2")
-    parser.add_argument("--state-dir", default=".shellrl-pass-rates", help="the stack's state (deleted first)")
-    parser.add_argument("--rollout-url", default=None, help="use this running gateway instead of starting a stack")
-    parser.add_argument("--tasks-per-template", type=int, default=4)
-    parser.add_argument("--episodes-per-task", type=int, default=4)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--max-new-tokens", type=int, default=40)
-    parser.add_argument("--max-turns", type=int, default=2)
-    parser.add_argument("--engine-threads", type=int, default=2)
-    parser.add_argument("--templates", default="", help="comma-separated templates (default: every train template)")
-    parser.add_argument("--out", default="", help="default: docs/runs/pass-rates/pass_rates_T<temperature>.json")
+    add = parser.add_argument
+    add("--model-path", default="smollm2", help="smollm2, tiny, or a Hugging Face directory")
+    add("--state-dir", default=".shellrl-pass-rates", help="the stack's state (deleted first)")
+    add("--rollout-url", default=None, help="use this running gateway instead of starting a stack")
+    add("--tasks-per-template", type=int, default=4, help="task instances per template")
+    add("--episodes-per-task", type=int, default=4, help="sampled episodes per task")
+    add("--temperature", type=float, default=1.0, help="sampling temperature")
+    add("--max-new-tokens", type=int, default=40, help="new tokens per turn")
+    add("--max-turns", type=int, default=2, help="agent turns per episode")
+    add("--engine-threads", type=int, default=2, help="torch threads of the engine")
+    add("--templates", default="", help="comma-separated templates ('' = every train template)")
+    add("--out", default="", help="'' = docs/runs/pass-rates/pass_rates_T<temperature>.json")
 
 
 def run(args) -> int:
@@ -33,6 +34,10 @@ def run(args) -> int:
     from rich.console import Console
 
     from cli import pass_rates as pr
+    from cli.model_path import check_model_path
+
+    if not args.rollout_url:
+        check_model_path(args.model_path)
     kw = dict(tasks_per_template=args.tasks_per_template, episodes_per_task=args.episodes_per_task,
               temperature=args.temperature, max_new_tokens=args.max_new_tokens,
               templates=tuple(t for t in args.templates.split(",") if t) or None)

@@ -2,41 +2,56 @@
 backlogs, throughput, staleness, and each service's readiness.
 
     shellrl status [--state-dir .shellrl] [--watch]
+
+Exit status: 0 when Redis and every service of the stack answer and are ready; 1 when any of them
+is down (or not ready), or no stack runs from that state directory. With --watch, the status of
+the last screen shown before Ctrl-C.
 """
 
 from __future__ import annotations
 
 NAME = "status"
-HELP = "versions, queue lengths, throughput and staleness of a running stack"
+HELP = "versions, queues, throughput and staleness of a running stack (exit 1: something is down)"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--state-dir", default=".shellrl")
+    parser.add_argument(
+        "--state-dir", default=".shellrl", help="the stack's state directory (its stack.json)"
+    )
     parser.add_argument("--watch", action="store_true", help="refresh every 2 s until Ctrl-C")
 
 
 def run(args) -> int:
     import json
+    import sys
     import time
     from pathlib import Path
 
     from rich.console import Console
     from rich.live import Live
 
-    from cli.stack_status import collect, render
+    from cli.stack_status import collect, down_parts, render
 
     pid_file = Path(args.state_dir) / "stack.json"
     if not pid_file.exists():
-        Console().print(f"no stack running ({pid_file} missing); start one with `shellrl up`")
+        Console(stderr=True).print(
+            f"no stack running ({pid_file} missing); start one with `shellrl up`"
+        )
         return 1
     info = json.loads(pid_file.read_text())
-    if not args.watch:
-        Console().print(render(collect(info)))
-        return 0
-    with Live(render(collect(info)), refresh_per_second=1) as live:
-        try:
-            while True:
-                time.sleep(2)
-                live.update(render(collect(info)))
-        except KeyboardInterrupt:
-            return 0
+    snap = collect(info)
+    if args.watch:
+        with Live(render(snap), refresh_per_second=1) as live:
+            try:
+                while True:
+                    time.sleep(2)
+                    snap = collect(info)
+                    live.update(render(snap))
+            except KeyboardInterrupt:
+                pass
+    else:
+        Console().print(render(snap))
+    if down := down_parts(snap):
+        print(f"down: {', '.join(down)}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,7 +1,7 @@
 """Start the whole stack as local processes (Redis with AOF, engine, sandbox, verifier, rollout,
 learner), each after the previous one's /readyz; Ctrl-C (or `shellrl down`) stops it cleanly.
 
-    shellrl up [--model-path smollm2] [--state-dir .shellrl]
+    shellrl up [--config shellrl.toml] [--model-path smollm2] [--state-dir .shellrl]
 """
 
 from __future__ import annotations
@@ -11,17 +11,37 @@ HELP = "start the stack as local processes (foreground; Ctrl-C stops it)"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--model-path", default="smollm2", help="smollm2 (default), tiny, or a HF directory")
-    parser.add_argument("--state-dir", default=".shellrl", help="Redis AOF, logs, checkpoints, reports")
-    parser.add_argument("--quiet", action="store_true", help="do not echo service logs (they stay in <state>/logs)")
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="TOML file of these options and an [env] table (cli/config_file.py); "
+        "flags override it",
+    )
+    parser.add_argument(
+        "--model-path", default="smollm2", help="smollm2, tiny, or a Hugging Face directory"
+    )
+    parser.add_argument(
+        "--state-dir", default=".shellrl", help="Redis AOF, logs, checkpoints, reports"
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="do not echo service logs (they stay in <state>/logs)"
+    )
 
 
 def run(args) -> int:
     from pathlib import Path
 
     from cli.launcher import StackConfig, up
+    from cli.model_path import check_model_path
 
+    check_model_path(args.model_path)
     state = Path(args.state_dir)
-    config = StackConfig(state_dir=state, model_path=args.model_path, echo_logs=not args.quiet,
-                         env={"SHELLRL_CHECKPOINT_DIR": str((state / "checkpoints").resolve())})
+    env = {
+        "SHELLRL_CHECKPOINT_DIR": str((state / "checkpoints").resolve()),
+        **(getattr(args, "config_env", None) or {}),
+    }
+    config = StackConfig(
+        state_dir=state, model_path=args.model_path, echo_logs=not args.quiet, env=env
+    )
     return up(config)

@@ -2,7 +2,9 @@
 the trajectory ids the checkpointed steps consumed; plus the step ledger.
 
 Layout under `directory`:
-  step-000010/        model.safetensors + config.json (a loadable HF directory), trainer.pt
+  step-000010/        a servable Hugging Face model directory (servable.py: config.json,
+                      generation_config.json, model.safetensors in the training dtype, the
+                      tokenizer files of the base model), plus the training state: trainer.pt
                       (optimizer, scheduler, step), rng.pt, state.json (LearnerState)
   steps.jsonl         one line per learner step (step, version, trajectory ids, stats) and one
                       {"event": "resume", "step": k} line per restart; after a resume from step k,
@@ -27,6 +29,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
+from services.learner.servable import write_servable
+
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
 
@@ -43,12 +47,16 @@ class LearnerState:
 
 
 class CheckpointStore:
-    """directory: where checkpoints live (created); keep: how many newest checkpoints to keep (>= 1)."""
+    """directory: where checkpoints live (created); keep: how many newest checkpoints to keep
+    (>= 1); model_source: the base model's directory, whose tokenizer each checkpoint copies
+    (default: the directory the saved model was loaded from)."""
 
-    def __init__(self, directory: str | Path, keep: int = 2) -> None:
+    def __init__(self, directory: str | Path, keep: int = 2,
+                 model_source: str | Path | None = None) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1; got {keep}")
         self.directory, self.keep = Path(directory), keep
+        self.model_source = Path(model_source) if model_source is not None else None
         self.directory.mkdir(parents=True, exist_ok=True)
 
     @property
@@ -70,7 +78,7 @@ class CheckpointStore:
         tmp = self.directory / f".tmp-{final.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        model.save_pretrained(tmp, safe_serialization=True)
+        write_servable(model, tmp, self.model_source)
         torch.save(trainer_state, tmp / "trainer.pt")
         torch.save(_rng_state(), tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps(asdict(state)))

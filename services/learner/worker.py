@@ -23,6 +23,7 @@ import resource
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from pathlib import Path
 
 from services.learner import metrics
 from services.learner.checkpoint import CheckpointStore, LearnerState
@@ -33,6 +34,7 @@ from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import ContractError, parse_trajectory
 from shellrl.rl.batch import build_batch
 from shellrl.streams import StreamConsumer, StreamEntry
+from shellrl.tracking import Tracker, TrackingConfig, create_tracker, flatten
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +52,20 @@ class WorkerConfig:
     pad_token_id: int = 0
     pad_to_multiple_of: int = 1
     read_count: int = 64
+    # experiment tracking of every step's metrics (shellrl/tracking.py); its directory defaults
+    # to <checkpoint_dir>/../tracking (the TensorBoard run: .../tracking/learner)
+    tracking: TrackingConfig = TrackingConfig()
 
 
 class LearnerWorker:
     def __init__(self, consumer: StreamConsumer, assembler: GroupAssembler, trainer: Trainer, sync: WeightSync,
-                 store: CheckpointStore, config: WorkerConfig) -> None:
+                 store: CheckpointStore, config: WorkerConfig,
+                 tracker: Tracker | None = None) -> None:
         self.consumer, self.assembler, self.trainer, self.sync = consumer, assembler, trainer, sync
         self.store, self.config = store, config
+        self.tracker = tracker or create_tracker(config.tracking, "learner",
+                                                 Path(store.directory).parent / "tracking")
+        self._staleness: list[int] = []  # of the trajectories trained in the step in progress
         self.consumed: OrderedDict[str, int] = OrderedDict()  # trajectory id -> step that resolved it
         self.unacked: list[str] = []  # entry ids resolved since the last checkpoint
         self.ready: list[RolloutGroup] = []  # released groups waiting for a step
@@ -99,6 +108,7 @@ class LearnerWorker:
                 await self.checkpoint()
         if self.version > self.checkpointed_step:
             await self.checkpoint()
+        self.tracker.close()
 
     async def drain(self, grace_s: float) -> bool:
         """Wait (after `stop` was set) until `run` has finished the step in progress, its weight
@@ -198,7 +208,8 @@ class LearnerWorker:
             self.consumed[m.trajectory_id] = self.version + 1
             self.unacked.append(m.entry_id)
             if trained:
-                metrics.STALENESS.observe(max(0, self.version - m.min_policy_version))
+                self._staleness.append(max(0, self.version - m.min_policy_version))
+                metrics.STALENESS.observe(self._staleness[-1])
                 if m.trajectory.finished_at:
                     metrics.AGE.observe(max(0.0, now - m.trajectory.finished_at))
         self._trim_consumed()
@@ -274,7 +285,8 @@ class LearnerWorker:
         self.last = {"step": step, "trained_on_version": version, "groups": len(groups),
                      "zero_variance_fraction": zero_fraction,
                      "outcomes": {o: outcomes.count(o) for o in set(outcomes)}, "trajectories": len(samples),
-                     "reward_mean": reward_mean, "success_rate": success, "seconds": seconds}
+                     "reward_mean": reward_mean, "success_rate": success, "seconds": seconds,
+                     "finished_at": time.time()}
         if result is not None:
             s = result.stats
             self.last.update({"lr": result.lr, "tokens": result.tokens, "loss": s["policy_loss"], "kl": s["kl"],
@@ -286,6 +298,11 @@ class LearnerWorker:
         metrics.RSS_BYTES.set(rss)
         metrics.PEAK_MEMORY_BYTES.set(peak)
         self.last["rss_bytes"] = rss
+        if self._staleness:
+            self.last.update(staleness_mean=sum(self._staleness) / len(self._staleness),
+                             staleness_max=max(self._staleness))
+            self._staleness = []
+        self.tracker.log_metrics(flatten(self.last, exclude=("step", "finished_at")), step)
         self.store.append_ledger({"step": step, "version": step, "trajectory_ids": [s.trajectory_id for s in samples],
                                   **{k: v for k, v in self.last.items() if k not in ("stats", "step")}})
         log.info("step", extra={"policy_version": step, **{k: v for k, v in self.last.items() if k != "stats"}})

@@ -1,0 +1,269 @@
+"""Experiment tracking: one small interface, three backends, chosen by a setting.
+
+    tracker = create_tracker(TrackingConfig(backend="auto"), "learner", default_directory=path)
+    tracker.log_metrics({"reward_mean": 0.4, "stats/clip_fraction_low": 0.0}, step=12)
+    tracker.log_table("eval_id/per_template", ["template", "before", "after"], rows, step=12)
+    tracker.close()
+
+Backends (imported only when selected; none of them is needed to train):
+  tensorboard  event files under <directory>/<source>/ (torch.utils.tensorboard; needs the
+               `tensorboard` package). The default when it is installed ("auto").
+  wandb        Weights & Biases, offline by default (`wandb_mode`; runs under <directory>/wandb,
+               `wandb sync` uploads them later); WANDB_* variables apply as usual.
+  mlflow       MLflow: a file store under <directory>/mlruns (no server or database; MLflow 3
+               asks for MLFLOW_ALLOW_FILE_STORE=true, which is set for this process unless the
+               environment says otherwise), or `mlflow_tracking_uri`.
+  none         nothing is logged.
+Each process (the learner, the job) logs its own run, named `<run_name>-<source>` and grouped by
+`run_name`. Tracking never stops training: a backend call that fails is logged once as a
+warning and the tracker turns itself off. Selecting a backend that is not installed fails at
+start-up (ValueError naming the package to install).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+log = logging.getLogger(__name__)
+
+Backend = Literal["auto", "none", "tensorboard", "wandb", "mlflow"]
+BACKENDS: tuple[str, ...] = ("auto", "none", "tensorboard", "wandb", "mlflow")
+PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow-skinny"}
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """backend: see the module docstring; directory: where backends write ('' = the caller's
+    default); project: W&B project / MLflow experiment; run_name: '' = `shellrl-<unix time>`;
+    wandb_mode: "offline" (no network needed) or "online"; mlflow_tracking_uri: '' = file store."""
+
+    backend: Backend = "auto"
+    directory: str = ""
+    project: str = "shellrl"
+    run_name: str = ""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    mlflow_tracking_uri: str = ""
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(
+                f"tracking backend {self.backend!r}: expected one of {', '.join(BACKENDS)}"
+            )
+
+
+class Tracker(Protocol):
+    """What the learner and the job log. step: the policy version the values belong to."""
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Sequence[Sequence], step: int
+    ) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def flatten(values: Mapping, prefix: str = "", exclude: Sequence[str] = ()) -> dict[str, float]:
+    """Numbers of a nested mapping as {"a/b": float}; strings, None and lists are left out, bools
+    become 0/1. exclude: top-level keys to leave out."""
+    out: dict[str, float] = {}
+    for key, value in values.items():
+        if key in exclude:
+            continue
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            out.update(flatten(value, name))
+        elif isinstance(value, (bool, int, float)) and not isinstance(value, str):
+            out[name] = float(value)
+    return out
+
+
+def installed(backend: str) -> bool:
+    return importlib.util.find_spec(backend) is not None
+
+
+def create_tracker(
+    config: TrackingConfig, source: str, default_directory: str | Path = ".shellrl/tracking"
+) -> Tracker:
+    """The tracker `config` selects for the process `source` ("learner", "job"). Raises ValueError
+    when the selected backend's package is missing."""
+    backend = config.backend
+    if backend == "auto":
+        backend = "tensorboard" if installed("tensorboard") else "none"
+    if backend == "none":
+        return NullTracker()
+    if not installed(backend):
+        raise ValueError(
+            f"tracking backend {backend!r} needs the package {PACKAGES[backend]!r}: "
+            f"pip install {PACKAGES[backend]}"
+        )
+    directory = Path(config.directory or default_directory)
+    run_name = config.run_name or f"shellrl-{int(time.time())}"
+    cls = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MlflowTracker}[
+        backend
+    ]
+    return _Guarded(cls(config, directory, run_name, source))
+
+
+class NullTracker:
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        pass
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Sequence[Sequence], step: int
+    ) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _Guarded:
+    """Wraps a backend: the first exception is logged and turns tracking off for this process."""
+
+    def __init__(self, backend) -> None:
+        self.backend, self.failed = backend, False
+
+    def _call(self, method: str, *args) -> None:
+        if self.failed:
+            return
+        try:
+            getattr(self.backend, method)(*args)
+        except Exception as exc:  # noqa: BLE001 (tracking must never stop training)
+            self.failed = True
+            log.warning(
+                "experiment tracking failed; tracking is off for this process",
+                extra={"backend": type(self.backend).__name__, "error": repr(exc)},
+            )
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self._call("log_metrics", metrics, step)
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Sequence[Sequence], step: int
+    ) -> None:
+        self._call("log_table", name, columns, rows, step)
+
+    def close(self) -> None:
+        self._call("close")
+
+
+def markdown_table(columns: Sequence[str], rows: Sequence[Sequence]) -> str:
+    lines = ["| " + " | ".join(map(str, columns)) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+
+
+class TensorBoardTracker:
+    """Scalars per step and tables as markdown text, in <directory>/<source>/events.out.tfevents.*;
+    flushed after every call, so a killed process loses nothing it logged."""
+
+    def __init__(self, config: TrackingConfig, directory: Path, run_name: str, source: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(directory / source), flush_secs=5)
+        self.writer.add_text("run", f"{run_name} ({source})", 0)
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        for name, value in metrics.items():
+            self.writer.add_scalar(name, float(value), step)
+        self.writer.flush()
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Sequence[Sequence], step: int
+    ) -> None:
+        self.writer.add_text(name, markdown_table(columns, rows), step)
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+class WandbTracker:
+    def __init__(self, config: TrackingConfig, directory: Path, run_name: str, source: str) -> None:
+        import wandb
+
+        directory.mkdir(parents=True, exist_ok=True)
+        self.wandb = wandb
+        self.run = wandb.init(
+            project=config.project,
+            name=f"{run_name}-{source}",
+            group=run_name,
+            job_type=source,
+            dir=str(directory),
+            mode=config.wandb_mode,
+            reinit="create_new",
+        )
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Sequence[Sequence], step: int
+    ) -> None:
+        self.run.log(
+            {name: self.wandb.Table(columns=list(columns), data=[list(r) for r in rows])}, step=step
+        )
+
+    def close(self) -> None:
+        self.run.finish()
+        self.wandb.teardown()  # waits until wandb-core has written the whole run file
+
+
+class MlflowTracker:
+    """One MLflow run per process in experiment `project`; tables as JSON artifacts
+    tables/<name>/step-<N>.json ({"columns": [...], "rows": [[...]]})."""
+
+    def __init__(self, config: TrackingConfig, directory: Path, run_name: str, source: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        uri = config.mlflow_tracking_uri
+        if not uri:
+            uri = (directory / "mlruns").resolve().as_uri()
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self.client = MlflowClient(tracking_uri=uri)
+        experiment = self.client.get_experiment_by_name(config.project)
+        experiment_id = (
+            experiment.experiment_id
+            if experiment
+            else self.client.create_experiment(config.project)
+        )
+        self.run_id = self.client.create_run(
+            experiment_id,
+            run_name=f"{run_name}-{source}",
+            tags={"shellrl.group": run_name, "shellrl.source": source},
+        ).info.run_id
+
+    def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
+        from mlflow.entities import Metric
+
+        now_ms = int(time.time() * 1000)
+        batch = [
+            Metric(_mlflow_key(k), float(v), now_ms, step)
+            for k, v in metrics.items()
+            if math.isfinite(v)
+        ]
+        for lo in range(0, len(batch), 1000):  # MLflow's batch limit
+            self.client.log_batch(self.run_id, metrics=batch[lo : lo + 1000])
+
+    def log_table(
+        self, name: str, columns: Sequence[str], rows: Sequence[Sequence], step: int
+    ) -> None:
+        text = json.dumps({"columns": list(columns), "rows": [list(r) for r in rows]}, default=str)
+        self.client.log_text(self.run_id, text, f"tables/{name}/step-{step}.json")
+
+    def close(self) -> None:
+        self.client.set_terminated(self.run_id)
+
+
+def _mlflow_key(name: str) -> str:
+    """MLflow keys allow letters, digits, `_ - . /` and spaces."""
+    return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in name)
