@@ -72,6 +72,7 @@ class RawExec:
     stdout_truncated_bytes: int
     stderr_truncated_bytes: int
     duration_ms: float
+    queue_ms: float = 0.0  # waited for an exec slot before it started
 
 
 class _Protocol(asyncio.SubprocessProtocol):

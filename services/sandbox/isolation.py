@@ -5,13 +5,20 @@ Ladder, best first, chosen by a start-up probe that really runs `true` in the la
 * `bubblewrap`: bwrap run as the session's unprivileged uid with new user (nested ones disabled),
   a seccomp denylist (seccomp.py),
   pid, net, ipc, uts and cgroup namespaces; read-only /usr and a curated /etc, a private /proc and
-  /dev, the workspace at /workspace, the session's /tmp, `--remount-ro /`, `--die-with-parent`,
-  `--new-session`, all capabilities dropped, bwrap itself started with a minimal environment.
-* `unshare`: util-linux unshare (root) with pid/net/ipc/uts/mount namespaces and a private /proc,
-  then setpriv to the session uid with no capabilities and no_new_privs. The host file tree stays
-  visible (read-only to the session uid by permissions); the workspace keeps its host path.
+  a read-only private /dev, the workspace at /workspace, the session's /tmp and /dev/shm (capped:
+  workspace.py), `--remount-ro /`, `--die-with-parent`, `--new-session`, all capabilities dropped,
+  bwrap itself started with a minimal environment.
+* `unshare`: util-linux unshare (root) with pid/net/ipc/uts/mount namespaces, a private /proc and
+  the session's /dev/shm, then setpriv to the session uid with no capabilities and no_new_privs.
+  The host file tree stays visible (read-only to the session uid by permissions, except the
+  world-writable /tmp and /var/tmp: `host_shared_dirs`); the workspace keeps its host path.
 * `fallback`: no namespaces: a new session/process group as the session uid. No network or
-  file-view isolation (see README, Security).
+  file-view isolation; the host's /tmp, /var/tmp and /dev/shm are shared (see README, Security).
+
+Whatever runs as root (setpriv, unshare, the shell that mounts /dev/shm) runs from an absolute
+path with the fixed `LAUNCHER_ENV`: the task's environment (PATH, LD_PRELOAD, LD_LIBRARY_PATH ...
+pointing into the workspace) is applied only after the drop to the session uid (bwrap --setenv,
+or `env -i NAME=value ...` run as the session uid).
 
 Every layer: the command joins the session cgroups first (`/bin/sh` prefix), hard rlimits are
 set in bash before the command (they cannot be raised again), stdin is /dev/null, the command
@@ -30,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -43,6 +51,15 @@ log = logging.getLogger(__name__)
 LAYERS = ("bubblewrap", "unshare", "fallback")
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LAUNCHER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+def _tool(name: str) -> str:
+    """Absolute path of a host program started as root (never found through a session's PATH)."""
+    return shutil.which(name, path=LAUNCHER_ENV["PATH"]) or f"/usr/bin/{name}"
+
+
+SETPRIV, BWRAP, UNSHARE, ENV_BIN = _tool("setpriv"), _tool("bwrap"), _tool("unshare"), _tool("env")
+SH, IP, MOUNT = _tool("sh"), _tool("ip"), _tool("mount")
 IN_SANDBOX_WORKSPACE = "/workspace"
 IN_SANDBOX_RUN = "/run/shellrl"
 ETC_DIR = "etc"  # <workspace root>/etc: the curated /etc of bubblewrap sandboxes (see prepare_etc)
@@ -138,7 +155,8 @@ def bash_prelude(limits: Limits, command_source: str, state_dir: str, cgroup_pro
             f"{{ [ -r {st}/env ] && . {st}/env; }} >/dev/null 2>&1",
             f"__shellrl_cwd=; {{ IFS= read -r -d '' __shellrl_cwd < {st}/cwd; }} 2>/dev/null",
             'cd -- "${__shellrl_cwd:-$HOME}" 2>/dev/null || cd -- "$HOME" 2>/dev/null; unset __shellrl_cwd',
-            f"trap '{{ printf %s \"$PWD\" > {st}/cwd; export -p > {st}/env; }} 2>/dev/null' EXIT",
+            (f"trap '{{ printf %s \"$PWD\" >| {st}/cwd && export -p >| {st}/env; }} 2>/dev/null || echo"
+             " \"sandbox: the shell state (cwd, exported variables) was not saved\" >&2' EXIT"),
         ]
     steps.append('eval "$__shellrl_command"')
     return "; ".join(steps)
@@ -146,7 +164,7 @@ def bash_prelude(limits: Limits, command_source: str, state_dir: str, cgroup_pro
 
 def _setpriv(uid: int) -> list[str]:
     """Drop to `uid` by exec (keeps the service's spawn on the fast vfork path)."""
-    return ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--no-new-privs",
+    return [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--no-new-privs",
             "--"]
 
 
@@ -162,6 +180,13 @@ class Isolation:
     @property
     def network_isolated(self) -> bool:
         return self.layer != "fallback"
+
+    @property
+    def host_shared_dirs(self) -> tuple[str, ...]:
+        """World-writable host directories a session can write in this layer (outside every
+        cap); what a session leaves there is removed at snapshot, reset and deletion."""
+        return {"bubblewrap": (), "unshare": ("/tmp", "/var/tmp"),
+                "fallback": ("/tmp", "/var/tmp", "/dev/shm")}[self.layer]
 
     def workspace_path(self, paths: WorkspacePaths) -> str:
         """The workspace path as commands see it."""
@@ -201,7 +226,7 @@ class Isolation:
     def _wrap(self, spec: LaunchSpec, program: list[str], as_pid1: bool) -> Launch:
         p = spec.paths
         if self.layer == "bubblewrap":
-            argv = [*_setpriv(spec.uid), "bwrap", "--unshare-all", "--unshare-user", "--disable-userns"]
+            argv = [*_setpriv(spec.uid), BWRAP, "--unshare-all", "--unshare-user", "--disable-userns"]
             if spec.network:
                 argv.append("--share-net")
             if as_pid1:
@@ -210,6 +235,7 @@ class Isolation:
                      "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
                      "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
                      "--ro-bind", str(p.session_dir.parent / ETC_DIR), "/etc", "--proc", "/proc", "--dev", "/dev",
+                     "--bind", str(p.shm), "/dev/shm", "--remount-ro", "/dev",
                      "--bind", str(p.ws), IN_SANDBOX_WORKSPACE, "--bind", str(p.tmp), "/tmp",
                      "--bind", str(p.state), f"{IN_SANDBOX_RUN}/state",
                      "--ro-bind", str(p.command_file), f"{IN_SANDBOX_RUN}/command"]
@@ -224,14 +250,20 @@ class Isolation:
                 argv += ["--setenv", key, value]
             return Launch(argv + ["--", *program], dict(LAUNCHER_ENV), "/", self.seccomp_path)
         env = {**spec.env, "TMPDIR": str(p.tmp)}
+        # the task environment only after the drop to the session uid (module doc)
+        assignments = [f"{k}={v}" for k, v in env.items()]
+        dropped = [*_setpriv(spec.uid), ENV_BIN, "-i", *assignments, *program]
         if self.layer == "unshare":
             net = [] if spec.network else ["--net"]
-            # a new network namespace starts with loopback down (bwrap brings it up itself)
-            lo_up = ["/bin/sh", "-c", 'ip link set lo up 2>/dev/null; exec "$@"', "sh"] if net else []
-            argv = ["unshare", "--pid", "--fork", "--kill-child", *net, "--ipc", "--uts", "--mount", "--mount-proc",
-                    "--", *lo_up, *_setpriv(spec.uid), *program]
-            return Launch(argv, env, str(p.ctl))
-        return Launch([*_setpriv(spec.uid), *program], env, str(p.ctl))
+            # as root in the new namespaces: loopback up (a new network namespace starts with it
+            # down; bwrap brings it up itself), the session's capped /dev/shm over the host's
+            script = f'{shlex.quote(MOUNT)} --bind "$1" /dev/shm || exit 125; shift; exec "$@"'
+            if net:
+                script = f"{shlex.quote(IP)} link set lo up 2>/dev/null; {script}"
+            argv = [UNSHARE, "--pid", "--fork", "--kill-child", *net, "--ipc", "--uts", "--mount", "--mount-proc",
+                    "--", SH, "-c", script, "sh", str(p.shm), *dropped]
+            return Launch(argv, dict(LAUNCHER_ENV), str(p.ctl))
+        return Launch(dropped, dict(LAUNCHER_ENV), str(p.ctl))
 
 
 def prepare_etc(root: Path, uids: range) -> Path:
@@ -260,11 +292,11 @@ def prepare_etc(root: Path, uids: range) -> Path:
     return etc
 
 
-_PROBE_BWRAP = ["bwrap", "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+_PROBE_BWRAP = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
                 "--as-pid-1", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
                 "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
                 "--tmpfs", "/workspace", "--remount-ro", "/", "--clearenv", "--"]
-_PROBE_UNSHARE = ["unshare", "--pid", "--fork", "--kill-child", "--net", "--ipc", "--uts", "--mount", "--mount-proc", "--"]
+_PROBE_UNSHARE = [UNSHARE, "--pid", "--fork", "--kill-child", "--net", "--ipc", "--uts", "--mount", "--mount-proc", "--"]
 _PROBE_SCRIPT = "echo ok > ${WS:-/workspace}/probe 2>/dev/null || [ -n \"$WS\" ]; [ ! -w /usr ] && echo ok"
 
 

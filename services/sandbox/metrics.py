@@ -3,6 +3,10 @@
 from shellrl.service.metrics import counter, gauge, histogram, info
 
 EXEC_SECONDS = histogram("shellrl_sandbox_exec_seconds", "Wall time of one exec, launch to result.", ("isolation",))
+EXEC_QUEUE_SECONDS = histogram(
+    "shellrl_sandbox_exec_queue_seconds",
+    "Wait of one exec before it started: the session's earlier commands, then a free exec slot.",
+    ("isolation",))
 SESSIONS = gauge("shellrl_sandbox_sessions", "Live sandbox sessions.")
 SESSIONS_CREATED = counter("shellrl_sandbox_sessions_created_total", "Session creations by outcome.", ("outcome",))
 SESSIONS_EXPIRED = counter("shellrl_sandbox_sessions_expired_total", "Sessions removed by the idle TTL.")
@@ -19,5 +23,6 @@ def init_series(layer: str) -> None:
     """Create the labelled series known at start-up (value 0) for this instance's isolation `layer`,
     so dashboards show 0 instead of "no data" before the first exec / session."""
     EXEC_SECONDS.labels(layer)
+    EXEC_QUEUE_SECONDS.labels(layer)
     for outcome in ("ok", "setup_failed", "error"):  # as sessions.SessionManager.create counts them
         SESSIONS_CREATED.labels(outcome)

@@ -3,16 +3,17 @@
 exec_mode=session: one long-lived sandbox per session with the runner (runner.py) inside, a fresh
 bash per command over its pipes (runner_link.py); exec_mode=per_command: a fresh sandbox per
 command (executor.py). Kills go through the session's cgroup where there is one, else through its
-uid. Commands of all sessions together run at most `max_concurrent_execs` at once.
+uid. Commands of all sessions together run at most `max_concurrent_execs` at once, the slots
+handed out fairly between sessions (slots.py); the wait is reported as `RawExec.queue_ms`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from services.sandbox import metrics, seccomp
@@ -20,6 +21,7 @@ from services.sandbox.executor import RawExec, kill_process_group, run_launch
 from services.sandbox.isolation import Isolation, LaunchSpec
 from services.sandbox.runner_link import RunnerFailed, RunnerLink
 from services.sandbox.session import Session
+from services.sandbox.slots import FairSlots
 from services.sandbox.uids import kill_uid
 
 log = logging.getLogger(__name__)
@@ -32,7 +34,7 @@ class SessionProcesses:
 
     def __init__(self, isolation: Isolation, exec_mode: str, max_concurrent_execs: int) -> None:
         self.isolation, self.exec_mode = isolation, exec_mode
-        self.exec_slots = asyncio.Semaphore(max_concurrent_execs)
+        self.exec_slots = FairSlots(max_concurrent_execs)
         self.is_root = os.geteuid() == 0
         self.runner_file: Path | None = None
 
@@ -60,17 +62,19 @@ class SessionProcesses:
                   ) -> RawExec:
         """Run `command` in the session (its runner, or a fresh sandbox in per_command mode). A
         failed runner is restarted (every process of the session killed, workspace kept) and the
-        command reported as exit 124 (hung) or 137."""
+        command reported as exit 124 (hung) or 137. `command` must be valid Unicode (the caller
+        checks: UnicodeEncodeError otherwise)."""
         if self.exec_mode == "per_command":
             return await self.run_per_command(session, command, timeout_s, fresh_state)
-        data = command.encode("utf-8", errors="surrogateescape")
-        start = time.perf_counter()
-        async with self.exec_slots:
+        data = command.encode("utf-8")
+        async with self.exec_slots.hold(session.session_id) as queue_s:
+            start = time.perf_counter()
             if session.runner is None or not session.runner.alive:
                 await self.restart_runner(session)
             try:
-                return await session.runner.exec(data, timeout_s, session.limits.max_output_bytes,
-                                                 fresh_state)
+                raw = await session.runner.exec(data, timeout_s, session.limits.max_output_bytes,
+                                                fresh_state)
+                return replace(raw, queue_ms=queue_s * 1e3)
             except RunnerFailed as exc:
                 log.warning("session runner failed; restarting it",
                             extra={"session_id": session.session_id, "error": str(exc)})
@@ -78,17 +82,17 @@ class SessionProcesses:
                 note = (f"sandbox: {exc}; every process of the session was killed and the session "
                         "restarted (workspace kept)\n")
                 return RawExec("", note, 124 if exc.hung else 137, exc.hung, 0, 0,
-                               (time.perf_counter() - start) * 1e3)
+                               (time.perf_counter() - start) * 1e3, queue_s * 1e3)
 
     async def run_per_command(self, session: Session, command: str, timeout_s: float,
                               fresh_state: bool = False) -> RawExec:
         """Run `command` in a fresh sandbox of the session (setup scripts always run this way)."""
-        data = command.encode("utf-8", errors="surrogateescape")
-        session.workspace.paths.command_file.write_bytes(data)
+        session.workspace.paths.command_file.write_bytes(command.encode("utf-8"))
         launch = self.isolation.command(self._spec(session), fresh_state)
-        async with self.exec_slots:
-            return await run_launch(launch, timeout_s, session.limits.max_output_bytes,
-                                    lambda pid: self._kill_tree(session, pid))
+        async with self.exec_slots.hold(session.session_id) as queue_s:
+            raw = await run_launch(launch, timeout_s, session.limits.max_output_bytes,
+                                   lambda pid: self._kill_tree(session, pid))
+        return replace(raw, queue_ms=queue_s * 1e3)
 
     # ---- the session runner ----------------------------------------------------------------
     async def start_runner(self, session: Session) -> None:
@@ -130,12 +134,13 @@ class SessionProcesses:
         elif self.is_root:
             kill_uid(session.uid)
 
-    async def kill_processes(self, session: Session, reason: str) -> None:
+    async def kill_processes(self, session: Session, reason: str, remove_ipc: bool = False) -> None:
         """Every process of the session but its runner dies (the runner too if it fails to
-        confirm)."""
+        confirm). `remove_ipc`: the runner also removes the session's SysV IPC objects (where
+        the runner is gone, so is its IPC namespace; the fallback's are removed by uid)."""
         if session.runner is not None and session.runner.alive:
             try:
-                await session.runner.kill_all()  # keeps the runner: no sandbox restart
+                await session.runner.kill_all(remove_ipc)  # keeps the runner: no sandbox restart
             except RunnerFailed:
                 await self.stop_runner(session)
         if session.cgroup is not None:

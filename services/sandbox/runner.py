@@ -18,7 +18,10 @@ in the fallback layer) that kills every process of the session except the runner
 fresh_state 1: `bash --noprofile --norc -c <fresh prelude>` in the runner's own environment (the
 session's, fixed at its start) without BASH_ENV, ENV and BASH_FUNC_*; nothing the session wrote
 is read.
-Request b"KILL\n" (answered b"KILLED\n"): every process of the session but the runner is killed.
+Request b"KILL\n" (answered b"KILLED\n"): every process of the session but the runner is killed;
+b"RESET\n" (answered b"KILLED\n") also removes every SysV IPC object (shared memory, message
+queue, semaphore set) of the runner's uid in its IPC namespace (the session's own under bubblewrap
+and unshare).
 Start-up: the runner writes b"READY\n", then reads b"INIT <len> <fresh_len>\n" + the bash prelude
 every command runs first (it joins the session cgroup, sets rlimits, restores cwd/env: see
 isolation.py) + the fresh-state prelude.
@@ -145,6 +148,26 @@ class Runner:
             os.close(fd)
         self.background.clear()
 
+    def remove_ipc(self):
+        """IPC_RMID every SysV IPC object this uid owns in this IPC namespace (/proc/sysvipc)."""
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        uid = os.getuid()
+        for kind, id_column, remove in (("shm", "shmid", lambda i: libc.shmctl(i, 0, None)),
+                                        ("msg", "msqid", lambda i: libc.msgctl(i, 0, None)),
+                                        ("sem", "semid", lambda i: libc.semctl(i, 0, 0))):
+            try:
+                with open(f"/proc/sysvipc/{kind}") as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                continue
+            header = lines[0].split() if lines else []
+            for line in lines[1:]:
+                row = dict(zip(header, line.split()))
+                if row.get("uid") == str(uid):
+                    remove(int(row[id_column]))
+
     # ---- one command ---------------------------------------------------------------------
     def run(self, command, timeout_s, cap, fresh_state=False):
         start = time.monotonic()
@@ -230,8 +253,10 @@ class Runner:
                 header = self.read_line().split()
             except EOFError:
                 return
-            if header == [b"KILL"]:
+            if header in ([b"KILL"], [b"RESET"]):
                 self.kill_all()
+                if header == [b"RESET"]:
+                    self.remove_ipc()
                 os.write(1, b"KILLED\n")
                 continue
             if not header or header[0] != b"EXEC" or len(header) != 5:

@@ -102,13 +102,14 @@ class RunnerLink:
             duration_ms=(time.perf_counter() - start) * 1000.0,
         )
 
-    async def kill_all(self) -> None:
-        """Every process of the session but the runner dies (before a reset); RunnerFailed if the
-        runner does not confirm within GRACE_S."""
+    async def kill_all(self, remove_ipc: bool = False) -> None:
+        """Every process of the session but the runner dies (before a reset), and with
+        `remove_ipc` every SysV IPC object of the session uid in the runner's IPC namespace;
+        RunnerFailed if the runner does not confirm within GRACE_S."""
         if not self.alive:
             raise RunnerFailed("runner is not running")
         try:
-            self.proc.stdin.write(b"KILL\n")
+            self.proc.stdin.write(b"RESET\n" if remove_ipc else b"KILL\n")
             await self.proc.stdin.drain()
             line = await asyncio.wait_for(self.proc.stdout.readline(), GRACE_S)
         except (TimeoutError, ConnectionError) as exc:

@@ -2,8 +2,11 @@
 
 One session = one workspace, one unprivileged uid (from this instance's locked uid block), one
 cgroup, one policy, one task environment. Commands of a session run one at a time, in order;
-commands of different sessions run concurrently up to `max_concurrent_execs`. How commands run
-and processes die: processes.py; the session record: session.py; the uid block: uids.py.
+commands of different sessions run concurrently up to `max_concurrent_execs`, slots handed out
+fairly (slots.py). Text fields (command, setup, env) must be valid Unicode without NUL bytes, and
+the task environment at most `MAX_ENV_BYTES` (shellrl/contract/tasks.py): else 400 naming the field.
+How commands run and processes die: processes.py; the session record: session.py; the uid block:
+uids.py.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import logging
 import os
 import secrets
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 from services.sandbox import metrics
@@ -24,18 +28,37 @@ from services.sandbox.policy import Policy
 from services.sandbox.processes import EXEC_MODES, SessionProcesses
 from services.sandbox.runner_link import RunnerFailed
 from services.sandbox.session import Session, SessionError
-from services.sandbox.uids import UidPool
+from services.sandbox.uids import UidPool, remove_ipc_objects, remove_owned
 from services.sandbox.workspace import Workspace
 from shellrl.contract.exec import ALLOW, ExecResult, PolicyVerdict
+from shellrl.contract.tasks import MAX_ENV_BYTES, env_bytes, first_surrogate
 
 log = logging.getLogger(__name__)
 WORKSPACE_TOKEN = "<workspace>"
+# execve(2): one `NAME=value` string at most MAX_ARG_STRLEN (32 pages); all strings together (with
+# the arguments) at most ARG_MAX (a quarter of the 8 MiB stack): checked after <workspace> is
+# substituted, which may lengthen values beyond what the task contract counted.
+EXECVE_STRING_BYTES = 128 << 10
+EXECVE_ENV_BYTES = 1 << 20
 
 
-def exec_result(raw: RawExec, policy: PolicyVerdict) -> ExecResult:
-    """What POST /v1/sessions/{id}/exec returns for a command that ran."""
+def exec_result(raw: RawExec, policy: PolicyVerdict, waited_ms: float = 0.0) -> ExecResult:
+    """What POST /v1/sessions/{id}/exec returns for a command that ran; `waited_ms` is added to
+    the slot wait in `raw.queue_ms` (the wait for the session's earlier commands)."""
     return ExecResult(raw.stdout, raw.stderr, raw.exit_code, raw.timed_out, raw.stdout_truncated_bytes,
-                      raw.stderr_truncated_bytes, round(raw.duration_ms, 3), policy)
+                      raw.stderr_truncated_bytes, round(raw.duration_ms, 3), policy,
+                      round(raw.queue_ms + waited_ms, 3))
+
+
+def check_text(value: str, field: str, code: str) -> None:
+    """SessionError 400 `code` naming `field` when `value` has a NUL byte or a lone UTF-16
+    surrogate (JSON can carry `"\\ud800"`; no program can be given it)."""
+    if "\x00" in value:
+        raise SessionError(400, code, f"{field} contains a NUL byte (\\x00); remove it", field)
+    if (at := first_surrogate(value)) is not None:
+        raise SessionError(400, code, f"{field} contains a lone UTF-16 surrogate "
+                                      f"({ascii(value[at])} at character {at}): not valid Unicode; "
+                                      "send UTF-8 text", field)
 
 
 class SessionManager:
@@ -73,6 +96,7 @@ class SessionManager:
                                  "choose a workspace_root below directories with o+x")
         for entry in self.root.iterdir():
             Workspace(entry, 0, 1 << 20).destroy()
+        self._clean_host(self.uids.uids)
         prepare_etc(self.root, self.uids.uids)
         self.processes.install_runtime(self.root / "runtime")
 
@@ -99,13 +123,29 @@ class SessionManager:
         return session
 
     def _resolve_env(self, env: dict[str, str], workspace_path: str) -> dict[str, str]:
+        """The session environment: base_env, then `env` with <workspace> substituted.
+        SessionError 400 invalid_env (bad name or value) / env_too_large."""
         out = base_env(workspace_path)
         for key, value in env.items():
             if not key or not (key[0].isalpha() or key[0] == "_") or not all(c.isalnum() or c == "_" for c in key):
-                raise SessionError(400, "invalid_env", f"env name {key!r} is not a shell variable name", f"env.{key}")
-            if "\x00" in value:
-                raise SessionError(400, "invalid_env", f"env value of {key} contains a NUL byte", f"env.{key}")
+                shown = key[:200].encode("utf-8", "backslashreplace").decode()
+                raise SessionError(400, "invalid_env",
+                                   f"env name {key[:200]!r} is not a shell variable name", f"env.{shown}")
+            check_text(value, f"env.{key}", "invalid_env")
+        if (size := env_bytes(env)) > MAX_ENV_BYTES:
+            raise SessionError(400, "env_too_large",
+                               f"env has {size} bytes (NAME=value plus a NUL each); at most "
+                               f"{MAX_ENV_BYTES}: every program inherits it (execve caps)", "env")
+        for key, value in env.items():
             out[key] = value.replace(WORKSPACE_TOKEN, workspace_path)
+            if len(key.encode()) + len(out[key].encode()) + 2 > EXECVE_STRING_BYTES:
+                raise SessionError(400, "env_too_large",
+                                   f"env.{key} with {WORKSPACE_TOKEN} substituted is longer than "
+                                   f"{EXECVE_STRING_BYTES} bytes (execve's cap)", f"env.{key}")
+        if env_bytes(out) > EXECVE_ENV_BYTES:
+            raise SessionError(400, "env_too_large",
+                               f"env with {WORKSPACE_TOKEN} substituted is larger than "
+                               f"{EXECVE_ENV_BYTES} bytes", "env")
         return out
 
     async def create(self, setup: str, env: dict[str, str], limits: Limits, policy_name: str | None
@@ -115,8 +155,7 @@ class SessionManager:
         if policy is None:
             raise SessionError(400, "unknown_policy", f"policy {policy_name!r} is not one of {sorted(self.policies)}",
                                "policy")
-        if "\x00" in setup:
-            raise SessionError(400, "invalid_setup", "setup contains a NUL byte", "setup")
+        check_text(setup, "setup", "invalid_setup")
         if len(self.sessions) + self._creating >= self.max_sessions:
             raise SessionError(429, "too_many_sessions",
                                f"{self.max_sessions} sessions are live (the cap); delete one or retry later")
@@ -170,24 +209,36 @@ class SessionManager:
     def _snapshot(self, session: Session) -> None:
         self.processes.kill_all(session, "setup_leftover")
         session.workspace.snapshot()
+        self._clean_host((session.uid,))
+
+    def _reset_files(self, session: Session) -> None:
+        session.workspace.reset()
+        self._clean_host((session.uid,))
+
+    def _clean_host(self, uids: Collection[int]) -> None:
+        """What `uids` left outside the session's mounts where the layer shares the host's:
+        files in world-writable directories, SysV IPC objects (fallback: no IPC namespace)."""
+        remove_owned(self.isolation.host_shared_dirs, uids)
+        if self.isolation.layer == "fallback":
+            remove_ipc_objects(uids)
 
     async def exec(self, session_id: str, command: str, timeout_s: float | None, fresh_state: bool = False
                    ) -> ExecResult:
         """Run `command` in the session. `fresh_state`: in the session's environment as at creation
         (fresh_env) at the workspace root, reading nothing the session wrote (isolation.py)."""
         session = self.get(session_id)
-        if "\x00" in command:
-            raise SessionError(400, "invalid_command", "command contains a NUL byte (\\x00); remove it", "command")
-        if len(command.encode("utf-8", errors="surrogatepass")) > self.max_command_bytes:
+        check_text(command, "command", "invalid_command")
+        if len(command.encode("utf-8")) > self.max_command_bytes:
             raise SessionError(400, "invalid_command", f"command is longer than {self.max_command_bytes} bytes",
                                "command")
         if timeout_s is not None and timeout_s > self.max_timeout_s:
             raise SessionError(400, "invalid_timeout", f"timeout_s must be <= {self.max_timeout_s}", "timeout_s")
-        # long commands are evaluated off the event loop (the regex engine releases the GIL)
-        verdict = (session.policy.evaluate(command) if len(command) < 65536
-                   else await asyncio.to_thread(session.policy.evaluate, command))
+        # off the event loop, always (linear, ~1 ms per rule for 64 KiB; RE2 releases the GIL)
+        verdict = await asyncio.to_thread(session.policy.evaluate, command)
         metrics.POLICY_VERDICTS.labels(verdict.verdict, verdict.rule or "").inc()
+        arrived = time.perf_counter()
         async with session.lock:
+            waited_ms = (time.perf_counter() - arrived) * 1e3
             if session.closed:
                 raise SessionError(404, "session_not_found", f"session {session_id!r} was deleted", "session_id")
             session.commands += 1
@@ -197,15 +248,17 @@ class SessionManager:
                                               "command": command[:2000]})
             if verdict.verdict == "deny":
                 return ExecResult("", f"sandbox: command denied by policy rule {verdict.rule!r}\n", None, False,
-                                  0, 0, 0.0, verdict)
+                                  0, 0, 0.0, verdict, round(waited_ms, 3))
             raw = await self.processes.run(session, command, timeout_s or session.limits.timeout_s,
                                            fresh_state)
             session.last_used_at = time.time()
+        result = exec_result(raw, verdict, waited_ms)
         metrics.EXEC_SECONDS.labels(self.isolation.layer).observe(raw.duration_ms / 1000.0)
+        metrics.EXEC_QUEUE_SECONDS.labels(self.isolation.layer).observe(result.queue_ms / 1000.0)
         metrics.OUTPUT_TRUNCATED_BYTES.inc(raw.stdout_truncated_bytes + raw.stderr_truncated_bytes)
         if raw.timed_out:
             metrics.TIMEOUTS.inc()
-        return exec_result(raw, verdict)
+        return result
 
     async def kill_processes(self, session_id: str) -> float:
         """Kill every process of the session (background ones included) but keep its workspace,
@@ -221,12 +274,15 @@ class SessionManager:
         return (time.perf_counter() - start) * 1000.0
 
     async def reset(self, session_id: str) -> float:
-        """Restore the post-setup snapshot; returns the duration in ms."""
+        """Restore the state right after setup: every process of the session but its runner
+        ends, the session's SysV IPC objects (shared memory, semaphores, message queues) are
+        removed, every writable path is wiped and the workspace copied back. Returns the
+        duration in ms."""
         session = self.get(session_id)
         async with session.lock:
             start = time.perf_counter()
-            await self.processes.kill_processes(session, "reset")
-            await asyncio.to_thread(session.workspace.reset)
+            await self.processes.kill_processes(session, "reset", remove_ipc=True)
+            await asyncio.to_thread(self._reset_files, session)
             await self.processes.ensure_runner(session)
             session.last_used_at = time.time()
             duration_s = time.perf_counter() - start
@@ -243,12 +299,14 @@ class SessionManager:
     async def _destroy(self, session: Session) -> None:
         session.closed = True
         self.sessions.pop(session.session_id, None)
+        self.processes.exec_slots.forget(session.session_id)
         if session.runner is not None:
             await session.runner.stop()
 
         def destroy() -> None:
             self.processes.release(session)
             session.workspace.destroy()
+            self._clean_host((session.uid,))
 
         try:
             await asyncio.to_thread(destroy)

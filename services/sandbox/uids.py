@@ -1,11 +1,16 @@
-"""The uids of this sandbox instance: one locked uid block, one uid per session, kill by uid."""
+"""The uids of this sandbox instance: one locked uid block, one uid per session; what a uid
+leaves where every uid can: its processes (kill by uid), files in world-writable host directories,
+SysV IPC objects."""
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import os
+import shutil
 import subprocess
 import tempfile
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 
@@ -52,3 +57,53 @@ def kill_uid(uid: int) -> None:
                     "/usr/bin/kill", "-9", "-1"],
                    env={"PATH": "/usr/bin:/bin"}, cwd="/", stdin=subprocess.DEVNULL,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False)
+
+
+IPC_RMID = 0
+_libc = ctypes.CDLL(None, use_errno=True)
+# /proc/sysvipc/<kind>: the id column and how to remove one object of that kind
+_IPC_KINDS = {"shm": ("shmid", lambda i: _libc.shmctl(i, IPC_RMID, None)),
+              "msg": ("msqid", lambda i: _libc.msgctl(i, IPC_RMID, None)),
+              "sem": ("semid", lambda i: _libc.semctl(i, 0, IPC_RMID))}
+
+
+def remove_ipc_objects(uids) -> int:
+    """Remove the SysV shared memory segments, message queues and semaphore sets of this IPC
+    namespace owned by one of `uids` (a layer without its own IPC namespace keeps them on the
+    host after the session's processes die); returns how many."""
+    removed = 0
+    for kind, (id_column, remove) in _IPC_KINDS.items():
+        try:
+            lines = Path(f"/proc/sysvipc/{kind}").read_text().splitlines()
+        except OSError:
+            continue
+        header = lines[0].split() if lines else []
+        for line in lines[1:]:
+            row = dict(zip(header, line.split()))
+            if int(row.get("uid", -1)) in uids and remove(int(row[id_column])) == 0:
+                removed += 1
+    return removed
+
+
+def remove_owned(directories: Iterable[str], uids: Collection[int]) -> int:
+    """Delete the entries directly inside `directories` (host directories every uid may write,
+    such as /tmp) that belong to one of `uids`, recursively and without following symlinks;
+    returns how many. Missing directories are skipped."""
+    removed = 0
+    for directory in directories:
+        try:
+            entries = list(os.scandir(directory))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if entry.stat(follow_symlinks=False).st_uid not in uids:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    os.unlink(entry.path)
+                removed += 1
+            except FileNotFoundError:
+                continue
+    return removed

@@ -6,10 +6,13 @@ no other session uid can enter it):
     ctl/command   the command being run (per-command mode; root-owned, read-only to the sandbox)
     base/         tmpfs the setup script writes into (through ws/); read-only afterwards: the snapshot
     ws/           the workspace: a bind of base/ during setup, then its own tmpfs holding a copy
-    upper/        tmpfs: tmp/ (the sandbox's /tmp), state/ (cwd and exported variables between commands)
+    upper/        tmpfs: tmp/ (the sandbox's /tmp), shm/ (its /dev/shm: bubblewrap, unshare)
+    state/        tmpfs of STATE_BYTES, root-owned: the files cwd and env (the shell state
+                  carried between commands), the only ones the session can write there
 
-Each tmpfs has `size=workspace_bytes`, so writes stop with ENOSPC at the cap (RLIMIT_FSIZE alone
-is per file). Reset, with no process of the session alive, wipes ws/, tmp/ and state/ in place
+Each tmpfs of the session's files has `size=workspace_bytes`, so writes stop with ENOSPC at the
+cap (RLIMIT_FSIZE alone is per file); a full /tmp or /dev/shm cannot cost the shell state its
+room. Reset, with no process of the session alive, wipes ws/, tmp/, shm/ and state/ in place
 (the long-lived sandbox keeps its bind of the same mounts) and copies base/ back
 (`copy_tree`: ownership, modes, times, symlinks, FIFOs kept; nothing followed): O(workspace size), a few ms
 for 100 small files. Host-side reads go through `read_file`, which resolves the path beneath
@@ -29,6 +32,8 @@ from pathlib import Path
 from services.sandbox import mounts
 
 INODES_PER_MIB = 256  # nr_inodes of a tmpfs per MiB of its size (100 small files need ~100)
+STATE_BYTES = 4 << 20  # the state tmpfs: `export -p` of a usable environment (execve caps it at ~2 MiB)
+STATE_FILES = ("cwd", "env")
 
 
 class FileReadError(Exception):
@@ -68,8 +73,12 @@ class WorkspacePaths:
         return self.upper / "tmp"
 
     @property
+    def shm(self) -> Path:
+        return self.upper / "shm"
+
+    @property
     def state(self) -> Path:
-        return self.upper / "state"
+        return self.session_dir / "state"
 
 
 class Workspace:
@@ -89,32 +98,47 @@ class Workspace:
     def _fresh_upper(self) -> None:
         p = self.paths
         self._tmpfs(p.upper, 0)
-        for d in (p.tmp, p.state):
+        for d in (p.tmp, p.shm):
             d.mkdir(mode=0o700)
             os.chown(d, self.uid, self.uid)
+
+    def _fresh_state(self) -> None:
+        mounts.mount("tmpfs", self.paths.state, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
+                     f"size={STATE_BYTES},nr_inodes=16,mode=0755,uid=0,gid=0")
+        self._empty_state_files()
+
+    def _empty_state_files(self) -> None:
+        for name in STATE_FILES:
+            fd = os.open(self.paths.state / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            os.fchown(fd, self.uid, self.uid)
+            os.close(fd)
 
     def create(self) -> None:
         """Empty workspace, ready for the setup script (ws/ is base/ until `snapshot`)."""
         p = self.paths
         p.session_dir.mkdir(mode=0o750)
         os.chown(p.session_dir, 0, self.uid)
-        for d in (p.ctl, p.base, p.upper, p.ws):
+        for d in (p.ctl, p.base, p.upper, p.ws, p.state):
             d.mkdir(mode=0o755)
         p.command_file.write_bytes(b"")
         os.chmod(p.command_file, 0o644)
         self._tmpfs(p.base, self.uid)
         mounts.mount(str(p.base), p.ws, None, mounts.MS_BIND)
         self._fresh_upper()
+        self._fresh_state()
 
     def snapshot(self) -> None:
         """Freeze the state after setup (no session process alive): base/ becomes read-only,
-        the workspace becomes its own tmpfs with a copy of it, /tmp and the shell state start empty."""
+        the workspace becomes its own tmpfs with a copy of it, /tmp, /dev/shm and the shell state
+        start empty."""
         p = self.paths
         mounts.umount(p.ws)
         mounts.mount(None, p.base, None, mounts.MS_REMOUNT | mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV,
                      f"size={self.size_bytes},nr_inodes={self.nr_inodes}")
         mounts.umount(p.upper)
         self._fresh_upper()
+        mounts.umount(p.state)
+        self._fresh_state()
         self._tmpfs(p.ws, self.uid)
         copy_tree(p.base, p.ws)
         self.snapshotted = True
@@ -122,8 +146,9 @@ class Workspace:
     def reset(self) -> None:
         """Back to the state right after setup; the caller guarantees no session process is alive."""
         p = self.paths
-        for directory in (p.ws, p.tmp, p.state):
+        for directory in (p.ws, p.tmp, p.shm, p.state):
             empty_dir(directory)
+        self._empty_state_files()
         copy_tree(p.base, p.ws)
 
     def destroy(self) -> None:

@@ -123,7 +123,9 @@ class SandboxClient:
 
     async def exec(self, session_id: str, command: str, timeout_s: float | None = None, fresh_state: bool = False
                    ) -> ExecResult:
-        """POST /v1/sessions/{id}/exec. Raises SandboxNotFound, SandboxBadRequest (e.g. NUL byte), SandboxError.
+        """POST /v1/sessions/{id}/exec. Raises SandboxNotFound, SandboxBadRequest
+        (a NUL byte or a lone UTF-16 surrogate in `command`: 400 naming it), SandboxError. The result's
+        `duration_ms` is the run, `queue_ms` the wait before it (earlier commands, a free exec slot).
 
         fresh_state: run without the session's saved shell state (for verifier checks): bash
         without startup files, the environment as at session creation (task env; no BASH_ENV,

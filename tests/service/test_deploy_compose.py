@@ -212,7 +212,9 @@ def test_dockerfile_copies_only_files_the_build_context_has_and_pins_torch_as_py
 def test_grafana_and_prometheus_mount_the_generated_files(no_env):
     services = rendered(no_env)["services"]
     prometheus_mounts = {v["source"]: v["target"] for v in services["prometheus"]["volumes"] if v["type"] == "bind"}
-    assert prometheus_mounts == {str(REPO / "deploy/prometheus/prometheus.yml"): "/etc/prometheus/prometheus.yml"}
+    assert prometheus_mounts == {
+        str(REPO / "deploy/prometheus/prometheus.yml"): "/etc/prometheus/prometheus.yml",
+        str(REPO / "deploy/prometheus/alerts.yml"): "/etc/prometheus/alerts.yml"}
     grafana_mounts = {v["source"]: v["target"] for v in services["grafana"]["volumes"] if v["type"] == "bind"}
     assert grafana_mounts == {str(REPO / "deploy/grafana/provisioning"): "/etc/grafana/provisioning",
                               str(REPO / "deploy/grafana/dashboards"): "/var/lib/grafana/dashboards/shellrl"}

@@ -90,7 +90,7 @@ def test_sdk_build_matches_the_grafana_image_that_compose_runs():
 
 def test_every_shellrl_metric_a_panel_reads_is_defined_by_a_service():
     """Static guard against renames: the e2e PromQL test finds them too, but only with the whole stack."""
-    sources = [*REPO.glob("services/*/metrics.py"), *REPO.glob("shellrl/*.py")]
+    sources = [*REPO.glob("services/*/metrics.py"), *REPO.glob("shellrl/**/*.py")]
     defined = set()
     for path in sources:
         defined.update(re.findall(r"[\"'](shellrl_[a-z0-9_]+)[\"']", path.read_text()))

@@ -284,3 +284,41 @@ async def test_bubblewrap_commands_run_under_the_seccomp_denylist(client):
     assert result.stdout == "Seccomp:\t2\nunshare-denied\n-1 Operation not permitted\n"
     assert (await client.exec(session["session_id"], "sleep 0.1 & wait; echo ok")).stdout == "ok\n"
     await client.delete(session["session_id"])
+
+
+async def test_exec_slots_are_fair_between_sessions_and_the_wait_is_reported_apart(sandbox_services):
+    """Two slots, six sessions looping `sleep 1.5`: a session with short commands takes the next
+    slot that frees (at most one 1.5 s sleep away) instead of queueing behind the four waiting
+    sleeps (FIFO: 3 s or more); `queue_ms` reports the wait, `duration_ms` only the run."""
+    service = sandbox_services.get("bubblewrap", max_concurrent_execs=2)
+    async with SandboxClient(service.url, timeout_s=60) as c:
+        light = (await c.create_session())["session_id"]
+        hogs = [(await c.create_session())["session_id"] for _ in range(6)]
+        stop = asyncio.Event()
+
+        async def hog(sid: str) -> None:
+            while not stop.is_set():
+                await c.exec(sid, "sleep 1.5", timeout_s=10)
+
+        tasks = [asyncio.create_task(hog(sid)) for sid in hogs]
+        try:
+            await asyncio.sleep(3.2)  # every hog has queued and most have run
+            for _ in range(3):
+                start = time.perf_counter()
+                result = await c.exec(light, "echo hi")
+                wall_ms = (time.perf_counter() - start) * 1e3
+                assert result.stdout == "hi\n" and result.duration_ms < 500, result
+                assert wall_ms < 2200, f"waited {wall_ms:.0f} ms behind other sessions"
+                # the wait is reported: what the client saw is the queue plus the run (+ HTTP, policy)
+                assert result.queue_ms + result.duration_ms - 5 <= wall_ms <= (
+                    result.queue_ms + result.duration_ms + 300), (wall_ms, result)
+                print(f"light session: wall {wall_ms:.0f} ms, queue_ms {result.queue_ms:.0f}, "
+                      f"duration_ms {result.duration_ms:.0f}")
+        finally:
+            stop.set()
+            await asyncio.gather(*tasks)
+        async with httpx.AsyncClient(base_url=service.url) as http:
+            text = (await http.get("/metrics")).text
+        assert 'shellrl_sandbox_exec_queue_seconds_count{isolation="bubblewrap"}' in text
+        for sid in [light, *hogs]:
+            await c.delete(sid)

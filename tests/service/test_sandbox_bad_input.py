@@ -5,14 +5,20 @@ such (and written down in README.md, Security)."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import socket
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import pytest
 
 from shellrl.clients.sandbox import SandboxBadRequest, SandboxClient, SandboxNotFound
+from shellrl.contract.tasks import MAX_ENV_BYTES
 from tests.helpers.sandbox_service import PLANTED_SECRETS, wait_no_processes
 
 LAYERS = ["bubblewrap", "fallback"]
@@ -261,3 +267,140 @@ async def test_unknown_session_is_404(client):
     with pytest.raises(SandboxNotFound) as info:
         await client.exec("0123456789abcdef", "true")
     assert info.value.status == 404 and info.value.code == "session_not_found"
+
+
+# --- issue 17 -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path, body, field, code", [
+    ("exec", {"command": "echo \ud800"}, "command", "invalid_command"),
+    ("exec", {"command": "echo \udcff"}, "command", "invalid_command"),
+    ("sessions", {"setup": "echo a\ud800b"}, "setup", "invalid_setup"),
+    ("sessions", {"env": {"K": "v\udfff"}}, "env.K", "invalid_env"),
+    ("sessions", {"env": {"K\ud800": "v"}}, "env.K\\ud800", "invalid_env"),
+])
+async def test_a_lone_surrogate_is_a_400_naming_the_field_on_a_connection_that_stays_usable(
+        client, sandbox_services, layer, path, body, field, code):
+    sid = await new_session(client)
+    url = f"/v1/sessions/{sid}/exec" if path == "exec" else "/v1/sessions"
+    one_connection = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    async with httpx.AsyncClient(base_url=sandbox_services.get(layer).url, limits=one_connection,
+                                 timeout=30) as http:
+        # json.dumps escapes the surrogate as \ud800, as any JSON encoder may
+        bad = await http.post(url, content=json.dumps(body), headers={"content-type": "application/json"})
+        first_port = bad.extensions["network_stream"].get_extra_info("client_addr")[1]
+        assert bad.status_code == 400, bad.text
+        assert (bad.json()["error"]["field"], bad.json()["error"]["code"]) == (field, code)
+        assert bad.headers.get("connection") != "close"
+        good = await http.post(f"/v1/sessions/{sid}/exec", json={"command": "echo fine"})
+        assert good.status_code == 200 and good.json()["stdout"] == "fine\n"
+        assert good.extensions["network_stream"].get_extra_info("client_addr")[1] == first_port
+    await client.delete(sid)
+
+
+async def test_env_within_the_limit_runs_and_a_larger_one_is_a_400_naming_the_field(client):
+    big = "x" * (MAX_ENV_BYTES - len("BIG=") - 1 - 200)  # with SMALL: just within the limit
+    sid = await new_session(client, env={"BIG": big, "SMALL": "s"})
+    result = await client.exec(sid, 'echo ${#BIG}; /usr/bin/env | grep -c "^BIG="; sh -c \'echo ${#BIG}\'')
+    assert result.stdout == f"{len(big)}\n1\n{len(big)}\n" and result.exit_code == 0, result
+    await client.delete(sid)
+    for env in ({"BIG": "x" * 200_000}, {f"KEY_{i}": "v" * 30 for i in range(3000)}):
+        with pytest.raises(SandboxBadRequest) as info:
+            await client.create_session(env=env)
+        assert (info.value.status, info.value.code, info.value.field) == (400, "env_too_large", "env")
+        assert str(MAX_ENV_BYTES) in str(info.value)
+
+
+async def test_three_parallel_pathological_commands_leave_readyz_responsive(client, sandbox_services, layer):
+    """`rm` + 6,000 blanks + `x` stalled /readyz 2.3 s (three in parallel 5.1 s) and was denied
+    as `policy_timeout`; now evaluated linearly, off the event loop, with a clock-free verdict."""
+    sids = [await new_session(client) for _ in range(3)]
+    command = "rm" + " " * 60_000 + "x; true"
+    async with httpx.AsyncClient(base_url=sandbox_services.get(layer).url, timeout=30) as http:
+        async def readyz_worst_s() -> float:
+            worst = 0.0
+            for _ in range(10):
+                start = time.perf_counter()
+                assert (await http.get("/readyz")).status_code == 200
+                worst = max(worst, time.perf_counter() - start)
+                await asyncio.sleep(0.01)
+            return worst
+
+        *results, worst_s = await asyncio.gather(*(client.exec(s, command) for s in sids), readyz_worst_s())
+    assert all(r.policy.verdict == "allow" and r.exit_code == 0 for r in results), results
+    assert worst_s < 0.5, f"/readyz took {worst_s:.2f} s"
+    for sid in sids:
+        await client.delete(sid)
+
+
+async def test_dev_shm_is_capped_and_reset_empties_it_and_the_ipc_objects(client, layer):
+    sid = await new_session(client, limits={"workspace_bytes": 16 << 20})
+    name = f"fill-{sid}"
+    ipc = await client.exec(sid, "ipcmk -M 65536 | awk '{print $NF}'")
+    shm_id = int(ipc.stdout)
+    assert (await client.exec(sid, f"ipcs -m | awk '{{print $2}}' | grep -cx {shm_id}")).stdout == "1\n"
+    fill = await client.exec(sid, f"head -c 64M /dev/zero > /dev/shm/{name}; echo rc=$?; touch /dev/planted; "
+                                  f"ls /dev/shm | grep -c {name}", timeout_s=20)
+    assert fill.exit_code == 0 and fill.stdout.endswith("1\n"), fill  # not OOM-killed (137)
+    if layer == "bubblewrap":
+        assert fill.stdout == "rc=1\n1\n" and "No space left on device" in fill.stderr
+        assert "/dev/planted" in fill.stderr and "Read-only file system" in fill.stderr
+    else:  # fallback: the host's /dev/shm, capped by nothing but the memory cgroup (README)
+        assert fill.stdout == "rc=0\n1\n"
+    await client.reset(sid)
+    after = await client.exec(sid, f"ls -A /dev/shm | grep -c {name}; echo works; "
+                                   f"ipcs -m | awk '{{print $2}}' | grep -qx {shm_id} && echo ipc-kept")
+    assert after.stdout == "0\nworks\n"
+    if layer == "fallback":
+        assert not os.path.exists(f"/dev/shm/{name}")
+    await delete_and_check_nothing_left(client, sid)
+
+
+async def test_files_in_the_hosts_shared_tmp_go_at_reset_and_delete_in_the_fallback(client, layer):
+    if layer != "fallback":
+        pytest.skip("bubblewrap: /tmp is the session's own tmpfs (tested with the reset tests)")
+    sid = await new_session(client)
+    for directory in ("/tmp", "/var/tmp", "/dev/shm"):
+        await client.exec(sid, f"echo x > {directory}/left-{sid}; mkdir {directory}/dir-{sid}")
+    await client.reset(sid)
+    left = [d for d in ("/tmp", "/var/tmp", "/dev/shm") for n in ("left", "dir") if os.path.exists(f"{d}/{n}-{sid}")]
+    assert left == []
+    await client.exec(sid, f"echo x > /tmp/left-{sid}")
+    await client.delete(sid)
+    assert not os.path.exists(f"/tmp/left-{sid}")
+
+
+async def test_a_full_tmp_keeps_the_shell_state(client):
+    sid = await new_session(client, setup="mkdir sub", limits={"workspace_bytes": 16 << 20})
+    ws = (await client.session_info(sid))["workspace"]
+    full = await client.exec(sid, 'cd sub && export KEEP=yes && head -c 32M /dev/zero > "${TMPDIR:-/tmp}/fill"',
+                             timeout_s=20)
+    assert "No space left on device" in full.stderr
+    after = await client.exec(sid, 'pwd; echo "$KEEP"; echo more > "${TMPDIR:-/tmp}/x" || echo still-full')
+    assert after.stdout == f"{ws}/sub\nyes\nstill-full\n", after
+    # only an environment beyond every use (its export -p past the state's 4 MiB) is not saved, and says so
+    huge = await client.exec(sid, "export HUGE=$(head -c 5000000 /dev/zero | tr '\\0' a)", timeout_s=20)
+    assert "shell state (cwd, exported variables) was not saved" in huge.stderr
+    await client.delete(sid)
+
+
+async def test_programs_the_service_runs_as_root_never_come_from_the_task_path(client, layer):
+    """The task's PATH pointed into the workspace and the service started a planted `setpriv`
+    (fallback) or `unshare` as root; now every root program has an absolute path and the fixed
+    launcher environment, and the task environment applies only after the drop to the session uid."""
+    marker_dir = Path(tempfile.mkdtemp(prefix="shellrl-root-only-"))  # mode 0700: only root writes here
+    marker = marker_dir / "ran-as-root"
+    fake = f"#!/bin/sh\ntouch {marker}\nexec /usr/bin/$(basename $0) \"$@\"\n"
+    setup = (f"mkdir bin && for t in setpriv unshare env sh mount ip bash python3; do printf %s '{fake}' > bin/$t; "
+             "chmod +x bin/$t; done")
+    try:
+        sid = await new_session(client, setup=setup, env={"PATH": "<workspace>/bin:/usr/bin:/bin"})
+        assert (await client.exec(sid, "echo hi")).stdout == "hi\n"
+        await client.exec(sid, "kill -9 $PPID")  # the fallback's runner dies and is started again
+        await client.kill_processes(sid)
+        await client.reset(sid)
+        await client.exec(sid, "true", fresh_state=True)
+        assert not marker.exists()
+        await client.delete(sid)
+    finally:
+        marker.unlink(missing_ok=True)
+        marker_dir.rmdir()

@@ -13,7 +13,7 @@ from shellrl.clients.sandbox import SandboxClient, SandboxNotFound
 
 CONFIGS = [("bubblewrap", {}), ("bubblewrap", {"exec_mode": "per_command"}), ("fallback", {})]
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-STATE_DIR = 'st=$(dirname "$HOME")/upper/state; [ -d /run/shellrl/state ] && st=/run/shellrl/state'
+STATE_DIR = 'st=$(dirname "$HOME")/state; [ -d /run/shellrl/state ] && st=/run/shellrl/state'
 FORGED_STATE = (  # what an agent can leave in the saved shell state: shadowed builtins, an imported function...
     "exec() { echo forged-exec; }\n"
     "cd() { echo forged-cd; }\n"
