@@ -116,7 +116,6 @@ class VerifierWorker:
                 )
             else:
                 outcome = await self.score(traj)
-                await self.release(traj)
             _, duplicate = await self.consumer.forward(
                 entry,
                 out,
@@ -127,6 +126,9 @@ class VerifierWorker:
                 version=entry.text("version", ""),
             )
             metrics.TRAJECTORIES.labels("duplicate" if duplicate else outcome).inc()
+            # only once the result is durable: a retry after a failed or crashed forward must
+            # still find the session (released first, it scored as an INFRA failure)
+            await self.release(traj)
         except asyncio.CancelledError:
             raise
         except Exception as exc:

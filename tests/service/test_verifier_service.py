@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from services.verifier.checks import VERIFIER_VERSION
-from shellrl.streams.keys import STREAM_EVALUATIONS
+from shellrl.streams.keys import STREAM_EVALUATIONS, errors_key
 from shellrl import streams
 from shellrl.contract import (
     EpisodeEnd,
@@ -114,6 +114,33 @@ async def test_group_members_are_scored_independently_and_failures_pass_through(
                            'shellrl_stream_pending{group="verifier",stream="shellrl:episodes"}',
                            'shellrl_stream_lag{group="verifier",stream="shellrl:episodes"}'):
                 assert series in text
+    finally:
+        proc.stop()
+        await redis.aclose()
+
+
+async def test_the_session_is_released_only_after_the_result_is_durable(redis_server, sandbox_url, tmp_path):
+    """A forward that fails (here: shellrl:trajectories holds a key of the wrong type, so XADD
+    fails) leaves the episode pending; the retry must find the sandbox session and score it.
+    Released before the forward, the retry found it gone and scored an INFRA failure (issue 15)."""
+    redis = streams.connect(redis_server.url)
+    await redis.set(streams.STREAM_TRAJECTORIES, "not a stream")
+    proc = verifier_process(redis_server.url, sandbox_url, tmp_path, "v1").start()
+    try:
+        async with SandboxClient(sandbox_url) as sandbox:
+            sid = (await sandbox.create_session())["session_id"]
+            await sandbox.exec(sid, NUMBERS.reference_solution)
+            await publish(redis, trajectory("durable-1", "g", sid, "5"))
+            errors = errors_key(streams.STREAM_EPISODES, streams.GROUP_VERIFIER)
+            await wait_until_async(lambda: redis.hlen(errors), what="the failed forward")
+            assert (await sandbox.session_info(sid))["session_id"] == sid  # not released
+            await redis.delete(streams.STREAM_TRAJECTORIES)
+            (out,) = await wait_until_async(lambda: _len_at_least(redis, streams.STREAM_TRAJECTORIES, 1),
+                                            what="the retried result")
+            assert out.scored and out.reward == 1.0 and out.failure == Failure.FAILURE_NONE
+            await wait_until_async(lambda: _pending_is(redis, 0), what="nothing pending")
+            with pytest.raises(SandboxNotFound):  # released once the result was durable
+                await sandbox.session_info(sid)
     finally:
         proc.stop()
         await redis.aclose()
