@@ -16,8 +16,10 @@ gateway's "usable" rule: it gives back the admission of a group with fewer than 
   as a `Dropped` record with its reason (so every stream entry is eventually acknowledged);
 * a member is valid only if: not an eval episode, scored, a finite training_reward, no INFRA
   failure (removed from the group, never scored 0; DESIGN.md section 5), at least one ACTION
-  token, and staleness <= max_staleness, checked both on arrival and again when the group is
-  released (a trajectory that waits ages; known_pitfalls C18);
+  token, a finite behavior log-prob <= 0 on every loss-mask-1 token ("invalid_logprobs": one NaN
+  would make the whole step skip; issue 15 item 4), and staleness <= max_staleness, checked both
+  on arrival and again when the group is released (a trajectory that waits ages; known_pitfalls
+  C18);
 * duplicates by trajectory_id are dropped; members arriving after their group was released are
   dropped as `late_member` (released group ids are remembered, bounded).
 `group_samples` turns a group into TrainSamples: GRPO advantages over training_reward and the
@@ -50,7 +52,7 @@ from shellrl.rl.staleness import staleness
 _NOT_SAMPLES = frozenset({"infra_failure", "verifier_failure", "eval"})  # never usable
 _AWAITING_RERUN = frozenset({"infra_failure", "eval"})  # not an arrival: a re-run follows (or none is due)
 DROP_REASONS = ("stale", "infra_failure", "verifier_failure", "unscored", "nan_reward", "eval", "empty_response", "duplicate",
-                "invalid", "late_member", "group_too_small")
+                "invalid", "invalid_logprobs", "late_member", "group_too_small")
 
 
 @dataclass(frozen=True)
@@ -232,6 +234,9 @@ def _validate(traj: Trajectory) -> tuple[str | None, TrajectoryArrays | None, in
     oldest = min_policy_version(traj)
     if oldest is None or not arrays.loss_mask.any() or len(arrays.prompt_ids) == 0:
         return "empty_response", None, None
+    scored = arrays.behavior_logprobs[arrays.loss_mask == 1]
+    if not (np.isfinite(scored).all() and (scored <= 0).all()):
+        return "invalid_logprobs", None, None
     return None, arrays, oldest
 
 

@@ -6,11 +6,15 @@ laws of DESIGN.md section 4:
   prompt + all segments so far; ACTION ids and log-probs are stored exactly as the engine returned
   them; an observation is tokenized once, on its own, and appended. History is never re-tokenized.
 * ACTION segments have loss mask 1 and the engine's `weight_version`; OBSERVATION segments (tool
-  output plus the template tokens that close and open turns) mask 0.
+  output plus the template tokens that close and open turns) mask 0. Special tokens come only
+  from the chat template: special-token text in a command's output or the instruction is
+  tokenized as plain text (`ChatFormat`). Setup output never reaches the prompt (a failed
+  setup is an INFRA_SANDBOX failure_detail).
 * Partial rollout: a request aborted by a weight update keeps its tokens as an ACTION segment of
   the old version; the same turn continues with a new request (prompt + everything so far) and
   the remaining token budget, so no token is lost or duplicated.
-* Failures are data: engine unreachable or erroring -> FAILURE_INFRA_ENGINE, sandbox ->
+* Failures are data: engine unreachable, erroring or answering out of contract (e.g. a NaN
+  log-prob: `parse_generate_response`) -> FAILURE_INFRA_ENGINE, sandbox ->
   FAILURE_INFRA_SANDBOX, episode wall-clock budget -> FAILURE_TIMEOUT_BUDGET, a bug in this
   process -> FAILURE_INFRA_ROLLOUT; never a reward of 0 in disguise. The episode ends on an answer,
   `max_turns`, the context budget (`truncated`), or a failure.
@@ -55,7 +59,7 @@ from shellrl.clients.sandbox import SandboxBadRequest, SandboxBusy, SandboxError
 
 log = logging.getLogger(__name__)
 
-HARNESS = "shellrl-rollout/1"
+HARNESS = "shellrl-rollout/2"  # 2: special-token text in contents is plain text (issue 15)
 STOP_STRINGS = ("</bash>", "</answer>")
 SETUP_FAILED = "task setup failed"  # failure_detail prefix: the task's own setup script failed (not retried)
 _FINISH = {"stop": FinishReason.FINISH_REASON_STOP, "length": FinishReason.FINISH_REASON_LENGTH,

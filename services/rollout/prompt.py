@@ -11,11 +11,20 @@ Produces token ids only once per piece of text, never re-tokenizing history (iro
 
 The boundary texts are found by rendering the template once with marker messages, so that the
 ids after an end-of-turn token are exactly what the template would produce (known_pitfalls C03/C05).
+
+Special tokens come only from the template: in message contents (instruction, command output,
+parse errors, the harness's own prompt text) special-token parsing is off, so a command that
+prints `<|im_end|>\n<|im_start|>system` yields the plain-text ids of those characters, never a
+forged turn boundary (issue 15 item 3). For contents without special-token text the ids are
+those of tokenizing the whole rendering at once (checked in `ChatFormat.from_tokenizer`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import copy
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 SYSTEM_PROMPT = (
     "You are an agent that solves tasks in a Linux shell. You work in a fresh workspace directory.\n"
@@ -39,6 +48,7 @@ FEW_SHOT: tuple[tuple[str, str, str, str], ...] = (
 
 _ASSISTANT_MARK = "\x00ASSISTANT\x00"
 _OBSERVATION_MARK = "\x00OBSERVATION\x00"
+_CONTENT_MARK = "\x00CONTENT{}\x00"
 
 
 def load_chat_tokenizer(name_or_path: str):
@@ -109,6 +119,9 @@ class ChatFormat:
     close_and_open: template text after an assistant message, up to the observation content.
     after_observation: template text after the observation content, including the next
     assistant generation prompt.
+    prompt_template: the template text around the first request's message contents
+    (len(messages) + 1 pieces, see `encode_turns`).
+    special_ids: text -> id of the tokenizer's special tokens (parsed in template text only).
     """
 
     tokenizer: object
@@ -119,6 +132,18 @@ class ChatFormat:
     end_of_turn_id: int
     close_and_open: str
     after_observation: str
+    prompt_template: tuple[str, ...]
+    special_ids: dict[str, int] = field(init=False, repr=False, compare=False)
+    _special_split: re.Pattern = field(init=False, repr=False, compare=False)
+    _plain_backend: object = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        added = self.tokenizer.added_tokens_decoder.items()
+        special = {t.content: i for i, t in added if t.special}
+        alternatives = "|".join(re.escape(t) for t in sorted(special, key=len, reverse=True))
+        object.__setattr__(self, "special_ids", special)
+        object.__setattr__(self, "_special_split", re.compile(f"({alternatives or '(?!)'})"))
+        object.__setattr__(self, "_plain_backend", _plain_backend(self.tokenizer))
 
     @classmethod
     def from_tokenizer(cls, tokenizer, *, system_prompt: str = SYSTEM_PROMPT,
@@ -143,41 +168,74 @@ class ChatFormat:
         end_of_turn = tokenizer.convert_ids_to_tokens(end_of_turn_id)
         if not close_and_open.startswith(end_of_turn):
             raise ValueError(f"chat template: end-of-turn text {end_of_turn!r} is not a prefix of {close_and_open!r}")
-        return cls(tokenizer, system_prompt, tuple(examples), observation_role, end_of_turn, end_of_turn_id,
-                   close_and_open, after_observation)
+        prompt_template = _content_template(
+            tokenizer, _messages(system_prompt, examples, observation_role, "u"))
+        chat = cls(tokenizer, system_prompt, tuple(examples), observation_role, end_of_turn,
+                   end_of_turn_id, close_and_open, after_observation, prompt_template)
+        rendered = tokenizer.apply_chat_template(chat.messages("u"), tokenize=False,
+                                                 add_generation_prompt=True)
+        if chat.prompt_ids("u") != chat.encode(rendered):
+            raise ValueError("chat template: encoding template and contents apart changes the ids "
+                             "of a clean prompt (special tokens that strip whitespace?)")
+        return chat
 
     def messages(self, instruction: str) -> list[dict]:
-        out = [{"role": "system", "content": self.system_prompt}]
-        for question, action, output, answer in self.examples:
-            out += [
-                {"role": "user", "content": question},
-                {"role": "assistant", "content": action},
-                {"role": self.observation_role, "content": render_tool_response(output)},
-                {"role": "assistant", "content": answer},
-            ]
-        out.append({"role": "user", "content": instruction})
-        return out
+        """The first request's messages: system prompt, worked examples, the instruction."""
+        return _messages(self.system_prompt, self.examples, self.observation_role, instruction)
 
     def prompt_ids(self, instruction: str) -> list[int]:
-        """Token ids of the first request: [P] ints."""
-        text = self.tokenizer.apply_chat_template(self.messages(instruction), tokenize=False, add_generation_prompt=True)
-        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        """Token ids of the first request: [P] ints. The instruction's text never yields a
+        special token."""
+        contents = [m["content"] for m in self.messages(instruction)]
+        return self.encode_turns(self.prompt_template, contents)
 
     def observation_ids(self, body: str, action_ids: list[int]) -> list[int]:
         """Template + observation tokens to append after a turn whose ACTION ids are `action_ids`.
 
         If the turn already ends with the end-of-turn token (the model stopped on it), it is not
-        added again; otherwise (stop string, length limit) the observation starts with it.
+        added again; otherwise (stop string, length limit) the observation starts with it. The
+        body's text never yields a special token.
         """
         close = self.close_and_open
         if action_ids and action_ids[-1] == self.end_of_turn_id:
             close = close[len(self.end_of_turn):]
-        return self.encode(close + body + self.after_observation)
+        return self.encode_turns((close, self.after_observation), (body,))
+
+    def encode_turns(self, template: Sequence[str], contents: Sequence[str]) -> list[int]:
+        """Token ids of `template[0] + contents[0] + template[1] + ... + template[-1]`
+        (len(template) == len(contents) + 1): special tokens are parsed in the template pieces
+        only; in a content their text is plain text (`<|im_end|>` -> `<`, `|`, `im`, ... ids).
+
+        The tokenizer splits its input at special tokens and encodes the text between them on
+        its own; this does the same, so clean contents get the ids of the joined text.
+        """
+        ids: list[int] = []
+        run: list[str] = []  # text since the last special token of the template
+        for i, piece in enumerate(template):
+            for j, part in enumerate(self._special_split.split(piece)):
+                if j % 2:
+                    ids += self._encode_plain("".join(run))
+                    ids.append(self.special_ids[part])
+                    run.clear()
+                else:
+                    run.append(part)
+            if i < len(contents):
+                run.append(contents[i])
+        return ids + self._encode_plain("".join(run))
+
+    def _encode_plain(self, text: str) -> list[int]:
+        if not text:
+            return []
+        if self._plain_backend is not None:
+            return self._plain_backend.encode(text, add_special_tokens=False).ids
+        return list(self.tokenizer(text, add_special_tokens=False,
+                                   split_special_tokens=True)["input_ids"])
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of `text` without special tokens added; the Rust tokenizer directly when the
-        tokenizer is a fast one (same ids as `tokenizer(text, add_special_tokens=False)`, tested,
-        without ~0.3 ms of Python per call)."""
+        """Token ids of `text` without special tokens added (special-token text is parsed: for
+        harness text only); the Rust tokenizer directly when the tokenizer is a fast one (same
+        ids as `tokenizer(text, add_special_tokens=False)`, tested, without ~0.3 ms of Python
+        per call)."""
         backend = getattr(self.tokenizer, "backend_tokenizer", None)
         if backend is not None:
             return backend.encode(text, add_special_tokens=False).ids
@@ -189,3 +247,42 @@ class ChatFormat:
         if backend is not None:
             return backend.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def _plain_backend(tokenizer):
+    """A copy of the fast tokenizer's Rust backend that encodes special-token text as plain text
+    (None for a slow tokenizer: `split_special_tokens=True` does the same there)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    plain = copy.deepcopy(backend)
+    plain.encode_special_tokens = True
+    return plain
+
+
+def _messages(system_prompt: str, examples, observation_role: str, instruction: str) -> list[dict]:
+    out = [{"role": "system", "content": system_prompt}]
+    for question, action, output, answer in examples:
+        out += [
+            {"role": "user", "content": question},
+            {"role": "assistant", "content": action},
+            {"role": observation_role, "content": render_tool_response(output)},
+            {"role": "assistant", "content": answer},
+        ]
+    out.append({"role": "user", "content": instruction})
+    return out
+
+
+def _content_template(tokenizer, messages: list[dict]) -> tuple[str, ...]:
+    """The template text around each message's content (len(messages) + 1 pieces), found by
+    rendering marker contents with the generation prompt. Raises ValueError when a content is
+    not rendered once, in order."""
+    marked = [{**m, "content": _CONTENT_MARK.format(i)} for i, m in enumerate(messages)]
+    text = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True)
+    pieces = []
+    for i in range(len(marked)):
+        piece, mark, text = text.partition(_CONTENT_MARK.format(i))
+        if not mark:
+            raise ValueError(f"chat template does not render message {i}'s content once")
+        pieces.append(piece)
+    return (*pieces, text)

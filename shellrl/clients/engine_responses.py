@@ -7,6 +7,7 @@ contract raises `EngineError` naming what is wrong.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +80,9 @@ def parse_generate_response(
     """Checked `GenerateResult` from one `/generate` JSON object (SGLang §1.4 shape).
 
     Raises EngineError when the body breaks the contract: no meta_info, logprob entries that do not
-    match `output_ids` one to one (sglang PR #20799 class of bug), or an unknown finish reason.
+    match `output_ids` one to one (sglang PR #20799 class of bug), a log-prob that is not a finite
+    number <= 0 (NaN, +-inf, JSON null, > 0: a broken engine, never training data), or an unknown
+    finish reason.
     """
     meta = data.get("meta_info")
     if not isinstance(meta, dict):
@@ -95,7 +98,7 @@ def parse_generate_response(
         if len(entries) != len(output_ids) or any(int(e[1]) != t for e, t in zip(entries, output_ids)):
             raise EngineError(engine_url, 200, data,
                               f"output_token_logprobs ({len(entries)}) do not match output_ids ({len(output_ids)})")
-        logprobs = [float(e[0]) for e in entries]
+        logprobs = [_checked_logprob(e[0], i, engine_url, data) for i, e in enumerate(entries)]
     version = str(meta.get("weight_version", "default"))
     spans = tuple(VersionSpan(str(s["version"]), int(s["start"]), int(s["end"])) for s in meta.get("weight_versions") or ())
     if not spans and output_ids:
@@ -116,6 +119,15 @@ def parse_generate_response(
         weight_versions=spans,
         e2e_latency_s=float(latency) if latency is not None else None,
     )
+
+
+def _checked_logprob(value: Any, index: int, engine_url: str, data: dict) -> float:
+    """One sampled token's log-prob as a float; EngineError unless it is finite and <= 0."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not is_number or not math.isfinite(value) or value > 0:
+        raise EngineError(engine_url, 200, data, f"output_token_logprobs[{index}] is {value!r}: "
+                                                 "a log-prob must be finite and <= 0")
+    return float(value)
 
 
 def raise_on_failure(url: str, response: httpx.Response) -> UpdateResult:

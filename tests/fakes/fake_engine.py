@@ -3,7 +3,8 @@
 * `ScriptedEngine` replaces the inference engine (`services/engine`, SGLang's `/generate`) with
   replies chosen by a script: malformed model outputs (two commands, unclosed tags...) that a
   real model cannot be made to produce on demand, a word split into non-canonical tokens (C01),
-  zero-latency replies (gateway overhead benchmark), or a long-tail delay per episode.
+  a broken engine's log-probs (NaN, inf, > 0), zero-latency replies (gateway overhead
+  benchmark), or a long-tail delay per episode.
 * `RecordingProxy` is not a fake model: it forwards every call to a REAL engine unchanged and
   records the `/generate` request bodies and responses, so a test can compare what the engine
   received and returned with what the trajectory stores; it can also hold requests (`hold`)
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 import httpx
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 
 @dataclass
@@ -79,7 +80,10 @@ class ScriptedEngine:
             reply = self.script(body)
             if reply.delay_s:
                 await asyncio.sleep(reply.delay_s)
-            return JSONResponse(reply.body(body.get("rid", ""), len(body["input_ids"])))
+            # json.dumps, not JSONResponse: a scripted NaN / inf log-prob goes out as the
+            # `NaN` / `Infinity` literal a broken engine would send (JSONResponse refuses them)
+            content = json.dumps(reply.body(body.get("rid", ""), len(body["input_ids"])))
+            return Response(content, media_type="application/json")
 
         @app.get("/health")
         async def health() -> dict:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from shellrl.clients.engine import EngineClient
@@ -79,3 +81,41 @@ async def test_a_generate_refused_by_a_draining_engine_goes_to_another_engine():
         await client.generate([1, 2], {"max_new_tokens": 2}, url="http://a")
     assert seen == ["a", "b", "a"]
     await client.close()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 1e-6, 0.5, None, "-0.5", True])
+def test_parse_generate_response_rejects_a_logprob_that_is_not_finite_and_at_most_zero(bad):
+    """Issue 15 item 4: NaN, +-inf, > 0 (a probability above 1), JSON null, or no number at all."""
+    body = _response(output_token_logprobs=[[-0.5, 11, None], [bad, 12, None]])
+    with pytest.raises(EngineError, match=r"output_token_logprobs\[1\] is .*finite and <= 0"):
+        parse_generate_response(body, engine_url="e", return_logprob=True)
+    # without log-probs asked for, the entries are not read
+    assert parse_generate_response(body, engine_url="e", return_logprob=False).output_logprobs == []
+
+
+def test_parse_generate_response_keeps_a_logprob_of_exactly_zero_and_very_negative_ones():
+    body = _response(output_token_logprobs=[[0.0, 11, None], [-1e30, 12, None]])
+    result = parse_generate_response(body, engine_url="e", return_logprob=True)
+    assert result.output_logprobs == [0.0, -1e30]
+    body = _response(output_token_logprobs=[[-0.0, 11, None], [-3, 12, None]])  # an int is a number
+    result = parse_generate_response(body, engine_url="e", return_logprob=True)
+    assert result.output_logprobs == [0.0, -3.0]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, 0.25, None])
+async def test_generate_from_an_http_engine_answering_a_bad_logprob_raises_engine_error(bad):
+    """A FAKE engine on a real HTTP server sends the body as a broken engine would (`NaN`,
+    `Infinity`, `-Infinity` JSON literals, a positive number, null): EngineError, not a result."""
+    from tests.fakes.fake_engine import Reply, ScriptedEngine, serve_in_thread
+
+    fake = ScriptedEngine(lambda body: Reply([11, 12, 13], [-0.1, bad, -0.2], matched=13))
+    server = serve_in_thread(fake.app())
+    try:
+        async with EngineClient(server.url) as client:
+            with pytest.raises(EngineError, match=r"HTTP 200: output_token_logprobs\[1\] is"):
+                await client.generate([1, 2], {"max_new_tokens": 3})
+            fake.script = lambda body: Reply([11], [-0.1], matched=11)  # the engine recovers
+            assert (await client.generate([1, 2], {"max_new_tokens": 1})).output_logprobs == [-0.1]
+    finally:
+        server.stop()
+    assert len(fake.requests) == 2  # not re-sent: a body out of contract is no connect error

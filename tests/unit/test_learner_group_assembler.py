@@ -213,3 +213,31 @@ def test_a_verifier_failure_is_never_re_run_so_its_group_is_complete_without_wai
         b.add(f"f{i}", make_trajectory("h", math.nan, scored=False, failure=Failure.FAILURE_INFRA_VERIFIER), 0)
     (lonely,) = b.pop_ready(0)  # complete, and with one usable member it counts toward no step
     assert not lonely.timed_out and not lonely.counts and lonely.members == ()
+
+
+def test_a_non_finite_or_positive_behavior_logprob_on_a_scored_token_drops_only_that_trajectory():
+    """Issue 15 item 4: one NaN behavior log-prob used to make the whole step skip. Such a
+    trajectory (NaN, +-inf or > 0 on a loss-mask-1 token) is dropped as "invalid_logprobs" and
+    counted; the rest of the group trains. A NaN on a loss-mask-0 token is never read."""
+    from services.learner.group_assembler import DROP_REASONS
+
+    a, _ = assembler()
+    bad_lps = {"e2": math.nan, "e3": 0.5, "e4": -math.inf, "e5": math.inf}
+    fine = make_trajectory("g", 0, group_size=6, actions=((10, 11), (12,)), logprob=0.0)  # p = 1
+    fine.segments[1].logprobs = np.array([math.nan], dtype=np.float32).tobytes()  # mask-0 token
+    a.add("e0", make_trajectory("g", 1, group_size=6), 0)
+    a.add("e1", fine, 0)
+    for i, (entry, lp) in enumerate(bad_lps.items()):
+        t = make_trajectory("g", i % 2, group_size=6, actions=((10, 11, 12),))
+        lps = np.full(3, -0.7, dtype=np.float32)
+        lps[1] = lp  # one scored token of three
+        t.segments[0].logprobs = lps.tobytes()
+        assert a.add(entry, t, 0) is None  # held as a dropped member of its group
+    (group,) = a.pop_ready(0)  # complete: a dropped member has arrived, no re-run follows
+    assert not group.timed_out and group.trainable and group.counts
+    assert [d.reason for d in group.dropped] == ["invalid_logprobs"] * 4
+    assert "invalid_logprobs" in DROP_REASONS  # the worker counts each drop under its reason
+    samples = group_samples(group).samples
+    np.testing.assert_allclose([s.advantage for s in samples], [0.9998, -0.9998], atol=1e-4)
+    scored = np.concatenate([s.behavior_logprobs[s.loss_mask == 1] for s in samples])
+    assert scored.tolist() == [-1.0, -1.0, 0.0, 0.0, 0.0]
