@@ -97,12 +97,37 @@ def install_error_handlers(app: FastAPI) -> None:
             headers=getattr(exc, "headers", None),
         )
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", extra={"path": request.url.path})
-        return JSONResponse(
-            error_body("internal", f"{type(exc).__name__}: {exc}"[:1000]), status_code=500
-        )
+    app.add_middleware(UnhandledErrors)
+
+
+class UnhandledErrors:
+    """ASGI middleware: an exception no handler took becomes a JSON 500 (logged) answered like
+    any other response, so a kept-alive connection stays usable. (A Starlette handler for
+    `Exception` runs in ServerErrorMiddleware, which re-raises after answering; uvicorn then closes
+    the connection without `Connection: close`, and the client's next request on it fails.)"""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched_send(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched_send)
+        except Exception as exc:
+            if started:  # too late for another response: let the server end the connection
+                raise
+            log.exception("unhandled error", extra={"path": scope.get("path")})
+            body = error_body("internal", f"{type(exc).__name__}: {exc}"[:1000])
+            await JSONResponse(body, status_code=500)(scope, receive, send)
 
 
 def create_app(

@@ -39,7 +39,12 @@ def _client(ready: dict | None = None) -> httpx.AsyncClient:
 def _assert_error(resp: httpx.Response, status: int, code: str, field: str | None) -> dict:
     assert resp.status_code == status, resp.text
     err = resp.json()["error"]
-    assert err["code"] == code and err["field"] == field and isinstance(err["message"], str) and err["message"]
+    assert (
+        err["code"] == code
+        and err["field"] == field
+        and isinstance(err["message"], str)
+        and err["message"]
+    )
     return err
 
 
@@ -60,26 +65,38 @@ async def test_not_ready_is_503_with_details():
 
 async def test_api_error_keeps_status_code_and_field():
     async with _client() as c:
-        _assert_error(await c.post("/v1/things", json={"command": "taken"}), 409, "conflict", "command")
+        _assert_error(
+            await c.post("/v1/things", json={"command": "taken"}), 409, "conflict", "command"
+        )
 
 
 async def test_validation_error_names_the_field():
     async with _client() as c:
         _assert_error(await c.post("/v1/things", json={}), 422, "invalid_request", "command")
-        _assert_error(await c.post("/v1/things", json={"command": "x", "timeout_s": -1}), 422,
-                      "invalid_request", "timeout_s")
+        _assert_error(
+            await c.post("/v1/things", json={"command": "x", "timeout_s": -1}),
+            422,
+            "invalid_request",
+            "timeout_s",
+        )
 
 
 async def test_a_body_field_called_path_is_named_not_swallowed():
     async with _client() as c:
-        err = _assert_error(await c.post("/v1/things", json={"command": "x", "files": [{"path": ""}]}), 422,
-                            "invalid_request", "files[0].path")
+        err = _assert_error(
+            await c.post("/v1/things", json={"command": "x", "files": [{"path": ""}]}),
+            422,
+            "invalid_request",
+            "files[0].path",
+        )
     assert err["details"][0]["field"] == "files[0].path"
 
 
 async def test_malformed_json_body_is_422_without_a_bogus_field():
     async with _client() as c:
-        resp = await c.post("/v1/things", content=b'{"command": ', headers={"content-type": "application/json"})
+        resp = await c.post(
+            "/v1/things", content=b'{"command": ', headers={"content-type": "application/json"}
+        )
     _assert_error(resp, 422, "invalid_request", None)
 
 
@@ -91,5 +108,61 @@ async def test_unknown_route_and_wrong_method_use_the_error_format():
 
 async def test_unhandled_exception_is_500_in_the_error_format():
     async with _client() as c:
-        err = _assert_error(await c.post("/v1/things", json={"command": "boom"}), 500, "internal", None)
+        err = _assert_error(
+            await c.post("/v1/things", json={"command": "boom"}), 500, "internal", None
+        )
     assert "disk on fire" in err["message"]
+
+
+def test_a_500_keeps_the_kept_alive_connection_usable_over_real_http():
+    """Over a real uvicorn server: after an unhandled error the next request on the same
+    connection succeeds (Starlette's own 500 path re-raised and uvicorn dropped the connection
+    without `Connection: close`, so the client's next request failed; issue 17 item 1)."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    app = create_app("demo", {"port": 1})
+
+    @app.get("/boom")
+    async def boom() -> dict:
+        raise RuntimeError("disk on fire")
+
+    @app.get("/fine")
+    async def fine() -> dict:
+        return {"ok": True}
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+        peers = []
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{port}", limits=httpx.Limits(max_connections=1)
+        ) as c:
+            for path, status in (("/boom", 500), ("/fine", 200), ("/boom", 500), ("/fine", 200)):
+                response = c.get(
+                    path,
+                    extensions={
+                        "trace": lambda name, info: (
+                            peers.append(info["return_value"].get_extra_info("client_addr"))
+                            if name == "connection.connect_tcp.complete"
+                            else None
+                        )
+                    },
+                )
+                assert response.status_code == status
+                assert response.headers.get("connection") != "close"
+        assert len(peers) == 1, f"one TCP connection for all four requests, got {peers}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
