@@ -40,13 +40,15 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from services.rollout.admission import Admission, PolicyVersionWatcher
+from services.rollout.admission import Admission
 from services.rollout.agent_loop import AgentLoop, EpisodeLimits, EpisodeSpec
 from services.rollout.app import connect_redis
+from services.rollout.gates import Capacity, InfraGate
+from services.rollout.policy_version import PolicyVersionWatcher
 from services.rollout.prompt import ChatFormat, load_chat_tokenizer
 from services.rollout.task_pool import TaskPool
 from services.rollout.task_store import TaskStore
-from services.rollout.worker import Capacity, InfraGate, RolloutConfig, RolloutWorker
+from services.rollout.worker import RolloutConfig, RolloutWorker
 from shellrl import streams
 from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import min_policy_version, parse_trajectory, task_from_json

@@ -20,10 +20,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
 from services.engine import metrics
-from services.engine.protocol import parse_generate, render_response
+from services.engine.protocol import parse_generate
 from services.engine.request_state import DuplicateRequestId
+from services.engine.response import render_response
 from services.engine.runtime import EngineRuntime
-from services.engine.scheduler import PAUSE_MODES
+from services.engine.scheduler_commands import PAUSE_MODES
 from services.engine.settings import EngineSettings
 from services.engine.weights import WeightUpdateError
 from shellrl.service.app import ApiError, create_app

@@ -1,8 +1,8 @@
-"""`/generate` request parsing and response rendering in SGLang's formats (docs/sglang.md §1).
+"""`/generate` request parsing in SGLang's format (docs/sglang.md §1).
 
 Input: the JSON body of `POST /generate` (single or batch). Output: one `RequestSpec` per prompt,
-validated, or `ApiError(400)` naming the offending field. Rendering turns a finished request into
-SGLang's `{"text", "output_ids", "meta_info"}` object.
+validated, or `ApiError(400)` naming the offending field. `sampling_params` is validated in
+sampling_params.py; response.py renders a finished request as SGLang's response object.
 
 Strictness: unknown keys inside `sampling_params` are rejected, as SGLang 0.5.23 does; unknown
 top-level keys are rejected too (SGLang ignores them; shellrl prefers a clear error). SGLang
@@ -11,15 +11,11 @@ fields this engine does not implement are accepted only with their default value
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError
-
 from services.engine.sampling import SamplingSpec
+from services.engine.sampling_params import parse_sampling_params
 from shellrl.service.app import ApiError
-
-MAX_STOP_STRINGS = 32
 
 # Top-level SGLang fields accepted only with these (default) values.
 _DEFAULT_ONLY = {
@@ -61,57 +57,6 @@ _HANDLED = {
     "return_logprob",
     "return_text_in_logprobs",
     "return_prompt_token_ids",
-}
-
-
-class SamplingParams(BaseModel):
-    """SGLang's `sampling_params` (sampling/sampling_params.py); unknown keys rejected."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_new_tokens: StrictInt | None = Field(128, ge=0)  # None: up to the context length
-    temperature: float = Field(1.0, ge=0.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: StrictInt = -1
-    min_p: float = Field(0.0, ge=0.0, le=1.0)
-    stop: str | list[str] | None = None
-    stop_regex: str | list[str] | None = None
-    stop_token_ids: list[StrictInt] | None = None
-    ignore_eos: StrictBool = False
-    no_stop_trim: StrictBool = False
-    skip_special_tokens: StrictBool = True
-    spaces_between_special_tokens: StrictBool = True
-    sampling_seed: StrictInt | None = None
-    stream_interval: StrictInt | None = None
-    custom_params: dict | None = None
-    # Accepted only at their defaults (checked in `_sampling_spec`).
-    n: StrictInt = 1
-    min_new_tokens: StrictInt = 0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    logit_bias: dict | None = None
-    json_schema: str | None = None
-    regex: str | None = None
-    ebnf: str | None = None
-    structural_tag: str | None = None
-    beam_width: StrictInt | None = None
-    watermark: dict | None = None
-
-
-_UNSUPPORTED_SAMPLING = {
-    "n": 1,
-    "min_new_tokens": 0,
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-    "repetition_penalty": 1.0,
-    "logit_bias": None,
-    "json_schema": None,
-    "regex": None,
-    "ebnf": None,
-    "structural_tag": None,
-    "beam_width": None,
-    "watermark": None,
 }
 
 
@@ -300,54 +245,7 @@ def _spec(
     return_logprob: bool,
     body: dict,
 ) -> RequestSpec:
-    try:
-        # An explicit null means "the default", except for max_new_tokens, where SGLang reads null as
-        # "no limit" (scheduler.py:init_req_max_new_tokens), i.e. up to the context length.
-        params = SamplingParams.model_validate(
-            {k: v for k, v in raw.items() if v is not None or k == "max_new_tokens"}
-        )
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"])
-        raise ApiError(
-            400, "invalid_request", f"{field}.{where}: {error['msg']}", f"{field}.{where}"
-        ) from exc
-    if params.logit_bias == {}:  # SGLang's own default (entrypoints/openai/protocol.py)
-        params.logit_bias = None
-    for key, default in _UNSUPPORTED_SAMPLING.items():
-        if getattr(params, key) != default:
-            raise ApiError(
-                400, "unsupported", f"{key} is not supported by shellrl's engine", f"{field}.{key}"
-            )
-    if params.top_k == 0 or params.top_k < -1:
-        raise ApiError(
-            400, "invalid_request", "top_k must be -1 (disabled) or >= 1", f"{field}.top_k"
-        )
-    stops = tuple([params.stop] if isinstance(params.stop, str) else params.stop or [])
-    regexes = tuple(
-        [params.stop_regex] if isinstance(params.stop_regex, str) else params.stop_regex or []
-    )
-    if len(stops) > MAX_STOP_STRINGS or any(not s for s in stops):
-        raise ApiError(
-            400,
-            "invalid_request",
-            f"stop: at most {MAX_STOP_STRINGS} non-empty strings",
-            f"{field}.stop",
-        )
-    for pattern in regexes:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ApiError(
-                400, "invalid_request", f"stop_regex {pattern!r}: {exc}", f"{field}.stop_regex"
-            ) from exc
-    if any(not 0 <= t < limits.vocab_size for t in params.stop_token_ids or []):
-        raise ApiError(
-            400,
-            "invalid_request",
-            "stop_token_ids must be in the vocabulary",
-            f"{field}.stop_token_ids",
-        )
+    params = parse_sampling_params(raw, field, limits.vocab_size)
     return RequestSpec(
         rid=rid,
         input_ids=tuple(ids),
@@ -355,8 +253,8 @@ def _spec(
         sampling=SamplingSpec(
             params.temperature, params.top_p, params.top_k, params.min_p, params.sampling_seed
         ),
-        stop_strings=stops,
-        stop_regex=regexes,
+        stop_strings=params.stop_strings(),
+        stop_regex=params.stop_regexes(),
         stop_token_ids=frozenset(params.stop_token_ids or ()),
         ignore_eos=params.ignore_eos,
         no_stop_trim=params.no_stop_trim,
@@ -366,67 +264,3 @@ def _spec(
         return_text_in_logprobs=bool(body.get("return_text_in_logprobs", False)),
         return_prompt_token_ids=bool(body.get("return_prompt_token_ids", False)),
     )
-
-
-def render_response(state, tokenizer) -> dict:
-    """SGLang's response object for a finished request (`state`: request_state.RequestState)."""
-    spec: RequestSpec = state.spec
-    finish = state.finish_reason
-    ids = state.output_ids
-    text_ids = ids
-    if (
-        not spec.no_stop_trim
-        and finish.get("type") == "stop"
-        and isinstance(finish.get("matched"), int)
-    ):
-        text_ids = ids[:-1]  # the matched stop token is kept in output_ids but cut from text
-    text = (
-        tokenizer.decode(
-            text_ids,
-            skip_special_tokens=spec.skip_special_tokens,
-            spaces_between_special_tokens=spec.spaces_between_special_tokens,
-        )
-        if text_ids
-        else ""
-    )
-    if (
-        not spec.no_stop_trim
-        and finish.get("type") == "stop"
-        and isinstance(finish.get("matched"), str)
-    ):
-        cut = _find_stop(text, finish["matched"], spec.stop_regex)
-        if cut >= 0:
-            text = text[:cut]
-    meta = {
-        "id": spec.rid,
-        "finish_reason": finish,
-        "completion_tokens": len(ids),
-        "cached_tokens": state.cached_tokens,
-        "weight_version": state.spans[-1][0] if state.spans else state.weight_version_at_end,
-        "weight_versions": [{"version": v, "start": s, "end": e} for v, s, e in state.spans],
-        "num_retractions": state.num_retractions,
-        "reasoning_tokens": 0,
-        "e2e_latency": state.e2e_latency_s,
-    }
-    if not state.aborted_in_queue:
-        meta["prompt_tokens"] = len(spec.input_ids)
-    if spec.return_logprob:
-        texts = (
-            [tokenizer.decode([t]) for t in ids]
-            if spec.return_text_in_logprobs
-            else [None] * len(ids)
-        )
-        meta["output_token_logprobs"] = [[lp, t, s] for lp, t, s in zip(state.logprobs, ids, texts)]
-        meta["input_token_logprobs"] = []
-        meta["output_token_logprobs_length"] = len(ids)
-    out = {"text": text, "output_ids": list(ids), "meta_info": meta}
-    if spec.return_prompt_token_ids:
-        out["prompt_token_ids"] = list(spec.input_ids)
-    return out
-
-
-def _find_stop(text: str, matched: str, regexes: tuple[str, ...]) -> int:
-    if matched in regexes:
-        found = re.search(matched, text)
-        return found.start() if found else -1
-    return text.find(matched)

@@ -9,9 +9,9 @@ futures. Guarantees:
 * each token is labelled with the weight version that computed it (`spans`);
 * an abort returns every token generated so far with its log-prob (pitfalls C14, C15).
 
-One loop iteration: take new requests and commands, run commands that may run, admit waiting
-requests (admission.py) and prefill them, run one decode step (running_batch.py), finish requests
-that stopped (request_state.py).
+One loop iteration: take new requests and commands (intake.py), run commands that may run
+(scheduler_commands.py), admit waiting requests (admission.py) and prefill them, run one decode
+step (running_batch.py), finish requests that stopped (request_state.py).
 """
 
 from __future__ import annotations
@@ -23,19 +23,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
 from services.engine import metrics
 from services.engine.admission import Admitted, select_prefill
+from services.engine.intake import Intake
 from services.engine.kv_batch import POOL, KVShape
 from services.engine.prefix_cache import PrefixCache
 from services.engine.protocol import RequestSpec
 from services.engine.request_state import (
     ABORTED,
-    ABORTED_IN_QUEUE,
-    DuplicateRequestId,
     RequestState,
     engine_error,
     finish,
@@ -43,20 +41,12 @@ from services.engine.request_state import (
     stop_reason,
 )
 from services.engine.running_batch import RunningBatch
+from services.engine.scheduler_commands import SchedulerCommands
 
 log = logging.getLogger(__name__)
 
-PAUSE_MODES = ("abort", "retract", "in_place")
 
-
-@dataclass
-class _Command:
-    fn: Callable[[], object]
-    result: concurrent.futures.Future
-    when_idle: bool
-
-
-class Scheduler:
+class Scheduler(SchedulerCommands):
     """Owns the model, the running batch and the prefix cache (see the module docstring)."""
 
     def __init__(
@@ -80,11 +70,7 @@ class Scheduler:
         self.prefix_cache, self.eos_token_ids = prefix_cache, eos_token_ids
         self.kv_shape = KVShape.of(model)
         self.paused: str | None = None
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._inbox: list[RequestState] = []
-        self._commands: list[_Command] = []
-        self._rids: set[str] = set()
+        self._intake = Intake()
         self._waiting: deque[RequestState] = deque()
         self._held: list[RequestState] = []  # arrived while paused
         self._batch = RunningBatch(
@@ -104,7 +90,7 @@ class Scheduler:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stopping = True
-        self._wake.set()
+        self._intake.wake.set()
         self._thread.join(timeout_s)
 
     @property
@@ -122,13 +108,7 @@ class Scheduler:
         already live (nothing is queued then, so a refused batch disturbs no other request)."""
         device = self.kv_shape.device
         states = [new_request_state(spec, loop, self.tokenizer, device=device) for spec in specs]
-        with self._lock:
-            for spec in specs:
-                if spec.rid in self._rids:
-                    raise DuplicateRequestId(f"Duplicate request ID detected: {spec.rid}")
-            self._rids.update(spec.rid for spec in specs)
-            self._inbox.extend(states)
-        self._wake.set()
+        self._intake.submit(states)
         return states
 
     def call(
@@ -136,11 +116,7 @@ class Scheduler:
     ) -> concurrent.futures.Future:
         """Run `fn` on the scheduler thread between two steps. `when_idle`: only once no request is
         running (new requests are not admitted meanwhile) unless generation is paused."""
-        command = _Command(fn, concurrent.futures.Future(), when_idle)
-        with self._lock:
-            self._commands.append(command)
-        self._wake.set()
-        return command.result
+        return self._intake.call(fn, when_idle)
 
     def loads(self) -> dict:
         return {
@@ -148,77 +124,6 @@ class Scheduler:
             "num_waiting_reqs": len(self._waiting) + len(self._held),
             "paused": self.paused,
         }
-
-    # ----- commands (run on the scheduler thread through `call`) -----------------------------------
-
-    def pause(self, mode: str) -> None:
-        """abort: running and queued requests return now with finish_reason abort and their partial
-        output. retract: running requests go back to the queue keeping their output; they resume after
-        `resume`, re-prefilled under the weights of that time. in_place: stepping stops, KV is kept.
-        In every mode, requests that arrive while paused wait for `resume`."""
-        self.paused = mode
-        if mode == "abort":
-            self.abort(rid="", abort_all=True)
-        elif mode == "retract":
-            for row, state in enumerate(self._batch.rows):
-                if state is not None:
-                    self._batch.offer_to_prefix_cache(state, row)
-                    state.num_retractions += 1
-            self._waiting.extendleft(reversed(self._batch.live()))
-            self._batch.clear()
-
-    def resume(self) -> None:
-        self.paused = None
-        self._waiting.extend(self._held)
-        self._held = []
-
-    def abort_exact(self, rids: set[str]) -> int:
-        """Abort exactly these rids (no prefix matching): shellrl's own aborts, e.g. for a client
-        that disconnected, must not touch another client's rid that merely starts the same way."""
-        return self._abort_where(lambda state: state.spec.rid in rids)
-
-    def abort(self, rid: str, abort_all: bool) -> int:
-        """Abort all requests, or those whose rid starts with `rid` provided a request with exactly
-        that rid is live: SGLang 0.5.23 drops an abort whose rid is not in flight
-        (managers/tokenizer_manager.py:abort_request), and its scheduler then matches by prefix
-        (managers/scheduler.py:abort_request). So a batch parent rid aborts nothing. Returns count."""
-        if not abort_all:
-            with self._lock:
-                live = bool(rid) and rid in self._rids
-            if not live:
-                return 0
-        return self._abort_where(lambda state: abort_all or state.spec.rid.startswith(rid))
-
-    def _abort_where(self, hit: Callable[[RequestState], bool]) -> int:
-        self._take_inbox()  # a request submitted after this round's intake is aborted too, not missed
-        count = 0
-        for queue in (self._waiting, self._held):
-            for state in [s for s in queue if hit(s)]:
-                queue.remove(state)
-                state.aborted_in_queue = not state.output_ids
-                self._finish(state, dict(ABORTED if state.output_ids else ABORTED_IN_QUEUE))
-                count += 1
-        rows = [i for i, s in enumerate(self._batch.rows) if s is not None and hit(s)]
-        for row in rows:
-            self._batch.offer_to_prefix_cache(self._batch.rows[row], row)
-            self._finish(self._batch.rows[row], dict(ABORTED))
-        self._drop_rows(rows)
-        return count + len(rows)
-
-    def flush_cache(self) -> bool:
-        """Drop the prefix cache; refused (False) while requests are running, or waiting unless the
-        engine is paused, as SGLang (managers/scheduler.py:flush_cache, is_fully_idle)."""
-        if self._batch.live() or (self._waiting and not self.paused):
-            return False
-        self.prefix_cache.clear()
-        return True
-
-    def set_weights(self, apply: Callable[[], object], weight_version: str | None) -> None:
-        """Swap weights (`apply`), set the version, drop the prefix cache (its KV is stale)."""
-        apply()
-        if weight_version is not None:
-            self.weight_version = weight_version
-        self.prefix_cache.clear()
 
     # ----- the loop ----------------------------------------------------------------------------------
 
@@ -230,14 +135,16 @@ class Scheduler:
 
     def _loop(self) -> None:
         while not self._stopping:
-            self._wake.clear()
+            self._intake.wake.clear()
             self._take_inbox()
-            idle_pending = self._run_commands()
+            idle_pending = self._intake.run_commands(
+                busy=lambda: bool(self._batch.live()) and self.paused is None
+            )
             admitted = False if (self.paused or idle_pending) else self._admit()
             if self._batch.live() and self.paused is None:
                 self._guarded(self._decode_step)
             elif not admitted:
-                self._wake.wait(0.5)
+                self._intake.wake.wait(0.5)
             metrics.RUNNING.set(len(self._batch.live()))
             metrics.WAITING.set(len(self._waiting) + len(self._held))
             metrics.PREFIX_CACHE_BYTES.set(self.prefix_cache.bytes)
@@ -246,26 +153,8 @@ class Scheduler:
             self._finish(state, dict(ABORTED, message="engine shutting down"))
 
     def _take_inbox(self) -> None:
-        with self._lock:
-            arrived, self._inbox = self._inbox, []
+        arrived = self._intake.take_requests()
         (self._held if self.paused else self._waiting).extend(arrived)
-
-    def _run_commands(self) -> bool:
-        """Run due commands in order; returns True while a when_idle command still waits."""
-        with self._lock:
-            commands = list(self._commands)
-        waiting_for_idle = False
-        for command in commands:
-            if command.when_idle and self._batch.live() and self.paused is None:
-                waiting_for_idle = True
-                continue
-            with self._lock:
-                self._commands.remove(command)
-            try:
-                command.result.set_result(command.fn())
-            except Exception as exc:  # reported to the caller, the loop goes on
-                command.result.set_exception(exc)
-        return waiting_for_idle
 
     def _guarded(self, step: Callable[[], None]) -> None:
         try:
@@ -350,6 +239,5 @@ class Scheduler:
             POOL.clear()
 
     def _finish(self, state: RequestState, reason: dict) -> None:
-        with self._lock:
-            self._rids.discard(state.spec.rid)
+        self._intake.release(state.spec.rid)
         finish(state, reason, self.weight_version)

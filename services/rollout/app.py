@@ -1,16 +1,6 @@
-"""HTTP API of the rollout gateway (DESIGN.md section 2) and the lifespan that runs its workers.
-
-  POST /v1/tasks               one task or a list (JSON form of ../shared/tasks/*.jsonl) -> ids
-  GET  /v1/tasks/{task_id}     state, episodes, rewards, policy versions that ran it, failures
-  GET  /v1/tasks               filters split/source/tag, cursor pagination
-  POST /v1/evaluations         eval split or task ids, fixed budget, greedy or fixed sampling -> 202
-  GET  /v1/evaluations/{id}    success rate, mean reward, failure classes, version, per task
-  GET  /v1/evaluations         the latest evaluations (summaries)
-  GET  /v1/status              admission, pool, in-flight, streams, infra state
-plus /healthz /readyz /metrics /v1/config from shellrl.service.app.create_app.
-
-Validation errors are 422 `{"error": {"code", "message", "field"}}` naming the field
-(`instruction`, `check.type`, `tasks[3].max_turns`); bodies over `MAX_BODY_BYTES` are 413.
+"""The rollout gateway's app: the lifespan that builds its parts (task store, agent loop,
+evaluations, admission, task pool, rollout worker) and runs its workers; `build_app` adds the HTTP
+API of routes.py.
 """
 
 from __future__ import annotations
@@ -18,96 +8,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from typing import Any, Literal
+from typing import Any
 
-import orjson
-from fastapi import FastAPI, Query, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from fastapi import FastAPI
 
-from services.rollout import metrics as m
-from services.rollout.admission import Admission, PolicyVersionWatcher
+from services.rollout.admission import Admission
 from services.rollout.agent_loop import AgentLoop, EpisodeLimits, Sampling
-from services.rollout.evaluations import EvaluationPlan, Evaluations
+from services.rollout.evaluations import Evaluations
+from services.rollout.gates import Capacity, InfraGate
+from services.rollout.policy_version import PolicyVersionWatcher
 from services.rollout.prompt import ChatFormat, load_chat_tokenizer
+from services.rollout.routes import add_routes
 from services.rollout.settings import RolloutSettings
 from services.rollout.stats import TaskStats
 from services.rollout.task_pool import TaskPool
-from services.rollout.task_store import TaskConflict, TaskStore
-from services.rollout.worker import Capacity, InfraGate, RolloutConfig, RolloutWorker
+from services.rollout.task_store import TaskStore
+from services.rollout.worker import RolloutConfig, RolloutWorker
 from shellrl import streams
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.sandbox import SandboxClient
 from shellrl.clients.verifier import VerifierClient
-from shellrl.contract import LIMITS, TaskValidationError, task_from_json
 from shellrl.service.aio import cancel_and_wait
-from shellrl.service.app import ApiError, create_app
+from shellrl.service.app import create_app
 from shellrl.streams import export_stream_stats
 
 log = logging.getLogger(__name__)
-
-MAX_BODY_BYTES = 32 * 1024 * 1024
-MAX_TASKS_PER_REQUEST = 10_000
-EVAL_SPLITS = ("eval_id", "eval_ood", "eval", "train")
-
-
-class TaskJson(BaseModel):
-    """A task in JSON form (documentation of the body; `shellrl.contract.task_from_json` validates)."""
-
-    task_id: str | None = Field(
-        None, max_length=LIMITS["task_id_chars"], description="Default: task-<content hash>."
-    )
-    instruction: str = Field(max_length=LIMITS["instruction_chars"])
-    setup: str = Field(
-        "", max_length=LIMITS["setup_chars"], description="bash script run in the empty workspace."
-    )
-    env: dict[str, str] = Field(
-        default_factory=dict, description='Extra environment; "<workspace>" is substituted.'
-    )
-    check: dict | list[dict] = Field(
-        description='{"type": "answer_integer_equals", "expected": 4} or a list.'
-    )
-    split: Literal["train", "eval_id", "eval_ood", "eval"] = "train"
-    tags: list[str] = Field(default_factory=list, max_length=LIMITS["tags"])
-    max_turns: int = Field(
-        0, ge=0, le=LIMITS["max_turns"], description="0 = the gateway's default."
-    )
-    source: str = ""
-    reference_solution: str = ""
-
-
-class SamplingIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    temperature: float = Field(0.0, ge=0.0, le=5.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)
-    max_new_tokens: int | None = Field(
-        None, ge=1, le=4096, description="Default: the gateway's max_new_tokens."
-    )
-
-
-class EvaluationIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    split: Literal["eval_id", "eval_ood", "eval", "train"] | None = Field(
-        None, description="Evaluate the tasks of this split (in submission order)."
-    )
-    task_ids: list[str] | None = Field(
-        None, min_length=1, max_length=4096, description="Or exactly these tasks."
-    )
-    max_tasks: int | None = Field(None, ge=1, description="Take only the first N tasks.")
-    episodes_per_task: int = Field(1, ge=1, le=64)
-    greedy: bool = Field(True, description="temperature 0; otherwise `sampling` (fixed) is used.")
-    sampling: SamplingIn | None = None
-    max_turns: int | None = Field(
-        None, ge=1, le=LIMITS["max_turns"], description="Override every task's max_turns."
-    )
-
-    @model_validator(mode="after")
-    def _one_source(self):
-        if (self.split is None) == (self.task_ids is None):
-            raise ValueError("give exactly one of 'split' or 'task_ids'")
-        return self
 
 
 def build_app(settings: RolloutSettings) -> FastAPI:
@@ -228,185 +153,7 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         }
 
     app = create_app("rollout", settings.public_dict(), ready_check, lifespan)
-
-    @app.post(
-        "/v1/tasks",
-        status_code=201,
-        tags=["tasks"],
-        summary="Submit one task or a list of tasks",
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "oneOf": [
-                                TaskJson.model_json_schema(),
-                                {"type": "array", "items": TaskJson.model_json_schema()},
-                            ]
-                        }
-                    }
-                },
-            }
-        },
-    )
-    async def submit_tasks(request: Request) -> JSONResponse:
-        """Validates every task first (all or nothing: a 422 names the first bad field, prefixed
-        `tasks[i].` for a list), then stores each: `created`, or `duplicate` when the same content
-        is already stored under that id. A task id holding different content is 409."""
-        body = await _read_json(request)
-        items = body if isinstance(body, list) else [body]
-        prefix = (lambda i: f"tasks[{i}].") if isinstance(body, list) else (lambda i: "")
-        if not items:
-            raise ApiError(422, "invalid_task", "an empty list holds no task", "tasks")
-        if len(items) > MAX_TASKS_PER_REQUEST:
-            raise ApiError(
-                413,
-                "payload_too_large",
-                f"at most {MAX_TASKS_PER_REQUEST} tasks per request",
-                "tasks",
-            )
-        tasks = []
-        for i, item in enumerate(items):
-            try:
-                tasks.append(task_from_json(item))
-            except TaskValidationError as exc:
-                field = f"{prefix(i)}{exc.field}"
-                raise ApiError(422, "invalid_task", f"{field}: {exc.message}", field) from None
-        results = []
-        for i, task in enumerate(tasks):
-            try:
-                result = await state["store"].submit(task)
-            except TaskConflict as exc:
-                field = f"{prefix(i)}task_id"
-                raise ApiError(409, "conflict", f"{field}: {exc}", field) from None
-            m.TASKS_SUBMITTED.labels(result.status).inc()
-            results.append(
-                {"task_id": result.task_id, "status": result.status, "split": result.split}
-            )
-        payload: dict = {
-            "tasks": results,
-            "created": sum(r["status"] == "created" for r in results),
-            "duplicates": sum(r["status"] == "duplicate" for r in results),
-        }
-        if not isinstance(body, list):
-            payload["task_id"] = results[0]["task_id"]
-        return JSONResponse(payload, status_code=201)
-
-    @app.get("/v1/tasks/{task_id}", tags=["tasks"], summary="One task and its statistics")
-    async def get_task(task_id: str) -> dict:
-        view = await state["store"].describe(task_id)
-        if view is None:
-            raise ApiError(404, "not_found", f"no task {task_id!r}", "task_id")
-        return view
-
-    @app.get("/v1/tasks", tags=["tasks"], summary="List tasks (filters, cursor pagination)")
-    async def list_tasks(
-        split: Literal["train", "eval_id", "eval_ood", "eval"] | None = None,
-        source: str | None = None,
-        tag: str | None = None,
-        cursor: int = Query(0, ge=0, description="next_cursor of the previous page"),
-        limit: int = Query(50, ge=1, le=500),
-    ) -> dict:
-        page, next_cursor = await state["store"].list_tasks(
-            split=split, source=source, tag=tag, cursor=cursor, limit=limit
-        )
-        return {
-            "tasks": page,
-            "next_cursor": next_cursor,
-            "total": await state["store"].count(split),
-        }
-
-    @app.post(
-        "/v1/evaluations", status_code=202, tags=["evaluations"], summary="Start an evaluation"
-    )
-    async def start_evaluation(body: EvaluationIn) -> dict:
-        store: TaskStore = state["store"]
-        if body.task_ids is not None:
-            for i, task_id in enumerate(body.task_ids):
-                if await store.get_task(task_id) is None:
-                    raise ApiError(
-                        422, "unknown_task", f"task_ids[{i}]: no task {task_id!r}", f"task_ids[{i}]"
-                    )
-            task_ids = list(body.task_ids)
-        else:
-            task_ids = await store.ids_of_split(body.split)
-            if not task_ids:
-                raise ApiError(
-                    422, "empty_split", f"split: no tasks in split {body.split!r}", "split"
-                )
-        if body.max_tasks:
-            task_ids = task_ids[: body.max_tasks]
-        budget = len(task_ids) * body.episodes_per_task
-        if budget > settings.eval_max_episodes:
-            raise ApiError(
-                422,
-                "budget_too_large",
-                f"episodes_per_task: {budget} episodes exceed the limit of "
-                f"{settings.eval_max_episodes} (SHELLRL_EVAL_MAX_EPISODES)",
-                "episodes_per_task",
-            )
-        sampling_in = body.sampling or SamplingIn()
-        sampling = Sampling(
-            temperature=0.0 if body.greedy else sampling_in.temperature,
-            top_p=1.0 if body.greedy else sampling_in.top_p,
-            top_k=-1 if body.greedy else sampling_in.top_k,
-            max_new_tokens=sampling_in.max_new_tokens or settings.max_new_tokens,
-        )
-        plan = EvaluationPlan(
-            task_ids=task_ids,
-            episodes_per_task=body.episodes_per_task,
-            sampling=sampling,
-            max_turns=body.max_turns,
-            split=body.split,
-        )
-        return await state["evaluations"].start(plan)
-
-    @app.get(
-        "/v1/evaluations/{evaluation_id}", tags=["evaluations"], summary="Results of one evaluation"
-    )
-    async def get_evaluation(evaluation_id: str) -> dict:
-        view = await state["evaluations"].describe(evaluation_id)
-        if view is None:
-            raise ApiError(404, "not_found", f"no evaluation {evaluation_id!r}", "evaluation_id")
-        return view
-
-    @app.get("/v1/evaluations", tags=["evaluations"], summary="Latest evaluations (summaries)")
-    async def list_evaluations(limit: int = Query(20, ge=1, le=200)) -> dict:
-        return {"evaluations": await state["evaluations"].recent(limit)}
-
-    @app.get("/v1/status", tags=["status"], summary="Admission, pool, episodes in flight, streams")
-    async def status() -> dict:
-        adm = await state["admission"].state()
-        producer = state["worker"].producer
-        worker: RolloutWorker = state["worker"]
-        return {
-            "policy_version": adm.learner_version,
-            "admission": {
-                "groups_admitted": adm.groups_admitted,
-                "bound": adm.bound,
-                "groups_in_flight": adm.groups_in_flight,
-                "oldest_in_flight_version": adm.oldest_in_flight_version,
-                "max_staleness": settings.max_staleness,
-                "groups_per_step": settings.groups_per_step,
-                "strict": settings.strict_staleness,
-                "can_admit": adm.groups_admitted < adm.bound,
-            },
-            "episodes_in_flight": worker.running,
-            "episode_slots_taken": worker.capacity.used,
-            "max_episodes_in_flight": settings.max_episodes_in_flight,
-            "trajectories_published": worker.published,
-            "uptime_s": round(time.time() - worker.started_at, 1),
-            "pool": {"tasks": await state["pool"].size(), "epoch": await state["pool"].epoch()},
-            "tasks": {"total": await state["store"].count()},
-            "streams": {
-                "episodes_backlog_verifier": await producer.backlog(streams.GROUP_VERIFIER),
-                "episodes_backlog_bound": settings.episodes_backlog_bound,
-            },
-            "infra_down": sorted(state["gate"].down),
-            "worker_enabled": settings.worker_enabled,
-        }
-
+    add_routes(app, state, settings)
     return app
 
 
@@ -421,22 +168,6 @@ def connect_redis(url: str, max_connections: int):
         url, max_connections=max_connections, timeout=30, **streams.pool_kwargs(url)
     )
     return aioredis.Redis.from_pool(pool)
-
-
-async def _read_json(request: Request) -> Any:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise ApiError(413, "payload_too_large", f"body over {MAX_BODY_BYTES} bytes", None)
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise ApiError(413, "payload_too_large", f"body over {MAX_BODY_BYTES} bytes", None)
-        chunks.append(chunk)
-    try:
-        return orjson.loads(b"".join(chunks))
-    except orjson.JSONDecodeError as exc:
-        raise ApiError(422, "invalid_json", f"body is not valid JSON: {exc}", None) from None
 
 
 def _train_sampling(settings: RolloutSettings) -> Sampling:

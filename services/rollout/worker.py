@@ -32,6 +32,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wai
 from services.rollout import metrics as m
 from services.rollout.admission import Admission, Ticket
 from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling, is_setup_failure
+from services.rollout.gates import Capacity, GroupSlots, InfraGate
 from services.rollout.task_pool import TaskPool
 from services.rollout.task_store import TaskStore
 from shellrl.contract import Failure, Task, Trajectory, is_infra, min_policy_version
@@ -39,54 +40,6 @@ from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import GROUP_VERIFIER, STREAM_EPISODES, StreamProducer
 
 log = logging.getLogger(__name__)
-
-
-class Capacity:
-    """A counting semaphore that can take n slots at once (episodes in flight)."""
-
-    def __init__(self, slots: int) -> None:
-        self.slots, self.used = slots, 0
-        self._cond = asyncio.Condition()
-
-    async def acquire(self, n: int) -> None:
-        if n > self.slots:
-            raise ValueError(
-                f"a group of {n} episodes never fits {self.slots} slots (max_episodes_in_flight)"
-            )
-        async with self._cond:
-            await self._cond.wait_for(lambda: self.used + n <= self.slots)
-            self.used += n
-
-    async def release(self, n: int = 1) -> None:
-        async with self._cond:
-            self.used -= n
-            self._cond.notify_all()
-
-
-class InfraGate:
-    """After an INFRA failure of the engine or sandbox, admission waits until its health probe answers."""
-
-    def __init__(self, probes: dict, *, poll_s: float = 1.0) -> None:
-        self.probes, self.poll_s = probes, poll_s  # name -> async () -> bool
-        self.down: dict[str, float] = {}
-
-    def mark_down(self, name: str) -> None:
-        self.down.setdefault(name, time.monotonic())
-
-    async def wait_up(self) -> None:
-        for name in list(self.down):
-            start = self.down[name]
-            while not await self._probe(name):
-                await asyncio.sleep(self.poll_s)
-            self.down.pop(name, None)
-            m.ADMISSION_WAIT_SECONDS.labels(f"{name}_down").observe(time.monotonic() - start)
-            log.info("%s answers again; admission resumes", name)
-
-    async def _probe(self, name: str) -> bool:
-        try:
-            return bool(await self.probes[name]())
-        except Exception:
-            return False
 
 
 @dataclass(frozen=True)
@@ -167,7 +120,7 @@ class RolloutWorker:
         """G samples of `task`; gives the admission back when fewer than 2 are usable.
         Owns the G capacity slots the main loop took: each sample frees its own as it ends, and
         whatever a cancellation left (samples that never started) is freed here."""
-        slots = _GroupSlots(self.capacity, self.config.group_size)
+        slots = GroupSlots(self.capacity, self.config.group_size)
         results: list[Trajectory | None] = []
         try:
             await _uncancellable(self.store.episodes_admitted(task.task_id, self.config.group_size))
@@ -185,7 +138,7 @@ class RolloutWorker:
         return [t for t in results if t is not None]
 
     async def run_sample(
-        self, task: Task, ticket: Ticket, index: int, slots: _GroupSlots
+        self, task: Task, ticket: Ticket, index: int, slots: GroupSlots
     ) -> Trajectory | None:
         """One sample of a group, retried with attempt+1 on INFRA failures. Holds one capacity slot."""
         traj = None
@@ -263,23 +216,6 @@ class RolloutWorker:
         waited = time.monotonic() - start
         if waited > 0.001:
             m.ADMISSION_WAIT_SECONDS.labels(reason).observe(waited)
-
-
-class _GroupSlots:
-    """The capacity slots of one group, each freed exactly once."""
-
-    def __init__(self, capacity: Capacity, n: int) -> None:
-        self.capacity, self.held = capacity, n
-
-    async def release_one(self) -> None:
-        if self.held > 0:
-            self.held -= 1
-            await self.capacity.release(1)
-
-    async def release_rest(self) -> None:
-        if self.held > 0:
-            n, self.held = self.held, 0
-            await self.capacity.release(n)
 
 
 def usable_members(trajectories: list[Trajectory | None]) -> int:

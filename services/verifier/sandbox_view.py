@@ -30,7 +30,12 @@ from collections import OrderedDict
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from services.verifier import metrics
-from services.verifier.checks import CheckInfraError, CommandOutput, FileRefused, FileTooLarge
+from services.verifier.workspace_checks import (
+    CheckInfraError,
+    CommandOutput,
+    FileRefused,
+    FileTooLarge,
+)
 from shellrl.clients.sandbox import (
     ExecResult,
     SandboxBusy,

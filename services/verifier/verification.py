@@ -19,15 +19,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from services.verifier import metrics
-from services.verifier.checks import (
-    VERIFIER_VERSION,
-    CheckInfraError,
-    CheckLimits,
-    CheckResult,
-    run_check,
-)
+from services.verifier.checks import VERIFIER_VERSION, CheckLimits, CheckResult, run_check
 from services.verifier.rewards import Reward, Shaping, compute_reward, safety_flagged
 from services.verifier.sandbox_view import ReferenceCache, SandboxWorkspace
+from services.verifier.workspace_checks import CheckInfraError
 from shellrl.contract import Failure, Task, ToolEvent, Trajectory, split_name
 
 log = logging.getLogger(__name__)

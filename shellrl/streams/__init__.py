@@ -1,12 +1,14 @@
 """Every Redis-stream rule of shellrl (DESIGN.md section 3), one module per side:
 
-keys.py        every Redis key, stream, group and channel name
-connection.py  the asyncio client (`connect`): socket timeout, cancel-safe writes, the block_ms rule
-entry.py       StreamEntry (read) and OutgoingEntry (to write)
-producer.py    StreamProducer: idempotent atomic appends, trimming, backpressure
-consumer.py    StreamConsumer: group reads, acknowledge/forward, re-claim, dead letters
-stats.py       stream gauges for /metrics
-metrics.py     the stream layer's Prometheus metrics
+keys.py            every Redis key, stream, group and channel name
+connection.py      asyncio client (`connect`): socket timeout, cancel-safe writes, the block_ms rule
+entry.py           StreamEntry (read) and OutgoingEntry (to write)
+producer.py        StreamProducer: idempotent atomic appends, trimming, backpressure
+consumer.py        StreamConsumer: group reads, acknowledge/forward, re-claim, dead letters
+deliveries.py      handling attempts per entry, poison entries, dead letters (for the consumer)
+consumer_groups.py what groups delivered and acknowledged: backlog, trim, idle consumers
+stats.py           stream gauges for /metrics
+metrics.py         the stream layer's Prometheus metrics
 
 The names below are the public surface; import them from `shellrl.streams`.
 """
@@ -19,7 +21,8 @@ from shellrl.streams.connection import (
     connect,
     pool_kwargs,
 )
-from shellrl.streams.consumer import DEAD_LETTERS_KEPT, StreamConsumer
+from shellrl.streams.consumer import StreamConsumer
+from shellrl.streams.deliveries import DEAD_LETTERS_KEPT
 from shellrl.streams.entry import OutgoingEntry, StreamEntry
 from shellrl.streams.keys import (
     GROUP_LEARNER,

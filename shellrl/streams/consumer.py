@@ -1,4 +1,5 @@
 """The consumer side of the stream layer: read in a group, acknowledge, re-claim, dead letters.
+Handling attempts, poison entries and dead letters are booked in deliveries.py.
 
 Import it as `shellrl.streams.StreamConsumer`; the guarantees are listed in producer.py.
 A worker's loop:
@@ -27,33 +28,16 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
+from shellrl.streams import consumer_groups
 from shellrl.streams.connection import check_block_ms
-from shellrl.streams.entry import OutgoingEntry, StreamEntry, _fields, _s
-from shellrl.streams.keys import STREAM_DEAD, attempts_key, errors_key
-from shellrl.streams.metrics import DEAD_LETTERS, LOST, RECLAIMED
+from shellrl.streams.deliveries import DEAD_LETTERS_KEPT, DeliveryLedger
+from shellrl.streams.entry import OutgoingEntry, StreamEntry, _s
+from shellrl.streams.keys import STREAM_DEAD
+from shellrl.streams.metrics import RECLAIMED
 from shellrl.streams.producer import StreamProducer
 from shellrl.streams.stats import stream_stats
 
 log = logging.getLogger("shellrl.streams")
-
-# KEYS[1] stream; ARGV[1] group, ARGV[2] min idle ms. Deletes consumers of the group that have no
-# pending entries and were idle at least ARGV[2] ms; returns their names. Atomic, so a consumer
-# cannot receive an entry between the check and the delete.
-_DELETE_IDLE_CONSUMERS_SCRIPT = """
-local deleted = {}
-for _, info in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[1], ARGV[1])) do
-  local c = {}
-  for i = 1, #info, 2 do c[info[i]] = info[i + 1] end
-  if tonumber(c['pending']) == 0 and tonumber(c['idle']) >= tonumber(ARGV[2]) then
-    redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], c['name'])
-    deleted[#deleted + 1] = c['name']
-  end
-end
-return deleted
-"""
-
-
-DEAD_LETTERS_KEPT = 10_000  # newest entries kept in shellrl:dead
 
 
 class StreamConsumer:
@@ -100,15 +84,16 @@ class StreamConsumer:
         self.redis, self.stream, self.group, self.consumer = redis, stream, group, consumer
         self.block_ms, self.count = block_ms, count
         self.claim_min_idle_ms, self.claim_interval_s = claim_min_idle_ms, claim_interval_s
-        self.max_deliveries, self.dead_stream, self.dead_maxlen = (
-            max_deliveries,
-            dead_stream,
-            dead_maxlen,
+        self._ledger = DeliveryLedger(
+            redis,
+            stream,
+            group,
+            max_deliveries=max_deliveries,
+            dead_stream=dead_stream,
+            dead_maxlen=dead_maxlen,
         )
         self._recovered = False
         self._last_claim = 0.0
-        self._errors: dict[str, str] = {}
-        self._in_flight: set[str] = set()  # handed out by this object, not yet acked/failed
 
     async def ensure_group(self, start_id: str = "0") -> None:
         """Create the group (and the stream) if missing; `start_id="0"` delivers existing entries."""
@@ -177,7 +162,7 @@ class StreamConsumer:
         resp = await self.redis.xreadgroup(
             self.group, self.consumer, {self.stream: ">"}, count=count, block=block_ms or None
         )
-        return await self._hand_out(
+        return await self._ledger.hand_out(
             [(_s(eid), f) for _, entries in resp or [] for eid, f in entries]
         )
 
@@ -189,25 +174,8 @@ class StreamConsumer:
         deleted = [eid for eid, f in entries if not f]
         if deleted:  # trimmed while pending (cannot happen through trim_acknowledged): drop refs
             await self.redis.xack(self.stream, self.group, *deleted)
-            self._lost(deleted)
-        return await self._hand_out([(eid, f) for eid, f in entries if f])
-
-    async def _hand_out(self, raw: list[tuple[str, dict]]) -> list[StreamEntry]:
-        """Entries to give the caller: those not already in flight here, each counted as one
-        handling attempt; an entry past `max_deliveries` attempts is dead-lettered instead."""
-        raw = [(eid, f) for eid, f in raw if eid not in self._in_flight]
-        if not raw:
-            return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for eid, _ in raw:
-                pipe.hincrby(self._attempts_key, eid, 1)
-            attempts = await pipe.execute()
-        entries = [
-            StreamEntry(self.stream, eid, _fields(f), int(n)) for (eid, f), n in zip(raw, attempts)
-        ]
-        entries = await self._filter_poison(entries)
-        self._in_flight.update(e.entry_id for e in entries)
-        return entries
+            self._ledger.lost(deleted)
+        return await self._ledger.hand_out([(eid, f) for eid, f in entries if f])
 
     async def claim_idle(self, count: int | None = None) -> list[StreamEntry]:
         """XAUTOCLAIM entries idle longer than `claim_min_idle_ms`, following the cursor to the end
@@ -226,9 +194,9 @@ class StreamConsumer:
             )
             cursor, claimed = _s(resp[0]), resp[1]
             if len(resp) > 2 and resp[2]:  # Redis >= 7: ids trimmed away, already out of the PEL
-                self._lost([_s(eid) for eid in resp[2]])
+                self._ledger.lost([_s(eid) for eid in resp[2]])
             live = [(_s(eid), f) for eid, f in claimed if f]
-            out += await self._hand_out(live)
+            out += await self._ledger.hand_out(live)
             if cursor == "0-0":
                 break
         if out:
@@ -239,81 +207,22 @@ class StreamConsumer:
             )
         return out
 
-    def _lost(self, entry_ids: list[str]) -> None:
-        """Entries that were pending here but trimmed from the stream: never handled, counted and
-        logged by id (shellrl_stream_lost_total{stream,group})."""
-        LOST.labels(self.stream, self.group).inc(len(entry_ids))
-        log.error(
-            "pending entries were trimmed before they were handled (lost)",
-            extra={
-                "stream": self.stream,
-                "group": self.group,
-                "entry_ids": entry_ids[:100],
-                "count": len(entry_ids),
-            },
-        )
-
-    async def _filter_poison(self, entries: list[StreamEntry]) -> list[StreamEntry]:
-        keep = []
-        for e in entries:
-            if e.deliveries > self.max_deliveries:
-                reason = self._errors.pop(e.entry_id, None) or await self._stored_error(e.entry_id)
-                await self.dead_letter(
-                    e,
-                    f"delivered {e.deliveries} times without acknowledgement; last error: "
-                    f"{reason or 'consumer crashed or timed out'}",
-                )
-            else:
-                keep.append(e)
-        return keep
-
-    async def _stored_error(self, entry_id: str) -> str | None:
-        raw = await self.redis.hget(self._error_key, entry_id)
-        return _s(raw) if raw is not None else None
-
-    @property
-    def _error_key(self) -> str:
-        return errors_key(self.stream, self.group)
-
-    @property
-    def _attempts_key(self) -> str:
-        return attempts_key(self.stream, self.group)
-
-    def _done(self, *entry_ids: str) -> None:
-        for eid in entry_ids:
-            self._errors.pop(eid, None)
-            self._in_flight.discard(eid)
-
     async def ack(self, *entry_ids: str) -> int:
         """XACK `entry_ids` (one round trip for any number). Returns how many were pending."""
         if not entry_ids:
             return 0
-        self._done(*entry_ids)
+        self._ledger.done(*entry_ids)
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.xack(self.stream, self.group, *entry_ids)
-            pipe.hdel(self._error_key, *entry_ids)
-            pipe.hdel(self._attempts_key, *entry_ids)
+            pipe.hdel(self._ledger.error_key, *entry_ids)
+            pipe.hdel(self._ledger.attempts_key, *entry_ids)
             acked, _, _ = await pipe.execute()
         return int(acked)
 
     async def fail(self, entry: StreamEntry, reason: str) -> None:
         """Handling `entry` failed: leave it pending for a retry (re-claimed after
         `claim_min_idle_ms`), or dead-letter it when it has had `max_deliveries` deliveries."""
-        if entry.deliveries >= self.max_deliveries:
-            await self.dead_letter(entry, f"failed {entry.deliveries} times; last error: {reason}")
-            return
-        self._in_flight.discard(entry.entry_id)  # handed out again after a re-claim
-        self._errors[entry.entry_id] = reason
-        await self.redis.hset(self._error_key, entry.entry_id, reason[:2000])
-        log.warning(
-            "entry failed; will retry",
-            extra={
-                "stream": self.stream,
-                "entry_id": entry.entry_id,
-                "deliveries": entry.deliveries,
-                "reason": reason[:500],
-            },
-        )
+        await self._ledger.fail(entry, reason)
 
     async def dead_letter(self, entry: StreamEntry, reason: str) -> None:
         """Move `entry` to the dead-letter stream with `reason`, and acknowledge it (atomically).
@@ -323,31 +232,7 @@ class StreamConsumer:
         The dead-letter stream keeps the newest `dead_maxlen` entries (no group reads it, so trimming
         drops nothing undelivered; it is kept for inspection, and the counter keeps the total).
         """
-        self._done(entry.entry_id)
-        fields = {
-            **entry.fields,
-            "source_stream": self.stream,
-            "group": self.group,
-            "entry_id": entry.entry_id,
-            "reason": reason[:4000],
-            "deliveries": str(entry.deliveries),
-        }
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(self.dead_stream, fields, maxlen=self.dead_maxlen, approximate=False)
-            pipe.xack(self.stream, self.group, entry.entry_id)
-            pipe.hdel(self._error_key, entry.entry_id)
-            pipe.hdel(self._attempts_key, entry.entry_id)
-            await pipe.execute()
-        DEAD_LETTERS.labels(self.stream, self.group).inc()
-        log.error(
-            "dead-lettered entry",
-            extra={
-                "stream": self.stream,
-                "group": self.group,
-                "entry_id": entry.entry_id,
-                "reason": reason[:500],
-            },
-        )
+        await self._ledger.dead_letter(entry, reason)
 
     async def forward(
         self, entry: StreamEntry, to: StreamProducer, pb: bytes, *, idempotency_key: str, **fields
@@ -357,13 +242,13 @@ class StreamConsumer:
         Returns (downstream entry_id, duplicate). A re-delivered entry whose result was already
         appended under `idempotency_key` is only acknowledged.
         """
-        self._done(entry.entry_id)
+        self._ledger.done(entry.entry_id)
         result = await to._add_one(
             OutgoingEntry(pb, idempotency_key, fields),
             ack=(self.stream, self.group, entry.entry_id),
         )
-        await self.redis.hdel(self._error_key, entry.entry_id)
-        await self.redis.hdel(self._attempts_key, entry.entry_id)
+        await self.redis.hdel(self._ledger.error_key, entry.entry_id)
+        await self.redis.hdel(self._ledger.attempts_key, entry.entry_id)
         await to._after_adds(1)
         return result
 
@@ -373,14 +258,9 @@ class StreamConsumer:
         A consumer with pending entries is never deleted (DELCONSUMER would drop its entries;
         known_pitfalls C30): re-claim them first. Returns the deleted consumer names.
         """
-        script = self.redis.register_script(_DELETE_IDLE_CONSUMERS_SCRIPT)
-        try:
-            names = await script(keys=[self.stream], args=[self.group, int(min_idle_ms)])
-        except ResponseError as exc:
-            if "no such key" in str(exc).lower() or "NOGROUP" in str(exc):
-                return []
-            raise
-        return [_s(n) for n in names]
+        return await consumer_groups.delete_idle_consumers(
+            self.redis, self.stream, self.group, min_idle_ms
+        )
 
     async def stats(self) -> dict[str, int]:
         """{"length", "pending", "lag"} of this stream/group; also sets the stream gauges."""

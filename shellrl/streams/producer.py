@@ -35,12 +35,13 @@ import time
 from collections.abc import Sequence
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError, ResponseError, WatchError
+from redis.exceptions import RedisError, WatchError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
-from shellrl.streams.entry import OutgoingEntry, _flat_fields, _id_key, _next_id, _s
+from shellrl.streams import consumer_groups
+from shellrl.streams.entry import OutgoingEntry, _flat_fields, _s
 from shellrl.streams.keys import idempotency_key
-from shellrl.streams.metrics import DUPLICATES, TRIMMED
+from shellrl.streams.metrics import DUPLICATES
 
 log = logging.getLogger("shellrl.streams")
 
@@ -237,15 +238,7 @@ class StreamProducer:
 
     async def backlog(self, group: str) -> int:
         """Entries of `stream` that `group` has not acknowledged: pending + not yet delivered."""
-        for info in await self._groups():
-            if info["name"] == group:
-                lag = info.get("lag")
-                if lag is None:  # Redis cannot tell after XDEL in the middle: count from the stream
-                    lag = await self._undelivered(info["last-delivered-id"])
-                return int(info["pending"]) + int(lag)
-        return int(
-            await self.redis.xlen(self.stream)
-        )  # group not created yet: everything is backlog
+        return await consumer_groups.backlog(self.redis, self.stream, group)
 
     async def wait_for_backlog_below(
         self, group: str, bound: int, *, poll_s: float = 0.2, timeout_s: float | None = None
@@ -270,46 +263,4 @@ class StreamProducer:
         groups is never trimmed. XTRIM MINID ~ trims whole radix-tree nodes only, so it may keep
         some acknowledged entries, never the reverse. Returns the number of entries removed.
         """
-        length = int(await self.redis.xlen(self.stream))
-        if length <= maxlen:
-            return 0
-        groups = await self._groups()
-        if not groups:
-            return 0
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for info in groups:
-                pipe.xpending(self.stream, info["name"])
-            summaries = await pipe.execute()
-        bounds = []
-        for info, summary in zip(groups, summaries):
-            bound = _next_id(_s(info["last-delivered-id"]))
-            if summary["pending"]:
-                bound = min(bound, _s(summary["min"]), key=_id_key)
-            bounds.append(bound)
-        threshold = min(bounds, key=_id_key)
-        removed = int(await self.redis.xtrim(self.stream, minid=threshold, approximate=True))
-        if removed:
-            TRIMMED.labels(self.stream).inc(removed)
-        return removed
-
-    async def _groups(self) -> list[dict]:
-        try:
-            raw = await self.redis.xinfo_groups(self.stream)
-        except ResponseError:  # no such key
-            return []
-        out = []
-        for info in raw:
-            info = {_s(k): v for k, v in info.items()}
-            info["name"] = _s(info["name"])
-            out.append(info)
-        return out
-
-    async def _undelivered(self, last_delivered) -> int:
-        """Entries after `last_delivered`, counted in pages (only when XINFO's lag is unknown)."""
-        count, start = 0, f"({_s(last_delivered)}"
-        while True:
-            page = await self.redis.xrange(self.stream, min=start, max="+", count=1000)
-            count += len(page)
-            if len(page) < 1000:
-                return count
-            start = f"({_s(page[-1][0])}"
+        return await consumer_groups.trim_acknowledged(self.redis, self.stream, maxlen)

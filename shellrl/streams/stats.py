@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from shellrl.streams.consumer_groups import group_infos, undelivered
 from shellrl.streams.metrics import STREAM_LAG, STREAM_LENGTH, STREAM_PENDING
-from shellrl.streams.producer import StreamProducer
 
 log = logging.getLogger("shellrl.streams")
 
@@ -26,15 +26,14 @@ async def stream_stats(redis: aioredis.Redis, stream: str, group: str) -> dict[s
     shellrl_stream_pending{stream,group} and shellrl_stream_lag{stream,group}. Raises RedisError."""
     length = int(await redis.xlen(stream))
     pending, lag = 0, length
-    producer = StreamProducer(redis, stream)
-    for info in await producer._groups():
+    for info in await group_infos(redis, stream):
         if info["name"] == group:
             pending = int(info["pending"])
             lag = info.get("lag")
             lag = (
                 int(lag)
                 if lag is not None
-                else await producer._undelivered(info["last-delivered-id"])
+                else await undelivered(redis, stream, info["last-delivered-id"])
             )
     STREAM_LENGTH.labels(stream).set(length)
     STREAM_PENDING.labels(stream, group).set(pending)

@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from services.verifier.checks import CheckLimits, answer_equals, answer_integer_equals, answer_matches, norm, run_check
+from services.verifier.answer_checks import answer_equals, answer_integer_equals, answer_matches, norm
+from services.verifier.checks import CheckLimits, run_check
 from services.verifier.rewards import Shaping, compute_reward, safety_flagged
 from shellrl.contract import ToolEvent, check_from_json
 
@@ -80,7 +81,7 @@ async def test_overlong_answer_fails():
 
 
 async def test_workspace_check_without_a_session_cannot_run():
-    from services.verifier.checks import CheckInfraError
+    from services.verifier.workspace_checks import CheckInfraError
 
     with pytest.raises(CheckInfraError):
         await run_check(check_from_json({"type": "file_exists", "path": "a"}), "x", None, CheckLimits())

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from services.rollout.admission import Admission, PolicyVersionWatcher
+from services.rollout.admission import Admission
+from services.rollout.policy_version import PolicyVersionWatcher
 from shellrl.streams.keys import ADMITTED_KEY
 from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY, connect

@@ -15,16 +15,12 @@ import asyncio
 import pytest
 
 from services.learner.group_assembler import GroupAssembler, RolloutGroup
-from services.rollout.admission import Admission, PolicyVersionWatcher
+from services.rollout.admission import Admission
+from services.rollout.gates import Capacity, InfraGate
+from services.rollout.policy_version import PolicyVersionWatcher
 from services.rollout.stats import GROUP_STATS, TaskStats
 from services.rollout.task_store import TaskStore
-from services.rollout.worker import (
-    Capacity,
-    InfraGate,
-    RolloutConfig,
-    RolloutWorker,
-    usable_members,
-)
+from services.rollout.worker import RolloutConfig, RolloutWorker, usable_members
 from services.verifier.app import build_verifier
 from services.verifier.settings import VerifierSettings
 from services.verifier.worker import VerifierWorker

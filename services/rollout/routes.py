@@ -1,0 +1,236 @@
+"""HTTP API of the rollout gateway (DESIGN.md section 2); app.py builds the parts it calls.
+
+  POST /v1/tasks               one task or a list (JSON form of ../shared/tasks/*.jsonl) -> ids
+  GET  /v1/tasks/{task_id}     state, episodes, rewards, policy versions that ran it, failures
+  GET  /v1/tasks               filters split/source/tag, cursor pagination
+  POST /v1/evaluations         eval split or task ids, fixed budget, greedy or fixed sampling -> 202
+  GET  /v1/evaluations/{id}    success rate, mean reward, failure classes, version, per task
+  GET  /v1/evaluations         the latest evaluations (summaries)
+  GET  /v1/status              admission, pool, in-flight, streams, infra state
+plus /healthz /readyz /metrics /v1/config from shellrl.service.app.create_app.
+
+Validation errors are 422 `{"error": {"code", "message", "field"}}` naming the field
+(`instruction`, `check.type`, `tasks[3].max_turns`); bodies over `MAX_BODY_BYTES` are 413.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+import orjson
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import JSONResponse
+
+from services.rollout import metrics as m
+from services.rollout.agent_loop import Sampling
+from services.rollout.evaluations import EvaluationPlan
+from services.rollout.schemas import EvaluationIn, SamplingIn, TaskJson
+from services.rollout.settings import RolloutSettings
+from services.rollout.task_store import TaskConflict, TaskStore
+from services.rollout.worker import RolloutWorker
+from shellrl import streams
+from shellrl.contract import TaskValidationError, task_from_json
+from shellrl.service.app import ApiError
+
+MAX_BODY_BYTES = 32 * 1024 * 1024
+MAX_TASKS_PER_REQUEST = 10_000
+
+
+def add_routes(app: FastAPI, state: dict[str, Any], settings: RolloutSettings) -> None:
+    """Add the routes above to `app`. `state` holds the parts the lifespan builds (`store`,
+    `evaluations`, `admission`, `pool`, `worker`, `gate`); it is read per request."""
+
+    @app.post(
+        "/v1/tasks",
+        status_code=201,
+        tags=["tasks"],
+        summary="Submit one task or a list of tasks",
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "oneOf": [
+                                TaskJson.model_json_schema(),
+                                {"type": "array", "items": TaskJson.model_json_schema()},
+                            ]
+                        }
+                    }
+                },
+            }
+        },
+    )
+    async def submit_tasks(request: Request) -> JSONResponse:
+        """Validates every task first (all or nothing: a 422 names the first bad field, prefixed
+        `tasks[i].` for a list), then stores each: `created`, or `duplicate` when the same content
+        is already stored under that id. A task id holding different content is 409."""
+        body = await _read_json(request)
+        items = body if isinstance(body, list) else [body]
+        prefix = (lambda i: f"tasks[{i}].") if isinstance(body, list) else (lambda i: "")
+        if not items:
+            raise ApiError(422, "invalid_task", "an empty list holds no task", "tasks")
+        if len(items) > MAX_TASKS_PER_REQUEST:
+            raise ApiError(
+                413,
+                "payload_too_large",
+                f"at most {MAX_TASKS_PER_REQUEST} tasks per request",
+                "tasks",
+            )
+        tasks = []
+        for i, item in enumerate(items):
+            try:
+                tasks.append(task_from_json(item))
+            except TaskValidationError as exc:
+                field = f"{prefix(i)}{exc.field}"
+                raise ApiError(422, "invalid_task", f"{field}: {exc.message}", field) from None
+        results = []
+        for i, task in enumerate(tasks):
+            try:
+                result = await state["store"].submit(task)
+            except TaskConflict as exc:
+                field = f"{prefix(i)}task_id"
+                raise ApiError(409, "conflict", f"{field}: {exc}", field) from None
+            m.TASKS_SUBMITTED.labels(result.status).inc()
+            results.append(
+                {"task_id": result.task_id, "status": result.status, "split": result.split}
+            )
+        payload: dict = {
+            "tasks": results,
+            "created": sum(r["status"] == "created" for r in results),
+            "duplicates": sum(r["status"] == "duplicate" for r in results),
+        }
+        if not isinstance(body, list):
+            payload["task_id"] = results[0]["task_id"]
+        return JSONResponse(payload, status_code=201)
+
+    @app.get("/v1/tasks/{task_id}", tags=["tasks"], summary="One task and its statistics")
+    async def get_task(task_id: str) -> dict:
+        view = await state["store"].describe(task_id)
+        if view is None:
+            raise ApiError(404, "not_found", f"no task {task_id!r}", "task_id")
+        return view
+
+    @app.get("/v1/tasks", tags=["tasks"], summary="List tasks (filters, cursor pagination)")
+    async def list_tasks(
+        split: Literal["train", "eval_id", "eval_ood", "eval"] | None = None,
+        source: str | None = None,
+        tag: str | None = None,
+        cursor: int = Query(0, ge=0, description="next_cursor of the previous page"),
+        limit: int = Query(50, ge=1, le=500),
+    ) -> dict:
+        page, next_cursor = await state["store"].list_tasks(
+            split=split, source=source, tag=tag, cursor=cursor, limit=limit
+        )
+        return {
+            "tasks": page,
+            "next_cursor": next_cursor,
+            "total": await state["store"].count(split),
+        }
+
+    @app.post(
+        "/v1/evaluations", status_code=202, tags=["evaluations"], summary="Start an evaluation"
+    )
+    async def start_evaluation(body: EvaluationIn) -> dict:
+        store: TaskStore = state["store"]
+        if body.task_ids is not None:
+            for i, task_id in enumerate(body.task_ids):
+                if await store.get_task(task_id) is None:
+                    raise ApiError(
+                        422, "unknown_task", f"task_ids[{i}]: no task {task_id!r}", f"task_ids[{i}]"
+                    )
+            task_ids = list(body.task_ids)
+        else:
+            task_ids = await store.ids_of_split(body.split)
+            if not task_ids:
+                raise ApiError(
+                    422, "empty_split", f"split: no tasks in split {body.split!r}", "split"
+                )
+        if body.max_tasks:
+            task_ids = task_ids[: body.max_tasks]
+        budget = len(task_ids) * body.episodes_per_task
+        if budget > settings.eval_max_episodes:
+            raise ApiError(
+                422,
+                "budget_too_large",
+                f"episodes_per_task: {budget} episodes exceed the limit of "
+                f"{settings.eval_max_episodes} (SHELLRL_EVAL_MAX_EPISODES)",
+                "episodes_per_task",
+            )
+        sampling_in = body.sampling or SamplingIn()
+        sampling = Sampling(
+            temperature=0.0 if body.greedy else sampling_in.temperature,
+            top_p=1.0 if body.greedy else sampling_in.top_p,
+            top_k=-1 if body.greedy else sampling_in.top_k,
+            max_new_tokens=sampling_in.max_new_tokens or settings.max_new_tokens,
+        )
+        plan = EvaluationPlan(
+            task_ids=task_ids,
+            episodes_per_task=body.episodes_per_task,
+            sampling=sampling,
+            max_turns=body.max_turns,
+            split=body.split,
+        )
+        return await state["evaluations"].start(plan)
+
+    @app.get(
+        "/v1/evaluations/{evaluation_id}", tags=["evaluations"], summary="Results of one evaluation"
+    )
+    async def get_evaluation(evaluation_id: str) -> dict:
+        view = await state["evaluations"].describe(evaluation_id)
+        if view is None:
+            raise ApiError(404, "not_found", f"no evaluation {evaluation_id!r}", "evaluation_id")
+        return view
+
+    @app.get("/v1/evaluations", tags=["evaluations"], summary="Latest evaluations (summaries)")
+    async def list_evaluations(limit: int = Query(20, ge=1, le=200)) -> dict:
+        return {"evaluations": await state["evaluations"].recent(limit)}
+
+    @app.get("/v1/status", tags=["status"], summary="Admission, pool, episodes in flight, streams")
+    async def status() -> dict:
+        adm = await state["admission"].state()
+        producer = state["worker"].producer
+        worker: RolloutWorker = state["worker"]
+        return {
+            "policy_version": adm.learner_version,
+            "admission": {
+                "groups_admitted": adm.groups_admitted,
+                "bound": adm.bound,
+                "groups_in_flight": adm.groups_in_flight,
+                "oldest_in_flight_version": adm.oldest_in_flight_version,
+                "max_staleness": settings.max_staleness,
+                "groups_per_step": settings.groups_per_step,
+                "strict": settings.strict_staleness,
+                "can_admit": adm.groups_admitted < adm.bound,
+            },
+            "episodes_in_flight": worker.running,
+            "episode_slots_taken": worker.capacity.used,
+            "max_episodes_in_flight": settings.max_episodes_in_flight,
+            "trajectories_published": worker.published,
+            "uptime_s": round(time.time() - worker.started_at, 1),
+            "pool": {"tasks": await state["pool"].size(), "epoch": await state["pool"].epoch()},
+            "tasks": {"total": await state["store"].count()},
+            "streams": {
+                "episodes_backlog_verifier": await producer.backlog(streams.GROUP_VERIFIER),
+                "episodes_backlog_bound": settings.episodes_backlog_bound,
+            },
+            "infra_down": sorted(state["gate"].down),
+            "worker_enabled": settings.worker_enabled,
+        }
+
+
+async def _read_json(request: Request) -> Any:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise ApiError(413, "payload_too_large", f"body over {MAX_BODY_BYTES} bytes", None)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise ApiError(413, "payload_too_large", f"body over {MAX_BODY_BYTES} bytes", None)
+        chunks.append(chunk)
+    try:
+        return orjson.loads(b"".join(chunks))
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(422, "invalid_json", f"body is not valid JSON: {exc}", None) from None
