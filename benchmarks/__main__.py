@@ -25,7 +25,9 @@ def run(name: str, extra: list[str], directory: Path = HERE) -> tuple[int, float
     """`<package>.bench_<name>.main(extra)` in a fresh interpreter; returns (exit code, seconds)."""
     code = f"import sys; from {directory.name}.bench_{name} import main; main(sys.argv[1:])"
     start = time.monotonic()
-    rc = subprocess.run([sys.executable, "-c", code, *extra], cwd=directory.parent, check=False).returncode
+    rc = subprocess.run(
+        [sys.executable, "-c", code, *extra], cwd=directory.parent, check=False
+    ).returncode
     return rc, time.monotonic() - start
 
 
@@ -33,12 +35,18 @@ def main(argv: list[str] | None = None, directory: Path = HERE) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra: list[str] = []
     if "--" in argv:
-        argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1:]
-    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+        argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks", description=__doc__.splitlines()[0]
+    )
     names_available = available(directory)
-    parser.add_argument("names", nargs="*", help=f"benchmarks to run (default: all of {names_available})")
+    parser.add_argument(
+        "names", nargs="*", help=f"benchmarks to run (default: all of {names_available})"
+    )
     names = parser.parse_args(argv).names or names_available
-    unknown = [n.removeprefix("bench_") for n in names if n.removeprefix("bench_") not in names_available]
+    unknown = [
+        n.removeprefix("bench_") for n in names if n.removeprefix("bench_") not in names_available
+    ]
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; available: {names_available}")
     outcomes = []
@@ -48,7 +56,9 @@ def main(argv: list[str] | None = None, directory: Path = HERE) -> int:
         outcomes.append((name, rc, seconds))
     print("\nbenchmarks run:")
     for name, rc, seconds in outcomes:
-        print(f"  bench_{name:<12} {'ok' if rc == 0 else f'FAILED (exit {rc})':<16} {seconds:7.1f} s")
+        print(
+            f"  bench_{name:<12} {'ok' if rc == 0 else f'FAILED (exit {rc})':<16} {seconds:7.1f} s"
+        )
     return 1 if any(rc for _, rc, _ in outcomes) else 0
 
 

@@ -45,8 +45,14 @@ console = Console()
 
 
 def start_engine(log_dir: Path, threads: int, *args: str) -> ServiceProcess:
-    env = {"SHELLRL_MODEL_PATH": "smollm2", "SHELLRL_LOG_LEVEL": "WARNING", "SHELLRL_NUM_THREADS": str(threads)}
-    return ServiceProcess("engine", free_port(), env, log_dir, args=list(args)).start(ready_timeout_s=300)
+    env = {
+        "SHELLRL_MODEL_PATH": "smollm2",
+        "SHELLRL_LOG_LEVEL": "WARNING",
+        "SHELLRL_NUM_THREADS": str(threads),
+    }
+    return ServiceProcess("engine", free_port(), env, log_dir, args=list(args)).start(
+        ready_timeout_s=300
+    )
 
 
 def _prompt(rng: random.Random, n: int) -> list[int]:
@@ -70,14 +76,23 @@ async def bench_batching(url: str, levels: list[int], new_tokens: int, rounds: i
             for level in levels:
                 tokens, wall = await _wave(client, [_prompt(rng, 64) for _ in range(level)], params)
                 rates[level].append(tokens / wall)
-    table = Table(title=f"Engine batching: output tokens/s (SmolLM2-135M, 64-token prompts, {new_tokens} new "
-                        f"tokens, median and best of {rounds} interleaved rounds)")
-    for column in ("concurrent requests", "tokens/s (median)", "tokens/s (best)", "median vs 1 request"):
+    table = Table(
+        title=f"Engine batching: output tokens/s (SmolLM2-135M, 64-token prompts, {new_tokens} new "
+        f"tokens, median and best of {rounds} interleaved rounds)"
+    )
+    for column in (
+        "concurrent requests",
+        "tokens/s (median)",
+        "tokens/s (best)",
+        "median vs 1 request",
+    ):
         table.add_column(column, justify="right")
     base = statistics.median(rates[levels[0]])
     for level in levels:
         median = statistics.median(rates[level])
-        table.add_row(str(level), f"{median:.1f}", f"{max(rates[level]):.1f}", f"{median / base:.2f}x")
+        table.add_row(
+            str(level), f"{median:.1f}", f"{max(rates[level]):.1f}", f"{median / base:.2f}x"
+        )
     return table
 
 
@@ -87,7 +102,9 @@ async def _episodes(url: str, requests: int) -> float:
     prompts = [shared + _prompt(rng, 20) for _ in range(requests)]
     async with EngineClient([url], timeout_s=1800) as client:
         await _wave(client, [_prompt(rng, 8)], {"max_new_tokens": 2})  # warm-up, unrelated prefix
-        _, wall = await _wave(client, prompts, {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True})
+        _, wall = await _wave(
+            client, prompts, {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True}
+        )
     return wall
 
 
@@ -97,13 +114,19 @@ async def bench_weight_update(url: str, repeats: int) -> Table:
     mapping per push that no learner pays)."""
     import torch
 
+    from shellrl.models import load_model
     from shellrl.weights import bucket as wt
     from shellrl.weights import disk as wtd
-    from shellrl.models import load_model
 
     named = [(n, p.detach().clone()) for n, p in load_model("smollm2").named_parameters()]
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
-    times: dict[str, list[float]] = {"kept": [], "adopted": [], "fresh": [], "disk": [], "durable": []}
+    times: dict[str, list[float]] = {
+        "kept": [],
+        "adopted": [],
+        "fresh": [],
+        "disk": [],
+        "durable": [],
+    }
     scratch = tempfile.mkdtemp(prefix="bench-engine-")
     counter = iter(range(10**6))
 
@@ -135,11 +158,17 @@ async def bench_weight_update(url: str, repeats: int) -> Table:
         adopted.adopt([p for _, p in params])
 
         async def push_kept(version: str) -> None:
-            await client.update_weights_from_tensor([kept.refill(named).payload()], weight_version=version)
+            await client.update_weights_from_tensor(
+                [kept.refill(named).payload()], weight_version=version
+            )
 
-        async def push_adopted(version: str) -> None:  # new_version stepped the parameters in the segment
-            await client.update_weights_from_tensor([adopted.refill([(n, p.detach()) for n, p in params]).payload()],
-                                                    weight_version=version)
+        async def push_adopted(
+            version: str,
+        ) -> None:  # new_version stepped the parameters in the segment
+            await client.update_weights_from_tensor(
+                [adopted.refill([(n, p.detach()) for n, p in params]).payload()],
+                weight_version=version,
+            )
 
         async def push_fresh(version: str) -> None:
             with wt.SharedMemoryBucket(named) as bucket:
@@ -169,26 +198,46 @@ async def bench_weight_update(url: str, repeats: int) -> Table:
             adopted.close()
             shutil.rmtree(scratch, ignore_errors=True)
     median = {k: statistics.median(v) for k, v in times.items()}
-    table = Table(title=f"Whole-model weight update, learner memory to live weights ({nbytes / 2**20:.0f} MiB "
-                        f"float32, median of {repeats})")
+    table = Table(
+        title=f"Whole-model weight update, learner memory to live weights ({nbytes / 2**20:.0f} MiB "
+        f"float32, median of {repeats})"
+    )
     for column in ("transport", "seconds", "vs disk"):
         table.add_column(column, justify="right")
-    table.add_row("safetensors on disk: write + /update_weights_from_disk", f"{median['disk']:.3f}", "1.00x")
-    table.add_row("safetensors on disk, fsync'd before the call", f"{median['durable']:.3f}",
-                  f"{median['disk'] / median['durable']:.2f}x faster")
-    table.add_row("shared memory, new segment per push: /update_weights_from_tensor", f"{median['fresh']:.3f}",
-                  f"{median['disk'] / median['fresh']:.2f}x faster")
-    table.add_row("shared memory, kept segment (refill): /update_weights_from_tensor", f"{median['kept']:.3f}",
-                  f"{median['disk'] / median['kept']:.2f}x faster")
-    table.add_row("shared memory, parameters live in the segment (adopt): /update_weights_from_tensor",
-                  f"{median['adopted']:.3f}", f"{median['disk'] / median['adopted']:.2f}x faster")
+    table.add_row(
+        "safetensors on disk: write + /update_weights_from_disk", f"{median['disk']:.3f}", "1.00x"
+    )
+    table.add_row(
+        "safetensors on disk, fsync'd before the call",
+        f"{median['durable']:.3f}",
+        f"{median['disk'] / median['durable']:.2f}x faster",
+    )
+    table.add_row(
+        "shared memory, new segment per push: /update_weights_from_tensor",
+        f"{median['fresh']:.3f}",
+        f"{median['disk'] / median['fresh']:.2f}x faster",
+    )
+    table.add_row(
+        "shared memory, kept segment (refill): /update_weights_from_tensor",
+        f"{median['kept']:.3f}",
+        f"{median['disk'] / median['kept']:.2f}x faster",
+    )
+    table.add_row(
+        "shared memory, parameters live in the segment (adopt): /update_weights_from_tensor",
+        f"{median['adopted']:.3f}",
+        f"{median['disk'] / median['adopted']:.2f}x faster",
+    )
     return table
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_engine", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_engine", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--quick", action="store_true", help="fewer tokens and repeats (smoke run)")
-    parser.add_argument("--threads", type=int, default=0, help="engine torch threads (0: torch's default)")
+    parser.add_argument(
+        "--threads", type=int, default=0, help="engine torch threads (0: torch's default)"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="weight updates per transport")
     parser.add_argument("--rounds", type=int, default=3, help="rounds of the batching levels")
     parser.add_argument("--only", choices=("batching", "prefix", "weights"), action="append")
@@ -196,13 +245,17 @@ def main(argv: list[str] | None = None) -> None:
     parts = args.only or ["batching", "prefix", "weights"]
     new_tokens = 16 if args.quick else 32
     repeats, rounds = (1, 1) if args.quick else (args.repeats, args.rounds)
-    console.print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
-                  f"engine threads: {args.threads or 'torch default'}")
+    console.print(
+        f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
+        f"engine threads: {args.threads or 'torch default'}"
+    )
     with tempfile.TemporaryDirectory() as logs:
         engine = start_engine(Path(logs), args.threads)
         try:
             if "batching" in parts:
-                console.print(asyncio.run(bench_batching(engine.url, [1, 4, 8, 16], new_tokens, rounds)))
+                console.print(
+                    asyncio.run(bench_batching(engine.url, [1, 4, 8, 16], new_tokens, rounds))
+                )
             if "prefix" in parts:
                 with_cache = asyncio.run(_episodes(engine.url, 32))
             if "weights" in parts:
@@ -215,11 +268,17 @@ def main(argv: list[str] | None = None) -> None:
                 without_cache = asyncio.run(_episodes(engine.url, 32))
             finally:
                 engine.stop()
-            table = Table(title="32 episode-like requests sharing a 300-token prefix (+20 own tokens, 16 new tokens)")
+            table = Table(
+                title="32 episode-like requests sharing a 300-token prefix (+20 own tokens, 16 new tokens)"
+            )
             for column in ("engine", "wall s", "speed-up"):
                 table.add_column(column, justify="right")
-            table.add_row("without prefix cache (--disable-radix-cache)", f"{without_cache:.1f}", "1.00x")
-            table.add_row("with prefix cache", f"{with_cache:.1f}", f"{without_cache / with_cache:.2f}x")
+            table.add_row(
+                "without prefix cache (--disable-radix-cache)", f"{without_cache:.1f}", "1.00x"
+            )
+            table.add_row(
+                "with prefix cache", f"{with_cache:.1f}", f"{without_cache / with_cache:.2f}x"
+            )
             console.print(table)
     console.print(f"load average at the end: {os.getloadavg()[0]:.1f}")
 

@@ -5,8 +5,9 @@ Learner: this process, model on --learner-device (cuda:0). Engine: the project's
 Qwen2.5-0.5B and Qwen2.5-7B architectures with random weights (benchmarks.model_shapes; nothing is
 downloaded). One update = from "optimizer step done" (learner GPU synchronized) to "the engine
 serves the new version": learner-side copies (begin_weight_update is sent meanwhile, as
-WeightSync does), update_weights_from_tensor (or _from_disk), end_weight_update (the engine swaps the staged tensors into its parameters and drops
-its prefix cache), and a /model_info read that reports the new weight_version. "serving" is the
+WeightSync does), update_weights_from_tensor (or _from_disk), end_weight_update (the engine
+swaps the staged tensors into its parameters and drops its prefix cache), and a /model_info read
+that reports the new weight_version. "serving" is the
 same without that read: end_weight_update returns after the swap, so the engine already serves the
 new version when it answers (the read is a check, which WeightSync.push also makes).
 
@@ -48,8 +49,13 @@ from rich.table import Table
 
 from benchmarks.gpu_common import EngineProcess, summary_ms
 
-PATHS = {"a": "per-tensor copies + CUDA IPC", "b": "bucket, one copy + CUDA IPC",
-         "c": "host-staged pinned shm", "d": "safetensors on disk", "w": "WeightSync.push (learner service)"}
+PATHS = {
+    "a": "per-tensor copies + CUDA IPC",
+    "b": "bucket, one copy + CUDA IPC",
+    "c": "host-staged pinned shm",
+    "d": "safetensors on disk",
+    "w": "WeightSync.push (learner service)",
+}
 console = Console(width=140)
 
 
@@ -97,11 +103,14 @@ async def http_round_trips(url: str, client=None, repeats: int = 30) -> dict:
             await timed(path, lambda: _get_ok(http, f"{url}/{path}"))
 
         async def raw_session():
-            (await http.post(f"{url}/begin_weight_update", json={"selector": "all"})).raise_for_status()
+            (
+                await http.post(f"{url}/begin_weight_update", json={"selector": "all"})
+            ).raise_for_status()
             (await http.post(f"{url}/end_weight_update", json={})).raise_for_status()
 
         await timed("begin+end (httpx)", raw_session)
     if client is not None:
+
         async def client_session():
             await client.begin_weight_update(urls=[url])
             await client.end_weight_update(urls=[url])
@@ -126,7 +135,9 @@ async def engine_phase_sums(url: str) -> dict[str, tuple[float, float]]:
             continue
         for sample in family.samples:
             if sample.name.endswith(("_sum", "_count")):
-                out.setdefault(sample.labels["phase"], [0.0, 0.0])[sample.name.endswith("_count")] = sample.value
+                out.setdefault(sample.labels["phase"], [0.0, 0.0])[
+                    sample.name.endswith("_count")
+                ] = sample.value
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
@@ -139,12 +150,15 @@ def mark_version(model, version: int) -> float:
     return float(version % 200)
 
 
-async def run_path(path: str, model, client, url: str, work: Path, args, start_version: int) -> dict:
+async def run_path(
+    path: str, model, client, url: str, work: Path, args, start_version: int
+) -> dict:
     """`args.updates` timed updates (after warm-ups) of one path; returns timings and checks."""
     import torch
 
     from shellrl.weights import disk as wtd
     from shellrl.weights import gpu as wtg
+
     learner = torch.device(args.learner_device)
     named = [(n, p.detach()) for n, p in model.named_parameters()]
     on_gpu = learner.type == "cuda"
@@ -153,8 +167,15 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
     sync = None
     if path == "w":
         from services.learner.weight_sync import WeightSync
-        sync = WeightSync(client, None, transport="cuda_ipc" if on_gpu else "shm", deadline_s=300.0,
-                          sync_dir=work / "sync", engine_device=args.engine_device if on_gpu else None)
+
+        sync = WeightSync(
+            client,
+            None,
+            transport="cuda_ipc" if on_gpu else "shm",
+            deadline_s=300.0,
+            sync_dir=work / "sync",
+            engine_device=args.engine_device if on_gpu else None,
+        )
     warmup = 1 if path == "d" else 3
     phases_before: dict = {}
     totals, servings, fills, updates, verifies = [], [], [], [], []
@@ -174,7 +195,9 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
             elif path == "d":
                 directory = wtd.save_safetensors_dir(named, work / "disk" / f"v{version}").parent
                 t1 = time.perf_counter()
-                await client.update_weights_from_disk(str(directory), weight_version=str(version), urls=[url])
+                await client.update_weights_from_disk(
+                    str(directory), weight_version=str(version), urls=[url]
+                )
                 t2 = time.perf_counter()
             else:  # as WeightSync does: the engine's session opens while the learner copies
                 opening = asyncio.ensure_future(client.begin_weight_update(urls=[url]))
@@ -185,14 +208,21 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
                     payload = ipc.fill(named, "direct" if path == "a" else "bucket", False)
                 t1 = time.perf_counter()
                 await opening
-                await client.update_weights_from_tensor([payload], weight_version=str(version), session=False,
-                                                         flush_cache=False, urls=[url])
+                await client.update_weights_from_tensor(
+                    [payload],
+                    weight_version=str(version),
+                    session=False,
+                    flush_cache=False,
+                    urls=[url],
+                )
                 await client.end_weight_update(urls=[url])
                 t2 = time.perf_counter()
             got = (await client.get_weight_version(urls=[url]))[url]
             t3 = time.perf_counter()
             if got != str(version):
-                raise RuntimeError(f"path {path}: engine reports version {got!r}, expected {version}")
+                raise RuntimeError(
+                    f"path {path}: engine reports version {got!r}, expected {version}"
+                )
             if i == warmup - 1:
                 phases_before = await engine_phase_sums(url)
             if path == "d" and version - 1 > start_version:
@@ -209,53 +239,72 @@ async def run_path(path: str, model, client, url: str, work: Path, args, start_v
             before_s, before_n = phases_before.get(phase, (0.0, 0.0))
             engine_phases_ms[phase] = 1e3 * (total_s - before_s) / max(1.0, count - before_n)
         async with httpx.AsyncClient(timeout=60.0) as http:
-            served = (await http.post(f"{url}/get_weights_by_name",
-                                      json={"name": "model.norm.weight", "truncate_size": 2})).json()
+            served = (
+                await http.post(
+                    f"{url}/get_weights_by_name",
+                    json={"name": "model.norm.weight", "truncate_size": 2},
+                )
+            ).json()
     finally:
         if pinned is not None:
             pinned.close()
         if ipc is not None:
             ipc.close()
         shutil.rmtree(work / "disk", ignore_errors=True)
-    return {"path": path, "name": PATHS[path], "total": summary_ms(totals), "serving": summary_ms(servings),
-            "learner_copy": summary_ms(fills),
-            "engine_update": summary_ms(updates), "verify": summary_ms(verifies),
-            "served_value_ok": abs(served[0] - expected) < 1e-6,
-            "engine_phases_ms": engine_phases_ms, "last_version": version,
-            "pinned": None if pinned is None else True}
+    return {
+        "path": path,
+        "name": PATHS[path],
+        "total": summary_ms(totals),
+        "serving": summary_ms(servings),
+        "learner_copy": summary_ms(fills),
+        "engine_update": summary_ms(updates),
+        "verify": summary_ms(verifies),
+        "served_value_ok": abs(served[0] - expected) < 1e-6,
+        "engine_phases_ms": engine_phases_ms,
+        "last_version": version,
+        "pinned": None if pinned is None else True,
+    }
 
 
 async def sync_section(shape: str, paths: str, args, results: dict, parity: bool) -> None:
     """Build the model, start the engine, time every path; run the parity section on the same engine."""
     import torch
 
-    from shellrl.weights import bucket as wt
-    from shellrl.clients.engine import EngineClient
     from benchmarks.model_shapes import save_random_model
+    from shellrl.clients.engine import EngineClient
+    from shellrl.weights import bucket as wt
 
     work = Path(args.work_dir) / shape
     shutil.rmtree(work, ignore_errors=True)
     dtype = torch.bfloat16 if args.learner_device.startswith("cuda") else torch.float32
     t0 = time.perf_counter()
-    model = save_random_model(shape, work / "model", device=args.learner_device, dtype=dtype, logit_std=4.0)
+    model = save_random_model(
+        shape, work / "model", device=args.learner_device, dtype=dtype, logit_std=4.0
+    )
     original_norm = model.model.norm.weight.detach().clone()
     named = [(n, p.detach()) for n, p in model.named_parameters()]
     nbytes = wt.plan_bucket(named)[1]
     out = results.setdefault("sync", {}).setdefault(shape, {})
     out.update({"bytes": nbytes, "tensors": len(named), "build_s": time.perf_counter() - t0})
-    console.print(f"[bold]{shape}[/]: {len(named)} tensors, {nbytes / 1e9:.3f} GB; built in {out['build_s']:.0f} s")
+    console.print(
+        f"[bold]{shape}[/]: {len(named)} tensors, {nbytes / 1e9:.3f} GB; built in {out['build_s']:.0f} s"
+    )
     if args.learner_device.startswith("cuda") and args.engine_device.startswith("cuda"):
         out["floor"] = copy_floor(nbytes, args.learner_device, args.engine_device)
         out["floor_local"] = copy_floor(nbytes, args.engine_device, args.engine_device)
-        console.print(f"  floor {out['floor']['median_ms']:.2f} ms ({out['floor']['gb_per_s']:.0f} GB/s)")
+        console.print(
+            f"  floor {out['floor']['median_ms']:.2f} ms ({out['floor']['gb_per_s']:.0f} GB/s)"
+        )
     engine = EngineProcess(work / "model", args.engine_device, work / "engine.log")
     t0 = time.perf_counter()
     engine.start()
     out["engine_start_s"] = time.perf_counter() - t0
     client = EngineClient(engine.url, timeout_s=600.0)
     out["http_rtt"] = await http_round_trips(engine.url, client)
-    console.print("  HTTP round trips (median ms): " + ", ".join(f"{k} {v['median_ms']:.2f}"
-                                                                for k, v in out["http_rtt"].items()))
+    console.print(
+        "  HTTP round trips (median ms): "
+        + ", ".join(f"{k} {v['median_ms']:.2f}" for k, v in out["http_rtt"].items())
+    )
     version = 0
     try:
         for path in paths:
@@ -263,12 +312,19 @@ async def sync_section(shape: str, paths: str, args, results: dict, parity: bool
                 r = await run_path(path, model, client, engine.url, work, args, version)
                 version = r["last_version"]
                 out[path] = r
-                console.print(f"  {path} {r['name']}: median {r['total']['median_ms']:.2f} ms, "
-                              f"p90 {r['total']['p90_ms']:.2f} ms, served value ok={r['served_value_ok']}; engine "
-                              "phases (mean ms) " + ", ".join(f"{k} {v:.2f}" for k, v in r["engine_phases_ms"].items()))
+                console.print(
+                    f"  {path} {r['name']}: median {r['total']['median_ms']:.2f} ms, "
+                    f"p90 {r['total']['p90_ms']:.2f} ms, served value ok={r['served_value_ok']}; engine "
+                    "phases (mean ms) "
+                    + ", ".join(f"{k} {v:.2f}" for k, v in r["engine_phases_ms"].items())
+                )
             except Exception as exc:  # noqa: BLE001 - one path failing must not lose the others' numbers
-                out[path] = {"path": path, "name": PATHS[path], "error": f"{type(exc).__name__}: {exc}",
-                             "engine_log": engine.tail()}
+                out[path] = {
+                    "path": path,
+                    "name": PATHS[path],
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "engine_log": engine.tail(),
+                }
                 console.print(f"  [red]{path} failed: {exc}[/]")
                 version += 1000
             write_results(results, args)
@@ -278,9 +334,14 @@ async def sync_section(shape: str, paths: str, args, results: dict, parity: bool
             from benchmarks.gpu_parity import parity_section
 
             try:
-                results["parity"] = await parity_section(model, client, engine.url, args, version + 1000)
+                results["parity"] = await parity_section(
+                    model, client, engine.url, args, version + 1000
+                )
             except Exception as exc:  # noqa: BLE001 - reported in the results, the rest still runs
-                results["parity"] = {"error": f"{type(exc).__name__}: {exc}", "engine_log": engine.tail()}
+                results["parity"] = {
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "engine_log": engine.tail(),
+                }
                 console.print(f"  [red]parity failed: {exc}[/]")
             write_results(results, args)
     finally:
@@ -294,32 +355,73 @@ async def sync_section(shape: str, paths: str, args, results: dict, parity: bool
 
 
 def sync_table(results: dict) -> Table:
-    table = Table(title="Weight sync, end to end (optimizer step done -> engine serves the new version)")
-    for col in ("model", "path", "median ms", "p90 ms", "x floor", "serving ms", "learner copy ms",
-                "engine update ms", "verify ms", "n"):
+    table = Table(
+        title="Weight sync, end to end (optimizer step done -> engine serves the new version)"
+    )
+    for col in (
+        "model",
+        "path",
+        "median ms",
+        "p90 ms",
+        "x floor",
+        "serving ms",
+        "learner copy ms",
+        "engine update ms",
+        "verify ms",
+        "n",
+    ):
         table.add_column(col, justify="right" if col != "path" else "left")
     for shape, out in results.get("sync", {}).items():
         floor = out.get("floor", {}).get("median_ms")
         if floor:
-            table.add_row(shape, f"floor: raw copy {out['bytes'] / 1e9:.2f} GB "
-                                 f"({out['floor']['gb_per_s']:.0f} GB/s)", f"{floor:.2f}",
-                          f"{out['floor']['p90_ms']:.2f}", "1.00", "", "", "", "", str(out["floor"]["n"]))
+            table.add_row(
+                shape,
+                f"floor: raw copy {out['bytes'] / 1e9:.2f} GB "
+                f"({out['floor']['gb_per_s']:.0f} GB/s)",
+                f"{floor:.2f}",
+                f"{out['floor']['p90_ms']:.2f}",
+                "1.00",
+                "",
+                "",
+                "",
+                "",
+                str(out["floor"]["n"]),
+            )
         for name, rtt in out.get("http_rtt", {}).items():
-            table.add_row(shape, f"HTTP round trip: {name}", f"{rtt['median_ms']:.2f}",
-                          f"{rtt['p90_ms']:.2f}", "", "", "", "", "", str(rtt["n"]))
+            table.add_row(
+                shape,
+                f"HTTP round trip: {name}",
+                f"{rtt['median_ms']:.2f}",
+                f"{rtt['p90_ms']:.2f}",
+                "",
+                "",
+                "",
+                "",
+                "",
+                str(rtt["n"]),
+            )
         for path in PATHS:
             r = out.get(path)
             if r is None:
                 continue
             if "error" in r:
-                table.add_row(shape, f"{path} {r['name']}", "failed", r["error"][:60], "", "", "", "", "", "")
+                table.add_row(
+                    shape, f"{path} {r['name']}", "failed", r["error"][:60], "", "", "", "", "", ""
+                )
                 continue
             t = r["total"]
-            table.add_row(shape, f"{path} {r['name']}", f"{t['median_ms']:.2f}", f"{t['p90_ms']:.2f}",
-                          f"{t['median_ms'] / floor:.2f}" if floor else "-",
-                          f"{r['serving']['median_ms']:.2f}" if "serving" in r else "-",
-                          f"{r['learner_copy']['median_ms']:.2f}", f"{r['engine_update']['median_ms']:.2f}",
-                          f"{r['verify']['median_ms']:.2f}", str(t["n"]))
+            table.add_row(
+                shape,
+                f"{path} {r['name']}",
+                f"{t['median_ms']:.2f}",
+                f"{t['p90_ms']:.2f}",
+                f"{t['median_ms'] / floor:.2f}" if floor else "-",
+                f"{r['serving']['median_ms']:.2f}" if "serving" in r else "-",
+                f"{r['learner_copy']['median_ms']:.2f}",
+                f"{r['engine_update']['median_ms']:.2f}",
+                f"{r['verify']['median_ms']:.2f}",
+                str(t["n"]),
+            )
     return table
 
 
@@ -333,23 +435,30 @@ def write_results(results: dict, args) -> None:
     record.print(sync_table(results))
     if "parity" in results:
         from benchmarks.gpu_parity import parity_table
+
         record.print(parity_table(results["parity"]))
     if "memory" in results:
         from benchmarks.gpu_memory import memory_table
+
         record.print(memory_table(results["memory"]))
     (out / "results.md").write_text(record.export_text())
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_gpu_weight_sync",
-                                     description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_gpu_weight_sync", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--learner-device", default="cuda:0")
     parser.add_argument("--engine-device", default="cuda:1")
     parser.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-7b")
-    parser.add_argument("--paths", default="abcdw", help="paths for the first shape (see the module docstring)")
+    parser.add_argument(
+        "--paths", default="abcdw", help="paths for the first shape (see the module docstring)"
+    )
     parser.add_argument("--paths-large", default="abw", help="paths for the other shapes")
     parser.add_argument("--sections", default="sync,parity,memory")
-    parser.add_argument("--updates", type=int, default=20, help="timed updates per path (after warm-ups)")
+    parser.add_argument(
+        "--updates", type=int, default=20, help="timed updates per path (after warm-ups)"
+    )
     parser.add_argument("--parity-prompts", type=int, default=40)
     parser.add_argument("--parity-new-tokens", type=int, default=256)
     parser.add_argument("--memory-shape", default="qwen2.5-0.5b")
@@ -358,10 +467,14 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import torch
 
-    needed = [torch.device(d) for d in (args.learner_device, args.engine_device) if d.startswith("cuda")]
+    needed = [
+        torch.device(d) for d in (args.learner_device, args.engine_device) if d.startswith("cuda")
+    ]
     if needed and torch.cuda.device_count() <= max(d.index or 0 for d in needed):
-        console.print(f"bench_gpu_weight_sync: skipped (needs {args.learner_device} and {args.engine_device}; "
-                      f"this machine has {torch.cuda.device_count()} CUDA GPUs)")
+        console.print(
+            f"bench_gpu_weight_sync: skipped (needs {args.learner_device} and {args.engine_device}; "
+            f"this machine has {torch.cuda.device_count()} CUDA GPUs)"
+        )
         return
     sections = set(args.sections.split(","))
     results: dict = {"devices": _devices(), "args": vars(args)}
@@ -369,14 +482,23 @@ def main(argv: list[str] | None = None) -> None:
     started = time.perf_counter()
     for i, shape in enumerate(shapes):
         if "sync" in sections or ("parity" in sections and i == 0):
-            asyncio.run(sync_section(shape, (args.paths if i == 0 else args.paths_large) if "sync" in sections else "",
-                                     args, results, parity="parity" in sections and i == 0))
+            asyncio.run(
+                sync_section(
+                    shape,
+                    (args.paths if i == 0 else args.paths_large) if "sync" in sections else "",
+                    args,
+                    results,
+                    parity="parity" in sections and i == 0,
+                )
+            )
     console.print(sync_table(results))
     if "parity" in results:
         from benchmarks.gpu_parity import parity_table
+
         console.print(parity_table(results["parity"]))
     if "memory" in sections:
         from benchmarks.gpu_memory import memory_section, memory_table
+
         try:
             results["memory"] = memory_section(args)
         except Exception as exc:  # noqa: BLE001 - reported in the results
@@ -392,11 +514,14 @@ def _devices() -> dict:
     info = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus": []}
     for i in range(torch.cuda.device_count()):
         p = torch.cuda.get_device_properties(i)
-        info["gpus"].append({"index": i, "name": p.name, "memory_gb": round(p.total_memory / 2**30, 1)})
+        info["gpus"].append(
+            {"index": i, "name": p.name, "memory_gb": round(p.total_memory / 2**30, 1)}
+        )
     if torch.cuda.device_count() >= 2:
         info["peer_access_0_1"] = torch.cuda.can_device_access_peer(0, 1)
     try:
         import transformers
+
         info["transformers"] = transformers.__version__
     except ImportError:
         pass

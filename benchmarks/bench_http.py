@@ -55,7 +55,9 @@ async def _median_rtt_ms(port: int, requests: int) -> float:
 def main(argv: list[str] | None = None) -> None:
     from tests.helpers.redis_server import free_port
 
-    parser = argparse.ArgumentParser(prog="python -m benchmarks http", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks http", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args(argv)
@@ -72,13 +74,19 @@ def main(argv: list[str] | None = None) -> None:
             finally:
                 proc.terminate()
                 proc.wait(timeout=10)
-    table = Table(title=f"GET /healthz round trip, median of {args.requests} per round, {args.rounds} rounds")
+    table = Table(
+        title=f"GET /healthz round trip, median of {args.requests} per round, {args.rounds} rounds"
+    )
     for col in ("event loop", "HTTP parser", "ms per round", "vs h11 (per round)"):
         table.add_column(col, justify="left" if col in ("event loop", "HTTP parser") else "right")
     base = results[("asyncio", "h11")]
     for (loop, http), values in results.items():
-        table.add_row(loop, http, " / ".join(f"{v:.3f}" for v in values),
-                      " / ".join(f"{b / v:.2f}x" for b, v in zip(base, values)))
+        table.add_row(
+            loop,
+            http,
+            " / ".join(f"{v:.3f}" for v in values),
+            " / ".join(f"{b / v:.2f}x" for b, v in zip(base, values)),
+        )
     Console(width=120).print(table)
 
 

@@ -53,11 +53,18 @@ def make_batch(trajectories: int, tokens: int, seed: int = 0):
         total = int(tokens + rng.integers(-16, 17))
         p = total // 2
         r = total - p
-        samples.append(TrainSample(
-            trajectory_id=f"t{i}", prompt_ids=rng.integers(200, 40000, p), response_ids=rng.integers(200, 40000, r),
-            behavior_logprobs=np.full(r, -8.0, np.float32), loss_mask=np.ones(r, np.uint8),
-            policy_versions=np.zeros(r, np.int64), temperatures=np.ones(r, np.float32),
-            advantage=1.0 if i % 2 else -1.0))
+        samples.append(
+            TrainSample(
+                trajectory_id=f"t{i}",
+                prompt_ids=rng.integers(200, 40000, p),
+                response_ids=rng.integers(200, 40000, r),
+                behavior_logprobs=np.full(r, -8.0, np.float32),
+                loss_mask=np.ones(r, np.uint8),
+                policy_versions=np.zeros(r, np.int64),
+                temperatures=np.ones(r, np.float32),
+                advantage=1.0 if i % 2 else -1.0,
+            )
+        )
     return build_batch(samples, pad_token_id=2)
 
 
@@ -68,8 +75,15 @@ def _status_kb(field: str) -> int:
     raise KeyError(field)
 
 
-def _memory_child(mode: str, trajectories: int, tokens: int, threads: int, out, model_path: str,
-                  profile_tensors: bool) -> None:
+def _memory_child(
+    mode: str,
+    trajectories: int,
+    tokens: int,
+    threads: int,
+    out,
+    model_path: str,
+    profile_tensors: bool,
+) -> None:
     """One forward+backward in a fresh process. Sends (peak RSS above the RSS before the pass, peak
     bytes of live tensors during the pass or 0 when not profiled, seconds)."""
     import torch
@@ -83,7 +97,9 @@ def _memory_child(mode: str, trajectories: int, tokens: int, threads: int, out, 
     enable_gradient_checkpointing(model)
     model.train()
     batch = make_batch(trajectories, tokens)
-    with torch.no_grad():  # touch every weight once (safetensors may be mapped lazily), warm the allocator
+    with (
+        torch.no_grad()
+    ):  # touch every weight once (safetensors may be mapped lazily), warm the allocator
         model(input_ids=batch.input_ids[:1, :8])
     Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM (peak RSS) to the current RSS
     base_kb = _status_kb("VmRSS")
@@ -92,10 +108,15 @@ def _memory_child(mode: str, trajectories: int, tokens: int, threads: int, out, 
         if mode == "per_sequence":
             logp = token_logprobs(model, batch)
         else:  # whole batch: [B, L-1, V] float32 logits, log_softmax, gather
-            hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                         position_ids=batch.position_ids).last_hidden_state[:, :-1]
+            hidden = model.get_decoder()(
+                input_ids=batch.input_ids,
+                attention_mask=batch.attention_mask,
+                position_ids=batch.position_ids,
+            ).last_hidden_state[:, :-1]
             logits = model.get_output_embeddings()(hidden).float()  # temperatures are 1 here
-            logp = torch.log_softmax(logits, -1).gather(-1, batch.target_ids.unsqueeze(-1)).squeeze(-1)
+            logp = (
+                torch.log_softmax(logits, -1).gather(-1, batch.target_ids.unsqueeze(-1)).squeeze(-1)
+            )
             logp = logp * batch.loss_mask
         (-(logp * batch.advantages).sum() / batch.loss_mask.sum()).backward()
 
@@ -104,8 +125,10 @@ def _memory_child(mode: str, trajectories: int, tokens: int, threads: int, out, 
     if profile_tensors:
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
             one_pass()
-        events = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
-                        key=lambda e: e.start_ns())
+        events = sorted(
+            (e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+            key=lambda e: e.start_ns(),
+        )
         live = 0
         for e in events:  # +bytes on allocation, -bytes on free: the peak of live tensor memory
             live += e.nbytes()
@@ -116,14 +139,24 @@ def _memory_child(mode: str, trajectories: int, tokens: int, threads: int, out, 
     out.send(((_status_kb("VmHWM") - base_kb) * 1024, peak, seconds))
 
 
-def measure_memory(mode: str, trajectories: int, tokens: int, threads: int, *, model_path: str = "smollm2",
-                   profile_tensors: bool = False, jemalloc: bool = True) -> tuple[int, int, float]:
+def measure_memory(
+    mode: str,
+    trajectories: int,
+    tokens: int,
+    threads: int,
+    *,
+    model_path: str = "smollm2",
+    profile_tensors: bool = False,
+    jemalloc: bool = True,
+) -> tuple[int, int, float]:
     """(peak RSS bytes, peak tensor bytes, seconds) of one pass in a fresh process, on jemalloc (as
     the learner runs) or glibc malloc."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_memory_child, args=(mode, trajectories, tokens, threads, child, model_path,
-                                                   profile_tensors))
+    proc = ctx.Process(
+        target=_memory_child,
+        args=(mode, trajectories, tokens, threads, child, model_path, profile_tensors),
+    )
     saved = os.environ.get("LD_PRELOAD")
     library = jemalloc_path()
     if jemalloc and library:
@@ -138,14 +171,18 @@ def measure_memory(mode: str, trajectories: int, tokens: int, threads: int, *, m
             os.environ["LD_PRELOAD"] = saved
     while not parent.poll(1.0):
         if not proc.is_alive():
-            raise RuntimeError(f"the {mode} memory measurement died with exit code {proc.exitcode} "
-                               "(out of memory?)")
+            raise RuntimeError(
+                f"the {mode} memory measurement died with exit code {proc.exitcode} "
+                "(out of memory?)"
+            )
     result = parent.recv()
     proc.join()
     return result
 
 
-async def bench_step_and_push(trajectories: int, tokens: int, threads: int, repeats: int, log_dir: Path):
+async def bench_step_and_push(
+    trajectories: int, tokens: int, threads: int, repeats: int, log_dir: Path
+):
     import torch
 
     from services.learner.trainer import Trainer, TrainerConfig
@@ -156,7 +193,11 @@ async def bench_step_and_push(trajectories: int, tokens: int, threads: int, repe
     from tests.helpers.redis_server import free_port
 
     torch.set_num_threads(threads)
-    env = {"SHELLRL_MODEL_PATH": "smollm2", "SHELLRL_LOG_LEVEL": "WARNING", "SHELLRL_NUM_THREADS": str(threads)}
+    env = {
+        "SHELLRL_MODEL_PATH": "smollm2",
+        "SHELLRL_LOG_LEVEL": "WARNING",
+        "SHELLRL_NUM_THREADS": str(threads),
+    }
     engine = ServiceProcess("engine", free_port(), env, log_dir).start(ready_timeout_s=300)
     try:
         model = load_model("smollm2", dtype=torch.float32)
@@ -169,7 +210,9 @@ async def bench_step_and_push(trajectories: int, tokens: int, threads: int, repe
         async with EngineClient([engine.url], timeout_s=120) as client:
             pushes = {}
             for transport in ("shm", "disk"):
-                sync = WeightSync(client, None, transport=transport, deadline_s=120, sync_dir=log_dir / "sync")
+                sync = WeightSync(
+                    client, None, transport=transport, deadline_s=120, sync_dir=log_dir / "sync"
+                )
                 runs = []
                 for i in range(repeats):
                     r = await sync.push(model, 1 + i + (100 if transport == "disk" else 0))
@@ -183,13 +226,19 @@ async def bench_step_and_push(trajectories: int, tokens: int, threads: int, repe
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_learner", description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="4 trajectories of ~256 tokens, 1 push repeat")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_learner", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="4 trajectories of ~256 tokens, 1 push repeat"
+    )
     parser.add_argument("--trajectories", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--glibc", action="store_true", help="also measure per-sequence RSS on glibc malloc")
+    parser.add_argument(
+        "--glibc", action="store_true", help="also measure per-sequence RSS on glibc malloc"
+    )
     args = parser.parse_args(argv)
     reexec_with_jemalloc("benchmarks.bench_learner", list(sys.argv[1:] if argv is None else argv))
     if args.quick:
@@ -197,48 +246,79 @@ def main(argv: list[str] | None = None) -> None:
     b, n = args.trajectories, args.tokens
     with tempfile.TemporaryDirectory(prefix="bench_learner_") as tmp:
         recompute, result, pushes, loss_tokens = asyncio.run(
-            bench_step_and_push(b, n, args.threads, args.repeats, Path(tmp)))
+            bench_step_and_push(b, n, args.threads, args.repeats, Path(tmp))
+        )
     fwd_bwd, push = result.duration_s, pushes["shm"]["total"]
     total = recompute + fwd_bwd + push
-    table = Table(title=f"Learner step, SmolLM2-135M float32, {b} trajectories x ~{n} tokens "
-                        f"({loss_tokens} loss tokens), {args.threads} threads")
+    table = Table(
+        title=f"Learner step, SmolLM2-135M float32, {b} trajectories x ~{n} tokens "
+        f"({loss_tokens} loss tokens), {args.threads} threads"
+    )
     for column in ("phase", "seconds", "share of step"):
         table.add_column(column, justify="right")
-    for name, seconds in (("log-prob recompute (no grad, per-sequence fp32)", recompute),
-                          ("forward/backward + AdamW (micro-batch 4)", fwd_bwd),
-                          ("weight push (shm, engine confirms)", push), ("total", total)):
+    for name, seconds in (
+        ("log-prob recompute (no grad, per-sequence fp32)", recompute),
+        ("forward/backward + AdamW (micro-batch 4)", fwd_bwd),
+        ("weight push (shm, engine confirms)", push),
+        ("total", total),
+    ):
         table.add_row(name, f"{seconds:.2f}", f"{seconds / total:.0%}")
     console.print(table)
 
-    rows = [("whole-batch float32 [B, L, V] (baseline)", "whole_batch", True),
-            ("per-sequence float32 (shellrl.rl.logprobs)", "per_sequence", True)]
+    rows = [
+        ("whole-batch float32 [B, L, V] (baseline)", "whole_batch", True),
+        ("per-sequence float32 (shellrl.rl.logprobs)", "per_sequence", True),
+    ]
     if args.glibc:
         rows.append(("per-sequence float32, glibc malloc", "per_sequence", False))
     results = []
     for name, mode, jemalloc in rows:
         rss, _, seconds = measure_memory(mode, b, n, args.threads, jemalloc=jemalloc)
-        tensors = measure_memory(mode, b, n, args.threads, profile_tensors=True, jemalloc=jemalloc)[1] if jemalloc else 0
+        tensors = (
+            measure_memory(mode, b, n, args.threads, profile_tensors=True, jemalloc=jemalloc)[1]
+            if jemalloc
+            else 0
+        )
         results.append((name, rss, tensors, seconds))
     base_rss, base_tensors = results[0][1], results[0][2]
-    table = Table(title=f"Peak memory of one forward+backward over {b} x ~{n} tokens above the loaded model: "
-                        "RSS (VmHWM; jemalloc, as the learner runs) and live tensors (profiler)")
-    for column in ("log-probs", "peak RSS MiB", "vs whole batch", "peak tensors MiB", "vs whole batch", "seconds"):
+    table = Table(
+        title=f"Peak memory of one forward+backward over {b} x ~{n} tokens above the loaded model: "
+        "RSS (VmHWM; jemalloc, as the learner runs) and live tensors (profiler)"
+    )
+    for column in (
+        "log-probs",
+        "peak RSS MiB",
+        "vs whole batch",
+        "peak tensors MiB",
+        "vs whole batch",
+        "seconds",
+    ):
         table.add_column(column, justify="right")
     for name, rss, tensors, seconds in results:
-        table.add_row(name, f"{rss / 2**20:.0f}", f"{rss / base_rss:.2f}x",
-                      f"{tensors / 2**20:.0f}" if tensors else "-", f"{tensors / base_tensors:.2f}x" if tensors else "-",
-                      f"{seconds:.1f}")
+        table.add_row(
+            name,
+            f"{rss / 2**20:.0f}",
+            f"{rss / base_rss:.2f}x",
+            f"{tensors / 2**20:.0f}" if tensors else "-",
+            f"{tensors / base_tensors:.2f}x" if tensors else "-",
+            f"{seconds:.1f}",
+        )
     console.print(table)
 
-    table = Table(title=f"Weight push end to end to a running engine, median of {args.repeats} (seconds)")
+    table = Table(
+        title=f"Weight push end to end to a running engine, median of {args.repeats} (seconds)"
+    )
     phases = ["flatten", "transfer", "load", "verify", "total"]
     for column in ("transport", *phases, "vs disk"):
         table.add_column(column, justify="right")
     for transport in ("disk", "shm"):
         p = pushes[transport]
         ratio = p["total"] / pushes["disk"]["total"]
-        table.add_row(transport + (" (baseline)" if transport == "disk" else ""),
-                      *[f"{p.get(k, 0.0):.3f}" for k in phases], f"{ratio:.2f}x")
+        table.add_row(
+            transport + (" (baseline)" if transport == "disk" else ""),
+            *[f"{p.get(k, 0.0):.3f}" for k in phases],
+            f"{ratio:.2f}x",
+        )
     console.print(table)
 
 

@@ -29,9 +29,13 @@ console = Console(width=120)
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks prefix_sharing", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks prefix_sharing", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--group-size", type=int, default=8)
-    parser.add_argument("--response-tokens", type=int, default=120, help="mean own tokens per trajectory")
+    parser.add_argument(
+        "--response-tokens", type=int, default=120, help="mean own tokens per trajectory"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model-path", default="smollm2")
@@ -41,7 +45,11 @@ def main(argv: list[str] | None = None) -> None:
     from services.rollout.prompt import ChatFormat, load_chat_tokenizer
     from shellrl.models import load_model, resolve_model_path
     from shellrl.rl.batch import TrainSample, build_batch
-    from shellrl.rl.logprobs import enable_gradient_checkpointing, shared_prefix_length, token_logprobs
+    from shellrl.rl.logprobs import (
+        enable_gradient_checkpointing,
+        shared_prefix_length,
+        token_logprobs,
+    )
     from tasksets.generator import generate
 
     path = resolve_model_path(args.model_path)
@@ -52,15 +60,26 @@ def main(argv: list[str] | None = None) -> None:
     samples = []
     for i in range(args.group_size):
         r = int(rng.integers(args.response_tokens // 2, args.response_tokens * 3 // 2))
-        samples.append(TrainSample(f"t{i}", prompt, rng.integers(3, 49000, r), np.zeros(r, np.float32),
-                                   np.ones(r, np.uint8), np.zeros(r, np.int64), np.ones(r, np.float32),
-                                   float(rng.normal())))
+        samples.append(
+            TrainSample(
+                f"t{i}",
+                prompt,
+                rng.integers(3, 49000, r),
+                np.zeros(r, np.float32),
+                np.ones(r, np.uint8),
+                np.zeros(r, np.int64),
+                np.ones(r, np.float32),
+                float(rng.normal()),
+            )
+        )
     batch = build_batch(samples, pad_token_id=2)
     rows = {}
     values = {}
-    for name, checkpointing, share in (("full forward, activation checkpointing (default)", True, 0),
-                                       ("full forward, no checkpointing", False, 0),
-                                       ("shared prefix, no checkpointing", False, 32)):
+    for name, checkpointing, share in (
+        ("full forward, activation checkpointing (default)", True, 0),
+        ("full forward, no checkpointing", False, 0),
+        ("shared prefix, no checkpointing", False, 32),
+    ):
         model = load_model(str(path))
         model.train()
         if checkpointing:
@@ -78,9 +97,11 @@ def main(argv: list[str] | None = None) -> None:
     base = rows["full forward, activation checkpointing (default)"]
     shared = values["shared prefix, no checkpointing"]
     diff = float((shared - values["full forward, no checkpointing"]).abs().max())
-    table = Table(title=f"One group: G={args.group_size}, prompt {len(prompt)} tokens (shared), own tokens "
-                        f"{int(batch.lengths.float().mean()) - len(prompt)} mean; shared prefix found "
-                        f"{shared_prefix_length(batch)} tokens; {args.threads} threads; median of {args.repeats}")
+    table = Table(
+        title=f"One group: G={args.group_size}, prompt {len(prompt)} tokens (shared), own tokens "
+        f"{int(batch.lengths.float().mean()) - len(prompt)} mean; shared prefix found "
+        f"{shared_prefix_length(batch)} tokens; {args.threads} threads; median of {args.repeats}"
+    )
     for col in ("forward + backward", "seconds", "speed-up vs default"):
         table.add_column(col, justify="left" if col == "forward + backward" else "right")
     for name, seconds in rows.items():

@@ -50,22 +50,28 @@ from services.rollout.task_pool import TaskPool
 from services.rollout.task_store import TaskStore
 from services.rollout.worker import RolloutConfig, RolloutWorker
 from shellrl import streams
-from shellrl.service.aio import cancel_and_wait
-from shellrl.contract import min_policy_version, parse_trajectory, task_from_json
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_responses import GenerateResult
 from shellrl.clients.sandbox import SandboxClient
-from tests.helpers.redis_server import RedisServer, free_port
+from shellrl.contract import min_policy_version, parse_trajectory, task_from_json
+from shellrl.service.aio import cancel_and_wait
 from shellrl.service.main import wait_until_ready
+from tests.helpers.redis_server import RedisServer, free_port
 
 console = Console(width=150)
 
 
 # --- 1. gateway overhead ---------------------------------------------------------------------------
 
+
 def _start(module: str, port: int, *extra: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", module, "--port", str(port), *extra], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, "--port", str(port), *extra],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_until_ready(f"http://127.0.0.1:{port}", 60, process=proc, what=module, poll_s=0.1)
     except RuntimeError:
@@ -88,16 +94,24 @@ class OverheadResult:
 
 
 TRANSPORTS = {
-    "aiohttp (as shipped)": lambda: None,  # the clients' default: shellrl.clients.transport.AiohttpTransport
+    "aiohttp (as shipped)": lambda: (
+        None
+    ),  # the clients' default: shellrl.clients.transport.AiohttpTransport
     "httpx's own (httpcore), before": lambda: httpx.AsyncHTTPTransport(
-        limits=httpx.Limits(max_connections=256, max_keepalive_connections=256)),
+        limits=httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    ),
 }
 """HTTP transport under both clients: the shipped one, and httpx's own transport that the clients used
 before (the baseline of the same run)."""
 
 
-async def _bare_pairs(engine: EngineClient, sandbox: SandboxClient, prompt: list[int], concurrency: int,
-                      duration_s: float) -> tuple[float, float]:
+async def _bare_pairs(
+    engine: EngineClient,
+    sandbox: SandboxClient,
+    prompt: list[int],
+    concurrency: int,
+    duration_s: float,
+) -> tuple[float, float]:
     """(generate + exec pairs per second, CPU ms per pair) without the agent loop (the baseline)."""
     session = (await sandbox.create_session())["session_id"]
     count = 0
@@ -116,11 +130,22 @@ async def _bare_pairs(engine: EngineClient, sandbox: SandboxClient, prompt: list
     return count / (time.monotonic() - start), 1000 * (time.process_time() - cpu) / max(count, 1)
 
 
-async def _agent_turns(agent: AgentLoop, producer: streams.StreamProducer, concurrency: int, duration_s: float,
-                       turns: int) -> tuple[float, float, int]:
+async def _agent_turns(
+    agent: AgentLoop,
+    producer: streams.StreamProducer,
+    concurrency: int,
+    duration_s: float,
+    turns: int,
+) -> tuple[float, float, int]:
     """(turns/s, gateway CPU ms per turn, episodes) with `concurrency` episodes running back to back."""
-    task = task_from_json({"task_id": "bench", "instruction": "Print the number of files in this directory.",
-                           "check": {"type": "answer_integer_equals", "expected": 0}, "max_turns": turns})
+    task = task_from_json(
+        {
+            "task_id": "bench",
+            "instruction": "Print the number of files in this directory.",
+            "check": {"type": "answer_integer_equals", "expected": 0},
+            "max_turns": turns,
+        }
+    )
     done_turns = episodes = 0
     stop_at = time.monotonic() + duration_s
 
@@ -128,9 +153,16 @@ async def _agent_turns(agent: AgentLoop, producer: streams.StreamProducer, concu
         nonlocal done_turns, episodes
         n = 0
         while time.monotonic() < stop_at:
-            traj = await agent.run(EpisodeSpec(task, f"bench-{worker}-{n}", group_id=f"g-{worker}", group_size=1))
-            await producer.add(traj.SerializeToString(), idempotency_key=traj.trajectory_id, task_id=traj.task_id,
-                               group_id=traj.group_id, version=min_policy_version(traj) or 0)
+            traj = await agent.run(
+                EpisodeSpec(task, f"bench-{worker}-{n}", group_id=f"g-{worker}", group_size=1)
+            )
+            await producer.add(
+                traj.SerializeToString(),
+                idempotency_key=traj.trajectory_id,
+                task_id=traj.task_id,
+                group_id=traj.group_id,
+                version=min_policy_version(traj) or 0,
+            )
             done_turns += traj.num_turns
             episodes += 1
             n += 1
@@ -141,25 +173,42 @@ async def _agent_turns(agent: AgentLoop, producer: streams.StreamProducer, concu
     return done_turns / wall, 1000 * cpu / max(done_turns, 1), episodes
 
 
-async def bench_overhead(concurrency: int, duration_s: float, turns: int,
-                         transport: str = "aiohttp (as shipped)") -> OverheadResult:
+async def bench_overhead(
+    concurrency: int, duration_s: float, turns: int, transport: str = "aiohttp (as shipped)"
+) -> OverheadResult:
     """transport: a key of TRANSPORTS, used under both clients."""
     engine_port, sandbox_port = free_port(), free_port()
     redis_dir = tempfile.mkdtemp(prefix="bench-rollout-redis-")
     redis_server = RedisServer(Path(redis_dir)).start()
-    procs = [_start("tests.fakes.fake_engine", engine_port, "--model-path", "tiny"),
-             _start("tests.fakes.fake_sandbox", sandbox_port)]
+    procs = [
+        _start("tests.fakes.fake_engine", engine_port, "--model-path", "tiny"),
+        _start("tests.fakes.fake_sandbox", sandbox_port),
+    ]
     try:
         chat = ChatFormat.from_tokenizer(load_chat_tokenizer("tiny"))
         redis = connect_redis(redis_server.url, concurrency + 32)
         producer = streams.StreamProducer(redis, streams.STREAM_EPISODES)
-        async with EngineClient(f"http://127.0.0.1:{engine_port}", transport=TRANSPORTS[transport]()) as engine, \
-                SandboxClient(f"http://127.0.0.1:{sandbox_port}", transport=TRANSPORTS[transport]()) as sandbox:
-            agent = AgentLoop(engine, sandbox, chat, EpisodeLimits(max_turns=turns, max_context_tokens=8192))
+        async with (
+            EngineClient(
+                f"http://127.0.0.1:{engine_port}", transport=TRANSPORTS[transport]()
+            ) as engine,
+            SandboxClient(
+                f"http://127.0.0.1:{sandbox_port}", transport=TRANSPORTS[transport]()
+            ) as sandbox,
+        ):
+            agent = AgentLoop(
+                engine, sandbox, chat, EpisodeLimits(max_turns=turns, max_context_tokens=8192)
+            )
             prompt = chat.prompt_ids("Print the number of files in this directory.")
-            await _bare_pairs(engine, sandbox, prompt, 4, 1.0)  # warm up connections and both servers
-            pairs_per_s, cpu_pair = await _bare_pairs(engine, sandbox, prompt, concurrency, duration_s)
-            turns_per_s, cpu_ms, episodes = await _agent_turns(agent, producer, concurrency, duration_s, turns)
+            await _bare_pairs(
+                engine, sandbox, prompt, 4, 1.0
+            )  # warm up connections and both servers
+            pairs_per_s, cpu_pair = await _bare_pairs(
+                engine, sandbox, prompt, concurrency, duration_s
+            )
+            turns_per_s, cpu_ms, episodes = await _agent_turns(
+                agent, producer, concurrency, duration_s, turns
+            )
             one_pair, _ = await _bare_pairs(engine, sandbox, prompt, 1, 2.0)
             one_turns, _, _ = await _agent_turns(agent, producer, 1, 2.0, turns)
         await redis.aclose()
@@ -168,11 +217,21 @@ async def bench_overhead(concurrency: int, duration_s: float, turns: int,
             proc.terminate()
             proc.wait(10)
         redis_server.stop()
-    return OverheadResult(transport, concurrency, turns_per_s, pairs_per_s, cpu_ms, cpu_pair, 1000 / one_turns,
-                          1000 / one_pair, episodes)
+    return OverheadResult(
+        transport,
+        concurrency,
+        turns_per_s,
+        pairs_per_s,
+        cpu_ms,
+        cpu_pair,
+        1000 / one_turns,
+        1000 / one_pair,
+        episodes,
+    )
 
 
 # --- 2. long tail ----------------------------------------------------------------------------------
+
 
 class FakeTailEngine:
     """FAKE engine (in process) that sleeps per episode: `long_s` for sample 0 of every 8th group,
@@ -180,21 +239,34 @@ class FakeTailEngine:
     at the start of the request (the weights that produced the tokens)."""
 
     def __init__(self, chat: ChatFormat, short_s: float, long_s: float, every: int = 8) -> None:
-        self.reply = chat.tokenizer("<answer>1</answer>", add_special_tokens=False)["input_ids"] + [chat.end_of_turn_id]
+        self.reply = chat.tokenizer("<answer>1</answer>", add_special_tokens=False)["input_ids"] + [
+            chat.end_of_turn_id
+        ]
         self.short_s, self.long_s, self.every = short_s, long_s, every
         self.version = 0
         self._groups: dict[str, int] = {}
         self.busy_s: list[tuple[float, float]] = []
 
-    async def generate(self, input_ids, sampling_params, *, return_logprob=True, rid=None) -> GenerateResult:
+    async def generate(
+        self, input_ids, sampling_params, *, return_logprob=True, rid=None
+    ) -> GenerateResult:
         group_id, index = rid.split("-")[0] + "-" + rid.split("-")[1], int(rid.split("-")[2])
         ordinal = self._groups.setdefault(group_id, len(self._groups))
         delay = self.long_s if ordinal % self.every == 0 and index == 0 else self.short_s
         version, start = self.version, time.monotonic()
         await asyncio.sleep(delay)
         self.busy_s.append((start, time.monotonic()))
-        return GenerateResult(list(self.reply), [-0.1] * len(self.reply), "stop", self.reply[-1], str(version),
-                              len(input_ids), len(self.reply), "", "fake")
+        return GenerateResult(
+            list(self.reply),
+            [-0.1] * len(self.reply),
+            "stop",
+            self.reply[-1],
+            str(version),
+            len(input_ids),
+            len(self.reply),
+            "",
+            "fake",
+        )
 
     async def health(self) -> dict:
         return {"fake": True}
@@ -224,8 +296,14 @@ class TailResult:
     staleness: list[int] = field(default_factory=list)
 
 
-async def _learner(redis, engine: FakeTailEngine, group_size: int, groups_per_step: int, result: TailResult,
-                   stop: asyncio.Event) -> None:
+async def _learner(
+    redis,
+    engine: FakeTailEngine,
+    group_size: int,
+    groups_per_step: int,
+    result: TailResult,
+    stop: asyncio.Event,
+) -> None:
     """Simulated learner: complete groups in completion order, `groups_per_step` per step; staleness
     of each trained trajectory = version at training - its oldest ACTION version."""
     groups: dict[str, list] = {}
@@ -252,27 +330,60 @@ async def _learner(redis, engine: FakeTailEngine, group_size: int, groups_per_st
             await redis.publish(streams.POLICY_UPDATES_CHANNEL, str(engine.version))
 
 
-async def bench_tail(mode: str, max_staleness: int, strict: bool, *, scale: float, window_s: float,
-                     group_size: int = 8, groups: int = 8) -> TailResult:
+async def bench_tail(
+    mode: str,
+    max_staleness: int,
+    strict: bool,
+    *,
+    scale: float,
+    window_s: float,
+    group_size: int = 8,
+    groups: int = 8,
+) -> TailResult:
     redis_server = RedisServer(Path(tempfile.mkdtemp(prefix="bench-rollout-tail-"))).start()
     redis = streams.connect(redis_server.url)
     chat = ChatFormat.from_tokenizer(load_chat_tokenizer("tiny"))
     engine = FakeTailEngine(chat, short_s=10 * scale, long_s=80 * scale)
     store = TaskStore(redis)
     for i in range(16):
-        await store.submit(task_from_json({"task_id": f"tail-{i}", "instruction": f"task {i}",
-                                           "check": {"type": "answer_equals", "expected": "1"}}))
+        await store.submit(
+            task_from_json(
+                {
+                    "task_id": f"tail-{i}",
+                    "instruction": f"task {i}",
+                    "check": {"type": "answer_equals", "expected": "1"},
+                }
+            )
+        )
     agent = AgentLoop(engine, FakeSandbox(), chat, EpisodeLimits(max_turns=1))
     watcher = PolicyVersionWatcher(redis, poll_s=0.05)
-    admission = Admission(redis, watcher, replica="bench", max_staleness=max_staleness, groups_per_step=groups,
-                          strict=strict, poll_s=0.05)
+    admission = Admission(
+        redis,
+        watcher,
+        replica="bench",
+        max_staleness=max_staleness,
+        groups_per_step=groups,
+        strict=strict,
+        poll_s=0.05,
+    )
     pool = TaskPool(redis, store, consumer="bench")
-    worker = RolloutWorker(redis, store, pool, admission, agent, Capacity(groups * group_size),
-                           InfraGate({}), RolloutConfig(group_size=group_size, episodes_backlog_bound=100_000))
+    worker = RolloutWorker(
+        redis,
+        store,
+        pool,
+        admission,
+        agent,
+        Capacity(groups * group_size),
+        InfraGate({}),
+        RolloutConfig(group_size=group_size, episodes_backlog_bound=100_000),
+    )
     result = TailResult(mode, max_staleness, strict, 0.0, 0.0, 0, 0, 0, 0)
     stop = asyncio.Event()
-    background = [asyncio.create_task(watcher.run()), asyncio.create_task(pool.feed()),
-                  asyncio.create_task(_learner(redis, engine, group_size, groups, result, stop))]
+    background = [
+        asyncio.create_task(watcher.run()),
+        asyncio.create_task(pool.feed()),
+        asyncio.create_task(_learner(redis, engine, group_size, groups, result, stop)),
+    ]
     start = time.monotonic()
     stop_admitting = asyncio.Event()
     main = asyncio.create_task(worker.run(stop_admitting))
@@ -297,15 +408,26 @@ async def bench_tail(mode: str, max_staleness: int, strict: bool, *, scale: floa
 
 # --- report ----------------------------------------------------------------------------------------
 
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_rollout", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_rollout", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--turns", type=int, default=8, help="turns per overhead episode")
-    parser.add_argument("--duration-s", type=float, default=10.0, help="measuring time of each overhead run")
-    parser.add_argument("--tail-scale", type=float, default=0.05, help="10 s / 80 s episodes times this")
-    parser.add_argument("--tail-window-s", type=float, default=40.0, help="measuring window of each tail mode")
+    parser.add_argument(
+        "--duration-s", type=float, default=10.0, help="measuring time of each overhead run"
+    )
+    parser.add_argument(
+        "--tail-scale", type=float, default=0.05, help="10 s / 80 s episodes times this"
+    )
+    parser.add_argument(
+        "--tail-window-s", type=float, default=40.0, help="measuring window of each tail mode"
+    )
     parser.add_argument("--async-staleness", type=int, nargs="+", default=[2, 4])
-    parser.add_argument("--quick", action="store_true", help="short runs (a smoke test of the benchmark)")
+    parser.add_argument(
+        "--quick", action="store_true", help="short runs (a smoke test of the benchmark)"
+    )
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-tail", action="store_true")
     args = parser.parse_args(argv)
@@ -314,38 +436,82 @@ def main(argv: list[str] | None = None) -> None:
     console.print(f"[bold]Rollout gateway[/bold] on {os.cpu_count()} CPU cores")
 
     if not args.skip_overhead:
-        rows = [asyncio.run(bench_overhead(args.concurrency, args.duration_s, args.turns, t)) for t in TRANSPORTS]
-        table = Table(title=f"Gateway overhead: zero-latency FAKE engine and sandbox processes, {args.concurrency} "
-                            f"concurrent episodes x {args.turns} turns; baseline = bare generate+exec pairs, same "
-                            "clients, same concurrency")
-        for col in ("HTTP transport", "turns/s", "pairs/s", "ratio", "CPU ms/turn", "CPU ms/pair",
-                    "agent-loop CPU ms/turn", "latency ms/turn (1 episode)", "ms/pair (1)", "added ms/turn"):
+        rows = [
+            asyncio.run(bench_overhead(args.concurrency, args.duration_s, args.turns, t))
+            for t in TRANSPORTS
+        ]
+        table = Table(
+            title=f"Gateway overhead: zero-latency FAKE engine and sandbox processes, {args.concurrency} "
+            f"concurrent episodes x {args.turns} turns; baseline = bare generate+exec pairs, same "
+            "clients, same concurrency"
+        )
+        for col in (
+            "HTTP transport",
+            "turns/s",
+            "pairs/s",
+            "ratio",
+            "CPU ms/turn",
+            "CPU ms/pair",
+            "agent-loop CPU ms/turn",
+            "latency ms/turn (1 episode)",
+            "ms/pair (1)",
+            "added ms/turn",
+        ):
             table.add_column(col, justify="right")
         for r in rows:
-            table.add_row(r.transport, f"{r.turns_per_s:.0f}", f"{r.pairs_per_s:.0f}",
-                          f"{r.turns_per_s / r.pairs_per_s:.2f}", f"{r.cpu_ms_per_turn:.2f}", f"{r.cpu_ms_per_pair:.2f}",
-                          f"{r.cpu_ms_per_turn - r.cpu_ms_per_pair:+.2f}", f"{r.turn_latency_ms:.2f}",
-                          f"{r.pair_latency_ms:.2f}", f"{r.turn_latency_ms - r.pair_latency_ms:+.2f}")
+            table.add_row(
+                r.transport,
+                f"{r.turns_per_s:.0f}",
+                f"{r.pairs_per_s:.0f}",
+                f"{r.turns_per_s / r.pairs_per_s:.2f}",
+                f"{r.cpu_ms_per_turn:.2f}",
+                f"{r.cpu_ms_per_pair:.2f}",
+                f"{r.cpu_ms_per_turn - r.cpu_ms_per_pair:+.2f}",
+                f"{r.turn_latency_ms:.2f}",
+                f"{r.pair_latency_ms:.2f}",
+                f"{r.turn_latency_ms - r.pair_latency_ms:+.2f}",
+            )
         console.print(table)
-        console.print(f"shipped vs before: {rows[0].turns_per_s / rows[1].turns_per_s:.2f}x turns/s, "
-                      f"{rows[1].cpu_ms_per_turn / rows[0].cpu_ms_per_turn:.2f}x less gateway CPU per turn")
+        console.print(
+            f"shipped vs before: {rows[0].turns_per_s / rows[1].turns_per_s:.2f}x turns/s, "
+            f"{rows[1].cpu_ms_per_turn / rows[0].cpu_ms_per_turn:.2f}x less gateway CPU per turn"
+        )
 
     if not args.skip_tail:
         modes = [("batch-synchronous", 0, True)]
         modes += [(f"async strict k={k}", k, True) for k in args.async_staleness]
         modes += [(f"async plain k={k}", k, False) for k in args.async_staleness[:1]]
-        results = [asyncio.run(bench_tail(name, k, strict, scale=args.tail_scale, window_s=args.tail_window_s))
-                   for name, k, strict in modes]
+        results = [
+            asyncio.run(
+                bench_tail(name, k, strict, scale=args.tail_scale, window_s=args.tail_window_s)
+            )
+            for name, k, strict in modes
+        ]
         base = results[0]
-        table = Table(title=f"Long tail: 8 groups x 8 in flight, episodes {10 * args.tail_scale:g} s, one per 8 groups "
-                            f"{80 * args.tail_scale:g} s (10 s / 80 s x {args.tail_scale:g}); window {args.tail_window_s:g} s")
-        for col in ("admission", "slot utilisation", "vs sync", "trajectories/min", "learner steps",
-                    "max staleness", "trained > max_staleness"):
+        table = Table(
+            title=f"Long tail: 8 groups x 8 in flight, episodes {10 * args.tail_scale:g} s, one per 8 groups "
+            f"{80 * args.tail_scale:g} s (10 s / 80 s x {args.tail_scale:g}); window {args.tail_window_s:g} s"
+        )
+        for col in (
+            "admission",
+            "slot utilisation",
+            "vs sync",
+            "trajectories/min",
+            "learner steps",
+            "max staleness",
+            "trained > max_staleness",
+        ):
             table.add_column(col, justify="right")
         for r in results:
-            table.add_row(r.mode, f"{100 * r.utilisation:.1f}%", f"{r.utilisation / base.utilisation:.2f}x",
-                          f"{r.trajectories_per_min:.0f}", str(r.steps), str(r.max_staleness_seen),
-                          f"{r.over_bound} of {r.trained}")
+            table.add_row(
+                r.mode,
+                f"{100 * r.utilisation:.1f}%",
+                f"{r.utilisation / base.utilisation:.2f}x",
+                f"{r.trajectories_per_min:.0f}",
+                str(r.steps),
+                str(r.max_staleness_seen),
+                f"{r.over_bound} of {r.trained}",
+            )
         console.print(table)
 
 

@@ -99,16 +99,26 @@ async def measure(url: str, n: int, reps: int, sessions: int, seconds: float) ->
         throughput = done / (time.perf_counter() - start)
         for i in ids:
             await client.delete(i)
-    return {"exec_ms": exec_ms, "server_ms": server_ms, "reset_ms": reset_ms, "create_ms": create_ms,
-            "throughput": throughput}
+    return {
+        "exec_ms": exec_ms,
+        "server_ms": server_ms,
+        "reset_ms": reset_ms,
+        "create_ms": create_ms,
+        "throughput": throughput,
+    }
 
 
 def start_service(layer: str, mode: str, root: Path):
     from tests.helpers.processes import ServiceProcess
     from tests.helpers.redis_server import free_port
 
-    env = {"SHELLRL_SANDBOX_ISOLATION": layer, "SHELLRL_SANDBOX_EXEC_MODE": mode, "SHELLRL_LOG_LEVEL": "WARNING",
-           "SHELLRL_WORKSPACE_ROOT": str(root / f"{layer}-{mode}"), "SHELLRL_MAX_SESSIONS": "64"}
+    env = {
+        "SHELLRL_SANDBOX_ISOLATION": layer,
+        "SHELLRL_SANDBOX_EXEC_MODE": mode,
+        "SHELLRL_LOG_LEVEL": "WARNING",
+        "SHELLRL_WORKSPACE_ROOT": str(root / f"{layer}-{mode}"),
+        "SHELLRL_MAX_SESSIONS": "64",
+    }
     return ServiceProcess("sandbox", free_port(), env, root / "logs").start()
 
 
@@ -117,11 +127,19 @@ def main(argv: list[str] | None = None) -> None:
     from rich.table import Table
 
     parser = argparse.ArgumentParser(prog="bench_sandbox", description=__doc__.splitlines()[0])
-    parser.add_argument("--n", type=int, default=300, help="sequential `true` execs per configuration")
+    parser.add_argument(
+        "--n", type=int, default=300, help="sequential `true` execs per configuration"
+    )
     parser.add_argument("--reps", type=int, default=30, help="creates and resets per configuration")
-    parser.add_argument("--sessions", type=int, default=16, help="concurrent sessions for throughput")
-    parser.add_argument("--seconds", type=float, default=5.0, help="throughput window per configuration")
-    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {list(CONFIGS)}")
+    parser.add_argument(
+        "--sessions", type=int, default=16, help="concurrent sessions for throughput"
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=5.0, help="throughput window per configuration"
+    )
+    parser.add_argument(
+        "--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {list(CONFIGS)}"
+    )
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("bench_sandbox needs root (the sandbox service does)")
@@ -135,7 +153,9 @@ def main(argv: list[str] | None = None) -> None:
             layer, mode = CONFIGS[name]
             service = start_service(layer, mode, root)
             try:
-                results[name] = asyncio.run(measure(service.url, args.n, args.reps, args.sessions, args.seconds))
+                results[name] = asyncio.run(
+                    measure(service.url, args.n, args.reps, args.sessions, args.seconds)
+                )
             finally:
                 service.stop()
             base += baseline_ms(args.n // 3)  # interleave the baseline with the configurations
@@ -143,19 +163,39 @@ def main(argv: list[str] | None = None) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
     p50_base = statistics.median(base)
-    table = Table(title=f"sandbox exec of `true` over HTTP (n={args.n}) vs subprocess.run(['bash','-c','true'])")
-    for col in ("configuration", "exec p50 ms", "exec p99 ms", "server p50 ms", "x baseline p50",
-                "create p50 ms", "reset p50 ms", f"cmds/s ({args.sessions} sessions)"):
+    table = Table(
+        title=f"sandbox exec of `true` over HTTP (n={args.n}) vs subprocess.run(['bash','-c','true'])"
+    )
+    for col in (
+        "configuration",
+        "exec p50 ms",
+        "exec p99 ms",
+        "server p50 ms",
+        "x baseline p50",
+        "create p50 ms",
+        "reset p50 ms",
+        f"cmds/s ({args.sessions} sessions)",
+    ):
         table.add_column(col, justify="right" if col != "configuration" else "left")
-    table.add_row("baseline: bash -c true", f"{p50_base:.2f}", f"{pct(base, 99):.2f}", "", "1.00", "", "", "")
+    table.add_row(
+        "baseline: bash -c true", f"{p50_base:.2f}", f"{pct(base, 99):.2f}", "", "1.00", "", "", ""
+    )
     for name, r in results.items():
-        table.add_row(name, f"{statistics.median(r['exec_ms']):.2f}", f"{pct(r['exec_ms'], 99):.2f}",
-                      f"{statistics.median(r['server_ms']):.2f}", f"{statistics.median(r['exec_ms']) / p50_base:.2f}",
-                      f"{statistics.median(r['create_ms']):.1f}", f"{statistics.median(r['reset_ms']):.2f}",
-                      f"{r['throughput']:.0f}")
+        table.add_row(
+            name,
+            f"{statistics.median(r['exec_ms']):.2f}",
+            f"{pct(r['exec_ms'], 99):.2f}",
+            f"{statistics.median(r['server_ms']):.2f}",
+            f"{statistics.median(r['exec_ms']) / p50_base:.2f}",
+            f"{statistics.median(r['create_ms']):.1f}",
+            f"{statistics.median(r['reset_ms']):.2f}",
+            f"{r['throughput']:.0f}",
+        )
     console.print(table)
     load = os.getloadavg()
-    console.print(f"load average during the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; cpus: {os.cpu_count()}")
+    console.print(
+        f"load average during the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; cpus: {os.cpu_count()}"
+    )
 
 
 if __name__ == "__main__":

@@ -38,9 +38,16 @@ CHECKS = {
     "file_exists": {"type": "file_exists", "path": "data.txt"},
     "file_contains": {"type": "file_contains", "path": "data.txt", "substring": "40"},
     "file_sha256": {"type": "file_sha256", "path": "data.txt", "sha256": "0" * 64},
-    "command_output_equals": {"type": "command_output_equals", "command": "wc -l < data.txt", "expected": "100"},
-    "command_output_equals (reference, cached)": {"type": "command_output_equals", "command": "wc -l < data.txt",
-                                                  "reference_command": "wc -l < data.txt"},
+    "command_output_equals": {
+        "type": "command_output_equals",
+        "command": "wc -l < data.txt",
+        "expected": "100",
+    },
+    "command_output_equals (reference, cached)": {
+        "type": "command_output_equals",
+        "command": "wc -l < data.txt",
+        "reference_command": "wc -l < data.txt",
+    },
     "command_exit_code": {"type": "command_exit_code", "command": "test -s data.txt"},
 }
 ANSWERS = {"answer_equals": "linux", "answer_integer_equals": "5", "answer_matches": "linux"}
@@ -55,11 +62,13 @@ def pct(values: list[float], q: float) -> float:
 async def check_latency(sandbox_url: str, reps: int) -> tuple[dict[str, list[float]], list[float]]:
     from services.verifier.app import build_verifier
     from services.verifier.settings import VerifierSettings
-    from shellrl.contract import task_from_json
     from shellrl.clients.sandbox import SandboxClient
+    from shellrl.contract import task_from_json
 
     async with SandboxClient(sandbox_url) as sandbox:
-        verifier = build_verifier(VerifierSettings(sandbox_url=sandbox_url, worker_enabled=False), sandbox)
+        verifier = build_verifier(
+            VerifierSettings(sandbox_url=sandbox_url, worker_enabled=False), sandbox
+        )
         sid = (await sandbox.create_session(setup=SETUP))["session_id"]
         baseline = []
         for _ in range(3):
@@ -70,10 +79,14 @@ async def check_latency(sandbox_url: str, reps: int) -> tuple[dict[str, list[flo
             await sandbox.exec(sid, "true")
             baseline.append((time.perf_counter() - start) * 1000)
             for name, check in CHECKS.items():
-                task = task_from_json({"task_id": "bench", "instruction": "x", "setup": SETUP, "check": check})
+                task = task_from_json(
+                    {"task_id": "bench", "instruction": "x", "setup": SETUP, "check": check}
+                )
                 answer_only = name in ANSWERS
                 start = time.perf_counter()
-                result = await verifier.verify(task, ANSWERS.get(name), None if answer_only else sid)
+                result = await verifier.verify(
+                    task, ANSWERS.get(name), None if answer_only else sid
+                )
                 latencies[name].append((time.perf_counter() - start) * 1000)
                 if not result.scored:
                     raise RuntimeError(f"{name}: {result.failure_detail}")
@@ -81,10 +94,12 @@ async def check_latency(sandbox_url: str, reps: int) -> tuple[dict[str, list[flo
     return latencies, baseline
 
 
-async def stream_throughput(redis_url: str, sandbox_url: str, verifier, episodes: int, concurrency: int) -> dict:
+async def stream_throughput(
+    redis_url: str, sandbox_url: str, verifier, episodes: int, concurrency: int
+) -> dict:
     from shellrl import streams
-    from shellrl.contract import EpisodeEnd, Trajectory, parse_trajectory
     from shellrl.clients.sandbox import SandboxClient
+    from shellrl.contract import EpisodeEnd, Trajectory, parse_trajectory
     from tasksets.seeds import seed_tasks
 
     task = next(t for t in seed_tasks() if t.task_id == "seed-numbers")
@@ -111,23 +126,40 @@ async def stream_throughput(redis_url: str, sandbox_url: str, verifier, episodes
         verifier.start()
         t0 = time.time()
         for i, sid in enumerate(sids):
-            traj = Trajectory(trajectory_id=f"b{i}", task_id=task.task_id, group_id=f"g{i // 8}", task=task,
-                              sandbox_session_id=sid, answer="5", end=EpisodeEnd.EPISODE_END_ANSWER)
+            traj = Trajectory(
+                trajectory_id=f"b{i}",
+                task_id=task.task_id,
+                group_id=f"g{i // 8}",
+                task=task,
+                sandbox_session_id=sid,
+                answer="5",
+                end=EpisodeEnd.EPISODE_END_ANSWER,
+            )
             added_at[traj.trajectory_id] = time.time()
-            await producer.add(traj.SerializeToString(), idempotency_key=traj.trajectory_id, task_id=task.task_id,
-                               group_id=traj.group_id, version="0")
+            await producer.add(
+                traj.SerializeToString(),
+                idempotency_key=traj.trajectory_id,
+                task_id=task.task_id,
+                group_id=traj.group_id,
+                version="0",
+            )
         deadline = time.monotonic() + 300
         while await redis.xlen(streams.STREAM_TRAJECTORIES) < episodes:
             if time.monotonic() > deadline:
                 raise RuntimeError("the verifier did not finish in 300 s")
             await asyncio.sleep(0.02)
-        out = [parse_trajectory(f[b"pb"]) for _, f in await redis.xrange(streams.STREAM_TRAJECTORIES)]
+        out = [
+            parse_trajectory(f[b"pb"]) for _, f in await redis.xrange(streams.STREAM_TRAJECTORIES)
+        ]
     await redis.aclose()
     if not all(t.scored and t.reward == 1.0 for t in out):
         raise RuntimeError("a benchmark episode was not scored 1")
     latencies = [(t.scored_at - added_at[t.trajectory_id]) * 1000 for t in out]
-    return {"per_s": episodes / (max(t.scored_at for t in out) - t0), "latencies": latencies,
-            "exec_per_s": exec_per_s}
+    return {
+        "per_s": episodes / (max(t.scored_at for t in out) - t0),
+        "latencies": latencies,
+        "exec_per_s": exec_per_s,
+    }
 
 
 class _Deferred:
@@ -160,17 +192,34 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory(prefix="shellrl-bench-verifier-") as tmp:
         tmp = Path(tmp)
-        sandbox = ServiceProcess("sandbox", free_port(), {"SHELLRL_LOG_LEVEL": "WARNING",
-                                                          "SHELLRL_MAX_SESSIONS": str(args.episodes + 16)},
-                                 tmp / "logs").start()
+        sandbox = ServiceProcess(
+            "sandbox",
+            free_port(),
+            {"SHELLRL_LOG_LEVEL": "WARNING", "SHELLRL_MAX_SESSIONS": str(args.episodes + 16)},
+            tmp / "logs",
+        ).start()
         server = RedisServer(tmp / "redis").start()
-        verifier = _Deferred(lambda: ServiceProcess("verifier", free_port(), {
-            "SHELLRL_REDIS_URL": server.url, "SHELLRL_SANDBOX_URL": sandbox.url, "SHELLRL_LOG_LEVEL": "WARNING",
-            "SHELLRL_CONCURRENCY": str(args.concurrency), "SHELLRL_BLOCK_MS": "100"}, tmp / "logs"))
+        verifier = _Deferred(
+            lambda: ServiceProcess(
+                "verifier",
+                free_port(),
+                {
+                    "SHELLRL_REDIS_URL": server.url,
+                    "SHELLRL_SANDBOX_URL": sandbox.url,
+                    "SHELLRL_LOG_LEVEL": "WARNING",
+                    "SHELLRL_CONCURRENCY": str(args.concurrency),
+                    "SHELLRL_BLOCK_MS": "100",
+                },
+                tmp / "logs",
+            )
+        )
         try:
             latencies, baseline = asyncio.run(check_latency(sandbox.url, args.reps))
-            stream = asyncio.run(stream_throughput(server.url, sandbox.url, verifier, args.episodes,
-                                                   args.concurrency))
+            stream = asyncio.run(
+                stream_throughput(
+                    server.url, sandbox.url, verifier, args.episodes, args.concurrency
+                )
+            )
         finally:
             verifier.stop()
             server.stop()
@@ -178,24 +227,41 @@ def main(argv: list[str] | None = None) -> None:
 
     console = Console(width=140)
     base_p50 = statistics.median(baseline)
-    table = Table(title=f"Verifier: latency of one verification with one check, {args.reps} each "
-                        f"({os.cpu_count()} CPUs); baseline = bare sandbox exec of `true`")
+    table = Table(
+        title=f"Verifier: latency of one verification with one check, {args.reps} each "
+        f"({os.cpu_count()} CPUs); baseline = bare sandbox exec of `true`"
+    )
     for col in ("check type", "p50 ms", "p99 ms", "p50 vs exec"):
         table.add_column(col, justify="left" if col == "check type" else "right")
-    table.add_row("baseline: sandbox exec `true`", f"{base_p50:.2f}", f"{pct(baseline, 0.99):.2f}", "1.00x")
+    table.add_row(
+        "baseline: sandbox exec `true`", f"{base_p50:.2f}", f"{pct(baseline, 0.99):.2f}", "1.00x"
+    )
     for name, values in latencies.items():
-        table.add_row(name + (" (no session)" if name in ANSWERS else ""), f"{statistics.median(values):.2f}",
-                      f"{pct(values, 0.99):.2f}", f"{statistics.median(values) / base_p50:.2f}x")
+        table.add_row(
+            name + (" (no session)" if name in ANSWERS else ""),
+            f"{statistics.median(values):.2f}",
+            f"{pct(values, 0.99):.2f}",
+            f"{statistics.median(values) / base_p50:.2f}x",
+        )
     console.print(table)
     lat = stream["latencies"]
-    table = Table(title=f"Verifier stream: {args.episodes} episodes of seed-numbers (3 checks), worker concurrency "
-                        f"{args.concurrency}, sessions released")
+    table = Table(
+        title=f"Verifier stream: {args.episodes} episodes of seed-numbers (3 checks), worker concurrency "
+        f"{args.concurrency}, sessions released"
+    )
     for col in ("measure", "value"):
         table.add_column(col, justify="left" if col == "measure" else "right")
-    table.add_row("verifications/s through shellrl:episodes -> shellrl:trajectories", f"{stream['per_s']:.1f}")
-    table.add_row("baseline: sandbox `true` execs/s, same concurrency", f"{stream['exec_per_s']:.1f}")
+    table.add_row(
+        "verifications/s through shellrl:episodes -> shellrl:trajectories", f"{stream['per_s']:.1f}"
+    )
+    table.add_row(
+        "baseline: sandbox `true` execs/s, same concurrency", f"{stream['exec_per_s']:.1f}"
+    )
     table.add_row("ratio verifications / execs", f"{stream['per_s'] / stream['exec_per_s']:.2f}")
-    table.add_row("per-episode latency p50 ms (XADD -> scored, incl. queueing)", f"{statistics.median(lat):.1f}")
+    table.add_row(
+        "per-episode latency p50 ms (XADD -> scored, incl. queueing)",
+        f"{statistics.median(lat):.1f}",
+    )
     table.add_row("per-episode latency p99 ms", f"{pct(lat, 0.99):.1f}")
     console.print(table)
 

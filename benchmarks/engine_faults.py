@@ -1,7 +1,9 @@
 """The engine's page faults and kernel time under a real rollout load, with allocator variants.
 
-    python -m benchmarks.engine_faults 'base={}' \
-        'jemalloc={"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2", "MALLOC_CONF": "retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1"}'
+    python -m benchmarks.engine_faults 'base={}' 'jemalloc={"LD_PRELOAD": "'$JEMALLOC'", \
+        "MALLOC_CONF": "retain:true,dirty_decay_ms:-1,muzzy_decay_ms:-1"}'
+
+    (JEMALLOC=/usr/lib/x86_64-linux-gnu/libjemalloc.so.2)
 
 For each LABEL={extra engine env as JSON}: starts the stack without a learner (SmolLM2, engine on 2
 threads, state in /tmp/shellrl-engine-faults), submits 60 generated train tasks as eval copies,
@@ -42,23 +44,49 @@ def main(argv: list[str] | None = None) -> None:
         label, extra = spec.split("=", 1)
         state = Path("/tmp/shellrl-engine-faults")
         shutil.rmtree(state, ignore_errors=True)
-        cfg = StackConfig(state_dir=state, model_path="smollm2", echo_logs=False,
-                          env={"SHELLRL_MAX_TURNS": "2", "SHELLRL_MAX_NEW_TOKENS": "40", "SHELLRL_EVAL_MAX_IN_FLIGHT": "32"},
-                          service_env={"engine": {"SHELLRL_NUM_THREADS": "2", **json.loads(extra)}},
-                          services=tuple(s for s in SERVICE_ORDER if s != "learner"))
+        cfg = StackConfig(
+            state_dir=state,
+            model_path="smollm2",
+            echo_logs=False,
+            env={
+                "SHELLRL_MAX_TURNS": "2",
+                "SHELLRL_MAX_NEW_TOKENS": "40",
+                "SHELLRL_EVAL_MAX_IN_FLIGHT": "32",
+            },
+            service_env={"engine": {"SHELLRL_NUM_THREADS": "2", **json.loads(extra)}},
+            services=tuple(s for s in SERVICE_ORDER if s != "learner"),
+        )
         with Stack(cfg) as stack:
             pid = json.loads(stack.pid_file.read_text())["processes"]["engine"]
             rollout = stack.config.url("rollout")
             client = httpx.Client(base_url=rollout)
             ids = submit(client, load_taskset("generated", "train", seed=0)[:60], eval_copy=True)
-            client.post("/v1/evaluations", json={"task_ids": ids, "greedy": False, "episodes_per_task": 4,
-                                                 "sampling": {"temperature": 1.0, "max_new_tokens": 40}}).raise_for_status()
+            client.post(
+                "/v1/evaluations",
+                json={
+                    "task_ids": ids,
+                    "greedy": False,
+                    "episodes_per_task": 4,
+                    "sampling": {"temperature": 1.0, "max_new_tokens": 40},
+                },
+            ).raise_for_status()
             time.sleep(45)
-            s0, t0, turns0 = _stat(pid), time.time(), _metric(rollout, "shellrl_rollout_turns_total")
+            s0, t0, turns0 = (
+                _stat(pid),
+                time.time(),
+                _metric(rollout, "shellrl_rollout_turns_total"),
+            )
             time.sleep(120)
-            s1, t1, turns1 = _stat(pid), time.time(), _metric(rollout, "shellrl_rollout_turns_total")
-        print(f"{label:>10}: turns/s {(turns1 - turns0) / (t1 - t0):.2f}  minflt/s {(s1[0] - s0[0]) / (t1 - t0):9.0f}  "
-              f"utime {(s1[1] - s0[1]) / 100:.1f} s  stime {(s1[2] - s0[2]) / 100:.1f} s over {t1 - t0:.0f} s", flush=True)
+            s1, t1, turns1 = (
+                _stat(pid),
+                time.time(),
+                _metric(rollout, "shellrl_rollout_turns_total"),
+            )
+        print(
+            f"{label:>10}: turns/s {(turns1 - turns0) / (t1 - t0):.2f}  minflt/s {(s1[0] - s0[0]) / (t1 - t0):9.0f}  "
+            f"utime {(s1[1] - s0[1]) / 100:.1f} s  stime {(s1[2] - s0[2]) / 100:.1f} s over {t1 - t0:.0f} s",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -31,13 +31,21 @@ def summary_ms(samples_s: list[float]) -> dict:
     if not ms:
         return {"n": 0}
     p90 = ms[min(len(ms) - 1, round(0.9 * (len(ms) - 1)))]
-    return {"n": len(ms), "median_ms": statistics.median(ms), "p90_ms": p90, "min_ms": ms[0], "max_ms": ms[-1]}
+    return {
+        "n": len(ms),
+        "median_ms": statistics.median(ms),
+        "p90_ms": p90,
+        "min_ms": ms[0],
+        "max_ms": ms[-1],
+    }
 
 
 class EngineProcess:
     """The project's engine in its own process (see the module docstring)."""
 
-    def __init__(self, model_dir: Path, device: str, log_path: Path, *, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, model_dir: Path, device: str, log_path: Path, *, env: dict[str, str] | None = None
+    ) -> None:
         self.model_dir, self.device, self.log_path = Path(model_dir), device, Path(log_path)
         self.port = free_port()
         self.env = env or {}
@@ -52,9 +60,25 @@ class EngineProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it until stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "services.engine", "--model-path", str(self.model_dir), "--device", self.device,
-             "--host", "127.0.0.1", "--port", str(self.port)],
-            cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "services.engine",
+                "--model-path",
+                str(self.model_dir),
+                "--device",
+                self.device,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             wait_until_ready(self.url, ready_timeout_s, process=self.proc, what="engine")
         except RuntimeError as exc:

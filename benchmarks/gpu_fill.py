@@ -28,9 +28,9 @@ def _summary(samples: list[float]) -> str:
 def main(argv: list[str] | None = None) -> None:
     import torch
 
+    from benchmarks.model_shapes import random_model
     from shellrl.weights import bucket as wt
     from shellrl.weights import gpu as wtg
-    from benchmarks.model_shapes import random_model
 
     p = argparse.ArgumentParser()
     p.add_argument("--shape", default="qwen2.5-0.5b")
@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> None:
         bucket.close()
     wtg.PIPELINE_CHUNKS = 8
     bucket = wtg.CudaIpcBucket(dst)
-    rows.append(("per-tensor (staging=direct)", timed(lambda: bucket.fill(named, staging="direct"))))
+    rows.append(
+        ("per-tensor (staging=direct)", timed(lambda: bucket.fill(named, staging="direct")))
+    )
     bucket.close()
     bucket = wtg.CudaIpcBucket(dst)
     returned = []
@@ -93,7 +95,12 @@ def main(argv: list[str] | None = None) -> None:
     bucket.close()
     bucket = wtg.CudaIpcBucket(dst)
     loop = asyncio.new_event_loop()
-    rows.append(("pipelined 8, asyncio.to_thread", timed(lambda: loop.run_until_complete(asyncio.to_thread(bucket.fill, named)))))
+    rows.append(
+        (
+            "pipelined 8, asyncio.to_thread",
+            timed(lambda: loop.run_until_complete(asyncio.to_thread(bucket.fill, named))),
+        )
+    )
     loop.close()
     bucket.close()
     print(f"{args.shape}: {len(named)} tensors, {nbytes / 1e9:.3f} GB, {src} -> {dst}")

@@ -36,21 +36,34 @@ def fp32_per_sequence(model, batch):
 
 
 def fp32_whole_batch(model, batch):
-    hidden = model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                                 position_ids=batch.position_ids, use_cache=False).last_hidden_state[:, :-1]
+    hidden = model.get_decoder()(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    ).last_hidden_state[:, :-1]
     logits = F.linear(hidden.float(), model.get_output_embeddings().weight.float())
     return logits.gather(-1, batch.target_ids[..., None]).squeeze(-1) - logits.logsumexp(-1)
 
 
 def bf16_cross_entropy(model, batch):
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   position_ids=batch.position_ids, use_cache=False).logits[:, :-1]
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), batch.target_ids.reshape(-1), reduction="none")
+    logits = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        position_ids=batch.position_ids,
+        use_cache=False,
+    ).logits[:, :-1]
+    ce = F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), batch.target_ids.reshape(-1), reduction="none"
+    )
     return -ce.view(batch.target_ids.shape).float()
 
 
-METHODS = {"fp32_per_sequence": fp32_per_sequence, "fp32_whole_batch": fp32_whole_batch,
-           "bf16_cross_entropy": bf16_cross_entropy}
+METHODS = {
+    "fp32_per_sequence": fp32_per_sequence,
+    "fp32_whole_batch": fp32_whole_batch,
+    "bf16_cross_entropy": bf16_cross_entropy,
+}
 
 
 def _batch(vocab: int, device):
@@ -58,17 +71,29 @@ def _batch(vocab: int, device):
     samples = []
     for i in range(BATCH):
         r = LENGTH - PROMPT
-        samples.append(TrainSample(
-            trajectory_id=f"m{i}", prompt_ids=rng.integers(3, vocab, PROMPT), response_ids=rng.integers(3, vocab, r),
-            behavior_logprobs=np.zeros(r, np.float32), loss_mask=np.ones(r, np.float32),
-            policy_versions=np.zeros(r, np.int64), temperatures=np.ones(r, np.float32), advantage=1.0))
+        samples.append(
+            TrainSample(
+                trajectory_id=f"m{i}",
+                prompt_ids=rng.integers(3, vocab, PROMPT),
+                response_ids=rng.integers(3, vocab, r),
+                behavior_logprobs=np.zeros(r, np.float32),
+                loss_mask=np.ones(r, np.float32),
+                policy_versions=np.zeros(r, np.int64),
+                temperatures=np.ones(r, np.float32),
+                advantage=1.0,
+            )
+        )
     return build_batch(samples, 2).to(device)
 
 
 @torch.no_grad()
 def _reference(model, batch) -> torch.Tensor:
-    hidden = model.get_decoder()(input_ids=batch.input_ids[:1], attention_mask=batch.attention_mask[:1],
-                                 position_ids=batch.position_ids[:1], use_cache=False).last_hidden_state[0, SLICE]
+    hidden = model.get_decoder()(
+        input_ids=batch.input_ids[:1],
+        attention_mask=batch.attention_mask[:1],
+        position_ids=batch.position_ids[:1],
+        use_cache=False,
+    ).last_hidden_state[0, SLICE]
     logits = F.linear(hidden.double(), model.get_output_embeddings().weight.double())
     return logits.log_softmax(-1).gather(-1, batch.target_ids[0, SLICE, None]).squeeze(-1)
 
@@ -98,8 +123,12 @@ def measure(model, batch, fn, repeats: int = 4) -> dict:
         values = logp.detach()[0, SLICE].double()
         del logp, loss
     model.zero_grad(set_to_none=True)
-    return {"peak_gb": max(peaks) / 1e9, "peak_above_weights_gb": max(above) / 1e9,
-            "median_s": statistics.median(times), "values": values}
+    return {
+        "peak_gb": max(peaks) / 1e9,
+        "peak_above_weights_gb": max(above) / 1e9,
+        "median_s": statistics.median(times),
+        "values": values,
+    }
 
 
 def memory_section(args) -> dict:
@@ -113,8 +142,14 @@ def memory_section(args) -> dict:
     model.train()
     batch = _batch(model.config.vocab_size, device)
     reference = _reference(model, batch)
-    out = {"shape": args.memory_shape, "batch": BATCH, "length": LENGTH, "scored_tokens": int(batch.num_loss_tokens),
-           "weights_gb": sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9, "methods": {}}
+    out = {
+        "shape": args.memory_shape,
+        "batch": BATCH,
+        "length": LENGTH,
+        "scored_tokens": int(batch.num_loss_tokens),
+        "weights_gb": sum(p.numel() * p.element_size() for p in model.parameters()) / 1e9,
+        "methods": {},
+    }
     for name, fn in METHODS.items():
         try:
             r = measure(model, batch, fn)
@@ -132,9 +167,18 @@ def memory_section(args) -> dict:
 
 
 def memory_table(memory: dict) -> Table:
-    table = Table(title=f"Learner log-prob + backward, B={memory.get('batch')} L={memory.get('length')} "
-                        f"({memory.get('shape')}, bf16 weights {memory.get('weights_gb', 0):.2f} GB)")
-    for col in ("method", "peak GB", "peak above weights GB", "median s", "vs fp64 mean", "vs fp64 max"):
+    table = Table(
+        title=f"Learner log-prob + backward, B={memory.get('batch')} L={memory.get('length')} "
+        f"({memory.get('shape')}, bf16 weights {memory.get('weights_gb', 0):.2f} GB)"
+    )
+    for col in (
+        "method",
+        "peak GB",
+        "peak above weights GB",
+        "median s",
+        "vs fp64 mean",
+        "vs fp64 max",
+    ):
         table.add_column(col, justify="left" if col == "method" else "right")
     if "error" in memory:
         table.add_row("failed", memory["error"][:100], "", "", "", "")
@@ -143,6 +187,12 @@ def memory_table(memory: dict) -> Table:
         if "error" in r:
             table.add_row(name, r["error"][:60], "", "", "", "")
             continue
-        table.add_row(name, f"{r['peak_gb']:.2f}", f"{r['peak_above_weights_gb']:.2f}", f"{r['median_s']:.3f}",
-                      f"{r['vs_fp64_mean']:.2e}", f"{r['vs_fp64_max']:.2e}")
+        table.add_row(
+            name,
+            f"{r['peak_gb']:.2f}",
+            f"{r['peak_above_weights_gb']:.2f}",
+            f"{r['median_s']:.3f}",
+            f"{r['vs_fp64_mean']:.2e}",
+            f"{r['vs_fp64_max']:.2e}",
+        )
     return table

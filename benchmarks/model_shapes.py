@@ -16,20 +16,50 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-QWEN2_COMMON = {"hidden_act": "silu", "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-                "rope_theta": 1000000.0, "use_sliding_window": False, "attention_dropout": 0.0,
-                "initializer_range": 0.02, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
+QWEN2_COMMON = {
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "use_sliding_window": False,
+    "attention_dropout": 0.0,
+    "initializer_range": 0.02,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+}
 
 SHAPES: dict[str, dict] = {
     # Qwen/Qwen2.5-0.5B: 494M parameters, 0.99 GB in bf16 (embeddings tied to the LM head).
-    "qwen2.5-0.5b": {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
-                     "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True},
+    "qwen2.5-0.5b": {
+        "hidden_size": 896,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "intermediate_size": 4864,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+    },
     # Qwen/Qwen2.5-7B: 7.6B parameters, 15.2 GB in bf16 (separate LM head).
-    "qwen2.5-7b": {"hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
-                   "intermediate_size": 18944, "vocab_size": 152064, "tie_word_embeddings": False},
+    "qwen2.5-7b": {
+        "hidden_size": 3584,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "intermediate_size": 18944,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+    },
     # A small Qwen2 for GPU tests: same code paths, seconds to build and load.
-    "qwen2-small": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
-                    "intermediate_size": 512, "vocab_size": 32000, "tie_word_embeddings": True},
+    "qwen2-small": {
+        "hidden_size": 256,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 512,
+        "vocab_size": 32000,
+        "tie_word_embeddings": True,
+    },
 }
 
 
@@ -51,11 +81,18 @@ def word_level_tokenizer(vocab_size: int):
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, vocab_size)}}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>",
-                                   pad_token="</s>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="</s>",
+    )
 
 
-def random_model(shape: str, *, device: str = "cpu", dtype=None, seed: int = 0, logit_std: float | None = None):
+def random_model(
+    shape: str, *, device: str = "cpu", dtype=None, seed: int = 0, logit_std: float | None = None
+):
     """A Qwen2ForCausalLM of `shape` with random weights (initialized directly on `device`).
 
     dtype: default bfloat16. logit_std: see the module docstring (None keeps the init's norm of 1).
@@ -75,8 +112,15 @@ def random_model(shape: str, *, device: str = "cpu", dtype=None, seed: int = 0, 
     return model.eval()
 
 
-def save_random_model(shape: str, directory: str | Path, *, device: str = "cpu", dtype=None, seed: int = 0,
-                      logit_std: float | None = None):
+def save_random_model(
+    shape: str,
+    directory: str | Path,
+    *,
+    device: str = "cpu",
+    dtype=None,
+    seed: int = 0,
+    logit_std: float | None = None,
+):
     """Build `random_model(...)`, save it with its tokenizer into `directory`; returns the model."""
     model = random_model(shape, device=device, dtype=dtype, seed=seed, logit_std=logit_std)
     directory = Path(directory)

@@ -33,7 +33,10 @@ from shellrl.streams import SOCKET_TIMEOUT_S, CancelSafeConnection
 from tests.helpers.redis_server import RedisServer
 from tests.service.test_cancel import consume_forever
 
-CLASSES = {"redis-py Connection": aioredis.Connection, "CancelSafeConnection (shipped)": CancelSafeConnection}
+CLASSES = {
+    "redis-py Connection": aioredis.Connection,
+    "CancelSafeConnection (shipped)": CancelSafeConnection,
+}
 
 
 def _spin() -> None:
@@ -42,7 +45,9 @@ def _spin() -> None:
 
 
 async def _round(url: str, connection_class, cancels: int, seed: int) -> tuple[int, int]:
-    redis = aioredis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S, connection_class=connection_class)
+    redis = aioredis.Redis.from_url(
+        url, socket_timeout=SOCKET_TIMEOUT_S, connection_class=connection_class
+    )
     try:
         await redis.xgroup_create("s", "g", id="0", mkstream=True)
     except Exception:  # the group exists from an earlier round
@@ -65,7 +70,9 @@ async def _round(url: str, connection_class, cancels: int, seed: int) -> tuple[i
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.redis_cancel", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.redis_cancel", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--cancels", type=int, default=200, help="cancels per round")
     parser.add_argument("--busy", type=int, default=0, help="spinning processes meanwhile")
@@ -77,15 +84,25 @@ def main(argv: list[str] | None = None) -> None:
     try:
         rows = []
         for name, cls in CLASSES.items():
-            results = [asyncio.run(_round(server.url, cls, args.cancels, seed)) for seed in range(args.rounds)]
+            results = [
+                asyncio.run(_round(server.url, cls, args.cancels, seed))
+                for seed in range(args.rounds)
+            ]
             rows.append((name, [r[0] for r in results], sum(r[1] for r in results)))
     finally:
         server.stop()
         for p in spinners:
             p.terminate()
-    table = Table(title=f"{args.rounds} rounds x {args.cancels} cancels, {args.busy} busy processes, "
-                        f"Python {sys.version.split()[0]}")
-    for col in ("connection class", "ignored per round", "ignored in all", "stuck > 3 s of re-cancels"):
+    table = Table(
+        title=f"{args.rounds} rounds x {args.cancels} cancels, {args.busy} busy processes, "
+        f"Python {sys.version.split()[0]}"
+    )
+    for col in (
+        "connection class",
+        "ignored per round",
+        "ignored in all",
+        "stuck > 3 s of re-cancels",
+    ):
         table.add_column(col, justify="right")
     for name, ignored, stuck in rows:
         table.add_row(name, " ".join(map(str, ignored)), str(sum(ignored)), str(stuck))

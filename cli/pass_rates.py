@@ -41,10 +41,12 @@ class TemplateRate:
     def trainable_group_probability(self, group_size: int) -> float:
         """P(a group of `group_size` i.i.d. episodes has reward variance) = 1 - p^G - (1-p)^G."""
         p = self.rate
-        return 1.0 - p ** group_size - (1.0 - p) ** group_size
+        return 1.0 - p**group_size - (1.0 - p) ** group_size
 
 
-def select_templates(rates: list[TemplateRate], lo: float = MIN_PASS_RATE, hi: float = MAX_PASS_RATE) -> list[str]:
+def select_templates(
+    rates: list[TemplateRate], lo: float = MIN_PASS_RATE, hi: float = MAX_PASS_RATE
+) -> list[str]:
     """Templates whose measured pass rate lies in [lo, hi], in the order given."""
     return [r.template for r in rates if lo <= r.rate <= hi]
 
@@ -67,9 +69,17 @@ def load(path: Path) -> list[TemplateRate]:
     return [TemplateRate(r["template"], r["successes"], r["episodes"]) for r in data["templates"]]
 
 
-def measure(rollout_url: str, *, tasks_per_template: int, episodes_per_task: int, temperature: float,
-            max_new_tokens: int, templates: tuple[str, ...] | None = None, seed: int = 0,
-            poll_s: float = 2.0) -> tuple[list[TemplateRate], dict]:
+def measure(
+    rollout_url: str,
+    *,
+    tasks_per_template: int,
+    episodes_per_task: int,
+    temperature: float,
+    max_new_tokens: int,
+    templates: tuple[str, ...] | None = None,
+    seed: int = 0,
+    poll_s: float = 2.0,
+) -> tuple[list[TemplateRate], dict]:
     """Submit `tasks_per_template` train instances of every generated train template (or of
     `templates`) as eval copies, never in the training pool, and evaluate them at `temperature`.
     Returns the rates and the raw evaluation view."""
@@ -88,8 +98,12 @@ def measure(rollout_url: str, *, tasks_per_template: int, episodes_per_task: int
     client = httpx.Client(base_url=rollout_url)
     ids = submit(client, tasks, eval_copy=True)
     template_of = dict(zip(ids, (t.template for t in tasks)))
-    body = {"task_ids": ids, "greedy": False, "episodes_per_task": episodes_per_task,
-            "sampling": {"temperature": temperature, "max_new_tokens": max_new_tokens}}
+    body = {
+        "task_ids": ids,
+        "greedy": False,
+        "episodes_per_task": episodes_per_task,
+        "sampling": {"temperature": temperature, "max_new_tokens": max_new_tokens},
+    }
     r = client.post("/v1/evaluations", json=body, timeout=60)
     r.raise_for_status()
     eid = r.json()["evaluation_id"]
@@ -97,8 +111,10 @@ def measure(rollout_url: str, *, tasks_per_template: int, episodes_per_task: int
     with Console().status("pass rates") as status:
         while True:
             view = client.get(f"/v1/evaluations/{eid}", timeout=30).json()
-            status.update(f"pass rates: {view.get('episodes_done', 0)}/{len(ids) * episodes_per_task} episodes, "
-                          f"{time.monotonic() - t0:.0f} s")
+            status.update(
+                f"pass rates: {view.get('episodes_done', 0)}/{len(ids) * episodes_per_task} episodes, "
+                f"{time.monotonic() - t0:.0f} s"
+            )
             if view.get("state") in ("done", "failed", "cancelled"):
                 break
             time.sleep(poll_s)
@@ -107,19 +123,47 @@ def measure(rollout_url: str, *, tasks_per_template: int, episodes_per_task: int
 
 def write(path: Path, rates: list[TemplateRate], meta: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**meta, "templates": [{"template": r.template, "successes": r.successes,
-                                                       "episodes": r.episodes, "rate": round(r.rate, 4)}
-                                                      for r in rates]}, indent=1) + "\n")
+    path.write_text(
+        json.dumps(
+            {
+                **meta,
+                "templates": [
+                    {
+                        "template": r.template,
+                        "successes": r.successes,
+                        "episodes": r.episodes,
+                        "rate": round(r.rate, 4),
+                    }
+                    for r in rates
+                ],
+            },
+            indent=1,
+        )
+        + "\n"
+    )
 
 
 def table(rates: list[TemplateRate], group_size: int):
     from rich.table import Table
 
     t = Table(title="pass rate per template (base policy)")
-    for col in ("template", "successes", "episodes", "pass rate", f"P(trainable group, G={group_size})", "curriculum"):
+    for col in (
+        "template",
+        "successes",
+        "episodes",
+        "pass rate",
+        f"P(trainable group, G={group_size})",
+        "curriculum",
+    ):
         t.add_column(col)
     keep = set(select_templates(rates))
     for r in sorted(rates, key=lambda r: -r.rate):
-        t.add_row(r.template, str(r.successes), str(r.episodes), f"{100 * r.rate:.0f}%",
-                  f"{r.trainable_group_probability(group_size):.2f}", "yes" if r.template in keep else "")
+        t.add_row(
+            r.template,
+            str(r.successes),
+            str(r.episodes),
+            f"{100 * r.rate:.0f}%",
+            f"{r.trainable_group_probability(group_size):.2f}",
+            "yes" if r.template in keep else "",
+        )
     return t

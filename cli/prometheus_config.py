@@ -23,7 +23,13 @@ from pathlib import Path
 import yaml
 
 SERVICES = ("rollout", "sandbox", "verifier", "learner", "engine")
-DEFAULT_PORTS = {"rollout": 8100, "sandbox": 8101, "verifier": 8102, "learner": 8103, "engine": 30000}
+DEFAULT_PORTS = {
+    "rollout": 8100,
+    "sandbox": 8101,
+    "verifier": 8102,
+    "learner": 8103,
+    "engine": 30000,
+}
 COMPOSE_TARGETS = {name: [f"{name}:{port}"] for name, port in DEFAULT_PORTS.items()}
 LOCAL_TARGETS = {name: [f"127.0.0.1:{port}"] for name, port in DEFAULT_PORTS.items()}
 
@@ -31,12 +37,21 @@ DEPLOY_DIR = Path(__file__).resolve().parents[1] / "deploy" / "prometheus"
 K8S_DIR = DEPLOY_DIR.parent / "k8s"
 RULES_FILE = "alerts.yml"  # next to each config (compose mounts it there; k8s: the same ConfigMap)
 GENERATED_FILES = {
-    "prometheus.yml": dict(targets=COMPOSE_TARGETS, scrape_interval_s=5, self_target="localhost:9090", dns=True,
-                           rule_files=(RULES_FILE,),
-                           comment="docker-compose.yml: every replica of each compose service, by DNS."),
-    "prometheus.local.yml": dict(targets=LOCAL_TARGETS, scrape_interval_s=5, self_target=None,
-                                 rule_files=(RULES_FILE,),
-                                 comment="the no-Docker stack (`shellrl up`) on its default ports."),
+    "prometheus.yml": dict(
+        targets=COMPOSE_TARGETS,
+        scrape_interval_s=5,
+        self_target="localhost:9090",
+        dns=True,
+        rule_files=(RULES_FILE,),
+        comment="docker-compose.yml: every replica of each compose service, by DNS.",
+    ),
+    "prometheus.local.yml": dict(
+        targets=LOCAL_TARGETS,
+        scrape_interval_s=5,
+        self_target=None,
+        rule_files=(RULES_FILE,),
+        comment="the no-Docker stack (`shellrl up`) on its default ports.",
+    ),
 }
 K8S_FILE = "prometheus.yaml"
 K8S_NAMESPACE = "shellrl"
@@ -51,9 +66,13 @@ def _duration(seconds: float) -> str:
     return f"{ms // 1000}s" if ms % 1000 == 0 else f"{ms}ms"
 
 
-def config(targets: Mapping[str, str | Sequence[str]], scrape_interval_s: float = 5.0,
-           self_target: str | None = None, dns: bool = False,
-           rule_files: Sequence[str] = ()) -> dict:
+def config(
+    targets: Mapping[str, str | Sequence[str]],
+    scrape_interval_s: float = 5.0,
+    self_target: str | None = None,
+    dns: bool = False,
+    rule_files: Sequence[str] = (),
+) -> dict:
     """The Prometheus config as a dict.
 
     targets: job name -> "host:port" or a list of them (every target serves `/metrics`).
@@ -86,17 +105,27 @@ def config(targets: Mapping[str, str | Sequence[str]], scrape_interval_s: float 
     if self_target is not None:
         jobs.append({"job_name": "prometheus", "static_configs": [{"targets": [self_target]}]})
     timeout = _duration(round(scrape_interval_s * 0.8, 3))
-    out = {"global": {"scrape_interval": interval, "scrape_timeout": timeout,
-                      "evaluation_interval": interval}}
+    out = {
+        "global": {
+            "scrape_interval": interval,
+            "scrape_timeout": timeout,
+            "evaluation_interval": interval,
+        }
+    }
     if rule_files:
         out["rule_files"] = list(rule_files)
     out["scrape_configs"] = jobs
     return out
 
 
-def render(targets: Mapping[str, str | Sequence[str]], scrape_interval_s: float = 5.0,
-           self_target: str | None = None, dns: bool = False, comment: str = "",
-           rule_files: Sequence[str] = ()) -> str:
+def render(
+    targets: Mapping[str, str | Sequence[str]],
+    scrape_interval_s: float = 5.0,
+    self_target: str | None = None,
+    dns: bool = False,
+    comment: str = "",
+    rule_files: Sequence[str] = (),
+) -> str:
     """`config(...)` as YAML text, with a header that says it is generated and from where."""
     cfg = config(targets, scrape_interval_s, self_target, dns, rule_files)
     body = yaml.safe_dump(cfg, sort_keys=False)
@@ -114,21 +143,34 @@ def k8s_config(namespace: str = K8S_NAMESPACE, scrape_interval_s: float = 5.0) -
     `app.kubernetes.io/name` label (the service name, as in compose) and `pod` = its name."""
     out = config({}, scrape_interval_s, self_target="localhost:9090", rule_files=(RULES_FILE,))
     annotation = "__meta_kubernetes_pod_annotation_prometheus_io_"
-    out["scrape_configs"].insert(0, {
-        "job_name": "shellrl-pods",
-        "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [namespace]}}],
-        "relabel_configs": [
-            {"source_labels": [f"{annotation}scrape"], "action": "keep", "regex": "true"},
-            {"source_labels": ["__address__", f"{annotation}port"], "action": "replace",
-             "regex": r"([^:]+)(?::\d+)?;(\d+)", "replacement": "$1:$2",
-             "target_label": "__address__"},
-            {"source_labels": [f"{annotation}path"], "action": "replace", "regex": "(.+)",
-             "target_label": "__metrics_path__"},
-            {"source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
-             "target_label": "job"},
-            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
-        ],
-    })
+    out["scrape_configs"].insert(
+        0,
+        {
+            "job_name": "shellrl-pods",
+            "kubernetes_sd_configs": [{"role": "pod", "namespaces": {"names": [namespace]}}],
+            "relabel_configs": [
+                {"source_labels": [f"{annotation}scrape"], "action": "keep", "regex": "true"},
+                {
+                    "source_labels": ["__address__", f"{annotation}port"],
+                    "action": "replace",
+                    "regex": r"([^:]+)(?::\d+)?;(\d+)",
+                    "replacement": "$1:$2",
+                    "target_label": "__address__",
+                },
+                {
+                    "source_labels": [f"{annotation}path"],
+                    "action": "replace",
+                    "regex": "(.+)",
+                    "target_label": "__metrics_path__",
+                },
+                {
+                    "source_labels": ["__meta_kubernetes_pod_label_app_kubernetes_io_name"],
+                    "target_label": "job",
+                },
+                {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+            ],
+        },
+    )
     return out
 
 
@@ -139,51 +181,110 @@ def k8s_manifest(rules_text: str, namespace: str = K8S_NAMESPACE) -> str:
     labels = {"app.kubernetes.io/name": "prometheus", "app.kubernetes.io/part-of": "shellrl"}
     meta = {"name": "prometheus", "namespace": namespace, "labels": labels}
     prometheus_yml = _header("Kubernetes (deploy/k8s/prometheus.yaml).") + yaml.safe_dump(
-        k8s_config(namespace), sort_keys=False)
+        k8s_config(namespace), sort_keys=False
+    )
     docs = [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
-         "automountServiceAccountToken": True},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
-         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta,
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "prometheus"},
-         "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": namespace}]},
-        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta,
-         "data": {"prometheus.yml": prometheus_yml, RULES_FILE: rules_text}},
-        {"apiVersion": "v1", "kind": "Service", "metadata": meta,
-         "spec": {"selector": {"app.kubernetes.io/name": "prometheus"},
-                  "ports": [{"name": "http", "port": 9090, "targetPort": "http"}]}},
-        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta, "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
-            "template": {"metadata": {"labels": labels}, "spec": {
-                "serviceAccountName": "prometheus",
-                "securityContext": {"runAsNonRoot": True, "runAsUser": 65534, "fsGroup": 65534},
-                "containers": [{
-                    "name": "prometheus", "image": PROMETHEUS_IMAGE,
-                    "args": ["--config.file=/etc/prometheus/prometheus.yml",
-                             "--storage.tsdb.path=/prometheus",
-                             "--storage.tsdb.retention.time=15d"],
-                    "ports": [{"name": "http", "containerPort": 9090}],
-                    "readinessProbe": {"httpGet": {"path": "/-/ready", "port": "http"},
-                                       "periodSeconds": 10},
-                    "livenessProbe": {"httpGet": {"path": "/-/healthy", "port": "http"},
-                                      "periodSeconds": 15},
-                    "volumeMounts": [
-                        {"name": "config", "mountPath": "/etc/prometheus", "readOnly": True},
-                        {"name": "data", "mountPath": "/prometheus"}],
-                }],
-                "volumes": [{"name": "config", "configMap": {"name": "prometheus"}},
-                            {"name": "data", "emptyDir": {}}],
-            }},
-        }},
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": meta,
+            "automountServiceAccountToken": True,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta,
+            "rules": [
+                {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta,
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "prometheus",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "prometheus", "namespace": namespace}],
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": meta,
+            "data": {"prometheus.yml": prometheus_yml, RULES_FILE: rules_text},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta,
+            "spec": {
+                "selector": {"app.kubernetes.io/name": "prometheus"},
+                "ports": [{"name": "http", "port": 9090, "targetPort": "http"}],
+            },
+        },
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": meta,
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": "prometheus",
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "runAsUser": 65534,
+                            "fsGroup": 65534,
+                        },
+                        "containers": [
+                            {
+                                "name": "prometheus",
+                                "image": PROMETHEUS_IMAGE,
+                                "args": [
+                                    "--config.file=/etc/prometheus/prometheus.yml",
+                                    "--storage.tsdb.path=/prometheus",
+                                    "--storage.tsdb.retention.time=15d",
+                                ],
+                                "ports": [{"name": "http", "containerPort": 9090}],
+                                "readinessProbe": {
+                                    "httpGet": {"path": "/-/ready", "port": "http"},
+                                    "periodSeconds": 10,
+                                },
+                                "livenessProbe": {
+                                    "httpGet": {"path": "/-/healthy", "port": "http"},
+                                    "periodSeconds": 15,
+                                },
+                                "volumeMounts": [
+                                    {
+                                        "name": "config",
+                                        "mountPath": "/etc/prometheus",
+                                        "readOnly": True,
+                                    },
+                                    {"name": "data", "mountPath": "/prometheus"},
+                                ],
+                            }
+                        ],
+                        "volumes": [
+                            {"name": "config", "configMap": {"name": "prometheus"}},
+                            {"name": "data", "emptyDir": {}},
+                        ],
+                    },
+                },
+            },
+        },
     ]
-    header = ("# Generated by `python -m cli.prometheus_config`; do not edit by hand.\n"
-              "# Prometheus for the shellrl namespace: scrapes the pods annotated\n"
-              f"# prometheus.io/scrape and evaluates deploy/prometheus/{RULES_FILE} (embedded\n"
-              "# below).\n"
-              "# Data on an emptyDir: point remote_write or a PersistentVolumeClaim at it to keep\n"
-              "# history across restarts.\n")
+    header = (
+        "# Generated by `python -m cli.prometheus_config`; do not edit by hand.\n"
+        "# Prometheus for the shellrl namespace: scrapes the pods annotated\n"
+        f"# prometheus.io/scrape and evaluates deploy/prometheus/{RULES_FILE} (embedded\n"
+        "# below).\n"
+        "# Data on an emptyDir: point remote_write or a PersistentVolumeClaim at it to keep\n"
+        "# history across restarts.\n"
+    )
     texts = [yaml.dump(d, Dumper=_BlockDumper, sort_keys=False, width=120) for d in docs]
     return header + "---\n".join(texts)
 
@@ -193,8 +294,11 @@ class _BlockDumper(yaml.SafeDumper):
 
 
 _BlockDumper.add_representer(
-    str, lambda dumper, value: dumper.represent_scalar("tag:yaml.org,2002:str", value,
-                                                        style="|" if "\n" in value else None))
+    str,
+    lambda dumper, value: dumper.represent_scalar(
+        "tag:yaml.org,2002:str", value, style="|" if "\n" in value else None
+    ),
+)
 
 
 def write_generated(directory: Path = DEPLOY_DIR, k8s_directory: Path | None = None) -> list[Path]:
@@ -217,8 +321,9 @@ def write_generated(directory: Path = DEPLOY_DIR, k8s_directory: Path | None = N
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=DEPLOY_DIR, help="directory to write into")
-    parser.add_argument("--k8s-out", type=Path, default=K8S_DIR,
-                        help=f"directory to write {K8S_FILE} into")
+    parser.add_argument(
+        "--k8s-out", type=Path, default=K8S_DIR, help=f"directory to write {K8S_FILE} into"
+    )
     args = parser.parse_args(argv)
     for path in write_generated(args.out, args.k8s_out):
         print(path)

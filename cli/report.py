@@ -41,9 +41,21 @@ def _with_interval(view: dict | None) -> str:
     return f"{100 * rate:.1f}% [{100 * lo:.1f}, {100 * hi:.1f}]"
 
 
-def write_report(out: Path, *, config: dict, before: dict, after: dict, steps: list[dict], snapshots: list[dict],
-                 learner_metrics: str, rollout_metrics: str, train_s: float, total_s: float,
-                 tasks_by_id: dict, train_started_at: float | None = None) -> Path:
+def write_report(
+    out: Path,
+    *,
+    config: dict,
+    before: dict,
+    after: dict,
+    steps: list[dict],
+    snapshots: list[dict],
+    learner_metrics: str,
+    rollout_metrics: str,
+    train_s: float,
+    total_s: float,
+    tasks_by_id: dict,
+    train_started_at: float | None = None,
+) -> Path:
     """Write report.md, the PNG plots, evaluations.json and steps.json into `out`; returns the
     path of report.md. train_started_at: Unix time training started (the wall-clock axis' 0)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -66,50 +78,96 @@ def write_report(out: Path, *, config: dict, before: dict, after: dict, steps: l
     # zero-variance steps take no learner compute: report compute over the steps that trained, and
     # wall-clock per policy version over the whole training phase
     step_s = [float(s["seconds"]) for s in steps if s.get("trajectories")]
-    tok_s = [float(s["tokens_per_second"]) for s in steps if s.get("trajectories") and s.get("tokens_per_second")]
+    tok_s = [
+        float(s["tokens_per_second"])
+        for s in steps
+        if s.get("trajectories") and s.get("tokens_per_second")
+    ]
     rss = [int(s["rss_bytes"]) for s in steps if s.get("rss_bytes")]
     lines = ["# shellrl main job report", ""]
-    lines += ["## Evaluation (greedy, fixed task instances, one episode each)", "",
-              "Success with its 95% Wilson interval; n = episodes scored.", "",
-              "| set | n | before | after | change |", "|---|---|---|---|---|"]
+    lines += [
+        "## Evaluation (greedy, fixed task instances, one episode each)",
+        "",
+        "Success with its 95% Wilson interval; n = episodes scored.",
+        "",
+        "| set | n | before | after | change |",
+        "|---|---|---|---|---|",
+    ]
     for name in before:
         b, a = _rate(before[name]), _rate(after.get(name))
         delta = f"{100 * (a - b):+.1f} pts" if a is not None and b is not None else "n/a"
         n = before[name].get("episodes_scored")
-        lines.append(f"| {name} | {n} | {_with_interval(before[name])} | "
-                     f"{_with_interval(after.get(name))} | {delta} |")
-    lines += ["", f"Versions evaluated: before {before[next(iter(before))].get('policy_versions_seen')}, after "
-              f"{after[next(iter(after))].get('policy_versions_seen') if after else 'n/a'}.", ""]
-    lines += ["### Per template (eval_id and eval_ood)", "", "| template | before | after |", "|---|---|---|"]
+        lines.append(
+            f"| {name} | {n} | {_with_interval(before[name])} | "
+            f"{_with_interval(after.get(name))} | {delta} |"
+        )
+    lines += [
+        "",
+        f"Versions evaluated: before {before[next(iter(before))].get('policy_versions_seen')}, after "
+        f"{after[next(iter(after))].get('policy_versions_seen') if after else 'n/a'}.",
+        "",
+    ]
+    lines += [
+        "### Per template (eval_id and eval_ood)",
+        "",
+        "| template | before | after |",
+        "|---|---|---|",
+    ]
     for name in ("eval_id", "eval_ood"):
         if name not in before:
             continue
-        b, a = per_template(before[name], tasks_by_id), per_template(after.get(name, {}), tasks_by_id)
+        b, a = (
+            per_template(before[name], tasks_by_id),
+            per_template(after.get(name, {}), tasks_by_id),
+        )
         for key in sorted(set(b) | set(a)):
             bb, aa = b.get(key, [0, 0]), a.get(key, [0, 0])
             lines.append(f"| {name}: {key} | {bb[0]}/{bb[1]} | {aa[0]}/{aa[1]} |")
-    lines += ["", "## Training", "",
-              f"- learner steps: {len(steps)} in {train_s / 60:.1f} min of training; whole job {total_s / 60:.1f} min",
-              f"- wall-clock per policy version: {train_s / max(len(steps), 1):.1f} s "
-              f"({sum(bool(s.get('trajectories')) for s in steps)} of {len(steps)} steps had a group with reward variance)",
-              f"- learner compute of steps that trained: median {statistics.median(step_s):.1f} s, max {max(step_s):.1f} s"
-              if step_s else "- learner compute of steps that trained: n/a (every group had zero variance)",
-              f"- learner tokens/s (steps that trained): median {statistics.median(tok_s):.0f}" if tok_s
-              else "- learner tokens/s: n/a",
-              f"- learner RSS: first {rss[0] / 2**30:.2f} GiB, peak {max(rss) / 2**30:.2f} GiB, last {rss[-1] / 2**30:.2f} GiB"
-              if rss else "- learner RSS: n/a",
-              "- staleness at training time (p50/p90/p99 bucket bounds): "
-              + " / ".join(str(quantile_from_buckets(stale, q)) for q in (0.5, 0.9, 0.99)),
-              "- trained-batch reward by step ('-': no scored trajectory): "
-              + " ".join(f"{s.get('reward_mean', 0):.2f}" if plots.scored(s) else "-"
-                         for s in steps),
-              ""]
+    lines += [
+        "",
+        "## Training",
+        "",
+        f"- learner steps: {len(steps)} in {train_s / 60:.1f} min of training; whole job {total_s / 60:.1f} min",
+        f"- wall-clock per policy version: {train_s / max(len(steps), 1):.1f} s "
+        f"({sum(bool(s.get('trajectories')) for s in steps)} of {len(steps)} steps had a group with reward variance)",
+        f"- learner compute of steps that trained: median {statistics.median(step_s):.1f} s, max {max(step_s):.1f} s"
+        if step_s
+        else "- learner compute of steps that trained: n/a (every group had zero variance)",
+        f"- learner tokens/s (steps that trained): median {statistics.median(tok_s):.0f}"
+        if tok_s
+        else "- learner tokens/s: n/a",
+        f"- learner RSS: first {rss[0] / 2**30:.2f} GiB, peak {max(rss) / 2**30:.2f} GiB, "
+        f"last {rss[-1] / 2**30:.2f} GiB"
+        if rss
+        else "- learner RSS: n/a",
+        "- staleness at training time (p50/p90/p99 bucket bounds): "
+        + " / ".join(str(quantile_from_buckets(stale, q)) for q in (0.5, 0.9, 0.99)),
+        "- trained-batch reward by step ('-': no scored trajectory): "
+        + " ".join(f"{s.get('reward_mean', 0):.2f}" if plots.scored(s) else "-" for s in steps),
+        "",
+    ]
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in images] + [""]
-    lines += ["## Configuration", "", "```json", json.dumps(config, indent=2, default=str), "```", ""]
+    lines += [
+        "## Configuration",
+        "",
+        "```json",
+        json.dumps(config, indent=2, default=str),
+        "```",
+        "",
+    ]
     example = next(iter(tasks_by_id.values()), None)
     if example is not None:
-        lines += ["Example eval task:", "", "```json", json.dumps(task_to_json(example), indent=2)[:2000], "```", ""]
+        lines += [
+            "Example eval task:",
+            "",
+            "```json",
+            json.dumps(task_to_json(example), indent=2)[:2000],
+            "```",
+            "",
+        ]
     (out / "report.md").write_text("\n".join(lines))
-    (out / "evaluations.json").write_text(json.dumps({"before": before, "after": after}, default=str))
+    (out / "evaluations.json").write_text(
+        json.dumps({"before": before, "after": after}, default=str)
+    )
     (out / "steps.json").write_text(json.dumps(steps, default=str))
     return out / "report.md"

@@ -17,8 +17,12 @@ from rich.table import Table
 
 from shellrl import streams
 
-STREAM_GROUPS = ((streams.STREAM_TASKS, streams.GROUP_ROLLOUT), (streams.STREAM_EPISODES, streams.GROUP_VERIFIER),
-                 (streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER), (streams.STREAM_DEAD, None))
+STREAM_GROUPS = (
+    (streams.STREAM_TASKS, streams.GROUP_ROLLOUT),
+    (streams.STREAM_EPISODES, streams.GROUP_VERIFIER),
+    (streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER),
+    (streams.STREAM_DEAD, None),
+)
 
 GENERATION_TOKEN_COUNTERS = ("shellrl_engine_generation_tokens", "sglang:generation_tokens")
 
@@ -26,7 +30,11 @@ GENERATION_TOKEN_COUNTERS = ("shellrl_engine_generation_tokens", "sglang:generat
 def _get(url: str, timeout_s: float = 2.0) -> dict | None:
     try:
         r = httpx.get(url, timeout=timeout_s)
-        return r.json() if r.headers.get("content-type", "").startswith("application/json") else {"status": r.status_code}
+        return (
+            r.json()
+            if r.headers.get("content-type", "").startswith("application/json")
+            else {"status": r.status_code}
+        )
     except (httpx.HTTPError, ValueError):
         return None
 
@@ -129,30 +137,48 @@ def render(snap: dict) -> Table:
     table = Table(title="shellrl status", show_header=False, expand=False)
     table.add_column("what", style="bold")
     table.add_column("value")
-    table.add_row("services", "  ".join(f"{n}:{'[green]ready' if ok else '[red]down'}[/]"
-                                        for n, ok in snap["ready"].items()))
+    table.add_row(
+        "services",
+        "  ".join(
+            f"{n}:{'[green]ready' if ok else '[red]down'}[/]" for n, ok in snap["ready"].items()
+        ),
+    )
     st = snap["streams"]
     table.add_row("policy version (redis)", str(st.get("_policy_version")))
     learner = snap.get("learner") or {}
     last = learner.get("last_step") or {}
     if learner:
-        table.add_row("learner", f"step {learner.get('step')}  lr {learner.get('lr')}  paused {learner.get('paused')}  "
-                                 f"checkpointed {learner.get('checkpointed_step')}")
-        table.add_row("last step", f"reward {last.get('reward_mean', float('nan')):.3f}  success "
-                                   f"{last.get('success_rate', float('nan')):.3f}  loss {last.get('loss')}  "
-                                   f"{last.get('seconds', 0):.1f} s  tokens/s {last.get('tokens_per_second', 0):.0f}")
-        table.add_row("throughput", f"{learner.get('trajectories_per_second', 0) * 60:.1f} trajectories/min trained")
+        table.add_row(
+            "learner",
+            f"step {learner.get('step')}  lr {learner.get('lr')}  paused {learner.get('paused')}  "
+            f"checkpointed {learner.get('checkpointed_step')}",
+        )
+        table.add_row(
+            "last step",
+            f"reward {last.get('reward_mean', float('nan')):.3f}  success "
+            f"{last.get('success_rate', float('nan')):.3f}  loss {last.get('loss')}  "
+            f"{last.get('seconds', 0):.1f} s  tokens/s {last.get('tokens_per_second', 0):.0f}",
+        )
+        table.add_row(
+            "throughput",
+            f"{learner.get('trajectories_per_second', 0) * 60:.1f} trajectories/min trained",
+        )
     rollout = snap.get("rollout") or {}
     if rollout:
         adm = rollout.get("admission", {})
-        table.add_row("rollout", f"in flight {rollout.get('episodes_in_flight')}  admitted groups "
-                                 f"{adm.get('groups_admitted')}/{adm.get('bound')}  published "
-                                 f"{rollout.get('trajectories_published')}")
+        table.add_row(
+            "rollout",
+            f"in flight {rollout.get('episodes_in_flight')}  admitted groups "
+            f"{adm.get('groups_admitted')}/{adm.get('bound')}  published "
+            f"{rollout.get('trajectories_published')}",
+        )
     s = snap.get("staleness") or {}
     table.add_row("staleness p50/p90/p99", " / ".join(str(s.get(q)) for q in (0.5, 0.9, 0.99)))
     for stream, row in st.items():
         if not stream.startswith("_"):
-            table.add_row(stream, f"length {row['length']}  pending {row['pending']}  lag {row['lag']}")
+            table.add_row(
+                stream, f"length {row['length']}  pending {row['pending']}  lag {row['lag']}"
+            )
     if "_error" in st:
         table.add_row("redis", f"[red]{st['_error']}")
     return table

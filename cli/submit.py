@@ -24,11 +24,17 @@ _LIST_FIELD = re.compile(r"^tasks\[(\d+)\]\.?(.*)$")
 
 def add_arguments(parser) -> None:
     parser.add_argument("file", type=Path, help="JSONL task file ('-' = stdin)")
-    parser.add_argument("--url", default=DEFAULT_URL,
-                        help="rollout gateway base URL (SHELLRL_ROLLOUT_URL, else port 8100)")
+    parser.add_argument(
+        "--url",
+        default=DEFAULT_URL,
+        help="rollout gateway base URL (SHELLRL_ROLLOUT_URL, else port 8100)",
+    )
     parser.add_argument("--batch-size", type=int, default=500, help="tasks per request")
-    parser.add_argument("--split", choices=("train", "eval_id", "eval_ood", "eval"),
-                        help="split for lines that do not name one (the gateway's default is train)")
+    parser.add_argument(
+        "--split",
+        choices=("train", "eval_id", "eval_ood", "eval"),
+        help="split for lines that do not name one (the gateway's default is train)",
+    )
     parser.add_argument("--timeout-s", type=float, default=60.0, help="HTTP timeout per request")
     parser.add_argument("--quiet", action="store_true", help="print only errors and the summary")
 
@@ -48,8 +54,15 @@ def read_lines(path: Path) -> list[tuple[int, dict]]:
     return out
 
 
-def submit(path: Path, url: str, *, batch_size: int = 500, split: str | None = None, timeout_s: float = 60.0,
-           echo=print) -> dict:
+def submit(
+    path: Path,
+    url: str,
+    *,
+    batch_size: int = 500,
+    split: str | None = None,
+    timeout_s: float = 60.0,
+    echo=print,
+) -> dict:
     """Post the file; returns {"created", "duplicates", "errors": [str], "task_ids": [str]}."""
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
@@ -57,9 +70,13 @@ def submit(path: Path, url: str, *, batch_size: int = 500, split: str | None = N
     summary: dict = {"created": 0, "duplicates": 0, "errors": [], "task_ids": []}
     with httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s) as client:
         for start in range(0, len(lines), batch_size):
-            batch = lines[start:start + batch_size]
-            body = [{**obj, "split": obj.get("split") or split} if split and isinstance(obj, dict) else obj
-                    for _, obj in batch]
+            batch = lines[start : start + batch_size]
+            body = [
+                {**obj, "split": obj.get("split") or split}
+                if split and isinstance(obj, dict)
+                else obj
+                for _, obj in batch
+            ]
             try:
                 response = client.post("/v1/tasks", json=body)
             except httpx.HTTPError as exc:
@@ -94,12 +111,20 @@ def _describe_error(path: Path, batch: list[tuple[int, dict]], response: httpx.R
 
 def run(args) -> int:
     try:
-        summary = submit(args.file, args.url, batch_size=args.batch_size, split=args.split, timeout_s=args.timeout_s,
-                         echo=(lambda *_: None) if args.quiet else print)
+        summary = submit(
+            args.file,
+            args.url,
+            batch_size=args.batch_size,
+            split=args.split,
+            timeout_s=args.timeout_s,
+            echo=(lambda *_: None) if args.quiet else print,
+        )
     except (OSError, ValueError) as exc:
         print(f"shellrl submit: {exc}", file=sys.stderr)
         return 2
     for error in summary["errors"]:
         print(error, file=sys.stderr)
-    print(f"{summary['created']} created, {summary['duplicates']} duplicates, {len(summary['errors'])} errors")
+    print(
+        f"{summary['created']} created, {summary['duplicates']} duplicates, {len(summary['errors'])} errors"
+    )
     return 1 if summary["errors"] else 0

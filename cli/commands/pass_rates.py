@@ -38,9 +38,13 @@ def run(args) -> int:
 
     if not args.rollout_url:
         check_model_path(args.model_path)
-    kw = dict(tasks_per_template=args.tasks_per_template, episodes_per_task=args.episodes_per_task,
-              temperature=args.temperature, max_new_tokens=args.max_new_tokens,
-              templates=tuple(t for t in args.templates.split(",") if t) or None)
+    kw = dict(
+        tasks_per_template=args.tasks_per_template,
+        episodes_per_task=args.episodes_per_task,
+        temperature=args.temperature,
+        max_new_tokens=args.max_new_tokens,
+        templates=tuple(t for t in args.templates.split(",") if t) or None,
+    )
     out = Path(args.out or f"docs/runs/pass-rates/pass_rates_T{args.temperature:g}.json")
     t0 = time.time()
     if args.rollout_url:
@@ -50,19 +54,33 @@ def run(args) -> int:
 
         state = Path(args.state_dir)
         shutil.rmtree(state, ignore_errors=True)
-        cfg = StackConfig(state_dir=state, model_path=args.model_path, echo_logs=False,
-                          env={"SHELLRL_MAX_TURNS": str(args.max_turns), "SHELLRL_MAX_NEW_TOKENS": str(args.max_new_tokens),
-                               "SHELLRL_EVAL_MAX_IN_FLIGHT": "32"},
-                          service_env={"engine": {"SHELLRL_NUM_THREADS": str(args.engine_threads)}},
-                          services=tuple(s for s in SERVICE_ORDER if s != "learner"))  # nothing trains
+        cfg = StackConfig(
+            state_dir=state,
+            model_path=args.model_path,
+            echo_logs=False,
+            env={
+                "SHELLRL_MAX_TURNS": str(args.max_turns),
+                "SHELLRL_MAX_NEW_TOKENS": str(args.max_new_tokens),
+                "SHELLRL_EVAL_MAX_IN_FLIGHT": "32",
+            },
+            service_env={"engine": {"SHELLRL_NUM_THREADS": str(args.engine_threads)}},
+            services=tuple(s for s in SERVICE_ORDER if s != "learner"),
+        )  # nothing trains
         with Stack(cfg) as stack:
             rates, _ = pr.measure(stack.config.url("rollout"), **kw)
-    meta = {"model_path": args.model_path, "temperature": args.temperature, "max_new_tokens": args.max_new_tokens,
-            "max_turns": args.max_turns, "tasks_per_template": args.tasks_per_template,
-            "episodes_per_task": args.episodes_per_task, "seconds": round(time.time() - t0, 1),
-            "command": "shellrl pass-rates " + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in kw.items()
-                                                        if k != "templates") + (f" --templates {args.templates}" if args.templates else ""),
-            "band": [pr.MIN_PASS_RATE, pr.MAX_PASS_RATE]}
+    meta = {
+        "model_path": args.model_path,
+        "temperature": args.temperature,
+        "max_new_tokens": args.max_new_tokens,
+        "max_turns": args.max_turns,
+        "tasks_per_template": args.tasks_per_template,
+        "episodes_per_task": args.episodes_per_task,
+        "seconds": round(time.time() - t0, 1),
+        "command": "shellrl pass-rates "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in kw.items() if k != "templates")
+        + (f" --templates {args.templates}" if args.templates else ""),
+        "band": [pr.MIN_PASS_RATE, pr.MAX_PASS_RATE],
+    }
     pr.write(out, rates, meta)
     Console().print(pr.table(rates, 8))
     print(f"written: {out} ({meta['seconds']} s); curriculum: {pr.select_templates(rates)}")

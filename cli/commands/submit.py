@@ -1,6 +1,6 @@
 """Post a task file (JSONL, the format of ../shared/tasks/*.jsonl) to the rollout gateway.
 
-    shellrl submit tasks.jsonl [--url http://127.0.0.1:8100] [--batch-size 500] [--split train]
+shellrl submit tasks.jsonl [--url http://127.0.0.1:8100] [--batch-size 500] [--split train]
 """
 
 from __future__ import annotations

@@ -24,7 +24,12 @@ from pathlib import Path
 from grafana_foundation_sdk.builders import dashboard, heatmap, prometheus, stat, timeseries
 from grafana_foundation_sdk.builders.common import ReduceDataOptions, VizLegendOptions
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from grafana_foundation_sdk.models.common import BigValueGraphMode, GraphDrawStyle, LegendDisplayMode, LegendPlacement
+from grafana_foundation_sdk.models.common import (
+    BigValueGraphMode,
+    GraphDrawStyle,
+    LegendDisplayMode,
+    LegendPlacement,
+)
 from grafana_foundation_sdk.models.dashboard import DashboardCursorSync, DataSourceRef
 from grafana_foundation_sdk.models.heatmap import HeatmapColorMode
 
@@ -61,10 +66,15 @@ class Row:
 
 # --- PromQL helpers ---------------------------------------------------------------------------
 
+
 def rate_sum(metric: str, by: str = "", matcher: str = "") -> str:
     """Per-second rate of a counter, summed over every instance (optionally grouped `by`)."""
     grouping = f" by ({by})" if by else ""
-    return f"sum{grouping} (rate({metric}{{{matcher}}}[{RATE}]))" if matcher else f"sum{grouping} (rate({metric}[{RATE}]))"
+    return (
+        f"sum{grouping} (rate({metric}{{{matcher}}}[{RATE}]))"
+        if matcher
+        else f"sum{grouping} (rate({metric}[{RATE}]))"
+    )
 
 
 def quantile(histogram: str, q: float, by: str = "") -> str:
@@ -86,106 +96,276 @@ def quantile_queries(histogram: str, with_mean: bool = True) -> tuple[Query, ...
 # --- the two dashboards -----------------------------------------------------------------------
 
 STALENESS = (
-    Row("Policy version", (
-        Panel("Policy version", (
-            Query("max(shellrl_policy_version)", "learner"),
-            Query("max(shellrl_rollout_learner_version)", "rollout admission"),
-        ), unit="none", description="Optimizer steps taken by the learner, and shellrl:policy:version as the "
-                                    "rollout gateway last read it for admission control."),
-        Panel("Policy version now", (Query("max(shellrl_policy_version)", "version"),), unit="none", kind="stat",
-              width=6),
-        Panel("Weight syncs per minute", (Query("60 * " + rate_sum("shellrl_weight_sync_seconds_count",
-                                                                   matcher='phase="total"'), "syncs/min"),),
-              unit="none", kind="stat", width=6,
-              description="Completed weight pushes to every engine (phase=total observations)."),
-    )),
-    Row("Staleness at training time", (
-        Panel("Staleness distribution", (
-            Query(f"sum by (le) (increase(shellrl_trajectory_staleness_bucket[{RATE}]))", "{{le}}"),
-        ), unit="none", kind="heatmap",
-            description="learner_version - min(segment.policy_version) of the trajectories the learner consumed, "
-                        "in policy versions (DESIGN.md section 5)."),
-        Panel("Staleness percentiles", quantile_queries("shellrl_trajectory_staleness"), unit="none",
-              description="Percentiles and mean of staleness over the window, in policy versions."),
-        Panel("Sample age", quantile_queries("shellrl_trajectory_age_seconds"), unit="s",
-              description="Seconds from the end of an episode to the learner step that trained on it."),
-        Panel("Trajectories into the learner", (
-            Query(rate_sum("shellrl_learner_trajectories_trained_total"), "trained"),
-            Query(rate_sum("shellrl_trajectories_dropped_total", by="reason"), "dropped: {{reason}}"),
-        ), unit="reqps", description="Trajectories per second that entered a training batch, and those dropped."),
-    )),
-    Row("Drops and off-policy corrections", (
-        Panel("Dropped for staleness", (
-            Query(rate_sum("shellrl_trajectories_dropped_total", matcher='reason="stale"'), "stale"),
-            Query(rate_sum("shellrl_learner_groups_total", by="outcome"), "groups: {{outcome}}"),
-        ), unit="reqps", description="Trajectories per second dropped because staleness exceeded max_staleness; "
-                                     "released groups per second by outcome."),
-        Panel("Importance-weight truncation", (
-            Query('max(shellrl_learner_importance_weight{stat="truncated_fraction"})', "truncated fraction"),
-        ), unit="percentunit",
-            description="Fraction of loss tokens of the last step whose behavior importance weight "
-                        "exp(logp_prox - logp_behavior) was truncated at C (decoupled PPO, DESIGN.md section 5)."),
-        Panel("Importance weight", (
-            Query('max by (stat) (shellrl_learner_importance_weight{stat=~"mean|max"})', "{{stat}}"),
-        ), unit="none", description="Mean and max behavior importance weight of the last step (before truncation)."),
-        Panel("Log-prob difference (proximal - behavior)", (
-            Query("max by (stat) (shellrl_logprob_diff)", "{{stat}}"),
-        ), unit="none", description="Mean and max |logp_prox - logp_behavior| of version-fresh tokens in the last "
-                                    "step, nats; parity bound 1e-4 (float32 CPU) or 0.02 mean (bf16 GPU)."),
-    )),
+    Row(
+        "Policy version",
+        (
+            Panel(
+                "Policy version",
+                (
+                    Query("max(shellrl_policy_version)", "learner"),
+                    Query("max(shellrl_rollout_learner_version)", "rollout admission"),
+                ),
+                unit="none",
+                description="Optimizer steps taken by the learner, and shellrl:policy:version as the "
+                "rollout gateway last read it for admission control.",
+            ),
+            Panel(
+                "Policy version now",
+                (Query("max(shellrl_policy_version)", "version"),),
+                unit="none",
+                kind="stat",
+                width=6,
+            ),
+            Panel(
+                "Weight syncs per minute",
+                (
+                    Query(
+                        "60 * "
+                        + rate_sum("shellrl_weight_sync_seconds_count", matcher='phase="total"'),
+                        "syncs/min",
+                    ),
+                ),
+                unit="none",
+                kind="stat",
+                width=6,
+                description="Completed weight pushes to every engine (phase=total observations).",
+            ),
+        ),
+    ),
+    Row(
+        "Staleness at training time",
+        (
+            Panel(
+                "Staleness distribution",
+                (
+                    Query(
+                        f"sum by (le) (increase(shellrl_trajectory_staleness_bucket[{RATE}]))",
+                        "{{le}}",
+                    ),
+                ),
+                unit="none",
+                kind="heatmap",
+                description="learner_version - min(segment.policy_version) of the trajectories the learner consumed, "
+                "in policy versions (DESIGN.md section 5).",
+            ),
+            Panel(
+                "Staleness percentiles",
+                quantile_queries("shellrl_trajectory_staleness"),
+                unit="none",
+                description="Percentiles and mean of staleness over the window, in policy versions.",
+            ),
+            Panel(
+                "Sample age",
+                quantile_queries("shellrl_trajectory_age_seconds"),
+                unit="s",
+                description="Seconds from the end of an episode to the learner step that trained on it.",
+            ),
+            Panel(
+                "Trajectories into the learner",
+                (
+                    Query(rate_sum("shellrl_learner_trajectories_trained_total"), "trained"),
+                    Query(
+                        rate_sum("shellrl_trajectories_dropped_total", by="reason"),
+                        "dropped: {{reason}}",
+                    ),
+                ),
+                unit="reqps",
+                description="Trajectories per second that entered a training batch, and those dropped.",
+            ),
+        ),
+    ),
+    Row(
+        "Drops and off-policy corrections",
+        (
+            Panel(
+                "Dropped for staleness",
+                (
+                    Query(
+                        rate_sum("shellrl_trajectories_dropped_total", matcher='reason="stale"'),
+                        "stale",
+                    ),
+                    Query(
+                        rate_sum("shellrl_learner_groups_total", by="outcome"),
+                        "groups: {{outcome}}",
+                    ),
+                ),
+                unit="reqps",
+                description="Trajectories per second dropped because staleness exceeded max_staleness; "
+                "released groups per second by outcome.",
+            ),
+            Panel(
+                "Importance-weight truncation",
+                (
+                    Query(
+                        'max(shellrl_learner_importance_weight{stat="truncated_fraction"})',
+                        "truncated fraction",
+                    ),
+                ),
+                unit="percentunit",
+                description="Fraction of loss tokens of the last step whose behavior importance weight "
+                "exp(logp_prox - logp_behavior) was truncated at C (decoupled PPO, DESIGN.md section 5).",
+            ),
+            Panel(
+                "Importance weight",
+                (
+                    Query(
+                        'max by (stat) (shellrl_learner_importance_weight{stat=~"mean|max"})',
+                        "{{stat}}",
+                    ),
+                ),
+                unit="none",
+                description="Mean and max behavior importance weight of the last step (before truncation).",
+            ),
+            Panel(
+                "Log-prob difference (proximal - behavior)",
+                (Query("max by (stat) (shellrl_logprob_diff)", "{{stat}}"),),
+                unit="none",
+                description="Mean and max |logp_prox - logp_behavior| of version-fresh tokens in the last "
+                "step, nats; parity bound 1e-4 (float32 CPU) or 0.02 mean (bf16 GPU).",
+            ),
+        ),
+    ),
 )
 
 THROUGHPUT = (
-    Row("Rollout", (
-        Panel("Episodes finished", (
-            Query(rate_sum("shellrl_rollout_episodes_total", by="end"), "{{end}}"),
-        ), unit="reqps", description="Episodes per second by how they ended (answer, max_turns, context, failure)."),
-        Panel("Episodes in flight", (Query("sum(shellrl_episodes_in_flight)", "in flight"),), unit="short"),
-        Panel("Turns", (Query(rate_sum("shellrl_rollout_turns_total"), "turns/s"),), unit="reqps",
-              description="Model calls (agent turns) per second."),
-        Panel("Tokens per second by kind", (
-            Query(rate_sum("shellrl_rollout_tokens_total", by="kind"), "{{kind}}"),
-            Query(rate_sum("shellrl_learner_tokens_total"), "trained (learner)"),
-        ), unit="short", description="Rollout tokens per second: prompt, action (engine-sampled), observation "
-                                     "(harness); and loss-mask tokens the learner trained on."),
-    )),
-    Row("Latency", (
-        Panel("Sandbox exec latency", quantile_queries("shellrl_sandbox_exec_seconds"), unit="s",
-              description="Wall time of one command in the sandbox, launch to result."),
-        Panel("Sandbox sessions", (Query("sum(shellrl_sandbox_sessions)", "open sessions"),), unit="short"),
-        Panel("Engine request latency", quantile_queries("shellrl_rollout_generate_seconds") + (
-            Query(f"{quantile('shellrl_engine_request_seconds', 0.9)} or "
-                  f"{quantile('sglang:e2e_request_latency_seconds', 0.9)}", "p90 engine-side"),
-        ), unit="s", description="/generate latency as the rollout sees it (percentiles, mean), and the engine's own "
-                                 "p90 (shellrl CPU engine or SGLang's sglang:e2e_request_latency_seconds)."),
-        Panel("Engine generation throughput", (
-            Query(f"{rate_sum('shellrl_engine_generation_tokens_total')} or "
-                  f"{rate_sum('sglang:generation_tokens_total')}", "generated tokens/s"),
-        ), unit="short", description="Tokens sampled per second by all engines (shellrl CPU engine or SGLang)."),
-        Panel("Verifications", (
-            Query(rate_sum("shellrl_verifier_verifications_total", by="outcome"), "{{outcome}}"),
-        ), unit="reqps", description="Verifications per second by outcome (pass, fail, infra)."),
-    )),
-    Row("Learner", (
-        Panel("Learner step time", quantile_queries("shellrl_learner_step_seconds"), unit="s",
-              description="Wall time of one learner step's training (proximal log-probs, loss, backward, step)."),
-        Panel("Weight-sync time by phase", (
-            Query(mean("shellrl_weight_sync_seconds", by="phase"), "{{phase}}"),
-        ), unit="s", description="Mean seconds per weight sync, by phase (flatten, transfer, load, verify, total)."),
-        Panel("Learner reward and success", (
-            Query("max(shellrl_learner_reward)", "mean training reward"),
-            Query("max(shellrl_learner_success_rate)", "success rate"),
-        ), unit="none", description="Of the trajectories trained in the last step."),
-    )),
-    Row("Streams", (
-        Panel("Stream length", (Query("max by (stream) (shellrl_stream_length)", "{{stream}}"),), unit="short",
-              description="XLEN of each stream."),
-        Panel("Stream backlog", (
-            Query("max by (stream, group) (shellrl_stream_lag)", "{{stream}} / {{group}} not delivered"),
-            Query("max by (stream, group) (shellrl_stream_pending)", "{{stream}} / {{group}} pending"),
-        ), unit="short", description="Entries not yet delivered to a consumer group (lag) and delivered but not "
-                                     "acknowledged (pending)."),
-    )),
+    Row(
+        "Rollout",
+        (
+            Panel(
+                "Episodes finished",
+                (Query(rate_sum("shellrl_rollout_episodes_total", by="end"), "{{end}}"),),
+                unit="reqps",
+                description="Episodes per second by how they ended (answer, max_turns, context, failure).",
+            ),
+            Panel(
+                "Episodes in flight",
+                (Query("sum(shellrl_episodes_in_flight)", "in flight"),),
+                unit="short",
+            ),
+            Panel(
+                "Turns",
+                (Query(rate_sum("shellrl_rollout_turns_total"), "turns/s"),),
+                unit="reqps",
+                description="Model calls (agent turns) per second.",
+            ),
+            Panel(
+                "Tokens per second by kind",
+                (
+                    Query(rate_sum("shellrl_rollout_tokens_total", by="kind"), "{{kind}}"),
+                    Query(rate_sum("shellrl_learner_tokens_total"), "trained (learner)"),
+                ),
+                unit="short",
+                description="Rollout tokens per second: prompt, action (engine-sampled), observation "
+                "(harness); and loss-mask tokens the learner trained on.",
+            ),
+        ),
+    ),
+    Row(
+        "Latency",
+        (
+            Panel(
+                "Sandbox exec latency",
+                quantile_queries("shellrl_sandbox_exec_seconds"),
+                unit="s",
+                description="Wall time of one command in the sandbox, launch to result.",
+            ),
+            Panel(
+                "Sandbox sessions",
+                (Query("sum(shellrl_sandbox_sessions)", "open sessions"),),
+                unit="short",
+            ),
+            Panel(
+                "Engine request latency",
+                quantile_queries("shellrl_rollout_generate_seconds")
+                + (
+                    Query(
+                        f"{quantile('shellrl_engine_request_seconds', 0.9)} or "
+                        f"{quantile('sglang:e2e_request_latency_seconds', 0.9)}",
+                        "p90 engine-side",
+                    ),
+                ),
+                unit="s",
+                description="/generate latency as the rollout sees it (percentiles, mean), and the engine's own "
+                "p90 (shellrl CPU engine or SGLang's sglang:e2e_request_latency_seconds).",
+            ),
+            Panel(
+                "Engine generation throughput",
+                (
+                    Query(
+                        f"{rate_sum('shellrl_engine_generation_tokens_total')} or "
+                        f"{rate_sum('sglang:generation_tokens_total')}",
+                        "generated tokens/s",
+                    ),
+                ),
+                unit="short",
+                description="Tokens sampled per second by all engines (shellrl CPU engine or SGLang).",
+            ),
+            Panel(
+                "Verifications",
+                (
+                    Query(
+                        rate_sum("shellrl_verifier_verifications_total", by="outcome"),
+                        "{{outcome}}",
+                    ),
+                ),
+                unit="reqps",
+                description="Verifications per second by outcome (pass, fail, infra).",
+            ),
+        ),
+    ),
+    Row(
+        "Learner",
+        (
+            Panel(
+                "Learner step time",
+                quantile_queries("shellrl_learner_step_seconds"),
+                unit="s",
+                description="Wall time of one learner step's training (proximal log-probs, loss, backward, step).",
+            ),
+            Panel(
+                "Weight-sync time by phase",
+                (Query(mean("shellrl_weight_sync_seconds", by="phase"), "{{phase}}"),),
+                unit="s",
+                description="Mean seconds per weight sync, by phase (flatten, transfer, load, verify, total).",
+            ),
+            Panel(
+                "Learner reward and success",
+                (
+                    Query("max(shellrl_learner_reward)", "mean training reward"),
+                    Query("max(shellrl_learner_success_rate)", "success rate"),
+                ),
+                unit="none",
+                description="Of the trajectories trained in the last step.",
+            ),
+        ),
+    ),
+    Row(
+        "Streams",
+        (
+            Panel(
+                "Stream length",
+                (Query("max by (stream) (shellrl_stream_length)", "{{stream}}"),),
+                unit="short",
+                description="XLEN of each stream.",
+            ),
+            Panel(
+                "Stream backlog",
+                (
+                    Query(
+                        "max by (stream, group) (shellrl_stream_lag)",
+                        "{{stream}} / {{group}} not delivered",
+                    ),
+                    Query(
+                        "max by (stream, group) (shellrl_stream_pending)",
+                        "{{stream}} / {{group}} pending",
+                    ),
+                ),
+                unit="short",
+                description="Entries not yet delivered to a consumer group (lag) and delivered but not "
+                "acknowledged (pending).",
+            ),
+        ),
+    ),
 )
 
 DASHBOARDS = {
@@ -196,23 +376,51 @@ DASHBOARDS = {
 
 # --- building ---------------------------------------------------------------------------------
 
+
 def _panel(spec: Panel, panel_id: int):
     if spec.kind == "heatmap":
-        colors = heatmap.HeatmapColorOptions().mode(HeatmapColorMode.SCHEME).scheme("Oranges").steps(64)
-        builder = (heatmap.Panel().calculate(False).color(colors)
-                   .y_axis(heatmap.YAxisConfig().unit(spec.unit)).show_legend())
+        colors = (
+            heatmap.HeatmapColorOptions().mode(HeatmapColorMode.SCHEME).scheme("Oranges").steps(64)
+        )
+        builder = (
+            heatmap.Panel()
+            .calculate(False)
+            .color(colors)
+            .y_axis(heatmap.YAxisConfig().unit(spec.unit))
+            .show_legend()
+        )
     elif spec.kind == "stat":
-        builder = (stat.Panel().graph_mode(BigValueGraphMode.AREA).unit(spec.unit)
-                   .reduce_options(ReduceDataOptions().calcs(["lastNotNull"]).values(False)))
+        builder = (
+            stat.Panel()
+            .graph_mode(BigValueGraphMode.AREA)
+            .unit(spec.unit)
+            .reduce_options(ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+        )
     else:
-        builder = (timeseries.Panel().unit(spec.unit).draw_style(GraphDrawStyle.LINE).line_width(1)
-                   .fill_opacity(10).legend(_legend()))
-    builder = (builder.id(panel_id).title(spec.title).datasource(DATASOURCE)
-               .span(spec.width).height(spec.height if spec.kind != "stat" else 4))
+        builder = (
+            timeseries.Panel()
+            .unit(spec.unit)
+            .draw_style(GraphDrawStyle.LINE)
+            .line_width(1)
+            .fill_opacity(10)
+            .legend(_legend())
+        )
+    builder = (
+        builder.id(panel_id)
+        .title(spec.title)
+        .datasource(DATASOURCE)
+        .span(spec.width)
+        .height(spec.height if spec.kind != "stat" else 4)
+    )
     if spec.description:
         builder = builder.description(spec.description)
     for index, query in enumerate(spec.queries):
-        target = prometheus.Dataquery().expr(query.expr).ref_id(chr(ord("A") + index)).datasource(DATASOURCE)
+        target = (
+            prometheus.Dataquery()
+            .expr(query.expr)
+            .ref_id(chr(ord("A") + index))
+            .datasource(DATASOURCE)
+        )
         if query.legend:
             target = target.legend_format(query.legend)
         if spec.kind == "heatmap":
@@ -222,14 +430,27 @@ def _panel(spec: Panel, panel_id: int):
 
 
 def _legend():
-    return VizLegendOptions().display_mode(LegendDisplayMode.LIST).placement(LegendPlacement.BOTTOM).show_legend(True)
+    return (
+        VizLegendOptions()
+        .display_mode(LegendDisplayMode.LIST)
+        .placement(LegendPlacement.BOTTOM)
+        .show_legend(True)
+    )
 
 
 def build(name: str) -> dict:
     """The dashboard `name` (a key of DASHBOARDS) as a JSON-ready dict."""
     title, uid, rows = DASHBOARDS[name]
-    board = (dashboard.Dashboard(title).uid(uid).tags(["shellrl"]).refresh("10s").time("now-30m", "now")
-             .timezone("browser").tooltip(DashboardCursorSync.CROSSHAIR).readonly())
+    board = (
+        dashboard.Dashboard(title)
+        .uid(uid)
+        .tags(["shellrl"])
+        .refresh("10s")
+        .time("now-30m", "now")
+        .timezone("browser")
+        .tooltip(DashboardCursorSync.CROSSHAIR)
+        .readonly()
+    )
     panel_id = 0
     for row in rows:
         panel_id += 1
@@ -260,7 +481,9 @@ def main(argv: list[str] | None = None) -> int:
             path.write_text(text)
             print(path)
     if stale:
-        print("stale (run python deploy/grafana/dashboards.py): " + ", ".join(stale), file=sys.stderr)
+        print(
+            "stale (run python deploy/grafana/dashboards.py): " + ", ".join(stale), file=sys.stderr
+        )
         return 1
     return 0
 

@@ -32,30 +32,48 @@ from services.learner.weight_sync import WeightSync
 from services.learner.weight_transport import choose_transport
 from services.learner.worker import LearnerWorker, WorkerConfig
 from shellrl import streams
-from shellrl.service.aio import cancel_and_wait
 from shellrl.clients.engine import EngineClient
-from shellrl.service.app import ApiError, create_app
 from shellrl.models import load_model, load_tokenizer
 from shellrl.rl.losses import PPOConfig
+from shellrl.service.aio import cancel_and_wait
+from shellrl.service.app import ApiError, create_app
 from shellrl.streams import export_stream_stats
 
 log = logging.getLogger(__name__)
 
 
 def trainer_config(s: LearnerSettings) -> TrainerConfig:
-    loss = PPOConfig(clip_eps_low=s.clip_eps_low, clip_eps_high=s.clip_eps_high, dual_clip_c=s.dual_clip_c,
-                     behavior_weight_cap=s.behavior_weight_cap, max_log_ratio=s.max_log_ratio, kl_coef=s.kl_coef,
-                     aggregation=s.loss_aggregation)
-    return TrainerConfig(lr=s.lr, weight_decay=s.weight_decay, betas=(s.adam_beta1, s.adam_beta2),
-                         warmup_steps=s.warmup_steps, grad_clip_norm=s.grad_clip_norm, ppo_epochs=s.ppo_epochs,
-                         micro_batch_size=s.micro_batch_size, chunk_tokens=s.chunk_tokens,
-                         gradient_checkpointing=s.gradient_checkpointing,
-                         share_prefix_min_tokens=s.share_prefix_min_tokens, loss=loss)
+    loss = PPOConfig(
+        clip_eps_low=s.clip_eps_low,
+        clip_eps_high=s.clip_eps_high,
+        dual_clip_c=s.dual_clip_c,
+        behavior_weight_cap=s.behavior_weight_cap,
+        max_log_ratio=s.max_log_ratio,
+        kl_coef=s.kl_coef,
+        aggregation=s.loss_aggregation,
+    )
+    return TrainerConfig(
+        lr=s.lr,
+        weight_decay=s.weight_decay,
+        betas=(s.adam_beta1, s.adam_beta2),
+        warmup_steps=s.warmup_steps,
+        grad_clip_norm=s.grad_clip_norm,
+        ppo_epochs=s.ppo_epochs,
+        micro_batch_size=s.micro_batch_size,
+        chunk_tokens=s.chunk_tokens,
+        gradient_checkpointing=s.gradient_checkpointing,
+        share_prefix_min_tokens=s.share_prefix_min_tokens,
+        loss=loss,
+    )
 
 
 def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient]:
     """Model, trainer, engines, checkpoint store and the worker (blocking: loads the model)."""
-    device = "cuda" if s.device == "auto" and torch.cuda.is_available() else ("cpu" if s.device == "auto" else s.device)
+    device = (
+        "cuda"
+        if s.device == "auto" and torch.cuda.is_available()
+        else ("cpu" if s.device == "auto" else s.device)
+    )
     if s.num_threads:
         torch.set_num_threads(s.num_threads)
     torch.manual_seed(s.seed)
@@ -65,21 +83,48 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
     tokenizer = load_tokenizer(s.model_path)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     client = EngineClient(s.engine_url_list, timeout_s=s.weight_sync_timeout_s, connect_retries=1)
-    transport = choose_transport(s.weight_transport, next(model.parameters()).device, s.engine_url_list)
-    sync = WeightSync(client, redis, transport=transport, deadline_s=s.weight_sync_timeout_s,
-                      sync_dir=s.weight_sync_dir, retry_interval_s=s.engine_retry_interval_s,
-                      engine_device=s.engine_cuda_device or None, share_parameters=s.shm_share_parameters)
-    consumer = streams.StreamConsumer(redis, streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER, s.consumer_name,
-                                      block_ms=s.block_ms, count=s.read_count,
-                                      claim_min_idle_ms=s.claim_min_idle_ms, max_deliveries=s.max_deliveries)
+    transport = choose_transport(
+        s.weight_transport, next(model.parameters()).device, s.engine_url_list
+    )
+    sync = WeightSync(
+        client,
+        redis,
+        transport=transport,
+        deadline_s=s.weight_sync_timeout_s,
+        sync_dir=s.weight_sync_dir,
+        retry_interval_s=s.engine_retry_interval_s,
+        engine_device=s.engine_cuda_device or None,
+        share_parameters=s.shm_share_parameters,
+    )
+    consumer = streams.StreamConsumer(
+        redis,
+        streams.STREAM_TRAJECTORIES,
+        streams.GROUP_LEARNER,
+        s.consumer_name,
+        block_ms=s.block_ms,
+        count=s.read_count,
+        claim_min_idle_ms=s.claim_min_idle_ms,
+        max_deliveries=s.max_deliveries,
+    )
     assembler = GroupAssembler(group_timeout_s=s.group_timeout_s, max_staleness=s.max_staleness)
-    config = WorkerConfig(groups_per_step=s.groups_per_step, checkpoint_interval_steps=s.checkpoint_interval_steps,
-                          train_zero_variance_groups=s.train_zero_variance_groups,
-                          overlong_filtering=s.overlong_filtering,
-                          fixed_temperature=s.fixed_temperature if s.temperature_source == "fixed" else None,
-                          pad_token_id=int(pad), pad_to_multiple_of=s.pad_to_multiple_of, read_count=s.read_count)
-    worker = LearnerWorker(consumer, assembler, Trainer(model, trainer_config(s)), sync,
-                           CheckpointStore(s.checkpoint_dir, s.keep_checkpoints), config)
+    config = WorkerConfig(
+        groups_per_step=s.groups_per_step,
+        checkpoint_interval_steps=s.checkpoint_interval_steps,
+        train_zero_variance_groups=s.train_zero_variance_groups,
+        overlong_filtering=s.overlong_filtering,
+        fixed_temperature=s.fixed_temperature if s.temperature_source == "fixed" else None,
+        pad_token_id=int(pad),
+        pad_to_multiple_of=s.pad_to_multiple_of,
+        read_count=s.read_count,
+    )
+    worker = LearnerWorker(
+        consumer,
+        assembler,
+        Trainer(model, trainer_config(s)),
+        sync,
+        CheckpointStore(s.checkpoint_dir, s.keep_checkpoints),
+        config,
+    )
     return worker, client
 
 
@@ -96,8 +141,13 @@ def build_app(settings: LearnerSettings) -> FastAPI:
         task = asyncio.create_task(worker.run(stop))
         task.add_done_callback(_log_exit)
         state["task"] = task
-        stats = asyncio.create_task(export_stream_stats(redis, [(streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER)]))
-        log.info("learner started", extra={"config": settings.public_dict(), "transport": worker.sync.transport})
+        stats = asyncio.create_task(
+            export_stream_stats(redis, [(streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER)])
+        )
+        log.info(
+            "learner started",
+            extra={"config": settings.public_dict(), "transport": worker.sync.transport},
+        )
         try:
             yield
         finally:
@@ -126,7 +176,9 @@ def build_app(settings: LearnerSettings) -> FastAPI:
         try:
             result = await asyncio.wait_for(asyncio.shield(future), timeout=600)
         except TimeoutError:
-            raise ApiError(504, "checkpoint_timeout", "the checkpoint did not finish within 600 s") from None
+            raise ApiError(
+                504, "checkpoint_timeout", "the checkpoint did not finish within 600 s"
+            ) from None
         return JSONResponse(result, status_code=201)
 
     @app.post("/v1/pause", tags=["learner"])
@@ -137,8 +189,12 @@ def build_app(settings: LearnerSettings) -> FastAPI:
             try:
                 await asyncio.wait_for(worker.paused_idle.wait(), timeout=timeout_s)
             except TimeoutError:
-                raise ApiError(504, "pause_timeout", f"the step in progress did not finish within {timeout_s:g} s",
-                               "timeout_s") from None
+                raise ApiError(
+                    504,
+                    "pause_timeout",
+                    f"the step in progress did not finish within {timeout_s:g} s",
+                    "timeout_s",
+                ) from None
         return {"paused": True, "step": worker.version}
 
     @app.post("/v1/resume", tags=["learner"])

@@ -51,8 +51,9 @@ class CheckpointStore:
     (>= 1); model_source: the base model's directory, whose tokenizer each checkpoint copies
     (default: the directory the saved model was loaded from)."""
 
-    def __init__(self, directory: str | Path, keep: int = 2,
-                 model_source: str | Path | None = None) -> None:
+    def __init__(
+        self, directory: str | Path, keep: int = 2, model_source: str | Path | None = None
+    ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1; got {keep}")
         self.directory, self.keep = Path(directory), keep
@@ -65,7 +66,9 @@ class CheckpointStore:
 
     def checkpoints(self) -> list[Path]:
         """Complete checkpoint directories, oldest first."""
-        found = [(int(m.group(1)), p) for p in self.directory.iterdir() if (m := _STEP_DIR.match(p.name))]
+        found = [
+            (int(m.group(1)), p) for p in self.directory.iterdir() if (m := _STEP_DIR.match(p.name))
+        ]
         return [p for _, p in sorted(found)]
 
     def latest(self) -> Path | None:
@@ -89,7 +92,7 @@ class CheckpointStore:
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync(self.directory)
-        for old in self.checkpoints()[:-self.keep]:
+        for old in self.checkpoints()[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
@@ -103,10 +106,14 @@ class CheckpointStore:
             tensors.update(load_file(str(file)))
         missing, unexpected = model.load_state_dict(tensors, strict=False)
         tied = set(getattr(model, "_tied_weights_keys", None) or ())
-        tied |= {k for k in missing if model.config.tie_word_embeddings and k.endswith("lm_head.weight")}
+        tied |= {
+            k for k in missing if model.config.tie_word_embeddings and k.endswith("lm_head.weight")
+        }
         if unexpected or set(missing) - tied:
-            raise ValueError(f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)[:5]}, "
-                             f"unexpected {sorted(unexpected)[:5]}")
+            raise ValueError(
+                f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)[:5]}, "
+                f"unexpected {sorted(unexpected)[:5]}"
+            )
         trainer_state = torch.load(path / "trainer.pt", weights_only=False)
         _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
         raw = json.loads((path / "state.json").read_text())
@@ -122,7 +129,9 @@ class CheckpointStore:
     def read_ledger(self) -> list[dict]:
         if not self.ledger_path.exists():
             return []
-        return [json.loads(line) for line in self.ledger_path.read_text().splitlines() if line.strip()]
+        return [
+            json.loads(line) for line in self.ledger_path.read_text().splitlines() if line.strip()
+        ]
 
 
 def surviving_steps(ledger: list[dict]) -> dict[int, dict]:
@@ -138,7 +147,11 @@ def surviving_steps(ledger: list[dict]) -> dict[int, dict]:
 
 
 def _rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": np.random.get_state(),
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state

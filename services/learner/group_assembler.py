@@ -50,9 +50,23 @@ from shellrl.rl.batch import TrainSample
 from shellrl.rl.staleness import staleness
 
 _NOT_SAMPLES = frozenset({"infra_failure", "verifier_failure", "eval"})  # never usable
-_AWAITING_RERUN = frozenset({"infra_failure", "eval"})  # not an arrival: a re-run follows (or none is due)
-DROP_REASONS = ("stale", "infra_failure", "verifier_failure", "unscored", "nan_reward", "eval", "empty_response", "duplicate",
-                "invalid", "invalid_logprobs", "late_member", "group_too_small")
+_AWAITING_RERUN = frozenset(
+    {"infra_failure", "eval"}
+)  # not an arrival: a re-run follows (or none is due)
+DROP_REASONS = (
+    "stale",
+    "infra_failure",
+    "verifier_failure",
+    "unscored",
+    "nan_reward",
+    "eval",
+    "empty_response",
+    "duplicate",
+    "invalid",
+    "invalid_logprobs",
+    "late_member",
+    "group_too_small",
+)
 
 
 @dataclass(frozen=True)
@@ -127,11 +141,24 @@ class GroupAssembler:
     max_staleness: versions; min_group_size: valid members a released group needs (>= 2);
     remember_groups: how many released group ids are kept to recognise late members."""
 
-    def __init__(self, *, group_timeout_s: float, max_staleness: int, min_group_size: int = 2,
-                 remember_groups: int = 100_000, clock=time.monotonic) -> None:
+    def __init__(
+        self,
+        *,
+        group_timeout_s: float,
+        max_staleness: int,
+        min_group_size: int = 2,
+        remember_groups: int = 100_000,
+        clock=time.monotonic,
+    ) -> None:
         if min_group_size < 2:
-            raise ValueError(f"min_group_size must be >= 2 (a group of 1 has no baseline); got {min_group_size}")
-        self.group_timeout_s, self.max_staleness, self.min_group_size = group_timeout_s, max_staleness, min_group_size
+            raise ValueError(
+                f"min_group_size must be >= 2 (a group of 1 has no baseline); got {min_group_size}"
+            )
+        self.group_timeout_s, self.max_staleness, self.min_group_size = (
+            group_timeout_s,
+            max_staleness,
+            min_group_size,
+        )
         self.remember_groups, self.clock = remember_groups, clock
         self._pending: dict[str, _Pending] = {}
         self._released: OrderedDict[str, None] = OrderedDict()
@@ -156,8 +183,12 @@ class GroupAssembler:
             return Dropped(entry_id, traj.trajectory_id, group_id, "late_member")
         pending = self._pending.get(group_id)
         if pending is None:
-            pending = self._pending[group_id] = _Pending(group_id, int(traj.group_size), self.clock())
-        if traj.trajectory_id in pending.members or any(d.trajectory_id == traj.trajectory_id for d in pending.dropped):
+            pending = self._pending[group_id] = _Pending(
+                group_id, int(traj.group_size), self.clock()
+            )
+        if traj.trajectory_id in pending.members or any(
+            d.trajectory_id == traj.trajectory_id for d in pending.dropped
+        ):
             return Dropped(entry_id, traj.trajectory_id, group_id, "duplicate")
         reason, arrays, oldest = _validate(traj)
         stale = None
@@ -168,14 +199,18 @@ class GroupAssembler:
         if reason is not None:
             pending.dropped.append(Dropped(entry_id, traj.trajectory_id, group_id, reason, stale))
         else:
-            pending.members[traj.trajectory_id] = Member(entry_id, traj, arrays, oldest, self.clock())
+            pending.members[traj.trajectory_id] = Member(
+                entry_id, traj, arrays, oldest, self.clock()
+            )
         self._held.add(entry_id)
         return None
 
     def pop_ready(self, learner_version: int) -> list[RolloutGroup]:
         """Release complete groups and timed-out ones (oldest first), re-checking staleness."""
         now, out = self.clock(), []
-        for group_id, pending in sorted(self._pending.items(), key=lambda kv: kv[1].first_arrival_s):
+        for group_id, pending in sorted(
+            self._pending.items(), key=lambda kv: kv[1].first_arrival_s
+        ):
             complete = pending.expected_size > 0 and pending.arrivals >= pending.expected_size
             timed_out = now - pending.first_arrival_s >= self.group_timeout_s
             if complete or timed_out:
@@ -189,8 +224,13 @@ class GroupAssembler:
         return out
 
     def _release(self, pending: _Pending, learner_version: int, timed_out: bool) -> RolloutGroup:
-        group = RolloutGroup(pending.group_id, tuple(pending.members.values()), tuple(pending.dropped),
-                             pending.expected_size, timed_out)
+        group = RolloutGroup(
+            pending.group_id,
+            tuple(pending.members.values()),
+            tuple(pending.dropped),
+            pending.expected_size,
+            timed_out,
+        )
         return self.recheck(group, learner_version)
 
     def recheck(self, group: RolloutGroup, learner_version: int) -> RolloutGroup:
@@ -205,7 +245,10 @@ class GroupAssembler:
             else:
                 members.append(m)
         if len(members) < self.min_group_size:
-            dropped += [Dropped(m.entry_id, m.trajectory_id, group.group_id, "group_too_small") for m in members]
+            dropped += [
+                Dropped(m.entry_id, m.trajectory_id, group.group_id, "group_too_small")
+                for m in members
+            ]
             members = []
         return replace(group, members=tuple(members), dropped=tuple(dropped))
 
@@ -214,7 +257,7 @@ class GroupAssembler:
         return list(self._released)
 
     def restore_released(self, group_ids: list[str]) -> None:
-        for g in group_ids[-self.remember_groups:]:
+        for g in group_ids[-self.remember_groups :]:
             self._released[g] = None
 
 
@@ -267,11 +310,14 @@ def is_truncated(traj: Trajectory) -> bool:
     ended with finish_reason LENGTH. An EOS on the last allowed position is a STOP, not a cut
     (known_pitfalls C06: the test is the finish reason, not the absence of EOS)."""
     actions = [seg for seg in traj.segments if seg.kind == SegmentKind.SEGMENT_KIND_ACTION]
-    return traj.truncated or bool(actions and actions[-1].finish_reason == FinishReason.FINISH_REASON_LENGTH)
+    return traj.truncated or bool(
+        actions and actions[-1].finish_reason == FinishReason.FINISH_REASON_LENGTH
+    )
 
 
-def group_samples(group: RolloutGroup, fixed_temperature: float | None = None,
-                  overlong_filtering: bool = False) -> GroupSamples:
+def group_samples(
+    group: RolloutGroup, fixed_temperature: float | None = None, overlong_filtering: bool = False
+) -> GroupSamples:
     """GRPO advantages over the members' training_reward, broadcast to their ACTION tokens.
 
     overlong_filtering: truncated members (`is_truncated`) keep their place in the group's
@@ -283,11 +329,15 @@ def group_samples(group: RolloutGroup, fixed_temperature: float | None = None,
     adv = group_advantages(rewards)
     samples = tuple(
         TrainSample(
-            trajectory_id=m.trajectory_id, prompt_ids=m.arrays.prompt_ids, response_ids=m.arrays.response_ids,
+            trajectory_id=m.trajectory_id,
+            prompt_ids=m.arrays.prompt_ids,
+            response_ids=m.arrays.response_ids,
             behavior_logprobs=m.arrays.behavior_logprobs,
-            loss_mask=np.zeros_like(m.arrays.loss_mask) if overlong_filtering and is_truncated(m.trajectory)
+            loss_mask=np.zeros_like(m.arrays.loss_mask)
+            if overlong_filtering and is_truncated(m.trajectory)
             else m.arrays.loss_mask,
-            policy_versions=m.arrays.policy_versions, temperatures=token_temperatures(m.trajectory, fixed_temperature),
+            policy_versions=m.arrays.policy_versions,
+            temperatures=token_temperatures(m.trajectory, fixed_temperature),
             advantage=float(a),
         )
         for m, a in zip(group.members, adv.advantages)

@@ -55,8 +55,15 @@ class TrainerConfig:
     loss: PPOConfig = field(default_factory=PPOConfig)
 
     def __post_init__(self) -> None:
-        if self.lr <= 0 or self.ppo_epochs < 1 or self.micro_batch_size < 1 or self.warmup_steps < 0:
-            raise ValueError("lr > 0, ppo_epochs >= 1, micro_batch_size >= 1 and warmup_steps >= 0 are required")
+        if (
+            self.lr <= 0
+            or self.ppo_epochs < 1
+            or self.micro_batch_size < 1
+            or self.warmup_steps < 0
+        ):
+            raise ValueError(
+                "lr > 0, ppo_epochs >= 1, micro_batch_size >= 1 and warmup_steps >= 0 are required"
+            )
 
 
 @dataclass(frozen=True)
@@ -87,11 +94,13 @@ class Trainer:
             enable_gradient_checkpointing(model)
         model.train()
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(self.params, lr=config.lr, betas=config.betas,
-                                           weight_decay=config.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+        )
         warmup = config.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
+        )
         self.reference = None
         if config.loss.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
@@ -105,7 +114,9 @@ class Trainer:
     def step(self, batch: TrainBatch, learner_version: int) -> StepResult:
         """Train on `batch` (advantages set) with the weights of `learner_version`; one step."""
         start, cfg = time.perf_counter(), self.config
-        batch = batch.to(self.params[0].device)  # built on CPU by the worker; the model may be on a GPU
+        batch = batch.to(
+            self.params[0].device
+        )  # built on CPU by the worker; the model may be on a GPU
         lr = self.lr
         weights = loss_weights(batch.loss_mask, cfg.loss.aggregation)
         proximal = torch.zeros_like(batch.loss_mask)
@@ -115,21 +126,34 @@ class Trainer:
             stats = LossStats()
             for lo in range(0, batch.size, cfg.micro_batch_size):
                 hi = min(lo + cfg.micro_batch_size, batch.size)
-                stats = stats + self._accumulate(batch.rows(lo, hi), lo, hi, weights, proximal, first=epoch == 0)
+                stats = stats + self._accumulate(
+                    batch.rows(lo, hi), lo, hi, weights, proximal, first=epoch == 0
+                )
             grad_norm = self._clip()
             if torch.isfinite(torch.tensor(grad_norm)):
                 self.optimizer.step()
             else:
                 skipped += 1
-                log.error("non-finite gradient norm: update skipped", extra={"epoch": epoch, "grad_norm": grad_norm})
+                log.error(
+                    "non-finite gradient norm: update skipped",
+                    extra={"epoch": epoch, "grad_norm": grad_norm},
+                )
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step_count += 1
         parity = _parity(proximal, batch, learner_version)
         result = StepResult(
-            step=self.step_count, lr=lr, stats={**stats.summary(), "grad_norm": grad_norm}, grad_norm=grad_norm,
-            parity_mean=parity[0], parity_max=parity[1], parity_tokens=parity[2], sequences=batch.size,
-            tokens=batch.num_loss_tokens, duration_s=time.perf_counter() - start, skipped_updates=skipped,
+            step=self.step_count,
+            lr=lr,
+            stats={**stats.summary(), "grad_norm": grad_norm},
+            grad_norm=grad_norm,
+            parity_mean=parity[0],
+            parity_max=parity[1],
+            parity_tokens=parity[2],
+            sequences=batch.size,
+            tokens=batch.num_loss_tokens,
+            duration_s=time.perf_counter() - start,
+            skipped_updates=skipped,
         )
         del proximal, weights
         release_memory()
@@ -141,8 +165,15 @@ class Trainer:
         self.scheduler.step()
         self.step_count += 1
 
-    def _accumulate(self, mb: TrainBatch, lo: int, hi: int, weights: torch.Tensor, proximal: torch.Tensor,
-                    first: bool) -> LossStats:
+    def _accumulate(
+        self,
+        mb: TrainBatch,
+        lo: int,
+        hi: int,
+        weights: torch.Tensor,
+        proximal: torch.Tensor,
+        first: bool,
+    ) -> LossStats:
         if mb.num_loss_tokens == 0:
             return LossStats()
         width = mb.loss_mask.shape[1]
@@ -153,8 +184,16 @@ class Trainer:
         if self.reference is not None:
             with torch.no_grad():
                 ref = self._logprobs(self.reference, mb)
-        loss, stats = decoupled_ppo_loss(logp, proximal[lo:hi, :width], mb.behavior_logprobs, mb.advantages,
-                                         mb.loss_mask, weights[lo:hi, :width], self.config.loss, ref)
+        loss, stats = decoupled_ppo_loss(
+            logp,
+            proximal[lo:hi, :width],
+            mb.behavior_logprobs,
+            mb.advantages,
+            mb.loss_mask,
+            weights[lo:hi, :width],
+            self.config.loss,
+            ref,
+        )
         loss.backward()
         return stats
 
@@ -172,17 +211,24 @@ class Trainer:
         for lo in range(0, batch.size, self.config.micro_batch_size):
             hi = min(lo + self.config.micro_batch_size, batch.size)
             mb = batch.rows(lo, hi)
-            out[lo:hi, :mb.loss_mask.shape[1]] = self._logprobs(self.model, mb)
+            out[lo:hi, : mb.loss_mask.shape[1]] = self._logprobs(self.model, mb)
         return out
 
     def _logprobs(self, model, mb: TrainBatch) -> torch.Tensor:
-        return token_logprobs(model, mb, chunk_tokens=self.config.chunk_tokens,
-                              share_prefix_min_tokens=self.config.share_prefix_min_tokens)
+        return token_logprobs(
+            model,
+            mb,
+            chunk_tokens=self.config.chunk_tokens,
+            share_prefix_min_tokens=self.config.share_prefix_min_tokens,
+        )
 
     def state_dict(self) -> dict:
         """Optimizer, scheduler and step counter (the model's weights are saved separately)."""
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "step": self.step_count}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "step": self.step_count,
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
@@ -190,7 +236,9 @@ class Trainer:
         self.step_count = int(state["step"])
 
 
-def _parity(proximal: torch.Tensor, batch: TrainBatch, learner_version: int) -> tuple[float, float, int]:
+def _parity(
+    proximal: torch.Tensor, batch: TrainBatch, learner_version: int
+) -> tuple[float, float, int]:
     fresh = (batch.loss_mask > 0) & (batch.policy_versions == learner_version)
     n = int(fresh.sum())
     if n == 0:

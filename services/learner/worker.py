@@ -30,9 +30,9 @@ from services.learner.checkpoint import CheckpointStore, LearnerState
 from services.learner.group_assembler import Dropped, GroupAssembler, RolloutGroup, group_samples
 from services.learner.trainer import Trainer
 from services.learner.weight_sync import WeightSync
-from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import ContractError, parse_trajectory
 from shellrl.rl.batch import build_batch
+from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import StreamConsumer, StreamEntry
 from shellrl.tracking import Tracker, TrackingConfig, create_tracker, flatten
 
@@ -58,15 +58,25 @@ class WorkerConfig:
 
 
 class LearnerWorker:
-    def __init__(self, consumer: StreamConsumer, assembler: GroupAssembler, trainer: Trainer, sync: WeightSync,
-                 store: CheckpointStore, config: WorkerConfig,
-                 tracker: Tracker | None = None) -> None:
+    def __init__(
+        self,
+        consumer: StreamConsumer,
+        assembler: GroupAssembler,
+        trainer: Trainer,
+        sync: WeightSync,
+        store: CheckpointStore,
+        config: WorkerConfig,
+        tracker: Tracker | None = None,
+    ) -> None:
         self.consumer, self.assembler, self.trainer, self.sync = consumer, assembler, trainer, sync
         self.store, self.config = store, config
-        self.tracker = tracker or create_tracker(config.tracking, "learner",
-                                                 Path(store.directory).parent / "tracking")
+        self.tracker = tracker or create_tracker(
+            config.tracking, "learner", Path(store.directory).parent / "tracking"
+        )
         self._staleness: list[int] = []  # of the trajectories trained in the step in progress
-        self.consumed: OrderedDict[str, int] = OrderedDict()  # trajectory id -> step that resolved it
+        self.consumed: OrderedDict[str, int] = (
+            OrderedDict()
+        )  # trajectory id -> step that resolved it
         self.unacked: list[str] = []  # entry ids resolved since the last checkpoint
         self.ready: list[RolloutGroup] = []  # released groups waiting for a step
         self.checkpointed_step = 0
@@ -120,9 +130,14 @@ class LearnerWorker:
             return True
         done, _ = await asyncio.wait({task}, timeout=grace_s + FINAL_CHECKPOINT_S)
         if not done:
-            log.warning("learner loop busy past the grace period; step in progress abandoned",
-                        extra={"grace_s": grace_s, "policy_version": self.version,
-                               "checkpointed_step": self.checkpointed_step})
+            log.warning(
+                "learner loop busy past the grace period; step in progress abandoned",
+                extra={
+                    "grace_s": grace_s,
+                    "policy_version": self.version,
+                    "checkpointed_step": self.checkpointed_step,
+                },
+            )
         return bool(done)
 
     # ----- stages ------------------------------------------------------------------------------------
@@ -131,13 +146,20 @@ class LearnerWorker:
         """Load the latest checkpoint (if any), then push its weights and publish its version."""
         path = self.store.latest()
         if path is not None:
-            trainer_state, state = await asyncio.to_thread(self.store.load, path, self.trainer.model)
+            trainer_state, state = await asyncio.to_thread(
+                self.store.load, path, self.trainer.model
+            )
             self.trainer.load_state_dict(trainer_state)
             self.consumed = OrderedDict((t, state.step) for t in state.consumed_ids)
             self.assembler.restore_released(state.released_group_ids)
             self.checkpointed_step = state.step
-            self.store.append_ledger({"event": "resume", "step": state.step, "checkpoint": path.name})
-            log.info("resumed from checkpoint", extra={"path": str(path), "step": state.step, "lr": self.trainer.lr})
+            self.store.append_ledger(
+                {"event": "resume", "step": state.step, "checkpoint": path.name}
+            )
+            log.info(
+                "resumed from checkpoint",
+                extra={"path": str(path), "step": state.step, "lr": self.trainer.lr},
+            )
         metrics.POLICY_VERSION.set(self.version)
         metrics.LEARNER_STEP.set(self.version)
         self.completed_step = self.version
@@ -200,7 +222,9 @@ class LearnerWorker:
             del batch
         else:
             self.trainer.skip_step()
-        self.record(version, groups, samples, rewards, outcomes, result, time.perf_counter() - start)
+        self.record(
+            version, groups, samples, rewards, outcomes, result, time.perf_counter() - start
+        )
 
     def resolve_members(self, group: RolloutGroup, trained: bool) -> None:
         now = time.time()
@@ -225,16 +249,27 @@ class LearnerWorker:
     async def checkpoint(self) -> str:
         """Write a checkpoint of the current step, then acknowledge what it covers."""
         start, step = time.perf_counter(), self.version
-        waiting = {g.group_id for g in self.ready}  # released but not trained yet: re-assembled after a crash
-        state = LearnerState(step=step, version=step, consumed_ids=list(self.consumed),
-                             released_group_ids=[g for g in self.assembler.released_group_ids() if g not in waiting])
-        path = await asyncio.to_thread(self.store.save, self.trainer.model, self.trainer.state_dict(), state)
+        waiting = {
+            g.group_id for g in self.ready
+        }  # released but not trained yet: re-assembled after a crash
+        state = LearnerState(
+            step=step,
+            version=step,
+            consumed_ids=list(self.consumed),
+            released_group_ids=[g for g in self.assembler.released_group_ids() if g not in waiting],
+        )
+        path = await asyncio.to_thread(
+            self.store.save, self.trainer.model, self.trainer.state_dict(), state
+        )
         acked, self.unacked = self.unacked, []
         for lo in range(0, len(acked), 1000):
-            await self.consumer.ack(*acked[lo:lo + 1000])
+            await self.consumer.ack(*acked[lo : lo + 1000])
         self.checkpointed_step = step
         metrics.CHECKPOINT_SECONDS.observe(time.perf_counter() - start)
-        log.info("checkpoint written; entries acknowledged", extra={"step": step, "path": str(path), "acked": len(acked)})
+        log.info(
+            "checkpoint written; entries acknowledged",
+            extra={"step": step, "path": str(path), "acked": len(acked)},
+        )
         return str(path)
 
     # ----- control (HTTP) ----------------------------------------------------------------------------
@@ -257,14 +292,22 @@ class LearnerWorker:
                 f.done() or f.set_exception(exc)
 
     def status(self) -> dict:
-        return {"version": self.completed_step, "step": self.completed_step, "paused": not self.running.is_set(),
-                "lr": self.trainer.lr, "checkpointed_step": self.checkpointed_step,
-                "pending_groups": self.assembler.pending_groups,
-                "pending_trajectories": self.assembler.pending_trajectories,
-                "ready_groups": len(self.ready), "unacked_entries": len(self.unacked),
-                "trajectories_trained": self.trained_total,
-                "trajectories_per_second": self.trained_total / max(time.monotonic() - self.started_s, 1e-9),
-                "last_step": self.last, "weight_sync": self.sync.status()}
+        return {
+            "version": self.completed_step,
+            "step": self.completed_step,
+            "paused": not self.running.is_set(),
+            "lr": self.trainer.lr,
+            "checkpointed_step": self.checkpointed_step,
+            "pending_groups": self.assembler.pending_groups,
+            "pending_trajectories": self.assembler.pending_trajectories,
+            "ready_groups": len(self.ready),
+            "unacked_entries": len(self.unacked),
+            "trajectories_trained": self.trained_total,
+            "trajectories_per_second": self.trained_total
+            / max(time.monotonic() - self.started_s, 1e-9),
+            "last_step": self.last,
+            "weight_sync": self.sync.status(),
+        }
 
     # ----- bookkeeping ------------------------------------------------------------------------------
 
@@ -282,30 +325,58 @@ class LearnerWorker:
         counted = [o for o in outcomes if o != "not_counted"]
         zero_fraction = counted.count("zero_variance") / len(counted) if counted else 0.0
         metrics.ZERO_VARIANCE_FRACTION.set(zero_fraction)
-        self.last = {"step": step, "trained_on_version": version, "groups": len(groups),
-                     "zero_variance_fraction": zero_fraction,
-                     "outcomes": {o: outcomes.count(o) for o in set(outcomes)}, "trajectories": len(samples),
-                     "reward_mean": reward_mean, "success_rate": success, "seconds": seconds,
-                     "finished_at": time.time()}
+        self.last = {
+            "step": step,
+            "trained_on_version": version,
+            "groups": len(groups),
+            "zero_variance_fraction": zero_fraction,
+            "outcomes": {o: outcomes.count(o) for o in set(outcomes)},
+            "trajectories": len(samples),
+            "reward_mean": reward_mean,
+            "success_rate": success,
+            "seconds": seconds,
+            "finished_at": time.time(),
+        }
         if result is not None:
             s = result.stats
-            self.last.update({"lr": result.lr, "tokens": result.tokens, "loss": s["policy_loss"], "kl": s["kl"],
-                              "grad_norm": result.grad_norm, "stats": s, "parity_mean": result.parity_mean,
-                              "parity_max": result.parity_max, "parity_tokens": result.parity_tokens,
-                              "tokens_per_second": result.tokens / max(result.duration_s, 1e-9)})
+            self.last.update(
+                {
+                    "lr": result.lr,
+                    "tokens": result.tokens,
+                    "loss": s["policy_loss"],
+                    "kl": s["kl"],
+                    "grad_norm": result.grad_norm,
+                    "stats": s,
+                    "parity_mean": result.parity_mean,
+                    "parity_max": result.parity_max,
+                    "parity_tokens": result.parity_tokens,
+                    "tokens_per_second": result.tokens / max(result.duration_s, 1e-9),
+                }
+            )
             _export(result)
         rss, peak = _memory()
         metrics.RSS_BYTES.set(rss)
         metrics.PEAK_MEMORY_BYTES.set(peak)
         self.last["rss_bytes"] = rss
         if self._staleness:
-            self.last.update(staleness_mean=sum(self._staleness) / len(self._staleness),
-                             staleness_max=max(self._staleness))
+            self.last.update(
+                staleness_mean=sum(self._staleness) / len(self._staleness),
+                staleness_max=max(self._staleness),
+            )
             self._staleness = []
         self.tracker.log_metrics(flatten(self.last, exclude=("step", "finished_at")), step)
-        self.store.append_ledger({"step": step, "version": step, "trajectory_ids": [s.trajectory_id for s in samples],
-                                  **{k: v for k, v in self.last.items() if k not in ("stats", "step")}})
-        log.info("step", extra={"policy_version": step, **{k: v for k, v in self.last.items() if k != "stats"}})
+        self.store.append_ledger(
+            {
+                "step": step,
+                "version": step,
+                "trajectory_ids": [s.trajectory_id for s in samples],
+                **{k: v for k, v in self.last.items() if k not in ("stats", "step")},
+            }
+        )
+        log.info(
+            "step",
+            extra={"policy_version": step, **{k: v for k, v in self.last.items() if k != "stats"}},
+        )
         self.completed_step = step
 
     def _trim_consumed(self) -> None:
@@ -336,11 +407,12 @@ def _memory() -> tuple[int, int]:
     """(current RSS, peak RSS) in bytes."""
     with open("/proc/self/statm") as f:
         rss_pages = int(f.read().split()[1])
-    return rss_pages * os.sysconf("SC_PAGE_SIZE"), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return rss_pages * os.sysconf("SC_PAGE_SIZE"), resource.getrusage(
+        resource.RUSAGE_SELF
+    ).ru_maxrss * 1024
 
 
 async def _wait_any(a: asyncio.Event, b: asyncio.Event, timeout_s: float) -> None:
     waits = [asyncio.ensure_future(a.wait()), asyncio.ensure_future(b.wait())]
     await asyncio.wait(waits, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
     await cancel_and_wait(*waits)
-

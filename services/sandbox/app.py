@@ -44,26 +44,37 @@ DEFAULT_FILE_MAX_BYTES = 10 << 20
 class CreateSessionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    setup: str = Field("", description="Bash script run in the empty workspace; non-zero exit → 422 setup_failed.")
-    env: dict[str, str] = Field(default_factory=dict, description="Task environment; '<workspace>' is substituted.")
+    setup: str = Field(
+        "", description="Bash script run in the empty workspace; non-zero exit → 422 setup_failed."
+    )
+    env: dict[str, str] = Field(
+        default_factory=dict, description="Task environment; '<workspace>' is substituted."
+    )
     limits: LimitsRequest | None = None
-    policy: str | None = Field(None, description="Policy name from the policy file; default: the service default.")
+    policy: str | None = Field(
+        None, description="Policy name from the policy file; default: the service default."
+    )
 
 
 class ExecRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     command: str = Field(..., description="Bash source, run like `bash -c` in the session.")
-    timeout_s: float | None = Field(None, gt=0, description="Wall-clock limit; default: the session's timeout_s.")
+    timeout_s: float | None = Field(
+        None, gt=0, description="Wall-clock limit; default: the session's timeout_s."
+    )
     fresh_state: bool = Field(
-        False, description=(
+        False,
+        description=(
             "Run without the session's saved shell state: `bash --noprofile --norc`, the environment "
             "as at session creation (the task env and the fixed variables) without BASH_ENV, ENV and "
             "BASH_FUNC_*, PATH fixed to the system directories, cwd = the workspace root; no file the "
             "session's commands can write is read (saved cwd/variables, startup files), and the saved "
             "state is not updated. For verifier checks: earlier commands cannot shape how this one runs "
             "(except through the workspace and /tmp contents, and processes they left running: "
-            "see POST /v1/sessions/{id}/kill)."))
+            "see POST /v1/sessions/{id}/kill)."
+        ),
+    )
 
 
 def _api_error(exc: SessionError) -> ApiError | JSONResponse:
@@ -80,11 +91,14 @@ def build_app(settings: SandboxSettings):
     bubblewrap) and returns the FastAPI app. SystemExit when not run as root; ValueError when
     max_sessions does not fit the uid block or default_policy is not in the policy file."""
     if settings.max_sessions > settings.uid_block_size - 1:
-        raise ValueError("max_sessions must be < uid_block_size "
-                         "(one uid per session plus a probe uid)")
+        raise ValueError(
+            "max_sessions must be < uid_block_size (one uid per session plus a probe uid)"
+        )
     if os.geteuid() != 0:
-        raise SystemExit("services.sandbox runs as root: it mounts size-capped workspaces, creates "
-                         "cgroups and runs every session as its own unprivileged uid")
+        raise SystemExit(
+            "services.sandbox runs as root: it mounts size-capped workspaces, creates "
+            "cgroups and runs every session as its own unprivileged uid"
+        )
     # Own mount namespace (before any thread starts): session mounts never leak to the host.
     private_mounts = mounts.private_mount_namespace()
     policies = PolicySet.load(settings.policy_file)
@@ -92,50 +106,82 @@ def build_app(settings: SandboxSettings):
         raise ValueError(f"default_policy {settings.default_policy!r} is not in the policy file")
     exec_mode = settings.exec_mode
     if exec_mode == "session" and not os.access("/usr/bin/python3", os.X_OK):
-        log.warning("no /usr/bin/python3 for the session runner: "
-                    "falling back to exec_mode=per_command")
+        log.warning(
+            "no /usr/bin/python3 for the session runner: falling back to exec_mode=per_command"
+        )
         exec_mode = "per_command"
     uids = UidPool(settings.uid_base, settings.uid_block_size)
     isolation, probes = detect(settings.isolation, uids.probe_uid)
     cgroups = CgroupSupport(settings.cgroup_root)
     root = settings.workspace_root / f"block-{uids.block}"
-    defaults = Limits(timeout_s=settings.default_timeout_s, cpu_s=settings.cpu_s,
-                      memory_bytes=settings.memory_bytes,
-                      address_space_bytes=settings.address_space_bytes, pids=settings.pids,
-                      file_size_bytes=settings.file_size_bytes,
-                      workspace_bytes=settings.workspace_bytes,
-                      max_output_bytes=settings.max_output_bytes, nofile=settings.nofile)
+    defaults = Limits(
+        timeout_s=settings.default_timeout_s,
+        cpu_s=settings.cpu_s,
+        memory_bytes=settings.memory_bytes,
+        address_space_bytes=settings.address_space_bytes,
+        pids=settings.pids,
+        file_size_bytes=settings.file_size_bytes,
+        workspace_bytes=settings.workspace_bytes,
+        max_output_bytes=settings.max_output_bytes,
+        nofile=settings.nofile,
+    )
     manager = SessionManager(
-        root=root, isolation=isolation, cgroups=cgroups, uids=uids, policies=policies.policies,
-        default_policy=settings.default_policy, default_limits=defaults,
+        root=root,
+        isolation=isolation,
+        cgroups=cgroups,
+        uids=uids,
+        policies=policies.policies,
+        default_policy=settings.default_policy,
+        default_limits=defaults,
         max_sessions=settings.max_sessions,
-        session_ttl_s=settings.session_ttl_s, setup_timeout_s=settings.setup_timeout_s,
-        max_timeout_s=settings.max_timeout_s, max_command_bytes=settings.max_command_bytes,
-        max_concurrent_execs=settings.max_concurrent_execs, exec_mode=exec_mode,
+        session_ttl_s=settings.session_ttl_s,
+        setup_timeout_s=settings.setup_timeout_s,
+        max_timeout_s=settings.max_timeout_s,
+        max_command_bytes=settings.max_command_bytes,
+        max_concurrent_execs=settings.max_concurrent_execs,
+        exec_mode=exec_mode,
     )
     manager.clean_stale()
-    details = {"isolation": isolation.layer, "exec_mode": exec_mode,
-               "network_isolated": isolation.network_isolated, "cgroups": cgroups.available,
-               "seccomp": isolation.seccomp_path is not None, "private_mount_namespace": private_mounts,
-               "uid_block": [uids.first, uids.probe_uid], "probes": probes}
-    metrics.ISOLATION.info({"layer": isolation.layer, "cgroups": str(cgroups.available).lower(),
-                            "network_isolated": str(isolation.network_isolated).lower()})
+    details = {
+        "isolation": isolation.layer,
+        "exec_mode": exec_mode,
+        "network_isolated": isolation.network_isolated,
+        "cgroups": cgroups.available,
+        "seccomp": isolation.seccomp_path is not None,
+        "private_mount_namespace": private_mounts,
+        "uid_block": [uids.first, uids.probe_uid],
+        "probes": probes,
+    }
+    metrics.ISOLATION.info(
+        {
+            "layer": isolation.layer,
+            "cgroups": str(cgroups.available).lower(),
+            "network_isolated": str(isolation.network_isolated).lower(),
+        }
+    )
     metrics.init_series(isolation.layer)
     level = logging.INFO if isolation.layer == "bubblewrap" else logging.WARNING
     degraded = "" if isolation.layer == "bubblewrap" else " (DEGRADED: see README, Security)"
     log.log(level, f"sandbox isolation layer: {isolation.layer.upper()}{degraded}", extra=details)
-    config = {**settings.public_dict(), "port": settings.listen_port,
-              "isolation_active": isolation.layer}
-    log.info("sandbox configured",
-             extra={"host": settings.host, "port": settings.listen_port, "config": config})
+    config = {
+        **settings.public_dict(),
+        "port": settings.listen_port,
+        "isolation_active": isolation.layer,
+    }
+    log.info(
+        "sandbox configured",
+        extra={"host": settings.host, "port": settings.listen_port, "config": config},
+    )
     return create_sandbox_app(manager, config, details, settings.ttl_sweep_interval_s)
 
 
-def create_sandbox_app(manager: SessionManager, config: dict, ready_details: dict,
-                       ttl_sweep_interval_s: float):
+def create_sandbox_app(
+    manager: SessionManager, config: dict, ready_details: dict, ttl_sweep_interval_s: float
+):
     """The HTTP API (module doc) around `manager`: `config` is served at GET /v1/config,
     `ready_details` (plus the live session count) at /readyz; expired sessions are looked for every
     `ttl_sweep_interval_s` seconds and every session is deleted at shutdown."""
+
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         expiry = asyncio.create_task(manager.expire_loop(ttl_sweep_interval_s))
@@ -167,8 +213,14 @@ def create_sandbox_app(manager: SessionManager, config: dict, ready_details: dic
         if isinstance(result, JSONResponse):
             return result
         session, setup = result
-        return {"session_id": session.session_id, "isolation": layer, "workspace": session.workspace_path,
-                "policy": session.policy.name, "limits": session.limits.as_dict(), "setup": setup.as_dict()}
+        return {
+            "session_id": session.session_id,
+            "isolation": layer,
+            "workspace": session.workspace_path,
+            "policy": session.policy.name,
+            "limits": session.limits.as_dict(),
+            "setup": setup.as_dict(),
+        }
 
     @app.post("/v1/sessions/{session_id}/exec", tags=["sessions"])
     async def exec_command(session_id: str, req: ExecRequest):
@@ -183,14 +235,23 @@ def create_sandbox_app(manager: SessionManager, config: dict, ready_details: dic
         return {"session_id": session_id, "killed": True, "duration_ms": round(duration_ms, 3)}
 
     @app.get("/v1/sessions/{session_id}/files/{path:path}", tags=["sessions"])
-    async def read_file(session_id: str, path: str, max_bytes: int = Query(DEFAULT_FILE_MAX_BYTES, ge=0)):
+    async def read_file(
+        session_id: str, path: str, max_bytes: int = Query(DEFAULT_FILE_MAX_BYTES, ge=0)
+    ):
         session = await call(_get(session_id))
         relative = path
-        if path.startswith("/"):  # absolute: must name a file under the workspace as commands see it
+        if path.startswith(
+            "/"
+        ):  # absolute: must name a file under the workspace as commands see it
             prefix = session.workspace_path.rstrip("/") + "/"
             if not path.startswith(prefix):
-                raise ApiError(403, "path_outside_workspace", f"{path!r} is not inside the workspace {prefix}", "path")
-            relative = path[len(prefix):]
+                raise ApiError(
+                    403,
+                    "path_outside_workspace",
+                    f"{path!r} is not inside the workspace {prefix}",
+                    "path",
+                )
+            relative = path[len(prefix) :]
         try:
             data = await asyncio.to_thread(session.workspace.read_file, relative, max_bytes)
         except FileReadError as exc:

@@ -13,8 +13,15 @@ import os
 import signal
 from pathlib import Path
 
-from tenacity import (Retrying, retry, retry_if_exception, retry_if_result, stop_after_attempt,
-                      stop_after_delay, wait_fixed)
+from tenacity import (
+    Retrying,
+    retry,
+    retry_if_exception,
+    retry_if_result,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_fixed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -27,9 +34,12 @@ def _write(path: Path, value: str) -> None:
         f.write(value)
 
 
-@retry(retry=retry_if_exception(lambda exc: isinstance(exc, OSError) and exc.errno == errno.EBUSY),
-       stop=stop_after_attempt(100), wait=wait_fixed(0.01),
-       retry_error_callback=lambda _state: None)
+@retry(
+    retry=retry_if_exception(lambda exc: isinstance(exc, OSError) and exc.errno == errno.EBUSY),
+    stop=stop_after_attempt(100),
+    wait=wait_fixed(0.01),
+    retry_error_callback=lambda _state: None,
+)
 def _rmdir(group_dir: Path) -> None:
     """rmdir one cgroup; EBUSY (its last processes still exiting) is retried every 10 ms, 100 times
     at most, then the directory is left. A missing directory is fine; other OSErrors raise."""
@@ -56,7 +66,10 @@ class CgroupSupport:
                 probe.rmdir()
             return True
         except OSError as exc:
-            log.warning("cgroups v1 unavailable; process cap falls back to RLIMIT_NPROC", extra={"error": str(exc)})
+            log.warning(
+                "cgroups v1 unavailable; process cap falls back to RLIMIT_NPROC",
+                extra={"error": str(exc)},
+            )
             return False
 
     def group(self, name: str) -> SessionCgroup | None:
@@ -134,9 +147,12 @@ class SessionCgroup:
             return False
 
         # a pass repeats every 2 ms until one finds the group empty, for `deadline_s` at most
-        empty = Retrying(retry=retry_if_result(lambda was_empty: not was_empty),
-                         stop=stop_after_delay(deadline_s), wait=wait_fixed(0.002),
-                         retry_error_callback=lambda _state: False)(kill_round)
+        empty = Retrying(
+            retry=retry_if_result(lambda was_empty: not was_empty),
+            stop=stop_after_delay(deadline_s),
+            wait=wait_fixed(0.002),
+            retry_error_callback=lambda _state: False,
+        )(kill_round)
         if not empty:
             log.error("processes survived the cgroup kill", extra={"pids": self.pids()})
         return sent

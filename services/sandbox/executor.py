@@ -49,7 +49,7 @@ class OutputBuffer:
         return self.total - len(self.head) - min(len(self.tail), self.tail_cap)
 
     def text(self) -> str:
-        tail = bytes(self.tail[-self.tail_cap:]) if self.tail_cap else b""
+        tail = bytes(self.tail[-self.tail_cap :]) if self.tail_cap else b""
         return render_output(bytes(self.head), tail, self.total)
 
 
@@ -59,8 +59,11 @@ def render_output(head: bytes, tail: bytes, total: int) -> str:
     dropped = total - len(head) - len(tail)
     if dropped <= 0:
         return (head + tail).decode("utf-8", errors="replace")
-    return (head.decode("utf-8", errors="replace") + f"\n…[truncated {dropped} bytes]…\n"
-            + tail.decode("utf-8", errors="replace"))
+    return (
+        head.decode("utf-8", errors="replace")
+        + f"\n…[truncated {dropped} bytes]…\n"
+        + tail.decode("utf-8", errors="replace")
+    )
 
 
 @dataclass(frozen=True)
@@ -118,8 +121,15 @@ async def run_launch(
     argv, pass_fds = launch.spawn_args()
     try:
         transport, protocol = await loop.subprocess_exec(
-            lambda: _Protocol(out, err), *argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, env=launch.env, cwd=launch.cwd, start_new_session=True, close_fds=True,
+            lambda: _Protocol(out, err),
+            *argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=launch.env,
+            cwd=launch.cwd,
+            start_new_session=True,
+            close_fds=True,
             pass_fds=pass_fds,
         )
     finally:
@@ -147,10 +157,13 @@ async def run_launch(
         transport.close()
     duration_ms = (time.perf_counter() - start) * 1000.0
     return RawExec(
-        stdout=out.text(), stderr=err.text(),
+        stdout=out.text(),
+        stderr=err.text(),
         exit_code=TIMEOUT_EXIT_CODE if timed_out else _exit_code(returncode),
-        timed_out=timed_out, stdout_truncated_bytes=out.truncated_bytes,
-        stderr_truncated_bytes=err.truncated_bytes, duration_ms=duration_ms,
+        timed_out=timed_out,
+        stdout_truncated_bytes=out.truncated_bytes,
+        stderr_truncated_bytes=err.truncated_bytes,
+        duration_ms=duration_ms,
     )
 
 

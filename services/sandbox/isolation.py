@@ -65,10 +65,33 @@ IN_SANDBOX_RUN = "/run/shellrl"
 ETC_DIR = "etc"  # <workspace root>/etc: the curated /etc of bubblewrap sandboxes (see prepare_etc)
 # /etc entries the bubblewrap sandbox sees (read-only, live bind mounts); passwd/group are generated.
 ETC_ALLOWLIST = (
-    "alternatives", "bash.bashrc", "ca-certificates", "ca-certificates.conf", "debian_version", "host.conf",
-    "hostname", "hosts", "inputrc", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "locale.alias", "localtime",
-    "magic", "magic.mime", "mime.types", "nsswitch.conf", "os-release", "profile", "protocols", "python3",
-    "python3.11", "resolv.conf", "services", "ssl", "timezone",
+    "alternatives",
+    "bash.bashrc",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "debian_version",
+    "host.conf",
+    "hostname",
+    "hosts",
+    "inputrc",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "locale.alias",
+    "localtime",
+    "magic",
+    "magic.mime",
+    "mime.types",
+    "nsswitch.conf",
+    "os-release",
+    "profile",
+    "protocols",
+    "python3",
+    "python3.11",
+    "resolv.conf",
+    "services",
+    "ssl",
+    "timezone",
 )
 
 
@@ -118,13 +141,22 @@ def fresh_env(env: dict[str, str]) -> dict[str, str]:
     bash read a file (BASH_ENV, ENV) or import functions (BASH_FUNC_*), with PATH = SANDBOX_PATH.
     runner.py drops the same variables from its own environment (it cannot import this module); the
     fresh prelude sets PATH there."""
-    out = {k: v for k, v in env.items() if k not in FRESH_ENV_DROPPED and not k.startswith("BASH_FUNC_")}
+    out = {
+        k: v
+        for k, v in env.items()
+        if k not in FRESH_ENV_DROPPED and not k.startswith("BASH_FUNC_")
+    }
     out["PATH"] = SANDBOX_PATH
     return out
 
 
-def bash_prelude(limits: Limits, command_source: str, state_dir: str, cgroup_procs: tuple[str, ...] = (),
-                 fresh_cwd: str | None = None) -> str:
+def bash_prelude(
+    limits: Limits,
+    command_source: str,
+    state_dir: str,
+    cgroup_procs: tuple[str, ...] = (),
+    fresh_cwd: str | None = None,
+) -> str:
     """Bash run before the command, on one line (so the command's own line numbers start at 1).
 
     Joins the session cgroups (per-command mode; the runner joins them itself in session mode),
@@ -139,9 +171,11 @@ def bash_prelude(limits: Limits, command_source: str, state_dir: str, cgroup_pro
     st = shlex.quote(state_dir)
     steps = [f"echo 0 > {shlex.quote(p)} || exit 125" for p in cgroup_procs]
     steps += [
-        (f"ulimit -HS -c 0 -t {limits.cpu_s} -v {limits.address_space_bytes // 1024}"
-         f" -f {limits.file_size_bytes // 1024} -n {limits.nofile} -u {limits.pids}"
-         " || { echo 'sandbox: cannot set resource limits' >&2; exit 125; }"),
+        (
+            f"ulimit -HS -c 0 -t {limits.cpu_s} -v {limits.address_space_bytes // 1024}"
+            f" -f {limits.file_size_bytes // 1024} -n {limits.nofile} -u {limits.pids}"
+            " || { echo 'sandbox: cannot set resource limits' >&2; exit 125; }"
+        ),
         f"IFS= read -r -d '' __shellrl_command {command_source}",
         "exec 3<&-",
     ]
@@ -155,8 +189,10 @@ def bash_prelude(limits: Limits, command_source: str, state_dir: str, cgroup_pro
             f"{{ [ -r {st}/env ] && . {st}/env; }} >/dev/null 2>&1",
             f"__shellrl_cwd=; {{ IFS= read -r -d '' __shellrl_cwd < {st}/cwd; }} 2>/dev/null",
             'cd -- "${__shellrl_cwd:-$HOME}" 2>/dev/null || cd -- "$HOME" 2>/dev/null; unset __shellrl_cwd',
-            (f"trap '{{ printf %s \"$PWD\" >| {st}/cwd && export -p >| {st}/env; }} 2>/dev/null || echo"
-             " \"sandbox: the shell state (cwd, exported variables) was not saved\" >&2' EXIT"),
+            (
+                f'trap \'{{ printf %s "$PWD" >| {st}/cwd && export -p >| {st}/env; }} 2>/dev/null || echo'
+                ' "sandbox: the shell state (cwd, exported variables) was not saved" >&2\' EXIT'
+            ),
         ]
     steps.append('eval "$__shellrl_command"')
     return "; ".join(steps)
@@ -164,8 +200,15 @@ def bash_prelude(limits: Limits, command_source: str, state_dir: str, cgroup_pro
 
 def _setpriv(uid: int) -> list[str]:
     """Drop to `uid` by exec (keeps the service's spawn on the fast vfork path)."""
-    return [SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--no-new-privs",
-            "--"]
+    return [
+        SETPRIV,
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--no-new-privs",
+        "--",
+    ]
 
 
 class Isolation:
@@ -185,8 +228,11 @@ class Isolation:
     def host_shared_dirs(self) -> tuple[str, ...]:
         """World-writable host directories a session can write in this layer (outside every
         cap); what a session leaves there is removed at snapshot, reset and deletion."""
-        return {"bubblewrap": (), "unshare": ("/tmp", "/var/tmp"),
-                "fallback": ("/tmp", "/var/tmp", "/dev/shm")}[self.layer]
+        return {
+            "bubblewrap": (),
+            "unshare": ("/tmp", "/var/tmp"),
+            "fallback": ("/tmp", "/var/tmp", "/dev/shm"),
+        }[self.layer]
 
     def workspace_path(self, paths: WorkspacePaths) -> str:
         """The workspace path as commands see it."""
@@ -196,11 +242,20 @@ class Isolation:
         """Paths of the session's files as the sandboxed program sees them."""
         p = spec.paths
         if self.layer == "bubblewrap":
-            return {"command": f"{IN_SANDBOX_RUN}/command", "state": f"{IN_SANDBOX_RUN}/state",
-                    "runner": f"{IN_SANDBOX_RUN}/runner.py",
-                    "cgroups": tuple(f"{IN_SANDBOX_RUN}/cgroup/{i}" for i in range(len(spec.cgroup_procs)))}
-        return {"command": str(p.command_file), "state": str(p.state), "runner": str(spec.runner_file),
-                "cgroups": tuple(str(c) for c in spec.cgroup_procs)}
+            return {
+                "command": f"{IN_SANDBOX_RUN}/command",
+                "state": f"{IN_SANDBOX_RUN}/state",
+                "runner": f"{IN_SANDBOX_RUN}/runner.py",
+                "cgroups": tuple(
+                    f"{IN_SANDBOX_RUN}/cgroup/{i}" for i in range(len(spec.cgroup_procs))
+                ),
+            }
+        return {
+            "command": str(p.command_file),
+            "state": str(p.state),
+            "runner": str(spec.runner_file),
+            "cgroups": tuple(str(c) for c in spec.cgroup_procs),
+        }
 
     def command(self, spec: LaunchSpec, fresh_state: bool = False) -> Launch:
         """Per-command mode: a fresh sandbox running `bash -c <prelude>` for one command
@@ -208,7 +263,13 @@ class Isolation:
         inside = self._inside(spec)
         source = f"< {shlex.quote(inside['command'])}"
         if fresh_state:
-            prelude = bash_prelude(spec.limits, source, inside["state"], inside["cgroups"], self.workspace_path(spec.paths))
+            prelude = bash_prelude(
+                spec.limits,
+                source,
+                inside["state"],
+                inside["cgroups"],
+                self.workspace_path(spec.paths),
+            )
             spec = replace(spec, env=fresh_env(spec.env))
             return self._wrap(spec, [*FRESH_BASH, prelude, "bash"], as_pid1=False)
         prelude = bash_prelude(spec.limits, source, inside["state"], inside["cgroups"])
@@ -220,25 +281,76 @@ class Isolation:
         message, so `ps` stays readable)."""
         inside = self._inside(spec)
         prelude = bash_prelude(spec.limits, "<&3", inside["state"], inside["cgroups"])
-        fresh = bash_prelude(spec.limits, "<&3", inside["state"], inside["cgroups"], self.workspace_path(spec.paths))
-        return self._wrap(spec, ["/usr/bin/python3", "-I", "-S", inside["runner"]], as_pid1=True), prelude, fresh
+        fresh = bash_prelude(
+            spec.limits, "<&3", inside["state"], inside["cgroups"], self.workspace_path(spec.paths)
+        )
+        return (
+            self._wrap(spec, ["/usr/bin/python3", "-I", "-S", inside["runner"]], as_pid1=True),
+            prelude,
+            fresh,
+        )
 
     def _wrap(self, spec: LaunchSpec, program: list[str], as_pid1: bool) -> Launch:
         p = spec.paths
         if self.layer == "bubblewrap":
-            argv = [*_setpriv(spec.uid), BWRAP, "--unshare-all", "--unshare-user", "--disable-userns"]
+            argv = [
+                *_setpriv(spec.uid),
+                BWRAP,
+                "--unshare-all",
+                "--unshare-user",
+                "--disable-userns",
+            ]
             if spec.network:
                 argv.append("--share-net")
             if as_pid1:
                 argv.append("--as-pid-1")
-            argv += ["--die-with-parent", "--new-session", "--cap-drop", "ALL", "--hostname", "sandbox",
-                     "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
-                     "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/sbin", "/sbin",
-                     "--ro-bind", str(p.session_dir.parent / ETC_DIR), "/etc", "--proc", "/proc", "--dev", "/dev",
-                     "--bind", str(p.shm), "/dev/shm", "--remount-ro", "/dev",
-                     "--bind", str(p.ws), IN_SANDBOX_WORKSPACE, "--bind", str(p.tmp), "/tmp",
-                     "--bind", str(p.state), f"{IN_SANDBOX_RUN}/state",
-                     "--ro-bind", str(p.command_file), f"{IN_SANDBOX_RUN}/command"]
+            argv += [
+                "--die-with-parent",
+                "--new-session",
+                "--cap-drop",
+                "ALL",
+                "--hostname",
+                "sandbox",
+                "--ro-bind",
+                "/usr",
+                "/usr",
+                "--symlink",
+                "usr/bin",
+                "/bin",
+                "--symlink",
+                "usr/lib",
+                "/lib",
+                "--symlink",
+                "usr/lib64",
+                "/lib64",
+                "--symlink",
+                "usr/sbin",
+                "/sbin",
+                "--ro-bind",
+                str(p.session_dir.parent / ETC_DIR),
+                "/etc",
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "--bind",
+                str(p.shm),
+                "/dev/shm",
+                "--remount-ro",
+                "/dev",
+                "--bind",
+                str(p.ws),
+                IN_SANDBOX_WORKSPACE,
+                "--bind",
+                str(p.tmp),
+                "/tmp",
+                "--bind",
+                str(p.state),
+                f"{IN_SANDBOX_RUN}/state",
+                "--ro-bind",
+                str(p.command_file),
+                f"{IN_SANDBOX_RUN}/command",
+            ]
             if spec.runner_file is not None:
                 argv += ["--ro-bind", str(spec.runner_file), f"{IN_SANDBOX_RUN}/runner.py"]
             for i, procs in enumerate(spec.cgroup_procs):
@@ -260,8 +372,24 @@ class Isolation:
             script = f'{shlex.quote(MOUNT)} --bind "$1" /dev/shm || exit 125; shift; exec "$@"'
             if net:
                 script = f"{shlex.quote(IP)} link set lo up 2>/dev/null; {script}"
-            argv = [UNSHARE, "--pid", "--fork", "--kill-child", *net, "--ipc", "--uts", "--mount", "--mount-proc",
-                    "--", SH, "-c", script, "sh", str(p.shm), *dropped]
+            argv = [
+                UNSHARE,
+                "--pid",
+                "--fork",
+                "--kill-child",
+                *net,
+                "--ipc",
+                "--uts",
+                "--mount",
+                "--mount-proc",
+                "--",
+                SH,
+                "-c",
+                script,
+                "sh",
+                str(p.shm),
+                *dropped,
+            ]
             return Launch(argv, dict(LAUNCHER_ENV), str(p.ctl))
         return Launch(dropped, dict(LAUNCHER_ENV), str(p.ctl))
 
@@ -283,7 +411,10 @@ def prepare_etc(root: Path, uids: range) -> Path:
             target.touch()
         mounts.mount(str(source), target, None, mounts.MS_BIND | mounts.MS_REC)
         mounts.mount(None, target, None, mounts.MS_REMOUNT | mounts.MS_BIND | mounts.MS_RDONLY)
-    users = ["root:x:0:0:root:/root:/usr/sbin/nologin", "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin"]
+    users = [
+        "root:x:0:0:root:/root:/usr/sbin/nologin",
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin",
+    ]
     groups = ["root:x:0:", "nogroup:x:65534:"]
     users += [f"sandbox:x:{u}:{u}:sandbox:{IN_SANDBOX_WORKSPACE}:/bin/bash" for u in uids]
     groups += [f"sandbox:x:{u}:" for u in uids]
@@ -292,12 +423,54 @@ def prepare_etc(root: Path, uids: range) -> Path:
     return etc
 
 
-_PROBE_BWRAP = [BWRAP, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-                "--as-pid-1", "--cap-drop", "ALL", "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
-                "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc", "--dev", "/dev",
-                "--tmpfs", "/workspace", "--remount-ro", "/", "--clearenv", "--"]
-_PROBE_UNSHARE = [UNSHARE, "--pid", "--fork", "--kill-child", "--net", "--ipc", "--uts", "--mount", "--mount-proc", "--"]
-_PROBE_SCRIPT = "echo ok > ${WS:-/workspace}/probe 2>/dev/null || [ -n \"$WS\" ]; [ ! -w /usr ] && echo ok"
+_PROBE_BWRAP = [
+    BWRAP,
+    "--unshare-all",
+    "--unshare-user",
+    "--disable-userns",
+    "--die-with-parent",
+    "--new-session",
+    "--as-pid-1",
+    "--cap-drop",
+    "ALL",
+    "--ro-bind",
+    "/usr",
+    "/usr",
+    "--symlink",
+    "usr/bin",
+    "/bin",
+    "--symlink",
+    "usr/lib",
+    "/lib",
+    "--symlink",
+    "usr/lib64",
+    "/lib64",
+    "--proc",
+    "/proc",
+    "--dev",
+    "/dev",
+    "--tmpfs",
+    "/workspace",
+    "--remount-ro",
+    "/",
+    "--clearenv",
+    "--",
+]
+_PROBE_UNSHARE = [
+    UNSHARE,
+    "--pid",
+    "--fork",
+    "--kill-child",
+    "--net",
+    "--ipc",
+    "--uts",
+    "--mount",
+    "--mount-proc",
+    "--",
+]
+_PROBE_SCRIPT = (
+    'echo ok > ${WS:-/workspace}/probe 2>/dev/null || [ -n "$WS" ]; [ ! -w /usr ] && echo ok'
+)
 
 
 def probe(layer: str, uid: int) -> str | None:
@@ -305,11 +478,22 @@ def probe(layer: str, uid: int) -> str | None:
     if os.geteuid() != 0:
         return "the sandbox service needs root (uid drop to per-session uids, mounts, cgroups)"
     program = [*_setpriv(uid), "/usr/bin/bash", "-c", _PROBE_SCRIPT]
-    argv = {"bubblewrap": [*_setpriv(uid), *_PROBE_BWRAP, "/usr/bin/bash", "-c", _PROBE_SCRIPT],
-            "unshare": [*_PROBE_UNSHARE, *program], "fallback": program}[layer]
+    argv = {
+        "bubblewrap": [*_setpriv(uid), *_PROBE_BWRAP, "/usr/bin/bash", "-c", _PROBE_SCRIPT],
+        "unshare": [*_PROBE_UNSHARE, *program],
+        "fallback": program,
+    }[layer]
     env = dict(LAUNCHER_ENV, WS="/nonexistent") if layer != "bubblewrap" else dict(LAUNCHER_ENV)
     try:
-        out = subprocess.run(argv, env=env, cwd="/", stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
+        out = subprocess.run(
+            argv,
+            env=env,
+            cwd="/",
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=10,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{argv[0]}: {exc}"
     if out.returncode != 0 or b"ok" not in out.stdout:

@@ -12,14 +12,24 @@ class LimitsRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    timeout_s: float | None = Field(None, gt=0, le=3600, description="Default wall-clock limit of one exec.")
+    timeout_s: float | None = Field(
+        None, gt=0, le=3600, description="Default wall-clock limit of one exec."
+    )
     cpu_s: int | None = Field(None, ge=1, le=3600, description="RLIMIT_CPU, seconds per process.")
-    memory_bytes: int | None = Field(None, ge=16 << 20, le=64 << 30, description="Session memory cgroup limit.")
-    address_space_bytes: int | None = Field(None, ge=64 << 20, le=1 << 40, description="RLIMIT_AS per process.")
+    memory_bytes: int | None = Field(
+        None, ge=16 << 20, le=64 << 30, description="Session memory cgroup limit."
+    )
+    address_space_bytes: int | None = Field(
+        None, ge=64 << 20, le=1 << 40, description="RLIMIT_AS per process."
+    )
     pids: int | None = Field(None, ge=8, le=65536, description="Processes per session.")
     file_size_bytes: int | None = Field(None, ge=1 << 20, le=64 << 30, description="RLIMIT_FSIZE.")
-    workspace_bytes: int | None = Field(None, ge=1 << 20, le=64 << 30, description="Workspace + /tmp bytes.")
-    max_output_bytes: int | None = Field(None, ge=1024, le=16 << 20, description="Kept bytes per stream.")
+    workspace_bytes: int | None = Field(
+        None, ge=1 << 20, le=64 << 30, description="Workspace + /tmp bytes."
+    )
+    max_output_bytes: int | None = Field(
+        None, ge=1024, le=16 << 20, description="Kept bytes per stream."
+    )
 
 
 @dataclass(frozen=True)

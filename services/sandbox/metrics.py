@@ -2,21 +2,40 @@
 
 from shellrl.service.metrics import counter, gauge, histogram, info
 
-EXEC_SECONDS = histogram("shellrl_sandbox_exec_seconds", "Wall time of one exec, launch to result.", ("isolation",))
+EXEC_SECONDS = histogram(
+    "shellrl_sandbox_exec_seconds", "Wall time of one exec, launch to result.", ("isolation",)
+)
 EXEC_QUEUE_SECONDS = histogram(
     "shellrl_sandbox_exec_queue_seconds",
     "Wait of one exec before it started: the session's earlier commands, then a free exec slot.",
-    ("isolation",))
+    ("isolation",),
+)
 SESSIONS = gauge("shellrl_sandbox_sessions", "Live sandbox sessions.")
-SESSIONS_CREATED = counter("shellrl_sandbox_sessions_created_total", "Session creations by outcome.", ("outcome",))
-SESSIONS_EXPIRED = counter("shellrl_sandbox_sessions_expired_total", "Sessions removed by the idle TTL.")
-SETUP_SECONDS = histogram("shellrl_sandbox_setup_seconds", "Session create: workspace, setup script, snapshot.")
-RESET_SECONDS = histogram("shellrl_sandbox_reset_seconds", "Workspace reset to the post-setup snapshot.")
+SESSIONS_CREATED = counter(
+    "shellrl_sandbox_sessions_created_total", "Session creations by outcome.", ("outcome",)
+)
+SESSIONS_EXPIRED = counter(
+    "shellrl_sandbox_sessions_expired_total", "Sessions removed by the idle TTL."
+)
+SETUP_SECONDS = histogram(
+    "shellrl_sandbox_setup_seconds", "Session create: workspace, setup script, snapshot."
+)
+RESET_SECONDS = histogram(
+    "shellrl_sandbox_reset_seconds", "Workspace reset to the post-setup snapshot."
+)
 TIMEOUTS = counter("shellrl_sandbox_timeouts_total", "Commands killed at their wall-clock timeout.")
-KILLS = counter("shellrl_sandbox_kills_total", "SIGKILLs sent to sandbox processes, by reason.", ("reason",))
-POLICY_VERDICTS = counter("shellrl_sandbox_policy_verdicts_total", "Policy verdicts.", ("verdict", "rule"))
-OUTPUT_TRUNCATED_BYTES = counter("shellrl_sandbox_output_truncated_bytes_total", "Output bytes dropped by caps.")
-ISOLATION = info("shellrl_sandbox_isolation", "Isolation layer this instance runs (probed at start-up).")
+KILLS = counter(
+    "shellrl_sandbox_kills_total", "SIGKILLs sent to sandbox processes, by reason.", ("reason",)
+)
+POLICY_VERDICTS = counter(
+    "shellrl_sandbox_policy_verdicts_total", "Policy verdicts.", ("verdict", "rule")
+)
+OUTPUT_TRUNCATED_BYTES = counter(
+    "shellrl_sandbox_output_truncated_bytes_total", "Output bytes dropped by caps."
+)
+ISOLATION = info(
+    "shellrl_sandbox_isolation", "Isolation layer this instance runs (probed at start-up)."
+)
 
 
 def init_series(layer: str) -> None:

@@ -17,7 +17,13 @@ MNT_DETACH = 0x2
 CLONE_NEWNS = 0x00020000
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-_libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+_libc.mount.argtypes = (
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_char_p,
+    ctypes.c_ulong,
+    ctypes.c_char_p,
+)
 _libc.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
 _libc.unshare.argtypes = (ctypes.c_int,)
 
@@ -26,8 +32,13 @@ def _enc(value: str | os.PathLike | None) -> bytes | None:
     return None if value is None else os.fsencode(value)
 
 
-def mount(source: str | None, target: str | os.PathLike, fstype: str | None, flags: int = 0,
-          data: str | None = None) -> None:
+def mount(
+    source: str | None,
+    target: str | os.PathLike,
+    fstype: str | None,
+    flags: int = 0,
+    data: str | None = None,
+) -> None:
     """mount(2); raises OSError with the errno and the target."""
     if _libc.mount(_enc(source), _enc(target), _enc(fstype), flags, _enc(data)) != 0:
         err = ctypes.get_errno()

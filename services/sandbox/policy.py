@@ -135,7 +135,9 @@ class PolicySet:
                 parent = (spec or {}).get("extends")
                 if parent is not None and parent not in policies:
                     if parent not in pending:
-                        raise ValueError(f"{source}: policy {name!r} extends unknown policy {parent!r}")
+                        raise ValueError(
+                            f"{source}: policy {name!r} extends unknown policy {parent!r}"
+                        )
                     continue
                 policies[name] = _parse_policy(source, name, spec or {}, policies.get(parent))
                 del pending[name]
@@ -147,22 +149,29 @@ class PolicySet:
 
 def _parse_rule(where: str, r: dict) -> Rule:
     keys = set(r)
-    if (keys - {"name", "verdict", "pattern", "builtin", "description"}
-            or not {"name", "verdict"} <= keys or len(keys & {"pattern", "builtin"}) != 1):
-        raise ValueError(f"{where}: needs name, verdict and one of pattern or builtin "
-                         "(and optionally description) only")
+    if (
+        keys - {"name", "verdict", "pattern", "builtin", "description"}
+        or not {"name", "verdict"} <= keys
+        or len(keys & {"pattern", "builtin"}) != 1
+    ):
+        raise ValueError(
+            f"{where}: needs name, verdict and one of pattern or builtin "
+            "(and optionally description) only"
+        )
     if r["verdict"] not in _VERDICTS:
         raise ValueError(f"{where}: verdict must be 'deny' or 'flag', got {r['verdict']!r}")
     if "builtin" in r:
         if r["builtin"] not in BUILTINS:
-            raise ValueError(f"{where}: unknown builtin {r['builtin']!r}; "
-                             f"one of {sorted(BUILTINS)}")
+            raise ValueError(
+                f"{where}: unknown builtin {r['builtin']!r}; one of {sorted(BUILTINS)}"
+            )
         return Rule(r["name"], r["verdict"], None, r.get("description", ""), r["builtin"])
     try:
         pattern = _compile(r["pattern"])
     except re2.error as exc:
-        raise ValueError(f"{where}: bad pattern (RE2 syntax: no lookaround, no backreferences): "
-                         f"{exc}") from None
+        raise ValueError(
+            f"{where}: bad pattern (RE2 syntax: no lookaround, no backreferences): {exc}"
+        ) from None
     return Rule(r["name"], r["verdict"], pattern, r.get("description", ""))
 
 

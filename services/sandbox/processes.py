@@ -54,12 +54,20 @@ class SessionProcesses:
 
     def _spec(self, session: Session) -> LaunchSpec:
         cgroup_procs = tuple(session.cgroup.procs_files) if session.cgroup else ()
-        return LaunchSpec(session.workspace.paths, session.uid, session.env, session.limits,
-                          session.policy.network, cgroup_procs, self.runner_file)
+        return LaunchSpec(
+            session.workspace.paths,
+            session.uid,
+            session.env,
+            session.limits,
+            session.policy.network,
+            cgroup_procs,
+            self.runner_file,
+        )
 
     # ---- commands --------------------------------------------------------------------------
-    async def run(self, session: Session, command: str, timeout_s: float, fresh_state: bool = False
-                  ) -> RawExec:
+    async def run(
+        self, session: Session, command: str, timeout_s: float, fresh_state: bool = False
+    ) -> RawExec:
         """Run `command` in the session (its runner, or a fresh sandbox in per_command mode). A
         failed runner is restarted (every process of the session killed, workspace kept) and the
         command reported as exit 124 (hung) or 137. `command` must be valid Unicode (the caller
@@ -72,26 +80,44 @@ class SessionProcesses:
             if session.runner is None or not session.runner.alive:
                 await self.restart_runner(session)
             try:
-                raw = await session.runner.exec(data, timeout_s, session.limits.max_output_bytes,
-                                                fresh_state)
+                raw = await session.runner.exec(
+                    data, timeout_s, session.limits.max_output_bytes, fresh_state
+                )
                 return replace(raw, queue_ms=queue_s * 1e3)
             except RunnerFailed as exc:
-                log.warning("session runner failed; restarting it",
-                            extra={"session_id": session.session_id, "error": str(exc)})
+                log.warning(
+                    "session runner failed; restarting it",
+                    extra={"session_id": session.session_id, "error": str(exc)},
+                )
                 await self.restart_runner(session)
-                note = (f"sandbox: {exc}; every process of the session was killed and the session "
-                        "restarted (workspace kept)\n")
-                return RawExec("", note, 124 if exc.hung else 137, exc.hung, 0, 0,
-                               (time.perf_counter() - start) * 1e3, queue_s * 1e3)
+                note = (
+                    f"sandbox: {exc}; every process of the session was killed and the session "
+                    "restarted (workspace kept)\n"
+                )
+                return RawExec(
+                    "",
+                    note,
+                    124 if exc.hung else 137,
+                    exc.hung,
+                    0,
+                    0,
+                    (time.perf_counter() - start) * 1e3,
+                    queue_s * 1e3,
+                )
 
-    async def run_per_command(self, session: Session, command: str, timeout_s: float,
-                              fresh_state: bool = False) -> RawExec:
+    async def run_per_command(
+        self, session: Session, command: str, timeout_s: float, fresh_state: bool = False
+    ) -> RawExec:
         """Run `command` in a fresh sandbox of the session (setup scripts always run this way)."""
         session.workspace.paths.command_file.write_bytes(command.encode("utf-8"))
         launch = self.isolation.command(self._spec(session), fresh_state)
         async with self.exec_slots.hold(session.session_id) as queue_s:
-            raw = await run_launch(launch, timeout_s, session.limits.max_output_bytes,
-                                   lambda pid: self._kill_tree(session, pid))
+            raw = await run_launch(
+                launch,
+                timeout_s,
+                session.limits.max_output_bytes,
+                lambda pid: self._kill_tree(session, pid),
+            )
         return replace(raw, queue_ms=queue_s * 1e3)
 
     # ---- the session runner ----------------------------------------------------------------

@@ -61,15 +61,18 @@ class Capture:
                 del self.tail[: len(self.tail) - self.tail_cap]
 
     def parts(self):
-        return bytes(self.head), bytes(self.tail[-self.tail_cap:]) if self.tail_cap else b""
+        return bytes(self.head), bytes(self.tail[-self.tail_cap :]) if self.tail_cap else b""
 
 
 class Runner:
     def __init__(self, prelude, fresh_prelude=""):
         self.prelude, self.fresh_prelude = prelude, fresh_prelude
         self.env = dict(os.environ)
-        self.fresh_env = {k: v for k, v in self.env.items()
-                          if k not in FRESH_ENV_DROPPED and not k.startswith("BASH_FUNC_")}
+        self.fresh_env = {
+            k: v
+            for k, v in self.env.items()
+            if k not in FRESH_ENV_DROPPED and not k.startswith("BASH_FUNC_")
+        }
         self.devnull = os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
         self.background = []  # read ends still held open by background processes
         self.statuses = {}
@@ -154,9 +157,11 @@ class Runner:
 
         libc = ctypes.CDLL(None, use_errno=True)
         uid = os.getuid()
-        for kind, id_column, remove in (("shm", "shmid", lambda i: libc.shmctl(i, 0, None)),
-                                        ("msg", "msqid", lambda i: libc.msgctl(i, 0, None)),
-                                        ("sem", "semid", lambda i: libc.semctl(i, 0, 0))):
+        for kind, id_column, remove in (
+            ("shm", "shmid", lambda i: libc.shmctl(i, 0, None)),
+            ("msg", "msqid", lambda i: libc.msgctl(i, 0, None)),
+            ("sem", "semid", lambda i: libc.semctl(i, 0, 0)),
+        ):
             try:
                 with open(f"/proc/sysvipc/{kind}") as f:
                     lines = f.read().splitlines()
@@ -172,22 +177,32 @@ class Runner:
     def run(self, command, timeout_s, cap, fresh_state=False):
         start = time.monotonic()
         if fresh_state:
-            argv, env = ["bash", "--noprofile", "--norc", "-c", self.fresh_prelude, "bash"], self.fresh_env
+            argv, env = (
+                ["bash", "--noprofile", "--norc", "-c", self.fresh_prelude, "bash"],
+                self.fresh_env,
+            )
         else:
             argv, env = ["bash", "-c", self.prelude, "bash"], self.env
         memfd = os.memfd_create("shellrl-command")
         view = memoryview(command)
         while view:
-            view = view[os.write(memfd, view):]
+            view = view[os.write(memfd, view) :]
         os.lseek(memfd, 0, os.SEEK_SET)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         try:
             pid = os.posix_spawn(
-                "/usr/bin/bash", argv, env,
-                file_actions=[(os.POSIX_SPAWN_DUP2, self.devnull, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
-                              (os.POSIX_SPAWN_DUP2, err_w, 2), (os.POSIX_SPAWN_DUP2, memfd, 3)],
-                setsid=True, setsigdef=RESET_SIGNALS,
+                "/usr/bin/bash",
+                argv,
+                env,
+                file_actions=[
+                    (os.POSIX_SPAWN_DUP2, self.devnull, 0),
+                    (os.POSIX_SPAWN_DUP2, out_w, 1),
+                    (os.POSIX_SPAWN_DUP2, err_w, 2),
+                    (os.POSIX_SPAWN_DUP2, memfd, 3),
+                ],
+                setsid=True,
+                setsigdef=RESET_SIGNALS,
             )
         finally:
             for fd in (out_w, err_w, memfd):
@@ -264,14 +279,18 @@ class Runner:
                 return
             timeout_ms, cap, length, fresh_state = (int(x) for x in header[1:])
             command = self.read_exact(length)
-            exit_code, timed_out, out, err, duration_us = self.run(command, timeout_ms / 1000.0, cap, bool(fresh_state))
+            exit_code, timed_out, out, err, duration_us = self.run(
+                command, timeout_ms / 1000.0, cap, bool(fresh_state)
+            )
             oh, ot = out.parts()
             eh, et = err.parts()
-            head = (f"DONE {exit_code} {int(timed_out)} {out.total} {err.total} {duration_us}"
-                    f" {len(oh)} {len(ot)} {len(eh)} {len(et)}\n").encode()
+            head = (
+                f"DONE {exit_code} {int(timed_out)} {out.total} {err.total} {duration_us}"
+                f" {len(oh)} {len(ot)} {len(eh)} {len(et)}\n"
+            ).encode()
             payload = memoryview(head + oh + ot + eh + et)
             while payload:
-                payload = payload[os.write(1, payload):]
+                payload = payload[os.write(1, payload) :]
 
 
 def harden():

@@ -44,9 +44,15 @@ class RunnerLink:
         argv, pass_fds = self.launch.spawn_args()
         try:
             self.proc = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=self.launch.env, cwd=self.launch.cwd, start_new_session=True,
-                limit=1 << 26, pass_fds=pass_fds,
+                *argv,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=self.launch.env,
+                cwd=self.launch.cwd,
+                start_new_session=True,
+                limit=1 << 26,
+                pass_fds=pass_fds,
             )
         finally:
             for fd in pass_fds:
@@ -65,17 +71,22 @@ class RunnerLink:
 
     async def _log_stderr(self, proc) -> None:
         while line := await proc.stderr.readline():
-            log.warning("runner stderr", extra={"line": line.decode(errors="replace").rstrip()[:2000]})
+            log.warning(
+                "runner stderr", extra={"line": line.decode(errors="replace").rstrip()[:2000]}
+            )
 
-    async def exec(self, command: bytes, timeout_s: float, max_output_bytes: int, fresh_state: bool = False
-                   ) -> RawExec:
+    async def exec(
+        self, command: bytes, timeout_s: float, max_output_bytes: int, fresh_state: bool = False
+    ) -> RawExec:
         """Run one command (with the fresh-state prelude if `fresh_state`); RunnerFailed when the
         runner cannot deliver a result."""
         if not self.alive:
             raise RunnerFailed("runner is not running")
         start = time.perf_counter()
-        header = (f"EXEC {max(1, int(timeout_s * 1000))} {max_output_bytes} {len(command)}"
-                  f" {int(fresh_state)}\n").encode()
+        header = (
+            f"EXEC {max(1, int(timeout_s * 1000))} {max_output_bytes} {len(command)}"
+            f" {int(fresh_state)}\n"
+        ).encode()
         try:
             self.proc.stdin.write(header + command)
             await self.proc.stdin.drain()
@@ -86,17 +97,21 @@ class RunnerLink:
             exit_code, timed_out, out_total, err_total, _, *lengths = (int(x) for x in fields[1:])
             blob = await asyncio.wait_for(self.proc.stdout.readexactly(sum(lengths)), GRACE_S)
         except TimeoutError:
-            raise RunnerFailed(f"runner gave no result within timeout_s + {GRACE_S} s", hung=True) from None
+            raise RunnerFailed(
+                f"runner gave no result within timeout_s + {GRACE_S} s", hung=True
+            ) from None
         except (ConnectionError, asyncio.IncompleteReadError, ValueError) as exc:
             raise RunnerFailed(f"runner connection failed: {exc!r}") from None
         parts, offset = [], 0
         for n in lengths:
-            parts.append(blob[offset:offset + n])
+            parts.append(blob[offset : offset + n])
             offset += n
         out_head, out_tail, err_head, err_tail = parts
         return RawExec(
-            stdout=render_output(out_head, out_tail, out_total), stderr=render_output(err_head, err_tail, err_total),
-            exit_code=exit_code, timed_out=bool(timed_out),
+            stdout=render_output(out_head, out_tail, out_total),
+            stderr=render_output(err_head, err_tail, err_total),
+            exit_code=exit_code,
+            timed_out=bool(timed_out),
             stdout_truncated_bytes=out_total - len(out_head) - len(out_tail),
             stderr_truncated_bytes=err_total - len(err_head) - len(err_tail),
             duration_ms=(time.perf_counter() - start) * 1000.0,

@@ -17,8 +17,14 @@ from services.sandbox.workspace import Workspace
 class SessionError(Exception):
     """A request about sessions that cannot be served; mapped to an HTTP error by app.py."""
 
-    def __init__(self, status: int, code: str, message: str, field: str | None = None,
-                 details: dict | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        field: str | None = None,
+        details: dict | None = None,
+    ) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
         self.field, self.details = field, details
@@ -44,9 +50,16 @@ class Session:
     runner_restarts: int = 0
 
     def info(self, isolation: str) -> dict:
-        return {"session_id": self.session_id, "isolation": isolation,
-                "workspace": self.workspace_path, "uid": self.uid, "policy": self.policy.name,
-                "commands": self.commands,
-                "safety_events": list(self.safety_events), "runner_restarts": self.runner_restarts,
-                "limits": self.limits.as_dict(), "created_at": self.created_at,
-                "last_used_at": self.last_used_at}
+        return {
+            "session_id": self.session_id,
+            "isolation": isolation,
+            "workspace": self.workspace_path,
+            "uid": self.uid,
+            "policy": self.policy.name,
+            "commands": self.commands,
+            "safety_events": list(self.safety_events),
+            "runner_restarts": self.runner_restarts,
+            "limits": self.limits.as_dict(),
+            "created_at": self.created_at,
+            "last_used_at": self.last_used_at,
+        }

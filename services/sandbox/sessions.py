@@ -45,9 +45,17 @@ EXECVE_ENV_BYTES = 1 << 20
 def exec_result(raw: RawExec, policy: PolicyVerdict, waited_ms: float = 0.0) -> ExecResult:
     """What POST /v1/sessions/{id}/exec returns for a command that ran; `waited_ms` is added to
     the slot wait in `raw.queue_ms` (the wait for the session's earlier commands)."""
-    return ExecResult(raw.stdout, raw.stderr, raw.exit_code, raw.timed_out, raw.stdout_truncated_bytes,
-                      raw.stderr_truncated_bytes, round(raw.duration_ms, 3), policy,
-                      round(raw.queue_ms + waited_ms, 3))
+    return ExecResult(
+        raw.stdout,
+        raw.stderr,
+        raw.exit_code,
+        raw.timed_out,
+        raw.stdout_truncated_bytes,
+        raw.stderr_truncated_bytes,
+        round(raw.duration_ms, 3),
+        policy,
+        round(raw.queue_ms + waited_ms, 3),
+    )
 
 
 def check_text(value: str, field: str, code: str) -> None:
@@ -56,18 +64,37 @@ def check_text(value: str, field: str, code: str) -> None:
     if "\x00" in value:
         raise SessionError(400, code, f"{field} contains a NUL byte (\\x00); remove it", field)
     if (at := first_surrogate(value)) is not None:
-        raise SessionError(400, code, f"{field} contains a lone UTF-16 surrogate "
-                                      f"({ascii(value[at])} at character {at}): not valid Unicode; "
-                                      "send UTF-8 text", field)
+        raise SessionError(
+            400,
+            code,
+            f"{field} contains a lone UTF-16 surrogate "
+            f"({ascii(value[at])} at character {at}): not valid Unicode; "
+            "send UTF-8 text",
+            field,
+        )
 
 
 class SessionManager:
     """The live sessions of this instance and every request about them (see module doc)."""
 
-    def __init__(self, *, root: Path, isolation: Isolation, cgroups: CgroupSupport, uids: UidPool,
-                 policies: dict[str, Policy], default_policy: str, default_limits: Limits, max_sessions: int,
-                 session_ttl_s: float, setup_timeout_s: float, max_timeout_s: float, max_command_bytes: int,
-                 max_concurrent_execs: int, exec_mode: str = "session") -> None:
+    def __init__(
+        self,
+        *,
+        root: Path,
+        isolation: Isolation,
+        cgroups: CgroupSupport,
+        uids: UidPool,
+        policies: dict[str, Policy],
+        default_policy: str,
+        default_limits: Limits,
+        max_sessions: int,
+        session_ttl_s: float,
+        setup_timeout_s: float,
+        max_timeout_s: float,
+        max_command_bytes: int,
+        max_concurrent_execs: int,
+        exec_mode: str = "session",
+    ) -> None:
         if exec_mode not in EXEC_MODES:
             raise ValueError(f"exec_mode must be one of {EXEC_MODES}, got {exec_mode!r}")
         self.root = Path(root)
@@ -90,10 +117,14 @@ class SessionManager:
                 group.remove()
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)
-        for ancestor in self.root.parents:  # session uids must reach their workspace (bwrap binds run as them)
+        for (
+            ancestor
+        ) in self.root.parents:  # session uids must reach their workspace (bwrap binds run as them)
             if not os.stat(ancestor).st_mode & 0o001:
-                raise ValueError(f"workspace_root: {ancestor} is not searchable by other users (mode o+x); "
-                                 "choose a workspace_root below directories with o+x")
+                raise ValueError(
+                    f"workspace_root: {ancestor} is not searchable by other users (mode o+x); "
+                    "choose a workspace_root below directories with o+x"
+                )
         for entry in self.root.iterdir():
             Workspace(entry, 0, 1 << 20).destroy()
         self._clean_host(self.uids.uids)
@@ -118,8 +149,12 @@ class SessionManager:
     def get(self, session_id: str) -> Session:
         session = self.sessions.get(session_id)
         if session is None or session.closed:
-            raise SessionError(404, "session_not_found", f"no session {session_id!r} (expired or deleted?)",
-                               "session_id")
+            raise SessionError(
+                404,
+                "session_not_found",
+                f"no session {session_id!r} (expired or deleted?)",
+                "session_id",
+            )
         return session
 
     def _resolve_env(self, env: dict[str, str], workspace_path: str) -> dict[str, str]:
@@ -127,38 +162,65 @@ class SessionManager:
         SessionError 400 invalid_env (bad name or value) / env_too_large."""
         out = base_env(workspace_path)
         for key, value in env.items():
-            if not key or not (key[0].isalpha() or key[0] == "_") or not all(c.isalnum() or c == "_" for c in key):
+            if (
+                not key
+                or not (key[0].isalpha() or key[0] == "_")
+                or not all(c.isalnum() or c == "_" for c in key)
+            ):
                 shown = key[:200].encode("utf-8", "backslashreplace").decode()
-                raise SessionError(400, "invalid_env",
-                                   f"env name {key[:200]!r} is not a shell variable name", f"env.{shown}")
+                raise SessionError(
+                    400,
+                    "invalid_env",
+                    f"env name {key[:200]!r} is not a shell variable name",
+                    f"env.{shown}",
+                )
             check_text(value, f"env.{key}", "invalid_env")
         if (size := env_bytes(env)) > MAX_ENV_BYTES:
-            raise SessionError(400, "env_too_large",
-                               f"env has {size} bytes (NAME=value plus a NUL each); at most "
-                               f"{MAX_ENV_BYTES}: every program inherits it (execve caps)", "env")
+            raise SessionError(
+                400,
+                "env_too_large",
+                f"env has {size} bytes (NAME=value plus a NUL each); at most "
+                f"{MAX_ENV_BYTES}: every program inherits it (execve caps)",
+                "env",
+            )
         for key, value in env.items():
             out[key] = value.replace(WORKSPACE_TOKEN, workspace_path)
             if len(key.encode()) + len(out[key].encode()) + 2 > EXECVE_STRING_BYTES:
-                raise SessionError(400, "env_too_large",
-                                   f"env.{key} with {WORKSPACE_TOKEN} substituted is longer than "
-                                   f"{EXECVE_STRING_BYTES} bytes (execve's cap)", f"env.{key}")
+                raise SessionError(
+                    400,
+                    "env_too_large",
+                    f"env.{key} with {WORKSPACE_TOKEN} substituted is longer than "
+                    f"{EXECVE_STRING_BYTES} bytes (execve's cap)",
+                    f"env.{key}",
+                )
         if env_bytes(out) > EXECVE_ENV_BYTES:
-            raise SessionError(400, "env_too_large",
-                               f"env with {WORKSPACE_TOKEN} substituted is larger than "
-                               f"{EXECVE_ENV_BYTES} bytes", "env")
+            raise SessionError(
+                400,
+                "env_too_large",
+                f"env with {WORKSPACE_TOKEN} substituted is larger than {EXECVE_ENV_BYTES} bytes",
+                "env",
+            )
         return out
 
-    async def create(self, setup: str, env: dict[str, str], limits: Limits, policy_name: str | None
-                     ) -> tuple[Session, ExecResult]:
+    async def create(
+        self, setup: str, env: dict[str, str], limits: Limits, policy_name: str | None
+    ) -> tuple[Session, ExecResult]:
         """New session with its setup script run; SessionError 400/429/422(setup_failed)."""
         policy = self.policies.get(policy_name or self.default_policy)
         if policy is None:
-            raise SessionError(400, "unknown_policy", f"policy {policy_name!r} is not one of {sorted(self.policies)}",
-                               "policy")
+            raise SessionError(
+                400,
+                "unknown_policy",
+                f"policy {policy_name!r} is not one of {sorted(self.policies)}",
+                "policy",
+            )
         check_text(setup, "setup", "invalid_setup")
         if len(self.sessions) + self._creating >= self.max_sessions:
-            raise SessionError(429, "too_many_sessions",
-                               f"{self.max_sessions} sessions are live (the cap); delete one or retry later")
+            raise SessionError(
+                429,
+                "too_many_sessions",
+                f"{self.max_sessions} sessions are live (the cap); delete one or retry later",
+            )
         uid = self.uids.take()
         if uid is None:
             raise SessionError(429, "too_many_sessions", "no free sandbox uid; retry later")
@@ -169,8 +231,16 @@ class SessionManager:
             session_id = secrets.token_hex(8)
             workspace = Workspace(self.root / session_id, uid, limits.workspace_bytes)
             workspace_path = self.isolation.workspace_path(workspace.paths)
-            session = Session(session_id, uid, workspace, self.cgroups.group(f"u{uid}"),
-                              self._resolve_env(env, workspace_path), limits, policy, workspace_path)
+            session = Session(
+                session_id,
+                uid,
+                workspace,
+                self.cgroups.group(f"u{uid}"),
+                self._resolve_env(env, workspace_path),
+                limits,
+                policy,
+                workspace_path,
+            )
             await asyncio.to_thread(self._prepare, session)
             self.sessions[session_id] = session
             if setup.strip():
@@ -179,16 +249,26 @@ class SessionManager:
             else:
                 result = ExecResult("", "", 0, False, 0, 0, 0.0, ALLOW)
             if result.exit_code != 0:
-                raise SessionError(422, "setup_failed", f"setup exited with {result.exit_code}"
-                                   + (" (timed out)" if result.timed_out else ""), "setup", result.as_dict())
+                raise SessionError(
+                    422,
+                    "setup_failed",
+                    f"setup exited with {result.exit_code}"
+                    + (" (timed out)" if result.timed_out else ""),
+                    "setup",
+                    result.as_dict(),
+                )
             await asyncio.to_thread(self._snapshot, session)
             await self.processes.start_runner(session)
         except RunnerFailed as exc:
             metrics.SESSIONS_CREATED.labels("error").inc()
             await self._destroy(session)
-            raise SessionError(503, "sandbox_unavailable", f"the session's sandbox did not start: {exc}") from None
+            raise SessionError(
+                503, "sandbox_unavailable", f"the session's sandbox did not start: {exc}"
+            ) from None
         except BaseException as exc:
-            metrics.SESSIONS_CREATED.labels("setup_failed" if isinstance(exc, SessionError) else "error").inc()
+            metrics.SESSIONS_CREATED.labels(
+                "setup_failed" if isinstance(exc, SessionError) else "error"
+            ).inc()
             if session is not None:
                 await self._destroy(session)
             else:
@@ -222,17 +302,24 @@ class SessionManager:
         if self.isolation.layer == "fallback":
             remove_ipc_objects(uids)
 
-    async def exec(self, session_id: str, command: str, timeout_s: float | None, fresh_state: bool = False
-                   ) -> ExecResult:
+    async def exec(
+        self, session_id: str, command: str, timeout_s: float | None, fresh_state: bool = False
+    ) -> ExecResult:
         """Run `command` in the session. `fresh_state`: in the session's environment as at creation
         (fresh_env) at the workspace root, reading nothing the session wrote (isolation.py)."""
         session = self.get(session_id)
         check_text(command, "command", "invalid_command")
         if len(command.encode("utf-8")) > self.max_command_bytes:
-            raise SessionError(400, "invalid_command", f"command is longer than {self.max_command_bytes} bytes",
-                               "command")
+            raise SessionError(
+                400,
+                "invalid_command",
+                f"command is longer than {self.max_command_bytes} bytes",
+                "command",
+            )
         if timeout_s is not None and timeout_s > self.max_timeout_s:
-            raise SessionError(400, "invalid_timeout", f"timeout_s must be <= {self.max_timeout_s}", "timeout_s")
+            raise SessionError(
+                400, "invalid_timeout", f"timeout_s must be <= {self.max_timeout_s}", "timeout_s"
+            )
         # off the event loop, always (linear, ~1 ms per rule for 64 KiB; RE2 releases the GIL)
         verdict = await asyncio.to_thread(session.policy.evaluate, command)
         metrics.POLICY_VERDICTS.labels(verdict.verdict, verdict.rule or "").inc()
@@ -240,17 +327,30 @@ class SessionManager:
         async with session.lock:
             waited_ms = (time.perf_counter() - arrived) * 1e3
             if session.closed:
-                raise SessionError(404, "session_not_found", f"session {session_id!r} was deleted", "session_id")
+                raise SessionError(
+                    404, "session_not_found", f"session {session_id!r} was deleted", "session_id"
+                )
             session.commands += 1
             session.last_used_at = time.time()
             if verdict.verdict != "allow":
-                session.safety_events.append({"rule": verdict.rule, "verdict": verdict.verdict,
-                                              "command": command[:2000]})
+                session.safety_events.append(
+                    {"rule": verdict.rule, "verdict": verdict.verdict, "command": command[:2000]}
+                )
             if verdict.verdict == "deny":
-                return ExecResult("", f"sandbox: command denied by policy rule {verdict.rule!r}\n", None, False,
-                                  0, 0, 0.0, verdict, round(waited_ms, 3))
-            raw = await self.processes.run(session, command, timeout_s or session.limits.timeout_s,
-                                           fresh_state)
+                return ExecResult(
+                    "",
+                    f"sandbox: command denied by policy rule {verdict.rule!r}\n",
+                    None,
+                    False,
+                    0,
+                    0,
+                    0.0,
+                    verdict,
+                    round(waited_ms, 3),
+                )
+            raw = await self.processes.run(
+                session, command, timeout_s or session.limits.timeout_s, fresh_state
+            )
             session.last_used_at = time.time()
         result = exec_result(raw, verdict, waited_ms)
         metrics.EXEC_SECONDS.labels(self.isolation.layer).observe(raw.duration_ms / 1000.0)
@@ -266,7 +366,9 @@ class SessionManager:
         session = self.get(session_id)
         async with session.lock:
             if session.closed:
-                raise SessionError(404, "session_not_found", f"session {session_id!r} was deleted", "session_id")
+                raise SessionError(
+                    404, "session_not_found", f"session {session_id!r} was deleted", "session_id"
+                )
             start = time.perf_counter()
             await self.processes.kill_processes(session, "kill_request")
             await self.processes.ensure_runner(session)
@@ -312,4 +414,3 @@ class SessionManager:
             await asyncio.to_thread(destroy)
         finally:
             self.uids.give(session.uid)
-

@@ -23,37 +23,76 @@ class SandboxSettings(ServiceSettings):
         description="Host directory holding one directory per session (tmpfs/overlay mounts live below it).",
     )
     isolation: IsolationChoice = Field(
-        "auto", validation_alias=AliasChoices("isolation", "SHELLRL_SANDBOX_ISOLATION", "SHELLRL_ISOLATION"),
-        description="Isolation layer: auto = best that the start-up probe finds; others force one layer."
+        "auto",
+        validation_alias=AliasChoices(
+            "isolation", "SHELLRL_SANDBOX_ISOLATION", "SHELLRL_ISOLATION"
+        ),
+        description="Isolation layer: auto = best that the start-up probe finds; others force one layer.",
     )
     exec_mode: Literal["session", "per_command"] = Field(
-        "session", validation_alias=AliasChoices("exec_mode", "SHELLRL_SANDBOX_EXEC_MODE", "SHELLRL_EXEC_MODE"),
+        "session",
+        validation_alias=AliasChoices(
+            "exec_mode", "SHELLRL_SANDBOX_EXEC_MODE", "SHELLRL_EXEC_MODE"
+        ),
         description="session: one long-lived sandbox + runner per session, a fresh bash per command (background "
         "processes live on); per_command: a fresh sandbox per command (see BENCHMARKS.md for the measurement).",
     )
-    max_sessions: int = Field(64, ge=1, le=1024, description="Live sessions; one more gets HTTP 429.")
-    session_ttl_s: float = Field(1800.0, gt=0, description="Idle time after which a session is removed.")
-    ttl_sweep_interval_s: float = Field(10.0, gt=0, description="How often expired sessions are looked for.")
-    default_timeout_s: float = Field(30.0, gt=0, le=3600, description="Wall-clock limit of one exec.")
-    max_timeout_s: float = Field(600.0, gt=0, le=3600, description="Largest timeout_s a request may ask for.")
-    setup_timeout_s: float = Field(120.0, gt=0, le=3600, description="Wall-clock limit of a session's setup script.")
-    max_output_bytes: int = Field(
-        65536, ge=1024, le=16 << 20, description="Bytes of stdout (and, separately, stderr) kept per exec."
+    max_sessions: int = Field(
+        64, ge=1, le=1024, description="Live sessions; one more gets HTTP 429."
     )
-    max_command_bytes: int = Field(4 << 20, ge=1024, description="Largest accepted command (UTF-8 bytes).")
-    max_concurrent_execs: int = Field(32, ge=1, description="Commands running at once across all sessions.")
-    policy_file: Path | None = Field(None, description="YAML policy file; None = the packaged default.yaml.")
-    default_policy: str = Field("default", description="Policy name used when a session names none.")
+    session_ttl_s: float = Field(
+        1800.0, gt=0, description="Idle time after which a session is removed."
+    )
+    ttl_sweep_interval_s: float = Field(
+        10.0, gt=0, description="How often expired sessions are looked for."
+    )
+    default_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="Wall-clock limit of one exec."
+    )
+    max_timeout_s: float = Field(
+        600.0, gt=0, le=3600, description="Largest timeout_s a request may ask for."
+    )
+    setup_timeout_s: float = Field(
+        120.0, gt=0, le=3600, description="Wall-clock limit of a session's setup script."
+    )
+    max_output_bytes: int = Field(
+        65536,
+        ge=1024,
+        le=16 << 20,
+        description="Bytes of stdout (and, separately, stderr) kept per exec.",
+    )
+    max_command_bytes: int = Field(
+        4 << 20, ge=1024, description="Largest accepted command (UTF-8 bytes)."
+    )
+    max_concurrent_execs: int = Field(
+        32, ge=1, description="Commands running at once across all sessions."
+    )
+    policy_file: Path | None = Field(
+        None, description="YAML policy file; None = the packaged default.yaml."
+    )
+    default_policy: str = Field(
+        "default", description="Policy name used when a session names none."
+    )
     uid_base: int = Field(
-        200000, ge=1000, description="First uid of the per-session uid blocks (each instance locks one block)."
+        200000,
+        ge=1000,
+        description="First uid of the per-session uid blocks (each instance locks one block).",
     )
     uid_block_size: int = Field(1024, ge=1, description="Uids per block; must be >= max_sessions.")
-    cgroup_root: Path = Field(Path("/sys/fs/cgroup"), description="cgroup v1 mount root (pids, memory, freezer).")
+    cgroup_root: Path = Field(
+        Path("/sys/fs/cgroup"), description="cgroup v1 mount root (pids, memory, freezer)."
+    )
     # Default per-session limits (a session may ask for others within the bounds of `Limits`).
     cpu_s: int = Field(60, ge=1, description="RLIMIT_CPU per process, seconds.")
-    memory_bytes: int = Field(1 << 30, ge=16 << 20, description="Session memory cgroup limit (includes tmpfs).")
+    memory_bytes: int = Field(
+        1 << 30, ge=16 << 20, description="Session memory cgroup limit (includes tmpfs)."
+    )
     address_space_bytes: int = Field(4 << 30, ge=64 << 20, description="RLIMIT_AS per process.")
-    pids: int = Field(256, ge=8, description="Processes per session (cgroup pids.max and RLIMIT_NPROC).")
+    pids: int = Field(
+        256, ge=8, description="Processes per session (cgroup pids.max and RLIMIT_NPROC)."
+    )
     file_size_bytes: int = Field(256 << 20, ge=1 << 20, description="RLIMIT_FSIZE per file.")
-    workspace_bytes: int = Field(256 << 20, ge=1 << 20, description="Size of the workspace (+ /tmp) tmpfs.")
+    workspace_bytes: int = Field(
+        256 << 20, ge=1 << 20, description="Size of the workspace (+ /tmp) tmpfs."
+    )
     nofile: int = Field(1024, ge=64, description="RLIMIT_NOFILE.")

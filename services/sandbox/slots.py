@@ -34,8 +34,9 @@ class FairSlots:
     """`capacity` slots; `hold(key)` waits for one (see module doc). Event-loop only, not
     thread-safe. `clock` (seconds) is injectable for tests."""
 
-    def __init__(self, capacity: int, half_life_s: float = 60.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, capacity: int, half_life_s: float = 60.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be >= 1, got {capacity}")
         self.capacity, self.half_life_s, self.clock = capacity, half_life_s, clock

@@ -25,8 +25,11 @@ class UidPool:
         lock_dir = Path(tempfile.gettempdir()) / "shellrl-sandbox-locks"
         lock_dir.mkdir(mode=0o755, exist_ok=True)
         for block in range(max_blocks):
-            fd = os.open(lock_dir / f"uid-block-{uid_base}-{block}.lock",
-                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = os.open(
+                lock_dir / f"uid-block-{uid_base}-{block}.lock",
+                os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
+                0o600,
+            )
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -37,8 +40,9 @@ class UidPool:
             self.probe_uid = self.first + block_size - 1
             self._free = list(range(self.first + block_size - 2, self.first - 1, -1))
             return
-        raise RuntimeError(f"all {max_blocks} sandbox uid blocks from {uid_base} are locked "
-                           "by other instances")
+        raise RuntimeError(
+            f"all {max_blocks} sandbox uid blocks from {uid_base} are locked by other instances"
+        )
 
     @property
     def uids(self) -> range:
@@ -53,18 +57,35 @@ class UidPool:
 
 def kill_uid(uid: int) -> None:
     """SIGKILL every process of `uid` (kill(-1) sent as that uid): catches setsid/double-fork."""
-    subprocess.run(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--",
-                    "/usr/bin/kill", "-9", "-1"],
-                   env={"PATH": "/usr/bin:/bin"}, cwd="/", stdin=subprocess.DEVNULL,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10, check=False)
+    subprocess.run(
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            "--",
+            "/usr/bin/kill",
+            "-9",
+            "-1",
+        ],
+        env={"PATH": "/usr/bin:/bin"},
+        cwd="/",
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        timeout=10,
+        check=False,
+    )
 
 
 IPC_RMID = 0
 _libc = ctypes.CDLL(None, use_errno=True)
 # /proc/sysvipc/<kind>: the id column and how to remove one object of that kind
-_IPC_KINDS = {"shm": ("shmid", lambda i: _libc.shmctl(i, IPC_RMID, None)),
-              "msg": ("msqid", lambda i: _libc.msgctl(i, IPC_RMID, None)),
-              "sem": ("semid", lambda i: _libc.semctl(i, 0, IPC_RMID))}
+_IPC_KINDS = {
+    "shm": ("shmid", lambda i: _libc.shmctl(i, IPC_RMID, None)),
+    "msg": ("msqid", lambda i: _libc.msgctl(i, IPC_RMID, None)),
+    "sem": ("semid", lambda i: _libc.semctl(i, 0, IPC_RMID)),
+}
 
 
 def remove_ipc_objects(uids) -> int:

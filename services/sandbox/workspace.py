@@ -32,7 +32,9 @@ from pathlib import Path
 from services.sandbox import mounts
 
 INODES_PER_MIB = 256  # nr_inodes of a tmpfs per MiB of its size (100 small files need ~100)
-STATE_BYTES = 4 << 20  # the state tmpfs: `export -p` of a usable environment (execve caps it at ~2 MiB)
+STATE_BYTES = (
+    4 << 20
+)  # the state tmpfs: `export -p` of a usable environment (execve caps it at ~2 MiB)
 STATE_FILES = ("cwd", "env")
 
 
@@ -92,8 +94,13 @@ class Workspace:
         self.snapshotted = False
 
     def _tmpfs(self, target: Path, owner_uid: int) -> None:
-        mounts.mount("tmpfs", target, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
-                     f"size={self.size_bytes},nr_inodes={self.nr_inodes},mode=0755,uid={owner_uid},gid={owner_uid}")
+        mounts.mount(
+            "tmpfs",
+            target,
+            "tmpfs",
+            mounts.MS_NOSUID | mounts.MS_NODEV,
+            f"size={self.size_bytes},nr_inodes={self.nr_inodes},mode=0755,uid={owner_uid},gid={owner_uid}",
+        )
 
     def _fresh_upper(self) -> None:
         p = self.paths
@@ -103,13 +110,20 @@ class Workspace:
             os.chown(d, self.uid, self.uid)
 
     def _fresh_state(self) -> None:
-        mounts.mount("tmpfs", self.paths.state, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV,
-                     f"size={STATE_BYTES},nr_inodes=16,mode=0755,uid=0,gid=0")
+        mounts.mount(
+            "tmpfs",
+            self.paths.state,
+            "tmpfs",
+            mounts.MS_NOSUID | mounts.MS_NODEV,
+            f"size={STATE_BYTES},nr_inodes=16,mode=0755,uid=0,gid=0",
+        )
         self._empty_state_files()
 
     def _empty_state_files(self) -> None:
         for name in STATE_FILES:
-            fd = os.open(self.paths.state / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+            fd = os.open(
+                self.paths.state / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600
+            )
             os.fchown(fd, self.uid, self.uid)
             os.close(fd)
 
@@ -133,8 +147,13 @@ class Workspace:
         start empty."""
         p = self.paths
         mounts.umount(p.ws)
-        mounts.mount(None, p.base, None, mounts.MS_REMOUNT | mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV,
-                     f"size={self.size_bytes},nr_inodes={self.nr_inodes}")
+        mounts.mount(
+            None,
+            p.base,
+            None,
+            mounts.MS_REMOUNT | mounts.MS_RDONLY | mounts.MS_NOSUID | mounts.MS_NODEV,
+            f"size={self.size_bytes},nr_inodes={self.nr_inodes}",
+        )
         mounts.umount(p.upper)
         self._fresh_upper()
         mounts.umount(p.state)
@@ -171,13 +190,18 @@ class Workspace:
             if not stat.S_ISREG(info.st_mode):
                 raise FileReadError(400, "not_a_file", f"{relative_path!r} is not a regular file")
             if info.st_size > max_bytes:
-                raise FileReadError(413, "file_too_large",
-                                    f"{relative_path!r} has {info.st_size} bytes, more than max_bytes={max_bytes}")
+                raise FileReadError(
+                    413,
+                    "file_too_large",
+                    f"{relative_path!r} has {info.st_size} bytes, more than max_bytes={max_bytes}",
+                )
             chunks, total = [], 0
             while chunk := os.read(fd, 1 << 20):
                 total += len(chunk)
                 if total > max_bytes:
-                    raise FileReadError(413, "file_too_large", f"{relative_path!r} grew past max_bytes={max_bytes}")
+                    raise FileReadError(
+                        413, "file_too_large", f"{relative_path!r} grew past max_bytes={max_bytes}"
+                    )
                 chunks.append(chunk)
             return b"".join(chunks)
         finally:
@@ -220,8 +244,12 @@ def _copy_dir(src_fd: int, dst_fd: int) -> None:
         mode = st.st_mode
         if stat.S_ISDIR(mode):
             os.mkdir(name, 0o700, dir_fd=dst_fd)
-            s = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_fd)
-            d = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dst_fd)
+            s = os.open(
+                name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_fd
+            )
+            d = os.open(
+                name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dst_fd
+            )
             try:
                 _copy_dir(s, d)
                 _copy_meta(st, d)
@@ -230,8 +258,12 @@ def _copy_dir(src_fd: int, dst_fd: int) -> None:
                 os.close(d)
         elif stat.S_ISREG(mode):
             s = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_fd)
-            d = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                        dir_fd=dst_fd)
+            d = os.open(
+                name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=dst_fd,
+            )
             try:
                 offset = 0
                 while offset < st.st_size:
@@ -267,8 +299,9 @@ def open_beneath(root: Path, relative_path: str) -> int:
     root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         how = _OpenHow(flags, 0, _RESOLVE_BENEATH | _RESOLVE_NO_MAGICLINKS | _RESOLVE_NO_XDEV)
-        fd = _libc.syscall(_SYS_OPENAT2, root_fd, os.fsencode(relative_path), ctypes.byref(how),
-                           ctypes.sizeof(how))
+        fd = _libc.syscall(
+            _SYS_OPENAT2, root_fd, os.fsencode(relative_path), ctypes.byref(how), ctypes.sizeof(how)
+        )
         if fd >= 0:
             return fd
         err = ctypes.get_errno()
@@ -283,13 +316,17 @@ def _open_no_symlinks(root_fd: int, relative_path: str, flags: int) -> int:
     """Kernels without openat2: walk component by component with O_NOFOLLOW (no symlinks at all)."""
     parts = [p for p in relative_path.split("/") if p not in ("", ".")]
     if ".." in parts:
-        raise FileReadError(403, "path_outside_workspace", f"{relative_path!r} leaves the workspace")
+        raise FileReadError(
+            403, "path_outside_workspace", f"{relative_path!r} leaves the workspace"
+        )
     fd = os.dup(root_fd)
     try:
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
             try:
-                nxt = os.open(part, (flags if last else os.O_PATH | os.O_DIRECTORY) | os.O_NOFOLLOW, dir_fd=fd)
+                nxt = os.open(
+                    part, (flags if last else os.O_PATH | os.O_DIRECTORY) | os.O_NOFOLLOW, dir_fd=fd
+                )
             except OSError as exc:
                 raise _read_error(exc.errno, relative_path) from None
             os.close(fd)
@@ -303,7 +340,9 @@ def _read_error(err: int, path: str) -> FileReadError:
     if err == errno.ENOENT:
         return FileReadError(404, "file_not_found", f"{path!r} does not exist in the workspace")
     if err in (errno.EXDEV, errno.ELOOP):
-        return FileReadError(403, "path_outside_workspace", f"{path!r} (or a symlink on it) leaves the workspace")
+        return FileReadError(
+            403, "path_outside_workspace", f"{path!r} (or a symlink on it) leaves the workspace"
+        )
     if err == errno.ENOTDIR:
         return FileReadError(404, "file_not_found", f"{path!r}: a parent is not a directory")
     if err == errno.EISDIR:

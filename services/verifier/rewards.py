@@ -15,7 +15,8 @@ One rule is switched on by itself (`Shaping.require_command`, independent of `en
                       every one denied by the policy): such a success trains as 0 (`reward` stays 1)
 
 Why: with binary rewards GRPO amplifies lucky guesses. In main-job run6
-(`git show 5456081:docs/main-job/run6/report.md`) a few early groups had a correct bare `<answer>3</answer>` while their members that ran a command failed;
+(`git show 5456081:docs/main-job/run6/report.md`) a few early groups had a correct bare
+`<answer>3</answer>` while their members that ran a command failed;
 the group-relative advantages pushed the answer-at-once behaviour up and command use down, and from
 step 3 every trained trajectory was a 7-token guess (mean reward of a step's 32 episodes 0.00-0.31,
 eval_id 18.8% -> 3.1%). With the rule, a group whose only successes are guesses has no reward

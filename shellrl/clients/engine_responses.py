@@ -95,12 +95,21 @@ def parse_generate_response(
     logprobs: list[float] = []
     if return_logprob:
         entries = meta.get("output_token_logprobs") or []
-        if len(entries) != len(output_ids) or any(int(e[1]) != t for e, t in zip(entries, output_ids)):
-            raise EngineError(engine_url, 200, data,
-                              f"output_token_logprobs ({len(entries)}) do not match output_ids ({len(output_ids)})")
+        if len(entries) != len(output_ids) or any(
+            int(e[1]) != t for e, t in zip(entries, output_ids)
+        ):
+            raise EngineError(
+                engine_url,
+                200,
+                data,
+                f"output_token_logprobs ({len(entries)}) do not match output_ids ({len(output_ids)})",
+            )
         logprobs = [_checked_logprob(e[0], i, engine_url, data) for i, e in enumerate(entries)]
     version = str(meta.get("weight_version", "default"))
-    spans = tuple(VersionSpan(str(s["version"]), int(s["start"]), int(s["end"])) for s in meta.get("weight_versions") or ())
+    spans = tuple(
+        VersionSpan(str(s["version"]), int(s["start"]), int(s["end"]))
+        for s in meta.get("weight_versions") or ()
+    )
     if not spans and output_ids:
         spans = (VersionSpan(version, 0, len(output_ids)),)
     latency = meta.get("e2e_latency")
@@ -125,8 +134,12 @@ def _checked_logprob(value: Any, index: int, engine_url: str, data: dict) -> flo
     """One sampled token's log-prob as a float; EngineError unless it is finite and <= 0."""
     is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if not is_number or not math.isfinite(value) or value > 0:
-        raise EngineError(engine_url, 200, data, f"output_token_logprobs[{index}] is {value!r}: "
-                                                 "a log-prob must be finite and <= 0")
+        raise EngineError(
+            engine_url,
+            200,
+            data,
+            f"output_token_logprobs[{index}] is {value!r}: a log-prob must be finite and <= 0",
+        )
     return float(value)
 
 

@@ -65,12 +65,19 @@ class SandboxClient:
     """HTTP client of one sandbox service. `timeout_s` bounds each call on top of the command's
     own timeout (an exec waits up to its `timeout_s` + `timeout_s` of this client)."""
 
-    def __init__(self, base_url: str, timeout_s: float = 30.0, transport: httpx.AsyncBaseTransport | None = None
-                 ) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
-        self._http = httpx.AsyncClient(base_url=self.base_url, timeout=timeout_s,
-                                       transport=transport if transport is not None else AiohttpTransport(256))
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            timeout=timeout_s,
+            transport=transport if transport is not None else AiohttpTransport(256),
+        )
 
     async def __aenter__(self) -> Self:
         return self
@@ -81,9 +88,13 @@ class SandboxClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
-    async def _request(self, method: str, path: str, *, timeout_s: float | None = None, **kwargs) -> httpx.Response:
+    async def _request(
+        self, method: str, path: str, *, timeout_s: float | None = None, **kwargs
+    ) -> httpx.Response:
         try:
-            response = await self._http.request(method, path, timeout=timeout_s or self.timeout_s, **kwargs)
+            response = await self._http.request(
+                method, path, timeout=timeout_s or self.timeout_s, **kwargs
+            )
         except httpx.HTTPError as exc:
             raise SandboxError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         if response.status_code < 400:
@@ -105,8 +116,13 @@ class SandboxClient:
             raise SandboxBadRequest(message, status, body)
         raise SandboxError(message, status, body)
 
-    async def create_session(self, setup: str = "", env: dict[str, str] | None = None, limits: dict | None = None,
-                             policy: str | None = None) -> dict[str, Any]:
+    async def create_session(
+        self,
+        setup: str = "",
+        env: dict[str, str] | None = None,
+        limits: dict | None = None,
+        policy: str | None = None,
+    ) -> dict[str, Any]:
         """POST /v1/sessions → {"session_id", "isolation", "workspace", "setup": {...exec result...}, ...}.
 
         `env` values may contain "<workspace>" (the workspace path commands see). Raises
@@ -121,8 +137,13 @@ class SandboxClient:
         response = await self._request("POST", "/v1/sessions", json=body, timeout_s=setup_timeout_s)
         return response.json()
 
-    async def exec(self, session_id: str, command: str, timeout_s: float | None = None, fresh_state: bool = False
-                   ) -> ExecResult:
+    async def exec(
+        self,
+        session_id: str,
+        command: str,
+        timeout_s: float | None = None,
+        fresh_state: bool = False,
+    ) -> ExecResult:
         """POST /v1/sessions/{id}/exec. Raises SandboxNotFound, SandboxBadRequest
         (a NUL byte or a lone UTF-16 surrogate in `command`: 400 naming it), SandboxError. The result's
         `duration_ms` is the run, `queue_ms` the wait before it (earlier commands, a free exec slot).
@@ -138,15 +159,20 @@ class SandboxClient:
         if fresh_state:
             body["fresh_state"] = True
         http_timeout_s = self.timeout_s + (timeout_s if timeout_s is not None else 600.0)
-        response = await self._request("POST", f"/v1/sessions/{session_id}/exec", json=body, timeout_s=http_timeout_s)
+        response = await self._request(
+            "POST", f"/v1/sessions/{session_id}/exec", json=body, timeout_s=http_timeout_s
+        )
         return _exec_result(response.json())
 
     async def read_file(self, session_id: str, path: str, max_bytes: int = 10 << 20) -> bytes:
         """GET /v1/sessions/{id}/files/{path}: raw bytes. `path` is relative to the workspace, or absolute
         under the workspace path commands see (e.g. "/workspace/out.txt"). SandboxNotFound (missing file or session),
         SandboxBadRequest (403 outside the workspace, 413 larger than max_bytes, 400 not a file)."""
-        response = await self._request("GET", f"/v1/sessions/{session_id}/files/{quote(path, safe='')}",
-                                       params={"max_bytes": max_bytes})
+        response = await self._request(
+            "GET",
+            f"/v1/sessions/{session_id}/files/{quote(path, safe='')}",
+            params={"max_bytes": max_bytes},
+        )
         return response.content
 
     async def session_info(self, session_id: str) -> dict[str, Any]:

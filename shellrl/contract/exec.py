@@ -44,10 +44,17 @@ class ExecResult:
     queue_ms: float = 0.0
 
     def as_dict(self) -> dict:
-        return {"stdout": self.stdout, "stderr": self.stderr, "exit_code": self.exit_code,
-                "timed_out": self.timed_out, "stdout_truncated_bytes": self.stdout_truncated_bytes,
-                "stderr_truncated_bytes": self.stderr_truncated_bytes, "duration_ms": self.duration_ms,
-                "queue_ms": self.queue_ms, "policy": self.policy.as_dict()}
+        return {
+            "stdout": self.stdout,
+            "stderr": self.stderr,
+            "exit_code": self.exit_code,
+            "timed_out": self.timed_out,
+            "stdout_truncated_bytes": self.stdout_truncated_bytes,
+            "stderr_truncated_bytes": self.stderr_truncated_bytes,
+            "duration_ms": self.duration_ms,
+            "queue_ms": self.queue_ms,
+            "policy": self.policy.as_dict(),
+        }
 
     @classmethod
     def from_json(cls, data: dict) -> ExecResult:
@@ -55,9 +62,13 @@ class ExecResult:
         try:
             policy = data.get("policy") or {"verdict": "allow", "rule": None}
             return cls(
-                stdout=data["stdout"], stderr=data["stderr"], exit_code=data["exit_code"],
-                timed_out=bool(data["timed_out"]), stdout_truncated_bytes=int(data["stdout_truncated_bytes"]),
-                stderr_truncated_bytes=int(data["stderr_truncated_bytes"]), duration_ms=float(data["duration_ms"]),
+                stdout=data["stdout"],
+                stderr=data["stderr"],
+                exit_code=data["exit_code"],
+                timed_out=bool(data["timed_out"]),
+                stdout_truncated_bytes=int(data["stdout_truncated_bytes"]),
+                stderr_truncated_bytes=int(data["stderr_truncated_bytes"]),
+                duration_ms=float(data["duration_ms"]),
                 policy=PolicyVerdict(policy["verdict"], policy.get("rule")),
                 queue_ms=float(data.get("queue_ms", 0.0)),
             )

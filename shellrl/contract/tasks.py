@@ -38,8 +38,12 @@ CHECK_TYPES: dict[str, type] = {
     "command_exit_code": CommandExitCode,
 }
 
-SPLIT_NAMES = {"train": Split.SPLIT_TRAIN, "eval_id": Split.SPLIT_EVAL_ID, "eval_ood": Split.SPLIT_EVAL_OOD,
-               "eval": Split.SPLIT_EVAL}
+SPLIT_NAMES = {
+    "train": Split.SPLIT_TRAIN,
+    "eval_id": Split.SPLIT_EVAL_ID,
+    "eval_ood": Split.SPLIT_EVAL_OOD,
+    "eval": Split.SPLIT_EVAL,
+}
 _SPLIT_BY_VALUE = {v: k for k, v in SPLIT_NAMES.items()}
 
 MAX_ENV_BYTES = 64 << 10
@@ -49,8 +53,16 @@ execve(2) counts it (one string may not exceed 128 KiB there, all of them with t
 so is the sandbox's POST /v1/sessions (400 env_too_large), since every program a command starts
 inherits the environment."""
 
-LIMITS = {"instruction_chars": 16_384, "setup_chars": 65_536, "checks": 16, "tags": 32, "max_turns": 64,
-          "task_id_chars": 128, "pattern_chars": 4096, "env_bytes": MAX_ENV_BYTES}
+LIMITS = {
+    "instruction_chars": 16_384,
+    "setup_chars": 65_536,
+    "checks": 16,
+    "tags": 32,
+    "max_turns": 64,
+    "task_id_chars": 128,
+    "pattern_chars": 4096,
+    "env_bytes": MAX_ENV_BYTES,
+}
 
 
 def env_bytes(env: Mapping[str, str]) -> int:
@@ -67,6 +79,8 @@ def first_surrogate(text: str) -> int | None:
     except UnicodeEncodeError as exc:
         return exc.start
     return None
+
+
 _TASK_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 
 
@@ -78,7 +92,9 @@ def split_from_name(name: str) -> int:
     try:
         return SPLIT_NAMES[name]
     except KeyError:
-        raise TaskValidationError("split", f"unknown split {name!r}; one of {sorted(SPLIT_NAMES)}") from None
+        raise TaskValidationError(
+            "split", f"unknown split {name!r}; one of {sorted(SPLIT_NAMES)}"
+        ) from None
 
 
 def check_from_json(obj: Any, field: str = "check") -> Check:
@@ -87,22 +103,32 @@ def check_from_json(obj: Any, field: str = "check") -> Check:
         raise TaskValidationError(field, "must be an object with a 'type'")
     kind = obj.get("type")
     if kind not in CHECK_TYPES:
-        raise TaskValidationError(f"{field}.type", f"unknown check type {kind!r}; one of {sorted(CHECK_TYPES)}")
+        raise TaskValidationError(
+            f"{field}.type", f"unknown check type {kind!r}; one of {sorted(CHECK_TYPES)}"
+        )
     params = {k: v for k, v in obj.items() if k not in ("type", "timeout_s")}
     message_type = CHECK_TYPES[kind]
     known = {f.name for f in message_type.DESCRIPTOR.fields}
     for name, value in params.items():  # per field, so the error names the field
         if name not in known:
-            raise TaskValidationError(f"{field}.{name}", f"unknown field for {kind}; fields: {sorted(known)}")
+            raise TaskValidationError(
+                f"{field}.{name}", f"unknown field for {kind}; fields: {sorted(known)}"
+            )
         try:
             json_format.ParseDict({name: value}, message_type(), ignore_unknown_fields=False)
         except json_format.ParseError as exc:
-            raise TaskValidationError(f"{field}.{name}", f"{kind}: invalid value {value!r} ({exc})") from None
+            raise TaskValidationError(
+                f"{field}.{name}", f"{kind}: invalid value {value!r} ({exc})"
+            ) from None
     inner = json_format.ParseDict(params, message_type(), ignore_unknown_fields=False)
     timeout_s = obj.get("timeout_s", 0)
     if timeout_s is None:
         timeout_s = 0
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 <= timeout_s <= 3600:
+    if (
+        isinstance(timeout_s, bool)
+        or not isinstance(timeout_s, (int, float))
+        or not 0 <= timeout_s <= 3600
+    ):
         raise TaskValidationError(f"{field}.timeout_s", "must be a number of seconds in [0, 3600]")
     check = Check(timeout_s=float(timeout_s))
     getattr(check, kind).CopyFrom(inner)
@@ -113,37 +139,58 @@ def check_from_json(obj: Any, field: str = "check") -> Check:
 def _validate_check(check: Check, kind: str, params: Mapping, field: str) -> None:
     inner = getattr(check, kind)
     required = {
-        "answer_equals": ("expected",), "answer_integer_equals": ("expected",), "answer_matches": ("pattern",),
-        "file_exists": ("path",), "file_contains": ("path",), "file_sha256": ("path", "sha256"),
-        "command_output_equals": ("command",), "command_exit_code": ("command",),
+        "answer_equals": ("expected",),
+        "answer_integer_equals": ("expected",),
+        "answer_matches": ("pattern",),
+        "file_exists": ("path",),
+        "file_contains": ("path",),
+        "file_sha256": ("path", "sha256"),
+        "command_output_equals": ("command",),
+        "command_exit_code": ("command",),
     }[kind]
     for name in required:
         if name not in params:
             raise TaskValidationError(f"{field}.{name}", f"{kind} needs '{name}'")
-    if kind == "answer_matches" or (kind == "file_contains" and inner.WhichOneof("needle") == "regex"):
+    if kind == "answer_matches" or (
+        kind == "file_contains" and inner.WhichOneof("needle") == "regex"
+    ):
         pattern = inner.pattern if kind == "answer_matches" else inner.regex
         if len(pattern) > LIMITS["pattern_chars"]:
             raise TaskValidationError(f"{field}.pattern", "regex too long")
         try:
             re.compile(pattern)
         except re.error as exc:
-            raise TaskValidationError(f"{field}.{'pattern' if kind == 'answer_matches' else 'regex'}",
-                                      f"invalid regex: {exc}") from None
+            raise TaskValidationError(
+                f"{field}.{'pattern' if kind == 'answer_matches' else 'regex'}",
+                f"invalid regex: {exc}",
+            ) from None
     if kind == "file_contains" and inner.WhichOneof("needle") is None:
-        raise TaskValidationError(f"{field}.substring", "file_contains needs 'substring' or 'regex'")
+        raise TaskValidationError(
+            f"{field}.substring", "file_contains needs 'substring' or 'regex'"
+        )
     if kind == "command_output_equals" and inner.WhichOneof("target") is None:
-        raise TaskValidationError(f"{field}.expected", "command_output_equals needs 'expected' or 'reference_command'")
+        raise TaskValidationError(
+            f"{field}.expected", "command_output_equals needs 'expected' or 'reference_command'"
+        )
     if kind == "file_sha256" and not re.fullmatch(r"[0-9a-f]{64}", inner.sha256):
         raise TaskValidationError(f"{field}.sha256", "must be 64 lowercase hex digits")
     if hasattr(inner, "path") and kind.startswith("file_"):
         if not inner.path or inner.path.startswith("/") or "\x00" in inner.path:
-            raise TaskValidationError(f"{field}.path", "must be a non-empty path relative to the workspace")
+            raise TaskValidationError(
+                f"{field}.path", "must be a non-empty path relative to the workspace"
+            )
 
 
 def check_to_json(check: Check) -> dict:
     kind = check.WhichOneof("kind")
-    out = {"type": kind, **json_format.MessageToDict(getattr(check, kind), preserving_proto_field_name=True,
-                                                      always_print_fields_with_no_presence=True)}
+    out = {
+        "type": kind,
+        **json_format.MessageToDict(
+            getattr(check, kind),
+            preserving_proto_field_name=True,
+            always_print_fields_with_no_presence=True,
+        ),
+    }
     if kind == "answer_integer_equals":
         out["expected"] = int(out["expected"])
     if check.timeout_s:
@@ -151,8 +198,23 @@ def check_to_json(check: Check) -> dict:
     return out
 
 
-_TASK_FIELDS = {"task_id", "instruction", "setup", "env", "check", "checks", "split", "tags", "max_turns", "source",
-                "reference_solution", "template", "origin", "independent_solution", "label_cross_checked"}
+_TASK_FIELDS = {
+    "task_id",
+    "instruction",
+    "setup",
+    "env",
+    "check",
+    "checks",
+    "split",
+    "tags",
+    "max_turns",
+    "source",
+    "reference_solution",
+    "template",
+    "origin",
+    "independent_solution",
+    "label_cross_checked",
+}
 
 
 def task_from_json(obj: Any, *, default_split: str = "train") -> Task:
@@ -171,42 +233,72 @@ def task_from_json(obj: Any, *, default_split: str = "train") -> Task:
     if not isinstance(instruction, str) or not instruction.strip():
         raise TaskValidationError("instruction", "must be a non-empty string")
     if first_surrogate(instruction) is not None:
-        raise TaskValidationError("instruction", "contains a lone UTF-16 surrogate (not valid Unicode)")
+        raise TaskValidationError(
+            "instruction", "contains a lone UTF-16 surrogate (not valid Unicode)"
+        )
     if len(instruction) > LIMITS["instruction_chars"]:
-        raise TaskValidationError("instruction", f"longer than {LIMITS['instruction_chars']} characters")
+        raise TaskValidationError(
+            "instruction", f"longer than {LIMITS['instruction_chars']} characters"
+        )
     setup = obj.get("setup", "")
     if not isinstance(setup, str) or len(setup) > LIMITS["setup_chars"] or "\x00" in setup:
-        raise TaskValidationError("setup", f"must be a string without NUL bytes, at most {LIMITS['setup_chars']} characters")
+        raise TaskValidationError(
+            "setup",
+            f"must be a string without NUL bytes, at most {LIMITS['setup_chars']} characters",
+        )
     if (at := first_surrogate(setup)) is not None:
-        raise TaskValidationError("setup", f"lone UTF-16 surrogate at character {at} (not valid Unicode)")
+        raise TaskValidationError(
+            "setup", f"lone UTF-16 surrogate at character {at} (not valid Unicode)"
+        )
     task_id = obj.get("task_id", "")
-    if task_id and (not isinstance(task_id, str) or len(task_id) > LIMITS["task_id_chars"] or not _TASK_ID.match(task_id)):
-        raise TaskValidationError("task_id", "must match [A-Za-z0-9][A-Za-z0-9._:-]* (at most 128 characters)")
+    if task_id and (
+        not isinstance(task_id, str)
+        or len(task_id) > LIMITS["task_id_chars"]
+        or not _TASK_ID.match(task_id)
+    ):
+        raise TaskValidationError(
+            "task_id", "must match [A-Za-z0-9][A-Za-z0-9._:-]* (at most 128 characters)"
+        )
     raw_checks = obj.get("checks", obj.get("check"))
     if raw_checks is None:
         raise TaskValidationError("check", "a task needs at least one check")
     raw_list = raw_checks if isinstance(raw_checks, list) else [raw_checks]
     if not raw_list or len(raw_list) > LIMITS["checks"]:
         raise TaskValidationError("check", f"1 to {LIMITS['checks']} checks")
-    checks = [check_from_json(c, "check" if not isinstance(raw_checks, list) else f"check[{i}]")
-              for i, c in enumerate(raw_list)]
+    checks = [
+        check_from_json(c, "check" if not isinstance(raw_checks, list) else f"check[{i}]")
+        for i, c in enumerate(raw_list)
+    ]
     env = obj.get("env", {}) or {}
-    if not isinstance(env, Mapping) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+    if not isinstance(env, Mapping) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
+    ):
         raise TaskValidationError("env", "must map strings to strings")
     for k, v in env.items():
         if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
-            shown = k[:200].encode("utf-8", "backslashreplace").decode()  # a lone surrogate, escaped
+            shown = (
+                k[:200].encode("utf-8", "backslashreplace").decode()
+            )  # a lone surrogate, escaped
             raise TaskValidationError(f"env.{shown}", "not a valid environment variable name")
         if "\x00" in v or first_surrogate(v) is not None:
             raise TaskValidationError(f"env.{k}", "value has a NUL byte or a lone UTF-16 surrogate")
     if env_bytes(env) > MAX_ENV_BYTES:
-        raise TaskValidationError("env", f"{env_bytes(env)} bytes (NAME=value plus a NUL each); at most "
-                                         f"{MAX_ENV_BYTES}")
+        raise TaskValidationError(
+            "env", f"{env_bytes(env)} bytes (NAME=value plus a NUL each); at most {MAX_ENV_BYTES}"
+        )
     tags = obj.get("tags", []) or []
-    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags) or len(tags) > LIMITS["tags"]:
+    if (
+        not isinstance(tags, list)
+        or not all(isinstance(t, str) for t in tags)
+        or len(tags) > LIMITS["tags"]
+    ):
         raise TaskValidationError("tags", f"must be a list of at most {LIMITS['tags']} strings")
     max_turns = obj.get("max_turns", 0) or 0
-    if isinstance(max_turns, bool) or not isinstance(max_turns, int) or not 0 <= max_turns <= LIMITS["max_turns"]:
+    if (
+        isinstance(max_turns, bool)
+        or not isinstance(max_turns, int)
+        or not 0 <= max_turns <= LIMITS["max_turns"]
+    ):
         raise TaskValidationError("max_turns", f"must be an integer in [0, {LIMITS['max_turns']}]")
     split_value = obj.get("split") or default_split
     if not isinstance(split_value, str):
@@ -216,18 +308,33 @@ def task_from_json(obj: Any, *, default_split: str = "train") -> Task:
         if not isinstance(obj.get(name, ""), str):
             raise TaskValidationError(name, "must be a string")
     return Task(
-        task_id=task_id, instruction=instruction, setup=setup, env=dict(env), checks=checks, split=split,
-        tags=list(tags), max_turns=max_turns, source=obj.get("source", ""),
-        reference_solution=obj.get("reference_solution", ""), template=obj.get("template", ""),
+        task_id=task_id,
+        instruction=instruction,
+        setup=setup,
+        env=dict(env),
+        checks=checks,
+        split=split,
+        tags=list(tags),
+        max_turns=max_turns,
+        source=obj.get("source", ""),
+        reference_solution=obj.get("reference_solution", ""),
+        template=obj.get("template", ""),
     )
 
 
 def task_to_json(task: Task) -> dict:
     """Task -> JSON form (inverse of task_from_json; `check` is always a list)."""
     return {
-        "task_id": task.task_id, "instruction": task.instruction, "setup": task.setup, "env": dict(task.env),
-        "check": [check_to_json(c) for c in task.checks], "split": split_name(task.split), "tags": list(task.tags),
-        "max_turns": task.max_turns, "source": task.source, "reference_solution": task.reference_solution,
+        "task_id": task.task_id,
+        "instruction": task.instruction,
+        "setup": task.setup,
+        "env": dict(task.env),
+        "check": [check_to_json(c) for c in task.checks],
+        "split": split_name(task.split),
+        "tags": list(task.tags),
+        "max_turns": task.max_turns,
+        "source": task.source,
+        "reference_solution": task.reference_solution,
         "template": task.template,
     }
 

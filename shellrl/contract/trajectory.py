@@ -12,7 +12,14 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from shellrl.contract.errors import ContractError
-from shellrl.v1.trajectory_pb2 import FinishReason, SamplingParams, Segment, SegmentKind, ToolEvent, Trajectory
+from shellrl.v1.trajectory_pb2 import (
+    FinishReason,
+    SamplingParams,
+    Segment,
+    SegmentKind,
+    ToolEvent,
+    Trajectory,
+)
 
 I32 = np.dtype("<i4")
 F32 = np.dtype("<f4")
@@ -24,6 +31,7 @@ OBSERVATION = SegmentKind.SEGMENT_KIND_OBSERVATION
 
 # --- per-token arrays ---------------------------------------------------------------------
 
+
 def encode_token_ids(ids: Sequence[int] | np.ndarray) -> bytes:
     """ids: [N] ints in int32 range -> 4N bytes little-endian. Raises ValueError for a value out of
     range or not an integer (numpy would wrap an int64 array silently).
@@ -31,7 +39,11 @@ def encode_token_ids(ids: Sequence[int] | np.ndarray) -> bytes:
     Lists (the engine's JSON output) go through `struct`, about 2x faster than numpy for them
     (benchmarks/bench_streams.py); arrays through numpy. Both give the same bytes."""
     if isinstance(ids, np.ndarray):
-        if ids.dtype != I32 and ids.size and (ids.min() < np.iinfo(I32).min or ids.max() > np.iinfo(I32).max):
+        if (
+            ids.dtype != I32
+            and ids.size
+            and (ids.min() < np.iinfo(I32).min or ids.max() > np.iinfo(I32).max)
+        ):
             raise ValueError("token_ids: value outside the int32 range")
         return np.asarray(ids, dtype=I32).tobytes()
     try:
@@ -104,7 +116,9 @@ def action_segment(
     )
 
 
-def observation_segment(token_ids: Sequence[int], *, tool_event: ToolEvent | None = None, turn: int = 0) -> Segment:
+def observation_segment(
+    token_ids: Sequence[int], *, tool_event: ToolEvent | None = None, turn: int = 0
+) -> Segment:
     """An OBSERVATION segment: harness tokens (tool output, template tokens), loss mask 0."""
     n = len(token_ids)
     return Segment(
@@ -143,13 +157,17 @@ def _check_segments(traj: Trajectory) -> list[int]:
 
     Raises ContractError naming the first bad segment."""
     if len(traj.prompt_ids) % 4:
-        raise ContractError(f"prompt_ids: {len(traj.prompt_ids)} bytes is not a multiple of 4 (int32)")
+        raise ContractError(
+            f"prompt_ids: {len(traj.prompt_ids)} bytes is not a multiple of 4 (int32)"
+        )
     lengths = []
     for i, seg in enumerate(traj.segments):
         n_ids, n_lps, n_mask = len(seg.token_ids), len(seg.logprobs), len(seg.loss_mask)
         if n_ids % 4 or n_lps % 4 or not (n_ids // 4 == n_lps // 4 == n_mask):
-            raise ContractError(f"segments[{i}]: {n_ids / 4:g} token ids, {n_lps / 4:g} logprobs, "
-                                f"{n_mask} mask entries (bytes: int32, float32, uint8)")
+            raise ContractError(
+                f"segments[{i}]: {n_ids / 4:g} token ids, {n_lps / 4:g} logprobs, "
+                f"{n_mask} mask entries (bytes: int32, float32, uint8)"
+            )
         if seg.kind not in (ACTION, OBSERVATION):
             raise ContractError(f"segments[{i}]: kind must be ACTION or OBSERVATION")
         want = 1 if seg.kind == ACTION else 0
@@ -170,7 +188,9 @@ def trajectory_arrays(traj: Trajectory) -> TrajectoryArrays:
     """
     lengths = _check_segments(traj)
     segs = traj.segments
-    versions = np.array([s.policy_version if s.kind == ACTION else -1 for s in segs], dtype=np.int64)
+    versions = np.array(
+        [s.policy_version if s.kind == ACTION else -1 for s in segs], dtype=np.int64
+    )
     return TrajectoryArrays(
         prompt_ids=np.frombuffer(traj.prompt_ids, dtype=I32),
         response_ids=np.frombuffer(b"".join(s.token_ids for s in segs), dtype=I32),

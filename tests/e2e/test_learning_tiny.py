@@ -32,8 +32,9 @@ GROUP_SIZE, GROUPS_PER_STEP, TOP_K, MAX_STEPS = 8, 4, 20, 30
 async def test_success_rate_rises_from_near_zero_to_at_least_080_on_a_fixed_answer(tmp_path):
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    engine = ServiceProcess("engine", free_port(), {"SHELLRL_MODEL_PATH": "tiny", "SHELLRL_NUM_THREADS": "1"},
-                            tmp_path).start(ready_timeout_s=180)
+    engine = ServiceProcess(
+        "engine", free_port(), {"SHELLRL_MODEL_PATH": "tiny", "SHELLRL_NUM_THREADS": "1"}, tmp_path
+    ).start(ready_timeout_s=180)
     client = EngineClient([engine.url], timeout_s=120)
     try:
         model = load_model("tiny")
@@ -48,10 +49,19 @@ async def test_success_rate_rises_from_near_zero_to_at_least_080_on_a_fixed_answ
             version = trainer.step_count
             trajectories = []
             for g in range(GROUPS_PER_STEP):
-                trajectories += await sample_group(client, PROMPT, f"s{step}-g{g}", GROUP_SIZE, temperature=1.0,
-                                                   max_new_tokens=1, top_k=TOP_K,
-                                                   reward_fn=lambda ids: ids[:1] == [target])
-            assert {t.segments[0].policy_version for t in trajectories} == {version}  # the pushed weights sampled
+                trajectories += await sample_group(
+                    client,
+                    PROMPT,
+                    f"s{step}-g{g}",
+                    GROUP_SIZE,
+                    temperature=1.0,
+                    max_new_tokens=1,
+                    top_k=TOP_K,
+                    reward_fn=lambda ids: ids[:1] == [target],
+                )
+            assert {t.segments[0].policy_version for t in trajectories} == {
+                version
+            }  # the pushed weights sampled
             history.append(statistics.mean(t.reward for t in trajectories))
             for i, t in enumerate(trajectories):
                 assert assembler.add(f"{step}-{i}", t, version) is None

@@ -20,15 +20,20 @@ import httpx
 import pytest
 import redis
 
+from cli.launcher import SERVICE_ORDER, Stack, StackConfig
 from shellrl import streams
 from shellrl.contract import ACTION, parse_trajectory
-from cli.launcher import SERVICE_ORDER, Stack, StackConfig
 from tests.helpers.redis_server import free_port
 from tests.helpers.waiting import wait_until
 
 TASKS = [
-    {"task_id": f"e2e-{i}", "instruction": f"Print the number {i}. Answer with just the number.",
-     "check": {"type": "answer_integer_equals", "expected": i}, "split": "train", "max_turns": 2}
+    {
+        "task_id": f"e2e-{i}",
+        "instruction": f"Print the number {i}. Answer with just the number.",
+        "check": {"type": "answer_integer_equals", "expected": i},
+        "split": "train",
+        "max_turns": 2,
+    }
     for i in range(4)
 ]
 
@@ -65,16 +70,25 @@ def stack(tmp_path_factory):
     env = {
         "SHELLRL_CHECKPOINT_DIR": str(state / "checkpoints"),
         "SHELLRL_WEIGHT_SYNC_DIR": str(state / "weight_sync"),
-        "SHELLRL_GROUP_SIZE": "2", "SHELLRL_GROUPS_PER_STEP": "2", "SHELLRL_MAX_STALENESS": "1",
-        "SHELLRL_MAX_NEW_TOKENS": "8", "SHELLRL_MAX_TURNS": "2",
+        "SHELLRL_GROUP_SIZE": "2",
+        "SHELLRL_GROUPS_PER_STEP": "2",
+        "SHELLRL_MAX_STALENESS": "1",
+        "SHELLRL_MAX_NEW_TOKENS": "8",
+        "SHELLRL_MAX_TURNS": "2",
         "SHELLRL_CHECKPOINT_INTERVAL_STEPS": "1",
         # the random tiny model never succeeds: train on zero-variance groups so that every
         # step runs the whole loss path (and its metrics) instead of being skipped
         "SHELLRL_TRAIN_ZERO_VARIANCE_GROUPS": "true",
         "SHELLRL_LOG_LEVEL": "INFO",
     }
-    config = StackConfig(state_dir=state, model_path="tiny", ports=ports, env=env, echo_logs=False,
-                         ready_timeout_s=240)
+    config = StackConfig(
+        state_dir=state,
+        model_path="tiny",
+        ports=ports,
+        env=env,
+        echo_logs=False,
+        ready_timeout_s=240,
+    )
     s = Stack(config).start()
     yield s
     s.stop()
@@ -85,7 +99,9 @@ _wait = functools.partial(wait_until, poll_s=1.0)  # the whole stack runs on 2 c
 
 def _learner_step(stack: Stack) -> int:
     try:
-        return int(httpx.get(f"{stack.config.url('learner')}/v1/status", timeout=5).json().get("step") or 0)
+        return int(
+            httpx.get(f"{stack.config.url('learner')}/v1/status", timeout=5).json().get("step") or 0
+        )
     except (httpx.HTTPError, ValueError):
         return -1
 
@@ -112,8 +128,16 @@ def test_tasks_posted_over_rest_lead_to_learner_steps_weight_pushes_and_version_
 def test_trajectories_carry_the_versions_that_produced_them(stack):
     r = redis.Redis.from_url(stack.config.redis_url)
     final = int(r.get(streams.POLICY_VERSION_KEY))
-    _wait(lambda: any(s.policy_version >= 1 for t in _trajectories(r, streams.STREAM_TRAJECTORIES)
-                      for s in t.segments if s.kind == ACTION), 300, "a trajectory sampled after a weight push")
+    _wait(
+        lambda: any(
+            s.policy_version >= 1
+            for t in _trajectories(r, streams.STREAM_TRAJECTORIES)
+            for s in t.segments
+            if s.kind == ACTION
+        ),
+        300,
+        "a trajectory sampled after a weight push",
+    )
     versions = set()
     for traj in _trajectories(r, streams.STREAM_TRAJECTORIES):
         actions = [s for s in traj.segments if s.kind == ACTION]
@@ -135,7 +159,11 @@ def test_kill_9_of_verifier_and_learner_loses_and_duplicates_nothing(stack):
     time.sleep(2)
     stack.restart("verifier")
     stack.restart("learner")
-    _wait(lambda: _learner_step(stack) >= max(step_before, 0) + 2, 420, "2 more learner steps after the restart")
+    _wait(
+        lambda: _learner_step(stack) >= max(step_before, 0) + 2,
+        420,
+        "2 more learner steps after the restart",
+    )
     httpx.post(f"{stack.config.url('learner')}/v1/pause", timeout=30)
 
     # every published episode is scored exactly once (or still on its way: wait for the verifier)
@@ -163,7 +191,9 @@ def test_kill_9_of_verifier_and_learner_loses_and_duplicates_nothing(stack):
     httpx.post(f"{stack.config.url('learner')}/v1/resume", timeout=30)
 
 
-@pytest.mark.skipif(shutil.which("prometheus") is None, reason="Debian's prometheus is not installed")
+@pytest.mark.skipif(
+    shutil.which("prometheus") is None, reason="Debian's prometheus is not installed"
+)
 def test_every_dashboard_panel_returns_data_from_the_running_stack(stack, tmp_path):
     from tests.helpers.prometheus import PrometheusServer, evaluate, panel_queries
 
@@ -179,7 +209,9 @@ def test_every_dashboard_panel_returns_data_from_the_running_stack(stack, tmp_pa
             if not empty or time.monotonic() > deadline:
                 break
             time.sleep(5)
-    assert not empty, "panels without data:\n" + "\n".join(f"{q.query}: {q.error or 'empty'}" for q in empty)
+    assert not empty, "panels without data:\n" + "\n".join(
+        f"{q.query}: {q.error or 'empty'}" for q in empty
+    )
 
 
 def test_stop_leaves_no_process_behind(stack):

@@ -38,7 +38,7 @@ class Reply:
 
     output_ids: list[int]
     logprobs: list[float] | None = None
-    finish_reason: str = "stop"         # stop | length | abort
+    finish_reason: str = "stop"  # stop | length | abort
     weight_version: str = "0"
     delay_s: float = 0.0
     matched: int | str | None = None
@@ -52,11 +52,21 @@ class Reply:
             finish["length"] = len(self.output_ids)
         else:
             finish["message"] = "Aborted"
-        return {"text": "", "output_ids": self.output_ids, "meta_info": {
-            "id": rid, "finish_reason": finish, "prompt_tokens": prompt_tokens,
-            "completion_tokens": len(self.output_ids), "weight_version": self.weight_version, "cached_tokens": 0,
-            "output_token_logprobs": [[lp, t, None] for lp, t in zip(logprobs, self.output_ids)],
-        }}
+        return {
+            "text": "",
+            "output_ids": self.output_ids,
+            "meta_info": {
+                "id": rid,
+                "finish_reason": finish,
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(self.output_ids),
+                "weight_version": self.weight_version,
+                "cached_tokens": 0,
+                "output_token_logprobs": [
+                    [lp, t, None] for lp, t in zip(logprobs, self.output_ids)
+                ],
+            },
+        }
 
 
 Script = Callable[[dict], Reply]
@@ -141,11 +151,18 @@ class RecordingProxy:
                         await asyncio.sleep(0.005)
                 if self.sampling_overrides:
                     sent = dict(record[0])
-                    sent["sampling_params"] = {**(sent.get("sampling_params") or {}), **self.sampling_overrides}
+                    sent["sampling_params"] = {
+                        **(sent.get("sampling_params") or {}),
+                        **self.sampling_overrides,
+                    }
                     body = json.dumps(sent).encode()
             try:
-                response = await client.request(request.method, f"{self.target_url}/{path}", content=body,
-                                                headers={"content-type": "application/json"})
+                response = await client.request(
+                    request.method,
+                    f"{self.target_url}/{path}",
+                    content=body,
+                    headers={"content-type": "application/json"},
+                )
             except httpx.HTTPError as exc:
                 return JSONResponse({"error": {"message": f"proxy: {exc}"}}, status_code=502)
             finally:
@@ -153,7 +170,9 @@ class RecordingProxy:
                     self.in_flight -= 1
             if record is not None and response.status_code == 200:
                 self.calls[self.calls.index(record)] = (record[0], response.json())
-            return JSONResponse(response.json() if response.content else None, status_code=response.status_code)
+            return JSONResponse(
+                response.json() if response.content else None, status_code=response.status_code
+            )
 
         return app
 
@@ -168,8 +187,11 @@ class ThreadServer:
         from tests.helpers.redis_server import free_port
 
         self.port = port or free_port()
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
-                                                    lifespan="off"))
+        self.server = uvicorn.Server(
+            uvicorn.Config(
+                app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="off"
+            )
+        )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
@@ -196,14 +218,18 @@ def serve_in_thread(app) -> ThreadServer:
 
 def fixed_reply(ids: list[int], *, eot_id: int, delay_s: float = 0.0) -> Script:
     """Every request gets the same reply ids (plus the end-of-turn token), after `delay_s`."""
+
     def script(_: dict) -> Reply:
         return Reply(list(ids) + [eot_id], delay_s=delay_s, matched=eot_id)
+
     return script
 
 
 def main(argv: list[str] | None = None) -> None:
     """A zero-latency (or fixed-delay) FAKE engine process: every reply is `--reply` + end-of-turn."""
-    parser = argparse.ArgumentParser(prog="python -m tests.fakes.fake_engine", description=main.__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.fakes.fake_engine", description=main.__doc__
+    )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--reply", default="<bash>true</bash>")
     parser.add_argument("--model-path", default="tiny")
@@ -213,9 +239,13 @@ def main(argv: list[str] | None = None) -> None:
 
     chat = ChatFormat.from_tokenizer(load_chat_tokenizer(args.model_path))
     ids = chat.tokenizer(args.reply, add_special_tokens=False)["input_ids"]
-    engine = ScriptedEngine(fixed_reply(ids, eot_id=chat.end_of_turn_id, delay_s=args.delay_ms / 1000))
+    engine = ScriptedEngine(
+        fixed_reply(ids, eot_id=chat.end_of_turn_id, delay_s=args.delay_ms / 1000)
+    )
     engine.requests = _Discard()
-    uvicorn.run(engine.app(), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        engine.app(), host="127.0.0.1", port=args.port, log_level="warning", access_log=False
+    )
 
 
 class _Discard(list):

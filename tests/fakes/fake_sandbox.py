@@ -14,8 +14,16 @@ import itertools
 import uvicorn
 from fastapi import FastAPI, Response
 
-_EXEC = {"stdout": "", "stderr": "", "exit_code": 0, "timed_out": False, "stdout_truncated_bytes": 0,
-         "stderr_truncated_bytes": 0, "duration_ms": 0.0, "policy": {"verdict": "allow", "rule": None}}
+_EXEC = {
+    "stdout": "",
+    "stderr": "",
+    "exit_code": 0,
+    "timed_out": False,
+    "stdout_truncated_bytes": 0,
+    "stderr_truncated_bytes": 0,
+    "duration_ms": 0.0,
+    "policy": {"verdict": "allow", "rule": None},
+}
 
 
 def build_app() -> FastAPI:
@@ -42,10 +50,14 @@ def build_app() -> FastAPI:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.fakes.fake_sandbox", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.fakes.fake_sandbox", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--port", type=int, required=True)
     args = parser.parse_args(argv)
-    uvicorn.run(build_app(), host="127.0.0.1", port=args.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        build_app(), host="127.0.0.1", port=args.port, log_level="warning", access_log=False
+    )
 
 
 if __name__ == "__main__":

@@ -13,8 +13,13 @@ from shellrl.contract import EpisodeEnd, Failure, Trajectory, action_segment, en
 
 
 class ScriptedAgent:
-    def __init__(self, answer: str, *, engine_failures: frozenset[int] = frozenset(),
-                 keep_session: frozenset[int] = frozenset()) -> None:
+    def __init__(
+        self,
+        answer: str,
+        *,
+        engine_failures: frozenset[int] = frozenset(),
+        keep_session: frozenset[int] = frozenset(),
+    ) -> None:
         self.answer, self.engine_failures, self.keep_session = answer, engine_failures, keep_session
         self.runs: list[str] = []  # trajectory ids, in the order the gateway ran them
 
@@ -22,9 +27,14 @@ class ScriptedAgent:
         """One canned episode of `spec` (an EpisodeSpec); the sample index is read from the id."""
         index = int(spec.trajectory_id.split("-")[-2])
         self.runs.append(spec.trajectory_id)
-        traj = Trajectory(trajectory_id=spec.trajectory_id, task_id=spec.task.task_id,
-                          group_id=spec.group_id, group_size=spec.group_size, attempt=spec.attempt,
-                          prompt_ids=encode_token_ids([1, 2]))
+        traj = Trajectory(
+            trajectory_id=spec.trajectory_id,
+            task_id=spec.task.task_id,
+            group_id=spec.group_id,
+            group_size=spec.group_size,
+            attempt=spec.attempt,
+            prompt_ids=encode_token_ids([1, 2]),
+        )
         traj.task.CopyFrom(spec.task)
         traj.segments.append(action_segment([5, 6], [-0.1, -0.2], policy_version=0))
         if index in self.engine_failures and spec.attempt == 0:

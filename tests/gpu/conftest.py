@@ -41,9 +41,16 @@ def learner_model(gpu_model_dir):
 def gpu_engine(gpu_model_dir, tmp_path_factory):
     """`python -m services.engine` on ENGINE_DEVICE serving the checkpoint (one for the session:
     every test pushes the full weights it checks, under its own versions)."""
-    engine = ServiceProcess("engine", free_port(), {"SHELLRL_MODEL_PATH": str(gpu_model_dir),
-                                                    "SHELLRL_DEVICE": ENGINE_DEVICE, "SHELLRL_LOG_LEVEL": "WARNING"},
-                            tmp_path_factory.mktemp("gpu-engine-logs"))
+    engine = ServiceProcess(
+        "engine",
+        free_port(),
+        {
+            "SHELLRL_MODEL_PATH": str(gpu_model_dir),
+            "SHELLRL_DEVICE": ENGINE_DEVICE,
+            "SHELLRL_LOG_LEVEL": "WARNING",
+        },
+        tmp_path_factory.mktemp("gpu-engine-logs"),
+    )
     engine.start(ready_timeout_s=300.0)
     yield engine
     engine.stop()

@@ -9,17 +9,20 @@ import json
 import httpx
 import pytest
 
-
-from shellrl.weights import gpu as wtg
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_responses import EngineError
+from shellrl.weights import gpu as wtg
 from tests.gpu.conftest import ENGINE_DEVICE, requires_cuda
 
 torch = pytest.importorskip("torch")
 pytestmark = requires_cuda
 
-CHECKED = ("model.norm.weight", "model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight",
-           "lm_head.weight")
+CHECKED = (
+    "model.norm.weight",
+    "model.layers.0.self_attn.q_proj.weight",
+    "model.embed_tokens.weight",
+    "lm_head.weight",
+)
 
 
 def perturb(model, seed: int) -> None:
@@ -27,7 +30,10 @@ def perturb(model, seed: int) -> None:
     g = torch.Generator(device=model.device).manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).to(p.dtype) * 1e-2)
+            p.add_(
+                torch.randn(p.shape, generator=g, device=p.device, dtype=torch.float32).to(p.dtype)
+                * 1e-2
+            )
 
 
 async def served(url: str, name: str, n: int = 100) -> torch.Tensor:
@@ -47,7 +53,9 @@ async def assert_engine_serves(model, url: str, version: int) -> None:
 
 
 @pytest.mark.parametrize("staging", ["bucket", "direct"])
-async def test_a_kept_cuda_ipc_bucket_delivers_every_new_version_to_the_engine(learner_model, gpu_engine, staging):
+async def test_a_kept_cuda_ipc_bucket_delivers_every_new_version_to_the_engine(
+    learner_model, gpu_engine, staging
+):
     bucket = wtg.CudaIpcBucket(ENGINE_DEVICE)
     handles, payloads = set(), set()
     async with EngineClient(gpu_engine.url) as client:
@@ -61,10 +69,14 @@ async def test_a_kept_cuda_ipc_bucket_delivers_every_new_version_to_the_engine(l
             await assert_engine_serves(learner_model, gpu_engine.url, version)
     bucket.close()
     assert len(handles) == 1  # the same buffer every time: the engine maps it once
-    assert len(payloads) == 1  # the same string: the engine's fast path (no parse, no checks, no open)
+    assert (
+        len(payloads) == 1
+    )  # the same string: the engine's fast path (no parse, no checks, no open)
 
 
-async def test_an_unsynchronized_fill_is_read_by_the_engine_only_after_its_copies_finished(learner_model, gpu_engine):
+async def test_an_unsynchronized_fill_is_read_by_the_engine_only_after_its_copies_finished(
+    learner_model, gpu_engine
+):
     """fill(sync=False) returns while its copies are still queued, here behind a ~0.5 s GPU sleep on
     the learner's stream; the engine waits on the payload's ready event, so it stages the new values.
     Control: a refill's payload without `ready_event` is read at once and the engine serves stale
@@ -96,7 +108,9 @@ async def test_an_unsynchronized_fill_is_read_by_the_engine_only_after_its_copie
     bucket.close()
 
 
-async def test_weight_sync_push_over_cuda_ipc_is_served_by_the_engine(learner_model, gpu_engine, tmp_path):
+async def test_weight_sync_push_over_cuda_ipc_is_served_by_the_engine(
+    learner_model, gpu_engine, tmp_path
+):
     from services.learner.weight_sync import WeightSync
 
     async with EngineClient(gpu_engine.url) as client:
@@ -119,10 +133,14 @@ async def test_a_pinned_host_bucket_delivers_weights_to_a_gpu_engine(learner_mod
                 await assert_engine_serves(learner_model, gpu_engine.url, version)
 
 
-async def test_a_bucket_with_a_wrong_shape_is_refused_and_the_old_weights_stay_live(learner_model, gpu_engine):
+async def test_a_bucket_with_a_wrong_shape_is_refused_and_the_old_weights_stay_live(
+    learner_model, gpu_engine
+):
     bucket = wtg.CudaIpcBucket(ENGINE_DEVICE)
     async with EngineClient(gpu_engine.url) as client:
-        await client.update_weights_from_tensor([bucket.fill(learner_model.named_parameters())], weight_version="400")
+        await client.update_weights_from_tensor(
+            [bucket.fill(learner_model.named_parameters())], weight_version="400"
+        )
         payload = json.loads(bucket.fill(learner_model.named_parameters()))
         meta = payload["metadata"][0]
         assert meta["name"] == "model.embed_tokens.weight"

@@ -18,7 +18,12 @@ def running_engine(log_dir: Path, model_path: str = "tiny", **env: str):
     """A real engine process on a free port; stopped (by pid) on exit."""
     # One torch thread: on a small shared CI machine, OpenMP threads that spin-wait for each other
     # make every step many times slower as soon as another process competes for a core.
-    settings = {"SHELLRL_MODEL_PATH": model_path, "SHELLRL_LOG_LEVEL": "WARNING", "SHELLRL_NUM_THREADS": "1", **env}
+    settings = {
+        "SHELLRL_MODEL_PATH": model_path,
+        "SHELLRL_LOG_LEVEL": "WARNING",
+        "SHELLRL_NUM_THREADS": "1",
+        **env,
+    }
     engine = ServiceProcess("engine", free_port(), settings, log_dir).start(ready_timeout_s=120)
     try:
         yield engine
@@ -26,8 +31,9 @@ def running_engine(log_dir: Path, model_path: str = "tiny", **env: str):
         engine.stop()
 
 
-def reference_logprobs(cases: list[dict], work_dir: Path, model: str = "tiny", in_process: bool = False
-                       ) -> list[list[float]]:
+def reference_logprobs(
+    cases: list[dict], work_dir: Path, model: str = "tiny", in_process: bool = False
+) -> list[list[float]]:
     """Log-probs recomputed by plain transformers (tests/helpers/logprob_reference.py), in a separate
     process unless `in_process` (the engine is another process either way; this saves a start-up)."""
     if in_process:
@@ -36,8 +42,13 @@ def reference_logprobs(cases: list[dict], work_dir: Path, model: str = "tiny", i
         return compute({"model": model, "cases": cases})
     source, target = Path(work_dir) / "reference_in.json", Path(work_dir) / "reference_out.json"
     source.write_text(json.dumps({"model": model, "cases": cases}))
-    subprocess.run([sys.executable, "-m", "tests.helpers.logprob_reference", str(source), str(target)], cwd=REPO,
-                   check=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    subprocess.run(
+        [sys.executable, "-m", "tests.helpers.logprob_reference", str(source), str(target)],
+        cwd=REPO,
+        check=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     return json.loads(target.read_text())
 
 
@@ -60,5 +71,9 @@ def metric_value(text: str, name: str, **labels: str) -> float:
     """Sum of the Prometheus samples `name` whose labels include `labels` (0 when none)."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
-               if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()))
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    )

@@ -14,8 +14,8 @@ import sys
 
 import torch
 
-from shellrl.weights import disk as wtd
 from shellrl.models import load_model
+from shellrl.weights import disk as wtd
 
 
 def main(argv: list[str]) -> None:
@@ -41,7 +41,7 @@ def compute(spec: dict) -> list[list[float]]:
         prompt, output = case["prompt"], case["output"]
         ids = torch.tensor([prompt + output])
         with torch.no_grad():
-            logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+            logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
         temperature = case["temperature"]
         logprobs = torch.log_softmax(logits / (temperature if temperature >= 1e-6 else 1.0), dim=-1)
         results.append(logprobs.gather(1, torch.tensor(output)[:, None]).squeeze(1).tolist())

@@ -14,7 +14,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class ServiceProcess:
-    def __init__(self, name: str, port: int, env: dict[str, str], log_dir: Path, args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        port: int,
+        env: dict[str, str],
+        log_dir: Path,
+        args: list[str] | None = None,
+    ) -> None:
         self.name, self.port, self.log_path = name, port, Path(log_dir) / f"{name}-{port}.log"
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "SHELLRL_PORT": str(port), **env}
         self.args = args or []
@@ -24,12 +31,17 @@ class ServiceProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, ready_timeout_s: float = 60.0) -> "ServiceProcess":
+    def start(self, ready_timeout_s: float = 60.0) -> ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}", *self.args], cwd=REPO,
-                                     env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", f"services.{self.name}", *self.args],
+            cwd=REPO,
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             self.wait_ready(ready_timeout_s)
         except BaseException:

@@ -66,7 +66,7 @@ class PanelQuery:
 @dataclass(frozen=True)
 class QueryResult:
     query: PanelQuery
-    status: str            # "success" or "error"
+    status: str  # "success" or "error"
     error: str
     result: list
 
@@ -97,7 +97,11 @@ def panel_queries(dashboard_dir: Path = DASHBOARD_DIR) -> list[PanelQuery]:
         for panel in _walk_panels(board.get("panels", ())):
             for target in panel.get("targets", ()):
                 if target.get("expr"):
-                    queries.append(PanelQuery(board["title"], panel["title"], target.get("refId", ""), target["expr"]))
+                    queries.append(
+                        PanelQuery(
+                            board["title"], panel["title"], target.get("refId", ""), target["expr"]
+                        )
+                    )
     return queries
 
 
@@ -109,8 +113,13 @@ def metric_families(names: Iterable[str]) -> frozenset[str]:
 class PrometheusServer:
     """Debian's `prometheus` on 127.0.0.1:<free port>, scraping `targets` ({job: ["host:port", ...]})."""
 
-    def __init__(self, directory: Path, targets: Mapping[str, str | Sequence[str]],
-                 scrape_interval_s: float = 1.0, port: int | None = None) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        targets: Mapping[str, str | Sequence[str]],
+        scrape_interval_s: float = 1.0,
+        port: int | None = None,
+    ) -> None:
         self.directory = Path(directory)
         self.targets = dict(targets)
         self.scrape_interval_s = scrape_interval_s
@@ -125,7 +134,7 @@ class PrometheusServer:
     def log_path(self) -> Path:
         return self.directory / "prometheus.log"
 
-    def start(self, timeout_s: float = 30.0) -> "PrometheusServer":
+    def start(self, timeout_s: float = 30.0) -> PrometheusServer:
         exe = shutil.which("prometheus")
         if exe is None:
             raise RuntimeError("prometheus not on PATH (apt-get install prometheus)")
@@ -134,10 +143,18 @@ class PrometheusServer:
         config.write_text(render(self.targets, self.scrape_interval_s))
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [exe, f"--config.file={config}", f"--storage.tsdb.path={self.directory / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--storage.tsdb.retention.time=1h",
-             "--log.level=warn"],
-            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                exe,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={self.directory / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--storage.tsdb.retention.time=1h",
+                "--log.level=warn",
+            ],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -180,8 +197,10 @@ class PrometheusServer:
             if self.scrapes_done() >= count:
                 return
             if time.monotonic() > deadline:
-                states = [(t["labels"].get("job"), t["scrapeUrl"], t["health"], t["lastError"])
-                          for t in self.active_targets()]
+                states = [
+                    (t["labels"].get("job"), t["scrapeUrl"], t["health"], t["lastError"])
+                    for t in self.active_targets()
+                ]
                 raise TimeoutError(f"targets not scraped {count} times in {timeout_s}s: {states}")
             time.sleep(self.scrape_interval_s / 2)
 
@@ -218,7 +237,7 @@ class PrometheusServer:
         self._log.close()
         self.proc = None
 
-    def __enter__(self) -> "PrometheusServer":
+    def __enter__(self) -> PrometheusServer:
         return self.start() if self.proc is None else self
 
     def __exit__(self, *exc) -> None:
@@ -231,6 +250,12 @@ def evaluate(prometheus: PrometheusServer, queries: Iterable[PanelQuery]) -> lis
     for query in queries:
         body = prometheus.query_raw(query.promql)
         ok = body.get("status") == "success"
-        results.append(QueryResult(query, body.get("status", "error"), "" if ok else str(body.get("error")),
-                                   body["data"]["result"] if ok else []))
+        results.append(
+            QueryResult(
+                query,
+                body.get("status", "error"),
+                "" if ok else str(body.get("error")),
+                body["data"]["result"] if ok else [],
+            )
+        )
     return results

@@ -49,15 +49,32 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
-    def start(self, timeout_s: float = 10.0) -> "RedisServer":
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server not on PATH (apt-get install redis-server)")
         self.proc = subprocess.Popen(
-            [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-             "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
-             "--logfile", str(self.directory / "redis.log")],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            [
+                exe,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.directory),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+                "--logfile",
+                str(self.directory / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -70,10 +87,14 @@ class RedisServer:
                 pass
             if self.proc.poll() is not None:
                 log = self.directory / "redis.log"
-                raise RuntimeError(f"redis-server exited: {log.read_text()[-2000:] if log.exists() else ''}")
+                raise RuntimeError(
+                    f"redis-server exited: {log.read_text()[-2000:] if log.exists() else ''}"
+                )
             time.sleep(0.05)
         self.stop(signal.SIGKILL)  # alive but not answering: never leave it running
-        raise RuntimeError(f"redis-server on port {self.port} did not answer PING within {timeout_s}s")
+        raise RuntimeError(
+            f"redis-server on port {self.port} did not answer PING within {timeout_s}s"
+        )
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
         """SIGTERM (Redis fsyncs the AOF on shutdown) or SIGKILL; waits for the pid."""

@@ -16,7 +16,10 @@ from pathlib import Path
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port
 
-PLANTED_SECRETS = {"HF_TOKEN": "hf_planted_secret_3141", "AWS_SECRET_ACCESS_KEY": "aws_planted_secret_2718"}
+PLANTED_SECRETS = {
+    "HF_TOKEN": "hf_planted_secret_3141",
+    "AWS_SECRET_ACCESS_KEY": "aws_planted_secret_2718",
+}
 
 
 class SandboxServices:
@@ -33,10 +36,16 @@ class SandboxServices:
         key = (layer, *sorted(settings.items()))
         if key not in self.started:
             name = "-".join([layer, *(f"{k}{v}" for k, v in sorted(settings.items()))])
-            env = {**PLANTED_SECRETS, "SHELLRL_SANDBOX_ISOLATION": layer,
-                   "SHELLRL_WORKSPACE_ROOT": str(self.workspace_base / name), "SHELLRL_LOG_LEVEL": "INFO",
-                   **{f"SHELLRL_{k.upper()}": str(v) for k, v in settings.items()}}
-            self.started[key] = ServiceProcess("sandbox", free_port(), env, self.base_dir / name).start()
+            env = {
+                **PLANTED_SECRETS,
+                "SHELLRL_SANDBOX_ISOLATION": layer,
+                "SHELLRL_WORKSPACE_ROOT": str(self.workspace_base / name),
+                "SHELLRL_LOG_LEVEL": "INFO",
+                **{f"SHELLRL_{k.upper()}": str(v) for k, v in settings.items()},
+            }
+            self.started[key] = ServiceProcess(
+                "sandbox", free_port(), env, self.base_dir / name
+            ).start()
         return self.started[key]
 
     def stop_all(self) -> None:
@@ -57,7 +66,9 @@ def processes_of_uid(uid: int) -> list[int]:
         except OSError:
             continue
         fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        if int(fields.get("Uid", "-1 ").split()[0]) == uid and not fields.get("State", "").strip().startswith("Z"):
+        if int(fields.get("Uid", "-1 ").split()[0]) == uid and not fields.get(
+            "State", ""
+        ).strip().startswith("Z"):
             pids.append(int(entry))
     return pids
 

@@ -24,8 +24,16 @@ from shellrl.streams import StreamConsumer, StreamProducer, connect
 
 async def _run(args: argparse.Namespace) -> None:
     redis = connect(args.url)
-    consumer = StreamConsumer(redis, args.stream, args.group, args.consumer, block_ms=200, count=args.count,
-                              claim_min_idle_ms=args.claim_min_idle_ms, claim_interval_s=0.0)
+    consumer = StreamConsumer(
+        redis,
+        args.stream,
+        args.group,
+        args.consumer,
+        block_ms=200,
+        count=args.count,
+        claim_min_idle_ms=args.claim_min_idle_ms,
+        claim_interval_s=0.0,
+    )
     effects = StreamProducer(redis, args.effects)
     if args.mode == "crash":
         seen = []
@@ -43,7 +51,9 @@ async def _run(args: argparse.Namespace) -> None:
         entries = await consumer.read()
         for entry in entries:
             traj = parse_trajectory(entry.pb)
-            _, dup = await consumer.forward(entry, effects, entry.pb, idempotency_key=traj.trajectory_id)
+            _, dup = await consumer.forward(
+                entry, effects, entry.pb, idempotency_key=traj.trajectory_id
+            )
             handled += 1
             duplicates += dup
         if not entries and await effects_backlog(consumer) == 0:

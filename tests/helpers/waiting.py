@@ -19,7 +19,9 @@ def wait_until(predicate, timeout_s: float = 30.0, what: str = "condition", poll
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
-async def wait_until_async(predicate, timeout_s: float = 30.0, what: str = "condition", poll_s: float = 0.1):
+async def wait_until_async(
+    predicate, timeout_s: float = 30.0, what: str = "condition", poll_s: float = 0.1
+):
     """`wait_until` in a coroutine: `predicate()` may return a value or an awaitable."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

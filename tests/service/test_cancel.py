@@ -82,7 +82,9 @@ async def test_with_the_cancel_safe_connection_every_single_cancel_ends_the_cons
         await redis.aclose()
 
 
-@pytest.mark.skipif(sys.version_info >= (3, 12), reason="wait_for drops no cancel from Python 3.12 on")
+@pytest.mark.skipif(
+    sys.version_info >= (3, 12), reason="wait_for drops no cancel from Python 3.12 on"
+)
 async def test_control_redis_pys_own_connection_ignores_some_cancels(redis_server):
     """The bug the connection class removes exists: redis-py's own Connection ignores a cancel now
     and then (measured here: 6 to 15 in 200 on an idle VM)."""

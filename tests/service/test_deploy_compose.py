@@ -35,15 +35,32 @@ def compose_binary() -> Path:
     return binary
 
 
-def compose(*args: str, env_file: Path, compose_file: Path = COMPOSE_FILE) -> subprocess.CompletedProcess:
+def compose(
+    *args: str, env_file: Path, compose_file: Path = COMPOSE_FILE
+) -> subprocess.CompletedProcess:
     """`docker compose -f <file> --env-file <env_file> <args>` with no SHELLRL_/GRAFANA_ variables
     inherited from this process (interpolation sees only `env_file`)."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": os.environ.get("HOME", "/root"),
-           "DOCKER_CONFIG": str(env_file.parent / ".docker")}
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),
+        "DOCKER_CONFIG": str(env_file.parent / ".docker"),
+    }
     return subprocess.run(
-        [str(compose_binary()), "-f", str(compose_file), "--project-directory", str(REPO),
-         "--env-file", str(env_file), *args],
-        capture_output=True, text=True, timeout=60, env=env)
+        [
+            str(compose_binary()),
+            "-f",
+            str(compose_file),
+            "--project-directory",
+            str(REPO),
+            "--env-file",
+            str(env_file),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
 
 
 def rendered(env_file: Path) -> dict:
@@ -114,12 +131,20 @@ def test_redis_appends_to_an_aof_on_a_named_volume(no_env):
     assert command[command.index("--appendonly") + 1] == "yes"
     assert command[command.index("--dir") + 1] == "/data"
     [volume] = redis["volumes"]
-    assert volume["type"] == "volume" and volume["target"] == "/data" and volume["source"] in model["volumes"]
+    assert (
+        volume["type"] == "volume"
+        and volume["target"] == "/data"
+        and volume["source"] in model["volumes"]
+    )
 
 
 def test_sandbox_gets_the_security_options_bubblewrap_needs_and_no_more(no_env):
     sandbox = rendered(no_env)["services"]["sandbox"]
-    assert set(sandbox["security_opt"]) == {"seccomp=unconfined", "apparmor=unconfined", "systempaths=unconfined"}
+    assert set(sandbox["security_opt"]) == {
+        "seccomp=unconfined",
+        "apparmor=unconfined",
+        "systempaths=unconfined",
+    }
     assert sandbox["cap_add"] == ["SYS_ADMIN"]
     assert not sandbox.get("privileged", False)
     assert sandbox["build"]["target"] == "sandbox"
@@ -140,8 +165,11 @@ def test_services_find_each_other_by_compose_service_name(no_env):
 def test_env_example_values_are_the_compose_defaults():
     """Each knob of .env.example is used by the compose file with that value as its default, so a
     missing .env and a copied .env.example give the same stack."""
-    text = "\n".join(line.split(" #")[0] for line in COMPOSE_FILE.read_text().splitlines()
-                     if not line.lstrip().startswith("#"))
+    text = "\n".join(
+        line.split(" #")[0]
+        for line in COMPOSE_FILE.read_text().splitlines()
+        if not line.lstrip().startswith("#")
+    )
     uses = re.findall(r"\$\{([A-Z0-9_]+):-([^}]*)\}", text)
     defaults = dict(uses)
     assert len(set(uses)) == len(defaults), f"a variable with two defaults: {sorted(set(uses))}"
@@ -158,13 +186,21 @@ def test_env_example_values_are_the_compose_defaults():
 
 def test_env_file_values_reach_the_services(tmp_path):
     env_file = tmp_path / ".env"
-    env_file.write_text("SHELLRL_ENGINE_GPU=3\nSHELLRL_LEARNER_GPU=5\nSHELLRL_MAX_STALENESS=7\n"
-                        "SHELLRL_MODEL=Qwen2.5-0.5B-Instruct\nSGLANG_MEM_FRACTION_STATIC=0.6\n")
+    env_file.write_text(
+        "SHELLRL_ENGINE_GPU=3\nSHELLRL_LEARNER_GPU=5\nSHELLRL_MAX_STALENESS=7\n"
+        "SHELLRL_MODEL=Qwen2.5-0.5B-Instruct\nSGLANG_MEM_FRACTION_STATIC=0.6\n"
+    )
     services = rendered(env_file)["services"]
-    assert services["engine"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["3"]
-    assert services["learner"]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["5"]
+    assert services["engine"]["deploy"]["resources"]["reservations"]["devices"][0][
+        "device_ids"
+    ] == ["3"]
+    assert services["learner"]["deploy"]["resources"]["reservations"]["devices"][0][
+        "device_ids"
+    ] == ["5"]
     assert services["rollout"]["environment"]["SHELLRL_MAX_STALENESS"] == "7"
-    assert services["learner"]["environment"]["SHELLRL_MODEL_PATH"] == "/models/Qwen2.5-0.5B-Instruct"
+    assert (
+        services["learner"]["environment"]["SHELLRL_MODEL_PATH"] == "/models/Qwen2.5-0.5B-Instruct"
+    )
     assert "/models/Qwen2.5-0.5B-Instruct" in services["engine"]["command"]
     assert "0.6" in services["engine"]["command"]
 
@@ -189,8 +225,11 @@ def test_build_targets_exist_in_the_dockerfile(no_env):
 
 
 def test_dockerfile_copies_only_files_the_build_context_has_and_pins_torch_as_pyproject():
-    ignored = {line.strip() for line in (REPO / ".dockerignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")}
+    ignored = {
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    }
     stages = dockerfile_stages()
     for stage, commands in stages.items():
         for command in commands:
@@ -198,24 +237,40 @@ def test_dockerfile_copies_only_files_the_build_context_has_and_pins_torch_as_py
                 for source in command.value[:-1]:
                     assert (REPO / source).exists() and source not in ignored, (stage, source)
     pyproject_torch = re.search(r'"torch==([^"]+)"', (REPO / "pyproject.toml").read_text()).group(1)
-    default_args = dict(a.split("=", 1) for c in dockerfile.parse_file(str(REPO / "Dockerfile"))
-                        if c.cmd == "ARG" for a in c.value if "=" in a)
+    default_args = dict(
+        a.split("=", 1)
+        for c in dockerfile.parse_file(str(REPO / "Dockerfile"))
+        if c.cmd == "ARG"
+        for a in c.value
+        if "=" in a
+    )
     assert default_args["TORCH_VERSION"] == pyproject_torch
     sandbox_packages = " ".join(c.value[0] for c in stages["sandbox"] if c.cmd == "RUN").split()
     assert "bubblewrap" in sandbox_packages
     # the session runner's interpreter (an absolute path in isolation.py) must exist in the image
-    runner = re.search(r'"(/usr/bin/python3)", "-I"', (REPO / "services/sandbox/isolation.py").read_text())
-    assert runner, "isolation.py no longer starts /usr/bin/python3: revisit the sandbox image's packages"
+    runner = re.search(
+        r'"(/usr/bin/python3)", "-I"', (REPO / "services/sandbox/isolation.py").read_text()
+    )
+    assert runner, (
+        "isolation.py no longer starts /usr/bin/python3: revisit the sandbox image's packages"
+    )
     assert "python3" in sandbox_packages
 
 
 def test_grafana_and_prometheus_mount_the_generated_files(no_env):
     services = rendered(no_env)["services"]
-    prometheus_mounts = {v["source"]: v["target"] for v in services["prometheus"]["volumes"] if v["type"] == "bind"}
+    prometheus_mounts = {
+        v["source"]: v["target"] for v in services["prometheus"]["volumes"] if v["type"] == "bind"
+    }
     assert prometheus_mounts == {
         str(REPO / "deploy/prometheus/prometheus.yml"): "/etc/prometheus/prometheus.yml",
-        str(REPO / "deploy/prometheus/alerts.yml"): "/etc/prometheus/alerts.yml"}
-    grafana_mounts = {v["source"]: v["target"] for v in services["grafana"]["volumes"] if v["type"] == "bind"}
-    assert grafana_mounts == {str(REPO / "deploy/grafana/provisioning"): "/etc/grafana/provisioning",
-                              str(REPO / "deploy/grafana/dashboards"): "/var/lib/grafana/dashboards/shellrl"}
+        str(REPO / "deploy/prometheus/alerts.yml"): "/etc/prometheus/alerts.yml",
+    }
+    grafana_mounts = {
+        v["source"]: v["target"] for v in services["grafana"]["volumes"] if v["type"] == "bind"
+    }
+    assert grafana_mounts == {
+        str(REPO / "deploy/grafana/provisioning"): "/etc/grafana/provisioning",
+        str(REPO / "deploy/grafana/dashboards"): "/var/lib/grafana/dashboards/shellrl",
+    }
     assert services["grafana"]["image"] == "grafana/grafana:11.6.0"

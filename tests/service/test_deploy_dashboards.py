@@ -21,7 +21,9 @@ GENERATOR = GRAFANA_DIR / "dashboards.py"
 
 
 def generate(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(GENERATOR), *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, str(GENERATOR), *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def load(name: str) -> dict:
@@ -50,17 +52,35 @@ def test_generator_check_fails_on_a_stale_dashboard(tmp_path):
 def test_dashboards_have_the_panels_of_the_issue():
     staleness, throughput = load("staleness"), load("throughput")
     assert (staleness["title"], staleness["uid"]) == ("shellrl / Staleness", "shellrl-staleness")
-    assert (throughput["title"], throughput["uid"]) == ("shellrl / Throughput", "shellrl-throughput")
-    assert {"Policy version", "Staleness distribution", "Staleness percentiles", "Sample age",
-            "Dropped for staleness", "Importance-weight truncation"} <= set(panels(staleness))
-    assert {"Episodes finished", "Turns", "Tokens per second by kind", "Sandbox exec latency",
-            "Engine request latency", "Learner step time", "Weight-sync time by phase",
-            "Stream backlog"} <= set(panels(throughput))
+    assert (throughput["title"], throughput["uid"]) == (
+        "shellrl / Throughput",
+        "shellrl-throughput",
+    )
+    assert {
+        "Policy version",
+        "Staleness distribution",
+        "Staleness percentiles",
+        "Sample age",
+        "Dropped for staleness",
+        "Importance-weight truncation",
+    } <= set(panels(staleness))
+    assert {
+        "Episodes finished",
+        "Turns",
+        "Tokens per second by kind",
+        "Sandbox exec latency",
+        "Engine request latency",
+        "Learner step time",
+        "Weight-sync time by phase",
+        "Stream backlog",
+    } <= set(panels(throughput))
     assert panels(staleness)["Staleness distribution"]["type"] == "heatmap"
 
 
 def test_every_panel_queries_the_provisioned_prometheus_datasource():
-    datasource = yaml.safe_load((GRAFANA_DIR / "provisioning" / "datasources" / "prometheus.yaml").read_text())
+    datasource = yaml.safe_load(
+        (GRAFANA_DIR / "provisioning" / "datasources" / "prometheus.yaml").read_text()
+    )
     [source] = datasource["datasources"]
     assert (source["type"], source["url"]) == ("prometheus", "http://prometheus:9090")
     for name in ("staleness", "throughput"):
@@ -85,7 +105,7 @@ def test_sdk_build_matches_the_grafana_image_that_compose_runs():
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     image = compose["services"]["grafana"]["image"]
     assert image == f"${{GRAFANA_IMAGE:-grafana/grafana:{grafana_version}}}"
-    assert f'grafana-foundation-sdk=={sdk}' in (REPO / "pyproject.toml").read_text()
+    assert f"grafana-foundation-sdk=={sdk}" in (REPO / "pyproject.toml").read_text()
 
 
 def test_every_shellrl_metric_a_panel_reads_is_defined_by_a_service():

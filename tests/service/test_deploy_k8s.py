@@ -11,7 +11,9 @@ import pytest
 import yaml
 
 K8S_DIR = Path(__file__).resolve().parents[2] / "deploy" / "k8s"
-KUBERNETES_VERSION = "1.33.0"  # the oldest release with user namespaces and ProcMountType on by default
+KUBERNETES_VERSION = (
+    "1.33.0"  # the oldest release with user namespaces and ProcMountType on by default
+)
 SHELLRL_SERVICES = {"rollout": 8100, "sandbox": 8101, "verifier": 8102, "learner": 8103}
 
 
@@ -25,14 +27,20 @@ def manifests() -> list[tuple[str, dict]]:
 
 
 def workloads() -> dict[str, dict]:
-    return {doc["metadata"]["name"]: doc for _, doc in manifests() if doc["kind"] in ("Deployment", "StatefulSet")}
+    return {
+        doc["metadata"]["name"]: doc
+        for _, doc in manifests()
+        if doc["kind"] in ("Deployment", "StatefulSet")
+    }
 
 
 def container(workload: dict) -> dict:
     return workload["spec"]["template"]["spec"]["containers"][0]
 
 
-@pytest.mark.parametrize("name,doc", manifests(), ids=lambda v: v if isinstance(v, str) else v["kind"])
+@pytest.mark.parametrize(
+    "name,doc", manifests(), ids=lambda v: v if isinstance(v, str) else v["kind"]
+)
 def test_manifest_is_valid_against_the_kubernetes_schema(name, doc):
     kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
@@ -82,9 +90,13 @@ def test_redis_is_a_statefulset_with_aof_on_its_own_volume():
     redis = workloads()["redis"]
     assert redis["kind"] == "StatefulSet"
     args = container(redis)["args"]
-    assert args[args.index("--appendonly") + 1] == "yes" and args[args.index("--dir") + 1] == "/data"
+    assert (
+        args[args.index("--appendonly") + 1] == "yes" and args[args.index("--dir") + 1] == "/data"
+    )
     [claim] = redis["spec"]["volumeClaimTemplates"]
-    assert {m["name"]: m["mountPath"] for m in container(redis)["volumeMounts"]} == {claim["metadata"]["name"]: "/data"}
+    assert {m["name"]: m["mountPath"] for m in container(redis)["volumeMounts"]} == {
+        claim["metadata"]["name"]: "/data"
+    }
 
 
 def test_shellrl_services_probe_healthz_and_readyz_and_read_the_settings_configmap():
@@ -108,10 +120,19 @@ def test_every_service_selector_matches_a_workload_and_named_port():
         if doc["kind"] != "Service":
             continue
         selector = doc["spec"]["selector"]
-        [workload] = [w for w in found.values()
-                      if selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()]
-        port_names = {p["name"] for c in workload["spec"]["template"]["spec"]["containers"] for p in c["ports"]}
-        assert {p["targetPort"] for p in doc["spec"]["ports"]} <= port_names, doc["metadata"]["name"]
+        [workload] = [
+            w
+            for w in found.values()
+            if selector.items() <= w["spec"]["template"]["metadata"]["labels"].items()
+        ]
+        port_names = {
+            p["name"]
+            for c in workload["spec"]["template"]["spec"]["containers"]
+            for p in c["ports"]
+        }
+        assert {p["targetPort"] for p in doc["spec"]["ports"]} <= port_names, doc["metadata"][
+            "name"
+        ]
         if workload["kind"] == "StatefulSet":
             assert workload["spec"]["serviceName"] == doc["metadata"]["name"]
 
@@ -119,8 +140,10 @@ def test_every_service_selector_matches_a_workload_and_named_port():
 def test_sandbox_pod_gets_what_bubblewrap_needs_inside_its_own_user_namespace():
     pod = workloads()["sandbox"]["spec"]["template"]["spec"]
     assert pod["hostUsers"] is False and pod["automountServiceAccountToken"] is False
-    assert pod["securityContext"] == {"seccompProfile": {"type": "Unconfined"},
-                                      "appArmorProfile": {"type": "Unconfined"}}
+    assert pod["securityContext"] == {
+        "seccompProfile": {"type": "Unconfined"},
+        "appArmorProfile": {"type": "Unconfined"},
+    }
     security = pod["containers"][0]["securityContext"]
     assert security == {"procMount": "Unmasked", "capabilities": {"add": ["SYS_ADMIN"]}}
 

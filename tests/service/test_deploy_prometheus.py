@@ -29,7 +29,9 @@ from tests.helpers.prometheus import (
 )
 from tests.helpers.redis_server import free_port
 
-pytestmark = pytest.mark.skipif(shutil.which("promtool") is None, reason="needs Debian's prometheus package")
+pytestmark = pytest.mark.skipif(
+    shutil.which("promtool") is None, reason="needs Debian's prometheus package"
+)
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
@@ -48,18 +50,23 @@ def test_committed_prometheus_configs_equal_what_the_generator_writes(tmp_path):
     prometheus_config.write_generated(tmp_path)
     for name in prometheus_config.GENERATED_FILES:
         assert (prometheus_config.DEPLOY_DIR / name).read_text() == (tmp_path / name).read_text(), (
-            f"deploy/prometheus/{name} is stale: run python -m cli.prometheus_config")
+            f"deploy/prometheus/{name} is stale: run python -m cli.prometheus_config"
+        )
 
 
 def test_compose_config_scrapes_every_replica_of_every_service_on_its_port():
     config = yaml.safe_load((prometheus_config.DEPLOY_DIR / "prometheus.yml").read_text())
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
     for service, port in prometheus_config.DEFAULT_PORTS.items():
-        assert jobs[service]["dns_sd_configs"] == [{"names": [service], "type": "A", "port": port,
-                                                    "refresh_interval": "15s"}]
+        assert jobs[service]["dns_sd_configs"] == [
+            {"names": [service], "type": "A", "port": port, "refresh_interval": "15s"}
+        ]
     local = yaml.safe_load((prometheus_config.DEPLOY_DIR / "prometheus.local.yml").read_text())
-    assert {job["job_name"]: job["static_configs"][0]["targets"] for job in local["scrape_configs"]} == {
-        service: [f"127.0.0.1:{port}"] for service, port in prometheus_config.DEFAULT_PORTS.items()}
+    assert {
+        job["job_name"]: job["static_configs"][0]["targets"] for job in local["scrape_configs"]
+    } == {
+        service: [f"127.0.0.1:{port}"] for service, port in prometheus_config.DEFAULT_PORTS.items()
+    }
 
 
 def test_promtool_rejects_a_config_with_a_bad_scrape_interval(tmp_path):
@@ -79,8 +86,17 @@ def test_every_dashboard_query_is_valid_promql(tmp_path):
     """promtool parses each panel's PromQL (macros replaced) as a recording rule, offline."""
     queries = panel_queries()
     assert len(queries) >= 20
-    rules = {"groups": [{"name": "dashboards", "rules": [
-        {"record": f"shellrl:panel_{i}", "expr": query.promql} for i, query in enumerate(queries)]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "dashboards",
+                "rules": [
+                    {"record": f"shellrl:panel_{i}", "expr": query.promql}
+                    for i, query in enumerate(queries)
+                ],
+            }
+        ]
+    }
     path = tmp_path / "rules.yml"
     path.write_text(yaml.safe_dump(rules))
     done = promtool("check", "rules", str(path))
@@ -90,7 +106,7 @@ def test_every_dashboard_query_is_valid_promql(tmp_path):
 def test_macros_are_replaced_and_unknown_variables_fail():
     assert substitute_macros("rate(x[$__rate_interval]) + $__range") == "rate(x[15s]) + 5m"
     with pytest.raises(ValueError, match="unknown Grafana variable"):
-        substitute_macros("x{job=~\"$job\"}")
+        substitute_macros('x{job=~"$job"}')
 
 
 @pytest.mark.slow
@@ -99,7 +115,9 @@ def test_sandbox_panels_return_data_from_a_real_sandbox_and_prometheus(tmp_path)
     workspaces = Path(tempfile.mkdtemp(prefix="shellrl-deploy-ws-"))
     workspaces.chmod(0o755)
     port = free_port()
-    sandbox = ServiceProcess("sandbox", port, {"SHELLRL_WORKSPACE_ROOT": str(workspaces)}, tmp_path / "logs")
+    sandbox = ServiceProcess(
+        "sandbox", port, {"SHELLRL_WORKSPACE_ROOT": str(workspaces)}, tmp_path / "logs"
+    )
     sandbox.start(ready_timeout_s=60)
     try:
         with PrometheusServer(tmp_path / "prom", {"sandbox": [f"127.0.0.1:{port}"]}) as prom:
@@ -112,7 +130,9 @@ def test_sandbox_panels_return_data_from_a_real_sandbox_and_prometheus(tmp_path)
                 # at a series' start: scrape once between the first exec and the next ones.
                 for batch in (("true",), ("cat greeting.txt", "ls -la", "wc -c greeting.txt")):
                     for command in batch:
-                        done = client.post(f"/v1/sessions/{session}/exec", json={"command": command})
+                        done = client.post(
+                            f"/v1/sessions/{session}/exec", json={"command": command}
+                        )
                         assert done.status_code == 200 and done.json()["exit_code"] == 0, done.text
                     prom.wait_for_scrapes(prom.scrapes_done() + 2)
 
@@ -125,8 +145,11 @@ def test_sandbox_panels_return_data_from_a_real_sandbox_and_prometheus(tmp_path)
 
             [sessions] = prom.query("sum(shellrl_sandbox_sessions)")
             assert float(sessions["value"][1]) == 1.0
-            p50 = next(r for r in evaluate(prom, sandbox_queries) if r.query.panel == "Sandbox exec latency"
-                       and r.query.ref_id == "A")
+            p50 = next(
+                r
+                for r in evaluate(prom, sandbox_queries)
+                if r.query.panel == "Sandbox exec latency" and r.query.ref_id == "A"
+            )
             value = float(p50.result[0]["value"][1])
             assert math.isfinite(value) and 0 < value < 10, p50.result
     finally:
@@ -135,5 +158,7 @@ def test_sandbox_panels_return_data_from_a_real_sandbox_and_prometheus(tmp_path)
 
 
 def test_dashboard_directory_is_where_grafana_provisioning_reads():
-    provider = yaml.safe_load((DASHBOARD_DIR.parent / "provisioning" / "dashboards" / "shellrl.yaml").read_text())
+    provider = yaml.safe_load(
+        (DASHBOARD_DIR.parent / "provisioning" / "dashboards" / "shellrl.yaml").read_text()
+    )
     assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards/shellrl"

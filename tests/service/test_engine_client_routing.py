@@ -29,11 +29,15 @@ async def test_concurrent_requests_spread_over_engines_and_respect_rotation(engi
     urls = [e.url for e in engines]
     params = {"max_new_tokens": 30, "ignore_eos": True}
     async with EngineClient(urls) as client:
-        results = await asyncio.gather(*(client.generate([101 + i, 5, 6], params) for i in range(8)))
+        results = await asyncio.gather(
+            *(client.generate([101 + i, 5, 6], params) for i in range(8))
+        )
         assert {r.engine_url for r in results} == set(urls)
         assert sorted(r.engine_url for r in results).count(urls[0]) == 4
         client.set_available(urls[0], False)
-        results = await asyncio.gather(*(client.generate([101 + i, 5, 6], params) for i in range(4)))
+        results = await asyncio.gather(
+            *(client.generate([101 + i, 5, 6], params) for i in range(4))
+        )
         assert {r.engine_url for r in results} == {urls[1]}
         client.set_available(urls[0], True)
         pinned = await client.generate([7, 8, 9], {"max_new_tokens": 1}, url=urls[0])

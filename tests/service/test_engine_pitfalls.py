@@ -23,9 +23,9 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from shellrl.weights import bucket as wt
 from shellrl.clients.engine import EngineClient
 from shellrl.models import load_model
+from shellrl.weights import bucket as wt
 from tests.helpers.engine import perturbed, running_engine
 
 MAX_RUNNING = 16
@@ -43,8 +43,11 @@ GENERATED = "shellrl_engine_generation_tokens_total"
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    with running_engine(tmp_path_factory.mktemp("engine"), SHELLRL_MAX_RUNNING_REQUESTS=str(MAX_RUNNING),
-                        SHELLRL_MAX_PREFILL_TOKENS=str(MAX_PREFILL_TOKENS)) as process:
+    with running_engine(
+        tmp_path_factory.mktemp("engine"),
+        SHELLRL_MAX_RUNNING_REQUESTS=str(MAX_RUNNING),
+        SHELLRL_MAX_PREFILL_TOKENS=str(MAX_PREFILL_TOKENS),
+    ) as process:
         yield process
 
 
@@ -58,9 +61,15 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(100, 40000) for _ in range(n)]
 
 
-async def _generate(http: httpx.AsyncClient, url: str, prompt: list[int], params: dict, rid: str | None = None
-                    ) -> dict:
-    body = {"input_ids": prompt, "sampling_params": params, "return_logprob": True, "rid": rid or uuid.uuid4().hex}
+async def _generate(
+    http: httpx.AsyncClient, url: str, prompt: list[int], params: dict, rid: str | None = None
+) -> dict:
+    body = {
+        "input_ids": prompt,
+        "sampling_params": params,
+        "return_logprob": True,
+        "rid": rid or uuid.uuid4().hex,
+    }
     response = await http.post(f"{url}/generate", json=body)
     assert response.status_code == 200, response.text
     return response.json()
@@ -81,8 +90,12 @@ def _checked_ids(out: dict, max_new_tokens: int) -> list[int]:
 async def _metrics(http: httpx.AsyncClient, url: str) -> dict[str, float]:
     """The engine's unlabelled Prometheus samples by name."""
     text = (await http.get(f"{url}/metrics")).text
-    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
-            if not s.labels}
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if not s.labels
+    }
 
 
 async def _loads(http: httpx.AsyncClient, url: str) -> dict:
@@ -103,7 +116,9 @@ async def _until(check, timeout_s: float, what: str):
 
 
 @pytest.mark.parametrize("stop", ["pause_abort", "retract_then_abort_all"])
-async def test_aborted_requests_return_every_token_generated_so_far_and_resume_from_them(engine, http, stop):
+async def test_aborted_requests_return_every_token_generated_so_far_and_resume_from_them(
+    engine, http, stop
+):
     rng = random.Random(f"c14-{stop}")
     prompts = [_tokens(rng, rng.randrange(8, 24)) for _ in range(C14_REQUESTS)]
     before = await _metrics(http, engine.url)
@@ -111,12 +126,17 @@ async def test_aborted_requests_return_every_token_generated_so_far_and_resume_f
 
     async def full():
         loads = await _loads(http, engine.url)
-        return loads["num_running_reqs"] == MAX_RUNNING and loads["num_waiting_reqs"] == C14_REQUESTS - MAX_RUNNING
+        return (
+            loads["num_running_reqs"] == MAX_RUNNING
+            and loads["num_waiting_reqs"] == C14_REQUESTS - MAX_RUNNING
+        )
 
     await _until(full, 30, f"{MAX_RUNNING} running and the rest queued")
     await asyncio.sleep(1.0)  # the running ones produce ~100 tokens each
     try:
-        running = (await _loads(http, engine.url))["num_running_reqs"]  # each has sampled >= 1 token
+        running = (await _loads(http, engine.url))[
+            "num_running_reqs"
+        ]  # each has sampled >= 1 token
         if stop == "pause_abort":
             await http.post(f"{engine.url}/pause_generation", json={"mode": "abort"})
         else:  # pitfall C14's case: requests with tokens moved back to the queue, then aborted there
@@ -130,24 +150,39 @@ async def test_aborted_requests_return_every_token_generated_so_far_and_resume_f
     generated = (await _metrics(http, engine.url))[GENERATED] - before[GENERATED]
 
     assert all(out["meta_info"]["finish_reason"]["type"] == "abort" for out in outs)
-    partial = [(prompt, _checked_ids(out, LONG["max_new_tokens"])) for prompt, out in zip(prompts, outs)]
+    partial = [
+        (prompt, _checked_ids(out, LONG["max_new_tokens"])) for prompt, out in zip(prompts, outs)
+    ]
     partial = [(prompt, ids) for prompt, ids in partial if ids]
-    assert running == MAX_RUNNING and len(partial) == running, "a request that had tokens came back empty"
-    assert sum(len(ids) for _, ids in partial) == generated, "sampled tokens missing from the responses"
+    assert running == MAX_RUNNING and len(partial) == running, (
+        "a request that had tokens came back empty"
+    )
+    assert sum(len(ids) for _, ids in partial) == generated, (
+        "sampled tokens missing from the responses"
+    )
 
     continued = [prompt + ids for prompt, ids in partial]
-    resumed = await asyncio.gather(*(_generate(http, engine.url, c, {**LONG, "max_new_tokens": 8}) for c in continued))
+    resumed = await asyncio.gather(
+        *(_generate(http, engine.url, c, {**LONG, "max_new_tokens": 8}) for c in continued)
+    )
     for prompt, out in zip(continued, resumed):
-        assert out["meta_info"]["finish_reason"]["type"] == "length" and len(_checked_ids(out, 8)) == 8
+        assert (
+            out["meta_info"]["finish_reason"]["type"] == "length" and len(_checked_ids(out, 8)) == 8
+        )
         # the engine's own record of the sequence is prompt + exactly the returned ids: all of it but
         # the newest token (which has no KV yet) is served from the prefix cache
-        assert (out["meta_info"]["prompt_tokens"], out["meta_info"]["cached_tokens"]) == (len(prompt), len(prompt) - 1)
+        assert (out["meta_info"]["prompt_tokens"], out["meta_info"]["cached_tokens"]) == (
+            len(prompt),
+            len(prompt) - 1,
+        )
 
 
 # ----- C15 ---------------------------------------------------------------------------------------------
 
 
-async def test_aborts_during_a_chunked_prefill_leak_no_token_and_the_kv_returns_to_idle(engine, http):
+async def test_aborts_during_a_chunked_prefill_leak_no_token_and_the_kv_returns_to_idle(
+    engine, http
+):
     rng = random.Random(15)
     before = await _metrics(http, engine.url)
     outs = []
@@ -165,10 +200,14 @@ async def test_aborts_during_a_chunked_prefill_leak_no_token_and_the_kv_returns_
         outs.append((prompt, _checked_ids(out, LONG["max_new_tokens"])))
     partial = [(prompt, ids) for prompt, ids in outs if ids]
     continued = [prompt + ids for prompt, ids in partial]
-    resumed = await asyncio.gather(*(_generate(http, engine.url, c, {**LONG, "max_new_tokens": 1}) for c in continued))
+    resumed = await asyncio.gather(
+        *(_generate(http, engine.url, c, {**LONG, "max_new_tokens": 1}) for c in continued)
+    )
     for prompt, out in zip(continued, resumed):
         assert len(_checked_ids(out, 1)) == 1
-        assert out["meta_info"]["cached_tokens"] == len(prompt) - 1, "the engine's sequence is not prompt + ids"
+        assert out["meta_info"]["cached_tokens"] == len(prompt) - 1, (
+            "the engine's sequence is not prompt + ids"
+        )
 
     async def idle():
         now = await _metrics(http, engine.url)
@@ -179,7 +218,9 @@ async def test_aborts_during_a_chunked_prefill_leak_no_token_and_the_kv_returns_
     returned = sum(len(ids) for _, ids in outs) + sum(len(out["output_ids"]) for out in resumed)
     assert after[GENERATED] - before[GENERATED] == returned, "a sampled token was not returned"
     assert (await http.post(f"{engine.url}/flush_cache")).status_code == 200
-    await _until(lambda: _prefix_cache_empty(http, engine.url), 5, "the flushed prefix cache holds no KV")
+    await _until(
+        lambda: _prefix_cache_empty(http, engine.url), 5, "the flushed prefix cache holds no KV"
+    )
 
 
 async def _prefix_cache_empty(http: httpx.AsyncClient, url: str) -> bool:
@@ -199,8 +240,9 @@ async def _push(client: EngineClient, named, version: str, style: str) -> None:
     requests aborted either by the update itself or by an abort pause around it."""
     with wt.SharedMemoryBucket(named) as bucket:
         if style == "abort_all":
-            await client.update_weights_from_tensor([bucket.payload()], weight_version=version,
-                                                    abort_all_requests=True)
+            await client.update_weights_from_tensor(
+                [bucket.payload()], weight_version=version, abort_all_requests=True
+            )
             return
         await client.pause_generation("abort")
         try:
@@ -214,7 +256,8 @@ def _version(label: str) -> int:
 
 
 async def test_weight_pushes_at_random_moments_under_load_all_complete_and_label_new_requests(
-        engine, http, base_weights):
+    engine, http, base_weights
+):
     rng = random.Random(22)
     weight_sets = [perturbed(base_weights, 220), perturbed(base_weights, 221)]
     styles = ["abort_all", "pause_abort"] * (C22_PUSHES // 2)
@@ -240,8 +283,10 @@ async def test_weight_pushes_at_random_moments_under_load_all_complete_and_label
 
     async def arrivals() -> None:
         while not stop.is_set():
-            await request(_tokens(rng, rng.randrange(4, 40)),
-                          {"max_new_tokens": rng.randrange(1, 33), "ignore_eos": True, "temperature": 0.0})
+            await request(
+                _tokens(rng, rng.randrange(4, 40)),
+                {"max_new_tokens": rng.randrange(1, 33), "ignore_eos": True, "temperature": 0.0},
+            )
             await asyncio.sleep(rng.uniform(0.0, 0.05))
 
     async def health() -> None:
@@ -253,20 +298,34 @@ async def test_weight_pushes_at_random_moments_under_load_all_complete_and_label
 
     async with EngineClient([engine.url], timeout_s=60) as client:
         workers = [asyncio.create_task(long_request()) for _ in range(C22_LONG_REQUESTS)]
-        workers += [asyncio.create_task(arrivals()) for _ in range(2)] + [asyncio.create_task(health())]
-        await _until(lambda: _running_at_least(http, engine.url, C22_LONG_REQUESTS), 30, "long requests running")
+        workers += [asyncio.create_task(arrivals()) for _ in range(2)] + [
+            asyncio.create_task(health())
+        ]
+        await _until(
+            lambda: _running_at_least(http, engine.url, C22_LONG_REQUESTS),
+            30,
+            "long requests running",
+        )
         probes: dict[int, dict] = {}
         try:
             for k in range(1, C22_PUSHES + 1):
                 await asyncio.sleep(rng.uniform(0.05, 0.4))
                 state["started"] = k
                 try:
-                    await asyncio.wait_for(_push(client, weight_sets[k % 2], str(k), styles[k - 1]), PUSH_DEADLINE_S)
-                except asyncio.TimeoutError:
-                    pytest.fail(f"push {k} ({styles[k - 1]}) did not complete within {PUSH_DEADLINE_S} s")
+                    await asyncio.wait_for(
+                        _push(client, weight_sets[k % 2], str(k), styles[k - 1]), PUSH_DEADLINE_S
+                    )
+                except TimeoutError:
+                    pytest.fail(
+                        f"push {k} ({styles[k - 1]}) did not complete within {PUSH_DEADLINE_S} s"
+                    )
                 state["done"] = k
-                probe = await _generate(http, engine.url, probe_prompt, probe_params)  # first request after it
-                assert probe["meta_info"]["weight_versions"] == [{"version": str(k), "start": 0, "end": 4}]
+                probe = await _generate(
+                    http, engine.url, probe_prompt, probe_params
+                )  # first request after it
+                assert probe["meta_info"]["weight_versions"] == [
+                    {"version": str(k), "start": 0, "end": 4}
+                ]
                 assert probe["meta_info"]["cached_tokens"] == 0, "KV of the old weights was reused"
                 assert (await client.get_weight_version()) == {engine.url: str(k)}
                 assert (await http.get(f"{engine.url}/health")).status_code == 200
@@ -280,7 +339,9 @@ async def test_weight_pushes_at_random_moments_under_load_all_complete_and_label
             await client.abort_request(abort_all=True)
             await asyncio.wait_for(asyncio.gather(*workers), 30)
     (a, b) = (probes[i]["meta_info"]["output_token_logprobs"] for i in (0, 1))
-    assert max(abs(x[0] - y[0]) for x, y in zip(a, b)) > 1e-3, "the two weight sets give the same log-probs"
+    assert max(abs(x[0] - y[0]) for x, y in zip(a, b)) > 1e-3, (
+        "the two weight sets give the same log-probs"
+    )
 
     assert not unhealthy
     aborted_with_tokens = 0
@@ -293,8 +354,13 @@ async def test_weight_pushes_at_random_moments_under_load_all_complete_and_label
         # in flight during a push: finished on the old version or aborted, never continued on the new one
         assert len(spans) <= 1, spans
         if spans:
-            assert submitted_after <= _version(spans[0]["version"]) <= started_at_answer, (spans, submitted_after)
-    assert aborted_with_tokens >= C22_LONG_REQUESTS, "the pushes never caught the long requests in flight"
+            assert submitted_after <= _version(spans[0]["version"]) <= started_at_answer, (
+                spans,
+                submitted_after,
+            )
+    assert aborted_with_tokens >= C22_LONG_REQUESTS, (
+        "the pushes never caught the long requests in flight"
+    )
 
 
 async def _running_at_least(http: httpx.AsyncClient, url: str, n: int) -> bool:

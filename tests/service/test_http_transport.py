@@ -13,8 +13,8 @@ from fastapi import FastAPI, Request, Response
 
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_responses import EngineUnavailable
-from shellrl.clients.transport import AiohttpTransport
 from shellrl.clients.sandbox import SandboxClient, SandboxError
+from shellrl.clients.transport import AiohttpTransport
 from tests.fakes.fake_engine import serve_in_thread
 from tests.helpers.redis_server import free_port
 
@@ -24,17 +24,25 @@ def _app() -> FastAPI:
 
     @app.post("/echo")
     async def echo(request: Request) -> dict:
-        return {"body": await request.json(), "header": request.headers.get("x-demo"),
-                "content_type": request.headers.get("content-type")}
+        return {
+            "body": await request.json(),
+            "header": request.headers.get("x-demo"),
+            "content_type": request.headers.get("content-type"),
+        }
 
     @app.get("/missing")
     async def missing() -> Response:
-        return Response('{"error": {"code": "not_found"}}', status_code=404, media_type="application/json")
+        return Response(
+            '{"error": {"code": "not_found"}}', status_code=404, media_type="application/json"
+        )
 
     @app.get("/gzip")
     async def gzipped() -> Response:
-        return Response(gzip.compress(b'{"ok": true}'), media_type="application/json",
-                        headers={"content-encoding": "gzip"})
+        return Response(
+            gzip.compress(b'{"ok": true}'),
+            media_type="application/json",
+            headers={"content-encoding": "gzip"},
+        )
 
     return app
 
@@ -54,12 +62,18 @@ class RawServer:
     def __init__(self, handler) -> None:
         self.handler, self.requests, self.server = handler, 0, None
 
-    async def __aenter__(self) -> "RawServer":
+    async def __aenter__(self) -> RawServer:
         async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             try:
                 head = await reader.readuntil(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), 0)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    0,
+                )
                 await reader.readexactly(length)
                 self.requests += 1
                 await self.handler(writer)
@@ -88,7 +102,11 @@ async def test_round_trips_keep_body_headers_status_and_decode_gzip(server):
     async with httpx.AsyncClient(transport=AiohttpTransport(), base_url=server.url) as client:
         response = await client.post("/echo", json={"a": [1, 2]}, headers={"x-demo": "yes"})
         assert response.status_code == 200
-        assert response.json() == {"body": {"a": [1, 2]}, "header": "yes", "content_type": "application/json"}
+        assert response.json() == {
+            "body": {"a": [1, 2]},
+            "header": "yes",
+            "content_type": "application/json",
+        }
         missing = await client.get("/missing")
         assert missing.status_code == 404 and missing.json() == {"error": {"code": "not_found"}}
         assert (await client.get("/gzip")).json() == {"ok": True}
@@ -122,7 +140,9 @@ async def test_a_connection_closed_after_the_request_is_remote_protocol_error_an
 
 async def test_no_answer_in_time_is_read_timeout_and_never_resent():
     async with RawServer(_never_answer) as raw:
-        async with httpx.AsyncClient(transport=AiohttpTransport(), timeout=httpx.Timeout(0.3)) as client:
+        async with httpx.AsyncClient(
+            transport=AiohttpTransport(), timeout=httpx.Timeout(0.3)
+        ) as client:
             with pytest.raises(httpx.ReadTimeout):
                 await client.get(raw.url + "/slow")
         async with EngineClient([raw.url], timeout_s=0.3, connect_retries=3) as engine:
@@ -138,7 +158,9 @@ async def test_no_answer_in_time_is_read_timeout_and_never_resent():
 async def test_waiting_past_the_connect_timeout_for_a_pooled_connection_is_connect_timeout():
     async with RawServer(_never_answer) as raw:
         transport = AiohttpTransport(max_connections=1)
-        async with httpx.AsyncClient(transport=transport, timeout=httpx.Timeout(5.0, connect=0.2, pool=0.0)) as client:
+        async with httpx.AsyncClient(
+            transport=transport, timeout=httpx.Timeout(5.0, connect=0.2, pool=0.0)
+        ) as client:
             first = asyncio.create_task(client.get(raw.url + "/hold"))
             await asyncio.sleep(0.2)
             with pytest.raises(httpx.ConnectTimeout):

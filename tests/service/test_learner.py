@@ -38,27 +38,43 @@ def engine(tmp_path_factory):
 
 
 def learner_env(redis_url: str, engine_url: str, tmp: Path, **extra) -> dict[str, str]:
-    env = {"SHELLRL_MODEL_PATH": "tiny", "SHELLRL_ENGINE_URLS": engine_url, "SHELLRL_REDIS_URL": redis_url,
-           "SHELLRL_CHECKPOINT_DIR": str(tmp / "ckpt"), "SHELLRL_WEIGHT_SYNC_DIR": str(tmp / "sync"),
-           "SHELLRL_GROUPS_PER_STEP": "1", "SHELLRL_CHECKPOINT_INTERVAL_STEPS": "2", "SHELLRL_MAX_STALENESS": "100",
-           "SHELLRL_GROUP_TIMEOUT_S": "60", "SHELLRL_BLOCK_MS": "200", "SHELLRL_PAD_TO_MULTIPLE_OF": "8",
-           "SHELLRL_WEIGHT_SYNC_TIMEOUT_S": "10", "SHELLRL_ENGINE_RETRY_INTERVAL_S": "1",
-           "SHELLRL_NUM_THREADS": "1"}
+    env = {
+        "SHELLRL_MODEL_PATH": "tiny",
+        "SHELLRL_ENGINE_URLS": engine_url,
+        "SHELLRL_REDIS_URL": redis_url,
+        "SHELLRL_CHECKPOINT_DIR": str(tmp / "ckpt"),
+        "SHELLRL_WEIGHT_SYNC_DIR": str(tmp / "sync"),
+        "SHELLRL_GROUPS_PER_STEP": "1",
+        "SHELLRL_CHECKPOINT_INTERVAL_STEPS": "2",
+        "SHELLRL_MAX_STALENESS": "100",
+        "SHELLRL_GROUP_TIMEOUT_S": "60",
+        "SHELLRL_BLOCK_MS": "200",
+        "SHELLRL_PAD_TO_MULTIPLE_OF": "8",
+        "SHELLRL_WEIGHT_SYNC_TIMEOUT_S": "10",
+        "SHELLRL_ENGINE_RETRY_INTERVAL_S": "1",
+        "SHELLRL_NUM_THREADS": "1",
+    }
     return env | {f"SHELLRL_{k.upper()}": str(v) for k, v in extra.items()}
 
 
-async def add_group(redis, client: EngineClient, group_id: str, n: int = 4, upto: int | None = None) -> list[str]:
+async def add_group(
+    redis, client: EngineClient, group_id: str, n: int = 4, upto: int | None = None
+) -> list[str]:
     trajs = await sample_group(client, PROMPT, group_id, n, temperature=0.8, max_new_tokens=4)
     producer = streams.StreamProducer(redis, streams.STREAM_TRAJECTORIES)
     for t in trajs[:upto]:
-        await producer.add(t.SerializeToString(), idempotency_key=t.trajectory_id, group_id=group_id)
+        await producer.add(
+            t.SerializeToString(), idempotency_key=t.trajectory_id, group_id=group_id
+        )
     return [t.trajectory_id for t in trajs]
 
 
 async def add_trajectories(redis, trajs) -> None:
     producer = streams.StreamProducer(redis, streams.STREAM_TRAJECTORIES)
     for t in trajs:
-        await producer.add(t.SerializeToString(), idempotency_key=t.trajectory_id, group_id=t.group_id)
+        await producer.add(
+            t.SerializeToString(), idempotency_key=t.trajectory_id, group_id=t.group_id
+        )
 
 
 async def http(learner: ServiceProcess, method: str, path: str) -> httpx.Response:
@@ -74,28 +90,41 @@ async def step_reaches(learner: ServiceProcess, step: int, timeout_s: float = 90
     async def check():
         s = await asyncio.to_thread(status, learner)
         return s if s["step"] >= step else None
+
     return await wait_until_async(check, timeout_s, f"learner step {step}")
 
 
-async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versions(engine, redis_server, tmp_path):
+async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versions(
+    engine, redis_server, tmp_path
+):
     redis = streams.connect(redis_server.url)
     client = EngineClient([engine.url], timeout_s=120)
-    learner = ServiceProcess("learner", free_port(), learner_env(redis_server.url, engine.url, tmp_path), tmp_path)
+    learner = ServiceProcess(
+        "learner", free_port(), learner_env(redis_server.url, engine.url, tmp_path), tmp_path
+    )
     try:
         learner.start(ready_timeout_s=120)
-        await wait_until_async(lambda: redis.get(streams.POLICY_VERSION_KEY), 30, "initial version published")
+        await wait_until_async(
+            lambda: redis.get(streams.POLICY_VERSION_KEY), 30, "initial version published"
+        )
         assert (await redis.get(streams.POLICY_VERSION_KEY)) == b"0"
         if jemalloc_path():  # the process re-executed itself on jemalloc, keeping its pid
             assert "jemalloc" in Path(f"/proc/{learner.proc.pid}/maps").read_text()
 
         ids = await add_group(redis, client, "g1")
         first = await step_reaches(learner, 1)
-        assert first["last_step"]["parity_tokens"] == 16  # sampled by version 0, trained at version 0
-        assert first["last_step"]["parity_max"] <= 1e-4  # unchanged weights: learner == engine log-probs
+        assert (
+            first["last_step"]["parity_tokens"] == 16
+        )  # sampled by version 0, trained at version 0
+        assert (
+            first["last_step"]["parity_max"] <= 1e-4
+        )  # unchanged weights: learner == engine log-probs
 
         paused = (await http(learner, "POST", "/v1/pause?wait=true")).json()
         assert paused == {"paused": True, "step": 1}
-        assert (await client.get_weight_version()) == {engine.url: "1"}  # the push of step 1 is done too
+        assert (await client.get_weight_version()) == {
+            engine.url: "1"
+        }  # the push of step 1 is done too
         ids += await add_group(redis, client, "g2")
         await asyncio.sleep(1.5)
         assert status(learner)["step"] == 1 and status(learner)["paused"]
@@ -106,15 +135,22 @@ async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versi
 
         async def published():  # the step is reported before its push confirms
             return (await redis.get(streams.POLICY_VERSION_KEY)) == b"2"
+
         await wait_until_async(published, 30, "version 2 published")
         assert (await client.get_weight_version()) == {engine.url: "2"}
         s = status(learner)
         engines = s["weight_sync"]["engines"]
         assert engines[0]["in_rotation"] and engines[0]["version"] == "2"
         # checkpoint at step 2, then everything acknowledged
-        await wait_until_async(lambda: _no_pending(redis), 30, "entries acknowledged after the checkpoint")
-        ledger = [json.loads(x) for x in (tmp_path / "ckpt" / "steps.jsonl").read_text().splitlines()]
-        assert sorted(i for r in ledger if "trajectory_ids" in r for i in r["trajectory_ids"]) == sorted(ids)
+        await wait_until_async(
+            lambda: _no_pending(redis), 30, "entries acknowledged after the checkpoint"
+        )
+        ledger = [
+            json.loads(x) for x in (tmp_path / "ckpt" / "steps.jsonl").read_text().splitlines()
+        ]
+        assert sorted(
+            i for r in ledger if "trajectory_ids" in r for i in r["trajectory_ids"]
+        ) == sorted(ids)
 
         created = await http(learner, "POST", "/v1/checkpoints")
         assert created.status_code == 201 and created.json()["step"] == 2
@@ -122,7 +158,9 @@ async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versi
         assert 'shellrl_weight_sync_seconds_count{phase="transfer"}' in text
         assert "shellrl_policy_version 2.0" in text and "shellrl_logprob_diff" in text
         assert 'shellrl_stream_pending{group="learner",stream="shellrl:trajectories"}' in text
-        assert 'shellrl_trajectories_dropped_total{reason="stale"}' in text  # initialised at start-up
+        assert (
+            'shellrl_trajectories_dropped_total{reason="stale"}' in text
+        )  # initialised at start-up
     finally:
         learner.stop()
         await client.close()
@@ -139,7 +177,8 @@ async def _no_pending(redis) -> bool:
 
 
 async def test_weight_sync_reports_a_frozen_or_killed_engine_within_the_deadline_and_the_learner_continues(
-        redis_server, tmp_path):
+    redis_server, tmp_path
+):
     engine = ServiceProcess("engine", free_port(), ENGINE_ENV, tmp_path)
     engine.start(ready_timeout_s=180)
     redis = streams.connect(redis_server.url)
@@ -150,7 +189,9 @@ async def test_weight_sync_reports_a_frozen_or_killed_engine_within_the_deadline
     try:
         groups = [await sample_group(client, PROMPT, f"g{i}", 4, temperature=0.8) for i in range(3)]
         learner.start(ready_timeout_s=120)
-        await wait_until_async(lambda: redis.get(streams.POLICY_VERSION_KEY), 30, "initial version published")
+        await wait_until_async(
+            lambda: redis.get(streams.POLICY_VERSION_KEY), 30, "initial version published"
+        )
 
         engine.signal(signal.SIGSTOP)  # frozen: accepts connections, never answers
         added = time.monotonic()
@@ -159,17 +200,21 @@ async def test_weight_sync_reports_a_frozen_or_killed_engine_within_the_deadline
         async def reported():
             e = (await asyncio.to_thread(status, learner, 2.0))["weight_sync"]["engines"][0]
             return e if not e["in_rotation"] else None
+
         e = await wait_until_async(reported, 30, "frozen engine reported")
         assert time.monotonic() - added < deadline_s + 10  # training + the deadline, not a hang
         assert e["last_error"].startswith("deadline") and e["version"] == "0"
         await add_trajectories(redis, groups[1])
         await step_reaches(learner, 2, timeout_s=30)  # the learner continues without its engine
-        assert (await redis.get(streams.POLICY_VERSION_KEY)) == b"0"  # nothing confirmed: not published
+        assert (
+            await redis.get(streams.POLICY_VERSION_KEY)
+        ) == b"0"  # nothing confirmed: not published
 
         engine.signal(signal.SIGCONT)  # it answers again: brought back with a full update
 
         async def back():
             return (await redis.get(streams.POLICY_VERSION_KEY)) == b"2"
+
         await wait_until_async(back, 30, "version 2 published after the engine came back")
         assert (await client.get_weight_version()) == {engine.url: "2"}
         assert status(learner)["weight_sync"]["engines"][0]["in_rotation"]
@@ -192,13 +237,16 @@ async def test_weight_sync_reports_a_frozen_or_killed_engine_within_the_deadline
 
 
 async def test_learner_killed_between_checkpoints_resumes_without_training_a_trajectory_twice_or_losing_one(
-        engine, redis_server, tmp_path):
+    engine, redis_server, tmp_path
+):
     redis = streams.connect(redis_server.url)
     client = EngineClient([engine.url], timeout_s=120)
     env = learner_env(redis_server.url, engine.url, tmp_path, lr=1e-3, warmup_steps=10)
     learner = ServiceProcess("learner", free_port(), env, tmp_path)
     try:
-        groups = [await sample_group(client, PROMPT, f"g{i}", 4, temperature=0.8) for i in range(1, 5)]
+        groups = [
+            await sample_group(client, PROMPT, f"g{i}", 4, temperature=0.8) for i in range(1, 5)
+        ]
         learner.start(ready_timeout_s=120)
         for step, group in enumerate(groups[:3], start=1):
             await add_trajectories(redis, group)
@@ -207,17 +255,25 @@ async def test_learner_killed_between_checkpoints_resumes_without_training_a_tra
         await wait_until_async(lambda: _assembling(learner, 2), 30, "half group read")
         learner.kill()  # SIGKILL after step 3: the last checkpoint is step 2
 
-        assert await _pending_count(redis) == 6  # step 3's group and the half group: never acknowledged
+        assert (
+            await _pending_count(redis) == 6
+        )  # step 3's group and the half group: never acknowledged
         learner.start(ready_timeout_s=120)
         resumed = await step_reaches(learner, 3)
-        assert resumed["last_step"]["lr"] == pytest.approx(3e-4)  # not 1e-4 (warmup restarted), not 4e-4
+        assert resumed["last_step"]["lr"] == pytest.approx(
+            3e-4
+        )  # not 1e-4 (warmup restarted), not 4e-4
         await add_trajectories(redis, groups[3][2:])
         await step_reaches(learner, 4)
-        await wait_until_async(lambda: _no_pending(redis), 30, "all entries acknowledged after the step-4 checkpoint")
+        await wait_until_async(
+            lambda: _no_pending(redis), 30, "all entries acknowledged after the step-4 checkpoint"
+        )
         assert (await redis.get(streams.POLICY_VERSION_KEY)) == b"4"
         assert (await client.get_weight_version()) == {engine.url: "4"}
 
-        ledger = [json.loads(x) for x in (tmp_path / "ckpt" / "steps.jsonl").read_text().splitlines()]
+        ledger = [
+            json.loads(x) for x in (tmp_path / "ckpt" / "steps.jsonl").read_text().splitlines()
+        ]
         assert {"event": "resume", "step": 2, "checkpoint": "step-000002"} in ledger
         steps = surviving_steps(ledger)
         assert sorted(steps) == [1, 2, 3, 4]

@@ -26,7 +26,9 @@ async def client(sandbox_services):
 
 
 async def test_create_session_returns_id_isolation_workspace_and_setup_result(client):
-    session = await client.create_session(setup="echo made > a.txt; echo setup-out", env={"GREETING": "hi"})
+    session = await client.create_session(
+        setup="echo made > a.txt; echo setup-out", env={"GREETING": "hi"}
+    )
     assert session["isolation"] == "bubblewrap"
     assert session["workspace"] == "/workspace"
     assert session["setup"]["exit_code"] == 0 and session["setup"]["stdout"] == "setup-out\n"
@@ -57,7 +59,11 @@ async def test_setup_failure_is_422_with_the_exec_result_and_removes_the_session
         await client.create_session(setup="echo partial; echo oops >&2; exit 3")
     error = info.value
     assert error.status == 422 and error.code == "setup_failed" and error.field == "setup"
-    assert (error.result.exit_code, error.result.stdout, error.result.stderr) == (3, "partial\n", "oops\n")
+    assert (error.result.exit_code, error.result.stdout, error.result.stderr) == (
+        3,
+        "partial\n",
+        "oops\n",
+    )
     ready = await client.ready()
     assert ready["sessions"] == 0 or all(True for _ in [ready])  # other tests' sessions may live
 
@@ -74,8 +80,10 @@ async def test_cwd_and_exported_variables_persist_between_commands(client):
 async def test_error_messages_read_like_bash_dash_c(client):
     session = await client.create_session()
     result = await client.exec(session["session_id"], "no_such_cmd_1\necho two\nno_such_cmd_3")
-    assert result.stderr == ("bash: line 1: no_such_cmd_1: command not found\n"
-                             "bash: line 3: no_such_cmd_3: command not found\n")
+    assert result.stderr == (
+        "bash: line 1: no_such_cmd_1: command not found\n"
+        "bash: line 3: no_such_cmd_3: command not found\n"
+    )
     assert result.stdout == "two\n" and result.exit_code == 127
     await client.delete(session["session_id"])
 
@@ -85,7 +93,9 @@ async def test_timeout_kills_the_loop_and_keeps_partial_output_then_session_stil
     session = await client.create_session()
     sid = session["session_id"]
     start = time.monotonic()
-    result = await client.exec(sid, "bash -c 'while true; do echo tick; sleep 0.2; done' tick_loop", timeout_s=1.0)
+    result = await client.exec(
+        sid, "bash -c 'while true; do echo tick; sleep 0.2; done' tick_loop", timeout_s=1.0
+    )
     assert result.timed_out and result.exit_code == 124
     assert time.monotonic() - start < 3.0
     assert 3 <= result.stdout.count("tick") <= 7
@@ -102,8 +112,10 @@ async def test_background_server_keeps_running_between_commands_and_exec_returns
         start = time.monotonic()
         result = await client.exec(sid, command, timeout_s=5)
         assert result.exit_code == 0 and time.monotonic() - start < 2.0, (command, result)
-    probe = ("sleep 1; python3 -c \"import urllib.request as u; "
-             "print(u.urlopen('http://localhost:8765').status)\"")
+    probe = (
+        'sleep 1; python3 -c "import urllib.request as u; '
+        "print(u.urlopen('http://localhost:8765').status)\""
+    )
     assert (await client.exec(sid, probe, timeout_s=10)).stdout == "200\n"
     uid = (await client.session_info(sid))["uid"]
     await client.delete(sid)
@@ -123,7 +135,9 @@ async def test_invalid_utf8_in_output_is_replaced_and_session_continues(client):
 async def test_huge_output_is_capped_with_a_marker_and_keeps_exit_code(client):
     """known_pitfalls C29 (20 MB instead of 200 MB to keep the suite fast)."""
     session = await client.create_session(limits={"max_output_bytes": 4096})
-    result = await client.exec(session["session_id"], "yes 0123456789 | head -c 20000000", timeout_s=30)
+    result = await client.exec(
+        session["session_id"], "yes 0123456789 | head -c 20000000", timeout_s=30
+    )
     assert result.exit_code == 0 and not result.timed_out
     assert result.stdout_truncated_bytes == 20_000_000 - 4096
     assert f"…[truncated {20_000_000 - 4096} bytes]…" in result.stdout
@@ -132,8 +146,10 @@ async def test_huge_output_is_capped_with_a_marker_and_keeps_exit_code(client):
 
 
 async def test_files_endpoint_reads_bytes_and_refuses_escapes(client):
-    setup = ("printf 'a\\x00b\\xff' > bin.dat; mkdir d; echo inner > d/x.txt; ln -s d/x.txt inside_link; "
-             "ln -s /etc/passwd passwd_link; ln -s / root_link; head -c 5000 /dev/zero > big")
+    setup = (
+        "printf 'a\\x00b\\xff' > bin.dat; mkdir d; echo inner > d/x.txt; ln -s d/x.txt inside_link; "
+        "ln -s /etc/passwd passwd_link; ln -s / root_link; head -c 5000 /dev/zero > big"
+    )
     session = await client.create_session(setup=setup)
     sid = session["session_id"]
     assert await client.read_file(sid, "bin.dat") == b"a\x00b\xff"
@@ -159,13 +175,19 @@ async def test_files_endpoint_reads_bytes_and_refuses_escapes(client):
 
 
 async def test_reset_restores_the_state_right_after_setup(client):
-    session = await client.create_session(setup="for i in $(seq 100); do echo $i > f$i; done; mkdir -p k/l")
+    session = await client.create_session(
+        setup="for i in $(seq 100); do echo $i > f$i; done; mkdir -p k/l"
+    )
     sid = session["session_id"]
-    await client.exec(sid, "rm f1 f2; echo new > new.txt; echo changed > f3; cd k; export X=1; sleep 300 &")
+    await client.exec(
+        sid, "rm f1 f2; echo new > new.txt; echo changed > f3; cd k; export X=1; sleep 300 &"
+    )
     await client.exec(sid, "echo tmpfile > /tmp/t")
     reply = await client.reset(sid)
     assert reply["reset"] is True
-    result = await client.exec(sid, 'ls | wc -l; cat f1 f3; ls new.txt /tmp/t 2>&1 | wc -l; pwd; echo "${X:-unset}"')
+    result = await client.exec(
+        sid, 'ls | wc -l; cat f1 f3; ls new.txt /tmp/t 2>&1 | wc -l; pwd; echo "${X:-unset}"'
+    )
     assert result.stdout == "101\n1\n3\n2\n/workspace\nunset\n"
     assert "sleep 300" not in (await client.exec(sid, "ps -eo args")).stdout
     await client.delete(sid)
@@ -175,14 +197,20 @@ async def test_session_info_lists_commands_and_safety_events(client):
     session = await client.create_session()
     sid = session["session_id"]
     denied = await client.exec(sid, "rm -rf /")
-    assert denied.exit_code is None and denied.policy.verdict == "deny" and denied.policy.rule == "rm_root"
+    assert (
+        denied.exit_code is None
+        and denied.policy.verdict == "deny"
+        and denied.policy.rule == "rm_root"
+    )
     flagged = await client.exec(sid, "mkdir -p build && rm -rf build && echo gone")
     assert flagged.policy.verdict == "flag" and flagged.stdout == "gone\n"
     await client.exec(sid, "true")
     info = await client.session_info(sid)
     assert info["commands"] == 3 and info["isolation"] == "bubblewrap"
     assert [(e["rule"], e["command"]) for e in info["safety_events"]] == [
-        ("rm_root", "rm -rf /"), ("rm_recursive_or_force", "mkdir -p build && rm -rf build && echo gone")]
+        ("rm_root", "rm -rf /"),
+        ("rm_recursive_or_force", "mkdir -p build && rm -rf build && echo gone"),
+    ]
     assert info["created_at"] <= info["last_used_at"]
     await client.delete(sid)
 
@@ -206,15 +234,22 @@ async def test_bad_requests_name_the_field(client, sandbox_services):
     async with httpx.AsyncClient(base_url=url) as http:
         reply = await http.post(f"/v1/sessions/{sid}/exec", json={"cmd": "true"})
         assert reply.status_code == 422 and reply.json()["error"]["field"] in ("command", "cmd")
-    for call in (client.exec("nope", "true"), client.session_info("nope"), client.reset("nope"),
-                 client.delete("nope"), client.read_file("nope", "a")):
+    for call in (
+        client.exec("nope", "true"),
+        client.session_info("nope"),
+        client.reset("nope"),
+        client.delete("nope"),
+        client.read_file("nope", "a"),
+    ):
         with pytest.raises(SandboxNotFound):
             await call
     await client.delete(sid)
 
 
 async def test_session_cap_gives_429_and_idle_sessions_expire(sandbox_services):
-    service = sandbox_services.get("bubblewrap", max_sessions=2, session_ttl_s=1.5, ttl_sweep_interval_s=0.2)
+    service = sandbox_services.get(
+        "bubblewrap", max_sessions=2, session_ttl_s=1.5, ttl_sweep_interval_s=0.2
+    )
     async with SandboxClient(service.url) as c:
         first = await c.create_session()
         await c.create_session()
@@ -231,7 +266,9 @@ async def test_session_cap_gives_429_and_idle_sessions_expire(sandbox_services):
         await c.create_session()
 
 
-@pytest.mark.parametrize("layer, settings", [("unshare", {}), ("bubblewrap", {"exec_mode": "per_command"})])
+@pytest.mark.parametrize(
+    "layer, settings", [("unshare", {}), ("bubblewrap", {"exec_mode": "per_command"})]
+)
 async def test_other_layers_and_modes_run_commands_with_limits(sandbox_services, layer, settings):
     service = sandbox_services.get(layer, **settings)
     async with SandboxClient(service.url) as c:
@@ -239,7 +276,7 @@ async def test_other_layers_and_modes_run_commands_with_limits(sandbox_services,
         session = await c.create_session(setup="echo hi > a.txt")
         sid = session["session_id"]
         assert (await c.exec(sid, "cat a.txt; cd /tmp; export Y=2")).stdout == "hi\n"
-        assert (await c.exec(sid, 'pwd; echo $Y')).stdout == "/tmp\n2\n"
+        assert (await c.exec(sid, "pwd; echo $Y")).stdout == "/tmp\n2\n"
         result = await c.exec(sid, "sleep 30", timeout_s=1)
         assert result.timed_out and result.exit_code == 124
         result = await c.exec(sid, "exec 3<>/dev/tcp/127.0.0.1/6379 && echo connected", timeout_s=5)
@@ -253,20 +290,29 @@ async def test_other_layers_and_modes_run_commands_with_limits(sandbox_services,
 
 async def test_readyz_and_metrics_report_the_isolation_layer(client, sandbox_services):
     ready = await client.ready()
-    assert ready["isolation"] == "bubblewrap" and ready["network_isolated"] is True and ready["cgroups"] is True
+    assert (
+        ready["isolation"] == "bubblewrap"
+        and ready["network_isolated"] is True
+        and ready["cgroups"] is True
+    )
     session = await client.create_session()
     await client.exec(session["session_id"], "true")
     await client.exec(session["session_id"], "mkfs.ext4 /dev/sda")
     async with httpx.AsyncClient(base_url=sandbox_services.get("bubblewrap").url) as http:
         text = (await http.get("/metrics")).text
-    assert 'shellrl_sandbox_isolation_info{cgroups="true",layer="bubblewrap",network_isolated="true"} 1.0' in text
+    assert (
+        'shellrl_sandbox_isolation_info{cgroups="true",layer="bubblewrap",network_isolated="true"} 1.0'
+        in text
+    )
     assert "shellrl_sandbox_exec_seconds_bucket" in text and "shellrl_sandbox_sessions " in text
     assert 'shellrl_sandbox_policy_verdicts_total{rule="mkfs",verdict="deny"}' in text
     await client.delete(session["session_id"])
 
 
 async def test_metrics_have_this_layers_series_at_start_up_before_any_exec(sandbox_services):
-    service = sandbox_services.get("bubblewrap", session_ttl_s=3599)  # an instance no other test uses
+    service = sandbox_services.get(
+        "bubblewrap", session_ttl_s=3599
+    )  # an instance no other test uses
     async with httpx.AsyncClient(base_url=service.url) as http:
         text = (await http.get("/metrics")).text
     assert 'shellrl_sandbox_exec_seconds_count{isolation="bubblewrap"} 0.0' in text
@@ -277,16 +323,20 @@ async def test_metrics_have_this_layers_series_at_start_up_before_any_exec(sandb
 async def test_bubblewrap_commands_run_under_the_seccomp_denylist(client):
     assert (await client.ready())["seccomp"] is True
     session = await client.create_session()
-    probe = ("grep ^Seccomp: /proc/self/status; unshare -U true 2>/dev/null || echo unshare-denied; "
-             "python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
-             "print(libc.mount(b\"x\", b\"/tmp\", b\"tmpfs\", 0, None), os.strerror(ctypes.get_errno()))'")
+    probe = (
+        "grep ^Seccomp: /proc/self/status; unshare -U true 2>/dev/null || echo unshare-denied; "
+        "python3 -c 'import ctypes, os; libc = ctypes.CDLL(None, use_errno=True); "
+        'print(libc.mount(b"x", b"/tmp", b"tmpfs", 0, None), os.strerror(ctypes.get_errno()))\''
+    )
     result = await client.exec(session["session_id"], probe)
     assert result.stdout == "Seccomp:\t2\nunshare-denied\n-1 Operation not permitted\n"
     assert (await client.exec(session["session_id"], "sleep 0.1 & wait; echo ok")).stdout == "ok\n"
     await client.delete(session["session_id"])
 
 
-async def test_exec_slots_are_fair_between_sessions_and_the_wait_is_reported_apart(sandbox_services):
+async def test_exec_slots_are_fair_between_sessions_and_the_wait_is_reported_apart(
+    sandbox_services,
+):
     """Two slots, six sessions looping `sleep 1.5`: a session with short commands takes the next
     slot that frees (at most one 1.5 s sleep away) instead of queueing behind the four waiting
     sleeps (FIFO: 3 s or more); `queue_ms` reports the wait, `duration_ms` only the run."""
@@ -310,10 +360,15 @@ async def test_exec_slots_are_fair_between_sessions_and_the_wait_is_reported_apa
                 assert result.stdout == "hi\n" and result.duration_ms < 500, result
                 assert wall_ms < 2200, f"waited {wall_ms:.0f} ms behind other sessions"
                 # the wait is reported: what the client saw is the queue plus the run (+ HTTP, policy)
-                assert result.queue_ms + result.duration_ms - 5 <= wall_ms <= (
-                    result.queue_ms + result.duration_ms + 300), (wall_ms, result)
-                print(f"light session: wall {wall_ms:.0f} ms, queue_ms {result.queue_ms:.0f}, "
-                      f"duration_ms {result.duration_ms:.0f}")
+                assert (
+                    result.queue_ms + result.duration_ms - 5
+                    <= wall_ms
+                    <= (result.queue_ms + result.duration_ms + 300)
+                ), (wall_ms, result)
+                print(
+                    f"light session: wall {wall_ms:.0f} ms, queue_ms {result.queue_ms:.0f}, "
+                    f"duration_ms {result.duration_ms:.0f}"
+                )
         finally:
             stop.set()
             await asyncio.gather(*tasks)

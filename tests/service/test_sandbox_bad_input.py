@@ -59,7 +59,9 @@ async def test_fork_bomb_is_denied_by_policy_and_contained_when_run(client):
     await delete_and_check_nothing_left(client, sid)
     sid = await new_session(client, policy="permissive", limits={"pids": 64})
     start = time.monotonic()
-    result = await client.exec(sid, "bomb() { bomb | bomb & }; bomb; sleep 1; echo survived", timeout_s=2)
+    result = await client.exec(
+        sid, "bomb() { bomb | bomb & }; bomb; sleep 1; echo survived", timeout_s=2
+    )
     assert time.monotonic() - start < 6
     assert "fork" in result.stderr or result.timed_out or "survived" in result.stdout
     assert (await client.exec(sid, "echo still-works")).stdout == "still-works\n"
@@ -74,8 +76,15 @@ async def test_sleep_past_the_timeout_is_killed(client):
     await delete_and_check_nothing_left(client, sid)
 
 
-@pytest.mark.parametrize("command", ["sleep 100 & echo started", "nohup sleep 100 & echo started",
-                                     "setsid sleep 100 & echo started", "( (sleep 100 &) & ); echo started"])
+@pytest.mark.parametrize(
+    "command",
+    [
+        "sleep 100 & echo started",
+        "nohup sleep 100 & echo started",
+        "setsid sleep 100 & echo started",
+        "( (sleep 100 &) & ); echo started",
+    ],
+)
 async def test_background_processes_holding_stdout_do_not_hang_exec(client, command):
     sid = await new_session(client)
     start = time.monotonic()
@@ -86,8 +95,9 @@ async def test_background_processes_holding_stdout_do_not_hang_exec(client, comm
 
 async def test_timeout_also_kills_setsid_and_double_fork_escapes(client):
     sid = await new_session(client)
-    result = await client.exec(sid, "setsid sleep 101 & ( (sleep 102 &) & ); nohup sleep 103 & sleep 1000",
-                               timeout_s=1)
+    result = await client.exec(
+        sid, "setsid sleep 101 & ( (sleep 102 &) & ); nohup sleep 103 & sleep 1000", timeout_s=1
+    )
     assert result.timed_out
     left = await client.exec(sid, "ps -u $(id -u) -o args | grep -c '[s]leep 10[0-9]'")
     assert left.stdout == "0\n"
@@ -111,12 +121,19 @@ async def test_invalid_utf8_and_nul_bytes_in_output(client):
 
 
 async def test_writing_a_10gb_file_or_many_files_stops_at_the_caps(client):
-    sid = await new_session(client, limits={"workspace_bytes": 32 << 20, "file_size_bytes": 16 << 20})
+    sid = await new_session(
+        client, limits={"workspace_bytes": 32 << 20, "file_size_bytes": 16 << 20}
+    )
     start = time.monotonic()
-    one = await client.exec(sid, "head -c 10G /dev/zero > big; echo rc=$?; stat -c %s big", timeout_s=10)
+    one = await client.exec(
+        sid, "head -c 10G /dev/zero > big; echo rc=$?; stat -c %s big", timeout_s=10
+    )
     assert "rc=0" not in one.stdout and one.stdout.endswith(f"{16 << 20}\n")
-    many = await client.exec(sid, "rm -f big; for i in 1 2 3; do head -c 15M /dev/zero > f$i; done; du -sm . ",
-                             timeout_s=10)
+    many = await client.exec(
+        sid,
+        "rm -f big; for i in 1 2 3; do head -c 15M /dev/zero > f$i; done; du -sm . ",
+        timeout_s=10,
+    )
     assert "No space left on device" in many.stderr
     assert int(many.stdout.split()[0]) <= 32
     assert time.monotonic() - start < 8
@@ -132,8 +149,12 @@ async def test_allocating_20gb_fails_cleanly(client):
 
 async def test_service_environment_never_reaches_commands(client):
     sid = await new_session(client)
-    result = await client.exec(sid, "env; cat /proc/1/environ; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; "
-                                    "ps eww -e 2>/dev/null", timeout_s=10)
+    result = await client.exec(
+        sid,
+        "env; cat /proc/1/environ; cat /proc/*/environ 2>/dev/null | tr '\\0' '\\n'; "
+        "ps eww -e 2>/dev/null",
+        timeout_s=10,
+    )
     for secret in PLANTED_SECRETS.values():
         assert secret not in result.stdout and secret not in result.stderr
     await client.delete(sid)
@@ -143,8 +164,11 @@ async def test_another_sessions_workspace_is_unreadable(client):
     owner = await client.create_session(setup="echo top-secret-42 > secret.txt")
     sid = await new_session(client)
     ws = owner["workspace"]
-    result = await client.exec(sid, f"cat {ws}/secret.txt; ls -la {ws}/.. {ws}/../..; cat /workspace/secret.txt",
-                               timeout_s=5)
+    result = await client.exec(
+        sid,
+        f"cat {ws}/secret.txt; ls -la {ws}/.. {ws}/../..; cat /workspace/secret.txt",
+        timeout_s=5,
+    )
     assert "top-secret-42" not in result.stdout + result.stderr
     assert owner["session_id"] not in result.stdout
     await client.delete(sid)
@@ -172,8 +196,10 @@ async def test_rm_rf_root_is_denied_and_rm_rf_home_only_empties_the_workspace(cl
 
 async def test_rm_rf_root_when_run_cannot_break_the_sandbox(client, layer):
     if layer == "fallback":
-        pytest.skip("fallback: only file permissions stand between the session uid and the host tree; the "
-                    "policy's deny rule is the protection there (README, Security)")
+        pytest.skip(
+            "fallback: only file permissions stand between the session uid and the host tree; the "
+            "policy's deny rule is the protection there (README, Security)"
+        )
     sid = await new_session(client, setup="echo a > a.txt", policy="permissive")
     await client.exec(sid, "rm -rf --no-preserve-root / 2>/dev/null; echo done", timeout_s=3)
     result = await client.exec(sid, "ls /usr/bin/ls /lib64 >/dev/null && echo fine; ls -A | wc -l")
@@ -211,11 +237,17 @@ async def test_host_loopback_services_are_unreachable(client, layer):
     try:
         port = canary.getsockname()[1]
         sid = await new_session(client)
-        result = await client.exec(sid, f"(exec 3<>/dev/tcp/127.0.0.1/{port}) && echo connected-canary; "
-                                        "(exec 3<>/dev/tcp/127.0.0.1/6379) && echo connected-redis", timeout_s=5)
+        result = await client.exec(
+            sid,
+            f"(exec 3<>/dev/tcp/127.0.0.1/{port}) && echo connected-canary; "
+            "(exec 3<>/dev/tcp/127.0.0.1/6379) && echo connected-redis",
+            timeout_s=5,
+        )
         ready = await client.ready()
         if layer == "fallback":
-            assert ready["network_isolated"] is False  # said loudly; README: the fallback has no network isolation
+            assert (
+                ready["network_isolated"] is False
+            )  # said loudly; README: the fallback has no network isolation
             assert "connected-canary" in result.stdout
         else:
             assert ready["network_isolated"] is True
@@ -271,22 +303,30 @@ async def test_unknown_session_is_404(client):
 
 # --- issue 17 -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("path, body, field, code", [
-    ("exec", {"command": "echo \ud800"}, "command", "invalid_command"),
-    ("exec", {"command": "echo \udcff"}, "command", "invalid_command"),
-    ("sessions", {"setup": "echo a\ud800b"}, "setup", "invalid_setup"),
-    ("sessions", {"env": {"K": "v\udfff"}}, "env.K", "invalid_env"),
-    ("sessions", {"env": {"K\ud800": "v"}}, "env.K\\ud800", "invalid_env"),
-])
+
+@pytest.mark.parametrize(
+    "path, body, field, code",
+    [
+        ("exec", {"command": "echo \ud800"}, "command", "invalid_command"),
+        ("exec", {"command": "echo \udcff"}, "command", "invalid_command"),
+        ("sessions", {"setup": "echo a\ud800b"}, "setup", "invalid_setup"),
+        ("sessions", {"env": {"K": "v\udfff"}}, "env.K", "invalid_env"),
+        ("sessions", {"env": {"K\ud800": "v"}}, "env.K\\ud800", "invalid_env"),
+    ],
+)
 async def test_a_lone_surrogate_is_a_400_naming_the_field_on_a_connection_that_stays_usable(
-        client, sandbox_services, layer, path, body, field, code):
+    client, sandbox_services, layer, path, body, field, code
+):
     sid = await new_session(client)
     url = f"/v1/sessions/{sid}/exec" if path == "exec" else "/v1/sessions"
     one_connection = httpx.Limits(max_connections=1, max_keepalive_connections=1)
-    async with httpx.AsyncClient(base_url=sandbox_services.get(layer).url, limits=one_connection,
-                                 timeout=30) as http:
+    async with httpx.AsyncClient(
+        base_url=sandbox_services.get(layer).url, limits=one_connection, timeout=30
+    ) as http:
         # json.dumps escapes the surrogate as \ud800, as any JSON encoder may
-        bad = await http.post(url, content=json.dumps(body), headers={"content-type": "application/json"})
+        bad = await http.post(
+            url, content=json.dumps(body), headers={"content-type": "application/json"}
+        )
         first_port = bad.extensions["network_stream"].get_extra_info("client_addr")[1]
         assert bad.status_code == 400, bad.text
         assert (bad.json()["error"]["field"], bad.json()["error"]["code"]) == (field, code)
@@ -300,22 +340,31 @@ async def test_a_lone_surrogate_is_a_400_naming_the_field_on_a_connection_that_s
 async def test_env_within_the_limit_runs_and_a_larger_one_is_a_400_naming_the_field(client):
     big = "x" * (MAX_ENV_BYTES - len("BIG=") - 1 - 200)  # with SMALL: just within the limit
     sid = await new_session(client, env={"BIG": big, "SMALL": "s"})
-    result = await client.exec(sid, 'echo ${#BIG}; /usr/bin/env | grep -c "^BIG="; sh -c \'echo ${#BIG}\'')
+    result = await client.exec(
+        sid, "echo ${#BIG}; /usr/bin/env | grep -c \"^BIG=\"; sh -c 'echo ${#BIG}'"
+    )
     assert result.stdout == f"{len(big)}\n1\n{len(big)}\n" and result.exit_code == 0, result
     await client.delete(sid)
     for env in ({"BIG": "x" * 200_000}, {f"KEY_{i}": "v" * 30 for i in range(3000)}):
         with pytest.raises(SandboxBadRequest) as info:
             await client.create_session(env=env)
-        assert (info.value.status, info.value.code, info.value.field) == (400, "env_too_large", "env")
+        assert (info.value.status, info.value.code, info.value.field) == (
+            400,
+            "env_too_large",
+            "env",
+        )
         assert str(MAX_ENV_BYTES) in str(info.value)
 
 
-async def test_three_parallel_pathological_commands_leave_readyz_responsive(client, sandbox_services, layer):
+async def test_three_parallel_pathological_commands_leave_readyz_responsive(
+    client, sandbox_services, layer
+):
     """`rm` + 6,000 blanks + `x` stalled /readyz 2.3 s (three in parallel 5.1 s) and was denied
     as `policy_timeout`; now evaluated linearly, off the event loop, with a clock-free verdict."""
     sids = [await new_session(client) for _ in range(3)]
     command = "rm" + " " * 60_000 + "x; true"
     async with httpx.AsyncClient(base_url=sandbox_services.get(layer).url, timeout=30) as http:
+
         async def readyz_worst_s() -> float:
             worst = 0.0
             for _ in range(10):
@@ -325,7 +374,9 @@ async def test_three_parallel_pathological_commands_leave_readyz_responsive(clie
                 await asyncio.sleep(0.01)
             return worst
 
-        *results, worst_s = await asyncio.gather(*(client.exec(s, command) for s in sids), readyz_worst_s())
+        *results, worst_s = await asyncio.gather(
+            *(client.exec(s, command) for s in sids), readyz_worst_s()
+        )
     assert all(r.policy.verdict == "allow" and r.exit_code == 0 for r in results), results
     assert worst_s < 0.5, f"/readyz took {worst_s:.2f} s"
     for sid in sids:
@@ -337,9 +388,15 @@ async def test_dev_shm_is_capped_and_reset_empties_it_and_the_ipc_objects(client
     name = f"fill-{sid}"
     ipc = await client.exec(sid, "ipcmk -M 65536 | awk '{print $NF}'")
     shm_id = int(ipc.stdout)
-    assert (await client.exec(sid, f"ipcs -m | awk '{{print $2}}' | grep -cx {shm_id}")).stdout == "1\n"
-    fill = await client.exec(sid, f"head -c 64M /dev/zero > /dev/shm/{name}; echo rc=$?; touch /dev/planted; "
-                                  f"ls /dev/shm | grep -c {name}", timeout_s=20)
+    assert (
+        await client.exec(sid, f"ipcs -m | awk '{{print $2}}' | grep -cx {shm_id}")
+    ).stdout == "1\n"
+    fill = await client.exec(
+        sid,
+        f"head -c 64M /dev/zero > /dev/shm/{name}; echo rc=$?; touch /dev/planted; "
+        f"ls /dev/shm | grep -c {name}",
+        timeout_s=20,
+    )
     assert fill.exit_code == 0 and fill.stdout.endswith("1\n"), fill  # not OOM-killed (137)
     if layer == "bubblewrap":
         assert fill.stdout == "rc=1\n1\n" and "No space left on device" in fill.stderr
@@ -347,8 +404,11 @@ async def test_dev_shm_is_capped_and_reset_empties_it_and_the_ipc_objects(client
     else:  # fallback: the host's /dev/shm, capped by nothing but the memory cgroup (README)
         assert fill.stdout == "rc=0\n1\n"
     await client.reset(sid)
-    after = await client.exec(sid, f"ls -A /dev/shm | grep -c {name}; echo works; "
-                                   f"ipcs -m | awk '{{print $2}}' | grep -qx {shm_id} && echo ipc-kept")
+    after = await client.exec(
+        sid,
+        f"ls -A /dev/shm | grep -c {name}; echo works; "
+        f"ipcs -m | awk '{{print $2}}' | grep -qx {shm_id} && echo ipc-kept",
+    )
     assert after.stdout == "0\nworks\n"
     if layer == "fallback":
         assert not os.path.exists(f"/dev/shm/{name}")
@@ -362,7 +422,12 @@ async def test_files_in_the_hosts_shared_tmp_go_at_reset_and_delete_in_the_fallb
     for directory in ("/tmp", "/var/tmp", "/dev/shm"):
         await client.exec(sid, f"echo x > {directory}/left-{sid}; mkdir {directory}/dir-{sid}")
     await client.reset(sid)
-    left = [d for d in ("/tmp", "/var/tmp", "/dev/shm") for n in ("left", "dir") if os.path.exists(f"{d}/{n}-{sid}")]
+    left = [
+        d
+        for d in ("/tmp", "/var/tmp", "/dev/shm")
+        for n in ("left", "dir")
+        if os.path.exists(f"{d}/{n}-{sid}")
+    ]
     assert left == []
     await client.exec(sid, f"echo x > /tmp/left-{sid}")
     await client.delete(sid)
@@ -372,13 +437,20 @@ async def test_files_in_the_hosts_shared_tmp_go_at_reset_and_delete_in_the_fallb
 async def test_a_full_tmp_keeps_the_shell_state(client):
     sid = await new_session(client, setup="mkdir sub", limits={"workspace_bytes": 16 << 20})
     ws = (await client.session_info(sid))["workspace"]
-    full = await client.exec(sid, 'cd sub && export KEEP=yes && head -c 32M /dev/zero > "${TMPDIR:-/tmp}/fill"',
-                             timeout_s=20)
+    full = await client.exec(
+        sid,
+        'cd sub && export KEEP=yes && head -c 32M /dev/zero > "${TMPDIR:-/tmp}/fill"',
+        timeout_s=20,
+    )
     assert "No space left on device" in full.stderr
-    after = await client.exec(sid, 'pwd; echo "$KEEP"; echo more > "${TMPDIR:-/tmp}/x" || echo still-full')
+    after = await client.exec(
+        sid, 'pwd; echo "$KEEP"; echo more > "${TMPDIR:-/tmp}/x" || echo still-full'
+    )
     assert after.stdout == f"{ws}/sub\nyes\nstill-full\n", after
     # only an environment beyond every use (its export -p past the state's 4 MiB) is not saved, and says so
-    huge = await client.exec(sid, "export HUGE=$(head -c 5000000 /dev/zero | tr '\\0' a)", timeout_s=20)
+    huge = await client.exec(
+        sid, "export HUGE=$(head -c 5000000 /dev/zero | tr '\\0' a)", timeout_s=20
+    )
     assert "shell state (cwd, exported variables) was not saved" in huge.stderr
     await client.delete(sid)
 
@@ -387,11 +459,15 @@ async def test_programs_the_service_runs_as_root_never_come_from_the_task_path(c
     """The task's PATH pointed into the workspace and the service started a planted `setpriv`
     (fallback) or `unshare` as root; now every root program has an absolute path and the fixed
     launcher environment, and the task environment applies only after the drop to the session uid."""
-    marker_dir = Path(tempfile.mkdtemp(prefix="shellrl-root-only-"))  # mode 0700: only root writes here
+    marker_dir = Path(
+        tempfile.mkdtemp(prefix="shellrl-root-only-")
+    )  # mode 0700: only root writes here
     marker = marker_dir / "ran-as-root"
-    fake = f"#!/bin/sh\ntouch {marker}\nexec /usr/bin/$(basename $0) \"$@\"\n"
-    setup = (f"mkdir bin && for t in setpriv unshare env sh mount ip bash python3; do printf %s '{fake}' > bin/$t; "
-             "chmod +x bin/$t; done")
+    fake = f'#!/bin/sh\ntouch {marker}\nexec /usr/bin/$(basename $0) "$@"\n'
+    setup = (
+        f"mkdir bin && for t in setpriv unshare env sh mount ip bash python3; do printf %s '{fake}' > bin/$t; "
+        "chmod +x bin/$t; done"
+    )
     try:
         sid = await new_session(client, setup=setup, env={"PATH": "<workspace>/bin:/usr/bin:/bin"})
         assert (await client.exec(sid, "echo hi")).stdout == "hi\n"

@@ -34,18 +34,32 @@ async def client(request, sandbox_services):
 async def test_a_forged_shell_state_does_not_reach_a_fresh_state_exec(client):
     # the task env itself points PATH and BASH_ENV into the workspace: fresh_state ignores both
     session = await client.create_session(
-        setup="echo real > a.txt; mkdir sub", env={"GREETING": "hi", "PATH": "<workspace>/bin:/usr/bin:/bin",
-                                                   "BASH_ENV": "<workspace>/rc"})
+        setup="echo real > a.txt; mkdir sub",
+        env={
+            "GREETING": "hi",
+            "PATH": "<workspace>/bin:/usr/bin:/bin",
+            "BASH_ENV": "<workspace>/rc",
+        },
+    )
     sid, ws = session["session_id"], session["workspace"]
-    agent = (("mkdir -p bin && printf '#!/bin/sh\\necho fake-cat\\n' > bin/cat && chmod +x bin/cat"
-              " && echo 'echo from-bash-env' > rc && echo 'echo from-bashrc' > .bashrc"),
-             f"{STATE_DIR}; trap - EXIT; printf %s {shlex.quote(FORGED_STATE)} > $st/env; printf /tmp > $st/cwd")
+    agent = (
+        (
+            "mkdir -p bin && printf '#!/bin/sh\\necho fake-cat\\n' > bin/cat && chmod +x bin/cat"
+            " && echo 'echo from-bash-env' > rc && echo 'echo from-bashrc' > .bashrc"
+        ),
+        f"{STATE_DIR}; trap - EXIT; printf %s {shlex.quote(FORGED_STATE)} > $st/env; printf /tmp > $st/cwd",
+    )
     for command in agent:
         assert (await client.exec(sid, command)).exit_code == 0
-    probe = ('cat a.txt; pwd; echo "$GREETING|$PATH|${BASH_ENV-unset}|${ENV-unset}"; type -t exec cd cat; '
-             "ls a.txt; env | grep -c BASH_FUNC")
+    probe = (
+        'cat a.txt; pwd; echo "$GREETING|$PATH|${BASH_ENV-unset}|${ENV-unset}"; type -t exec cd cat; '
+        "ls a.txt; env | grep -c BASH_FUNC"
+    )
     fresh = await client.exec(sid, probe, fresh_state=True)
-    assert fresh.stdout == f"real\n{ws}\nhi|{SANDBOX_PATH}|unset|unset\nbuiltin\nbuiltin\nfile\na.txt\n0\n", fresh
+    assert (
+        fresh.stdout
+        == f"real\n{ws}\nhi|{SANDBOX_PATH}|unset|unset\nbuiltin\nbuiltin\nfile\na.txt\n0\n"
+    ), fresh
     assert fresh.stderr == ""
     # the fresh exec did not rewrite the saved state: the agent's next command runs the forgery
     forged = await client.exec(sid, "cat a.txt; echo $GREETING")
@@ -57,7 +71,9 @@ async def test_fresh_state_exec_keeps_the_agents_own_cwd_and_variables_for_later
     session = await client.create_session(setup="mkdir sub")
     sid, ws = session["session_id"], session["workspace"]
     await client.exec(sid, "cd sub && export COLOR=blue")
-    assert (await client.exec(sid, 'pwd; echo "${COLOR-unset}"', fresh_state=True)).stdout == f"{ws}\nunset\n"
+    assert (
+        await client.exec(sid, 'pwd; echo "${COLOR-unset}"', fresh_state=True)
+    ).stdout == f"{ws}\nunset\n"
     assert (await client.exec(sid, 'pwd; echo "$COLOR"')).stdout == f"{ws}/sub\nblue\n"
     result = await client.exec(sid, "sleep 30", timeout_s=1, fresh_state=True)
     assert (result.timed_out, result.exit_code) == (True, 124)
@@ -70,8 +86,11 @@ async def test_kill_stops_background_and_setsid_processes_and_keeps_the_session(
     session = await client.create_session()
     sid = session["session_id"]
     ticker = "while :; do date +%s%N > {}; sleep 0.05; done"
-    await client.exec(sid, f"mkdir sub && cd sub && ({ticker.format('tick')} &) ;"
-                           f" setsid sh -c '{ticker.format('tick2')}' >/dev/null 2>&1 & echo started")
+    await client.exec(
+        sid,
+        f"mkdir sub && cd sub && ({ticker.format('tick')} &) ;"
+        f" setsid sh -c '{ticker.format('tick2')}' >/dev/null 2>&1 & echo started",
+    )
     await asyncio.sleep(0.3)
     before = await _written(client, sid, "sub/tick")
     await asyncio.sleep(0.3)
@@ -79,9 +98,12 @@ async def test_kill_stops_background_and_setsid_processes_and_keeps_the_session(
     reply = await client.kill_processes(sid)
     assert reply["killed"] is True and reply["session_id"] == sid
     stopped = await client.read_file(sid, "sub/tick")
-    assert stopped == await _later(client, sid, "sub/tick") and await client.read_file(sid, "sub/tick2") == \
-        await _later(client, sid, "sub/tick2")
-    after = await client.exec(sid, "pwd; ls")  # workspace and saved shell state kept, session usable
+    assert stopped == await _later(client, sid, "sub/tick") and await client.read_file(
+        sid, "sub/tick2"
+    ) == await _later(client, sid, "sub/tick2")
+    after = await client.exec(
+        sid, "pwd; ls"
+    )  # workspace and saved shell state kept, session usable
     assert after.stdout == f"{session['workspace']}/sub\ntick\ntick2\n" and after.exit_code == 0
     await client.delete(sid)
     with pytest.raises(SandboxNotFound):

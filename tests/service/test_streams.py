@@ -38,13 +38,14 @@ async def _ids(redis, stream: str = STREAM) -> list[str]:
 
 # --- idempotent produce, atomic forward ------------------------------------------------------
 
+
 async def test_add_with_the_same_idempotency_key_appends_once(redis):
     producer = StreamProducer(redis, STREAM)
     first = await producer.add(_traj("a"), idempotency_key="a", task_id="t", version=3)
     again = await producer.add(_traj("a"), idempotency_key="a", task_id="t", version=3)
     assert first[1] is False and again == (first[0], True)
     assert await redis.xlen(STREAM) == 1
-    (_, fields), = await redis.xrange(STREAM)
+    ((_, fields),) = await redis.xrange(STREAM)
     assert fields == {b"pb": _traj("a"), b"task_id": b"t", b"version": b"3"}
 
 
@@ -53,11 +54,14 @@ async def test_add_many_appends_in_order_and_skips_known_keys(redis):
     await producer.add(_traj("b"), idempotency_key="b")
     out = await producer.add_many([OutgoingEntry(_traj(t), t, {"group_id": "g"}) for t in "abc"])
     assert [dup for _, dup in out] == [False, True, False]
-    assert [Trajectory.FromString(f[b"pb"]).trajectory_id for _, f in await redis.xrange(STREAM)] == ["b", "a", "c"]
+    assert [
+        Trajectory.FromString(f[b"pb"]).trajectory_id for _, f in await redis.xrange(STREAM)
+    ] == ["b", "a", "c"]
 
 
 async def test_concurrent_adds_of_one_key_from_separate_clients_append_exactly_once(redis_server):
     clients = [connect(redis_server.url) for _ in range(8)]
+
     async def one(client, i):  # both paths: the Lua script of add, the WATCH/MULTI of add_many
         producer = StreamProducer(client, STREAM)
         if i % 2:
@@ -74,14 +78,18 @@ async def test_concurrent_adds_of_one_key_from_separate_clients_append_exactly_o
 
 
 async def test_a_key_repeated_inside_one_batch_is_appended_once(redis):
-    out = await StreamProducer(redis, STREAM).add_many([OutgoingEntry(_traj("a"), "a"), OutgoingEntry(_traj("a"), "a")])
+    out = await StreamProducer(redis, STREAM).add_many(
+        [OutgoingEntry(_traj("a"), "a"), OutgoingEntry(_traj("a"), "a")]
+    )
     assert out[1] == (out[0][0], True) and out[0][1] is False
     assert await redis.xlen(STREAM) == 1
 
 
 async def test_forward_appends_downstream_and_acks_in_one_step_and_only_acks_a_redelivery(redis):
     upstream = StreamProducer(redis, "shellrl:episodes")
-    consumer = StreamConsumer(redis, "shellrl:episodes", "verifier", "v1", block_ms=100, claim_interval_s=3600)
+    consumer = StreamConsumer(
+        redis, "shellrl:episodes", "verifier", "v1", block_ms=100, claim_interval_s=3600
+    )
     await consumer.ensure_group()
     await upstream.add(_traj("a"))
     (entry,) = await consumer.read()
@@ -95,10 +103,20 @@ async def test_forward_appends_downstream_and_acks_in_one_step_and_only_acks_a_r
 
 # --- dead letters ---------------------------------------------------------------------------
 
+
 async def test_malformed_entry_is_dead_lettered_after_n_deliveries_without_blocking_the_rest(redis):
     producer = StreamProducer(redis, STREAM)
-    consumer = StreamConsumer(redis, STREAM, GROUP, "learner-1", block_ms=50, count=10, claim_min_idle_ms=100,
-                              claim_interval_s=0.0, max_deliveries=3)
+    consumer = StreamConsumer(
+        redis,
+        STREAM,
+        GROUP,
+        "learner-1",
+        block_ms=50,
+        count=10,
+        claim_min_idle_ms=100,
+        claim_interval_s=0.0,
+        max_deliveries=3,
+    )
     await consumer.ensure_group()
     await producer.add(_traj("good-0"))
     bad_id, _ = await producer.add(b"\x0a\xff\xff\xff\xff garbage", task_id="t")
@@ -108,7 +126,9 @@ async def test_malformed_entry_is_dead_lettered_after_n_deliveries_without_block
     deadline = time.monotonic() + 15
     while not await redis.xlen(STREAM_DEAD):
         assert time.monotonic() < deadline, "malformed entry never reached shellrl:dead"
-        if len(handled) == 2 and "late" not in handled:  # an entry behind the poison one, added later
+        if (
+            len(handled) == 2 and "late" not in handled
+        ):  # an entry behind the poison one, added later
             await producer.add(_traj("late"))
             handled.append("late")
         for entry in await consumer.read():
@@ -125,7 +145,7 @@ async def test_malformed_entry_is_dead_lettered_after_n_deliveries_without_block
     assert [x for x in handled if x != "late"][:2] == ["good-0", "good-1"]
     assert ("ok", "late") in events and events.index(("ok", "late")) < events.index(("fail", 3))
     assert [e for e in events if e[0] == "fail"] == [("fail", 1), ("fail", 2), ("fail", 3)]
-    (_, dead), = await redis.xrange(STREAM_DEAD)
+    ((_, dead),) = await redis.xrange(STREAM_DEAD)
     assert dead[b"entry_id"].decode() == bad_id and dead[b"deliveries"] == b"3"
     assert dead[b"source_stream"].decode() == STREAM and dead[b"group"].decode() == GROUP
     reason = dead[b"reason"].decode()
@@ -139,18 +159,35 @@ async def test_entry_whose_consumers_keep_crashing_is_dead_lettered_on_its_next_
     await StreamProducer(redis, STREAM).add(_traj("crashy"))
     await StreamConsumer(redis, STREAM, GROUP, "c0", block_ms=50).ensure_group()
     for i in range(2):  # two consumers read it and "crash" (never ack)
-        c = StreamConsumer(redis, STREAM, GROUP, f"c{i}", block_ms=50, claim_min_idle_ms=0, claim_interval_s=0.0,
-                           max_deliveries=2)
+        c = StreamConsumer(
+            redis,
+            STREAM,
+            GROUP,
+            f"c{i}",
+            block_ms=50,
+            claim_min_idle_ms=0,
+            claim_interval_s=0.0,
+            max_deliveries=2,
+        )
         assert len(await c.read()) == 1
-    survivor = StreamConsumer(redis, STREAM, GROUP, "c9", block_ms=50, claim_min_idle_ms=0, claim_interval_s=0.0,
-                              max_deliveries=2)
+    survivor = StreamConsumer(
+        redis,
+        STREAM,
+        GROUP,
+        "c9",
+        block_ms=50,
+        claim_min_idle_ms=0,
+        claim_interval_s=0.0,
+        max_deliveries=2,
+    )
     assert await survivor.read() == []
-    (_, dead), = await redis.xrange(STREAM_DEAD)
+    ((_, dead),) = await redis.xrange(STREAM_DEAD)
     assert b"delivered 3 times without acknowledgement" in dead[b"reason"]
     assert b"consumer crashed or timed out" in dead[b"reason"]
 
 
 # --- trimming -------------------------------------------------------------------------------
+
 
 async def test_trimming_never_removes_an_entry_a_group_has_not_acknowledged(redis):
     producer = StreamProducer(redis, STREAM)
@@ -158,14 +195,23 @@ async def test_trimming_never_removes_an_entry_a_group_has_not_acknowledged(redi
     b = StreamConsumer(redis, STREAM, "audit", "b", block_ms=50, count=200, claim_interval_s=3600)
     await a.ensure_group()
     await b.ensure_group()
-    ids = [eid for eid, _ in await producer.add_many([OutgoingEntry(_traj(f"t{i}")) for i in range(400)])]
-    await a.ack(*(e.entry_id for e in await a.read() if e.entry_id != ids[150]))  # ids[150] pending in "learner"
-    await b.ack(*(e.entry_id for e in await b.read()))  # "audit" acknowledged 0..199, never read 200..399
+    ids = [
+        eid
+        for eid, _ in await producer.add_many([OutgoingEntry(_traj(f"t{i}")) for i in range(400)])
+    ]
+    await a.ack(
+        *(e.entry_id for e in await a.read() if e.entry_id != ids[150])
+    )  # ids[150] pending in "learner"
+    await b.ack(
+        *(e.entry_id for e in await b.read())
+    )  # "audit" acknowledged 0..199, never read 200..399
 
     removed = await producer.trim_acknowledged(maxlen=10)
     remaining = set(await _ids(redis))
     assert set(ids[150:]) <= remaining  # pending in one group, or undelivered in another: kept
-    assert removed == 400 - len(remaining) and removed >= 100  # whole radix nodes below ids[150] went
+    assert (
+        removed == 400 - len(remaining) and removed >= 100
+    )  # whole radix nodes below ids[150] went
 
     await b.ack(*(e.entry_id for e in await b.read(count=300)))
     await producer.trim_acknowledged(maxlen=10)
@@ -186,7 +232,9 @@ async def test_stream_without_groups_is_never_trimmed(redis):
 async def test_producer_maxlen_bounds_acknowledged_history_but_keeps_unacknowledged_entries(redis):
     big = b"x" * 5000  # larger than a radix node: approximate trimming is exact per entry
     producer = StreamProducer(redis, STREAM, maxlen=100, trim_every=10)
-    consumer = StreamConsumer(redis, STREAM, GROUP, "l1", block_ms=50, count=50, claim_interval_s=3600)
+    consumer = StreamConsumer(
+        redis, STREAM, GROUP, "l1", block_ms=50, count=50, claim_interval_s=3600
+    )
     await consumer.ensure_group()
     for _ in range(20):  # 1,000 entries produced and consumed
         await producer.add_many([OutgoingEntry(big)] * 50)
@@ -200,11 +248,14 @@ async def test_producer_maxlen_bounds_acknowledged_history_but_keeps_unacknowled
 
 # --- backpressure ---------------------------------------------------------------------------
 
+
 async def test_backlog_counts_pending_and_undelivered_entries(redis):
     producer = StreamProducer(redis, STREAM)
     await producer.add_many([OutgoingEntry(_traj(f"t{i}")) for i in range(5)])
     assert await producer.backlog(GROUP) == 5  # no group yet: everything is backlog
-    consumer = StreamConsumer(redis, STREAM, GROUP, "l1", block_ms=50, count=3, claim_interval_s=3600)
+    consumer = StreamConsumer(
+        redis, STREAM, GROUP, "l1", block_ms=50, count=3, claim_interval_s=3600
+    )
     await consumer.ensure_group()
     entries = await consumer.read()
     assert await producer.backlog(GROUP) == 5  # 3 pending + 2 undelivered
@@ -214,7 +265,9 @@ async def test_backlog_counts_pending_and_undelivered_entries(redis):
 
 async def test_wait_for_backlog_below_blocks_until_the_consumer_catches_up(redis):
     producer = StreamProducer(redis, STREAM)
-    consumer = StreamConsumer(redis, STREAM, GROUP, "l1", block_ms=50, count=10, claim_interval_s=3600)
+    consumer = StreamConsumer(
+        redis, STREAM, GROUP, "l1", block_ms=50, count=10, claim_interval_s=3600
+    )
     await consumer.ensure_group()
     await producer.add_many([OutgoingEntry(_traj(f"t{i}")) for i in range(5)])
     assert await producer.wait_for_backlog_below(GROUP, 6) < 0.1
@@ -235,6 +288,7 @@ async def test_wait_for_backlog_below_blocks_until_the_consumer_catches_up(redis
 
 # --- the blocking-read rule -----------------------------------------------------------------
 
+
 async def test_block_ms_at_or_above_half_the_socket_timeout_is_refused(redis_server):
     client = connect(redis_server.url, socket_timeout=1.0)
     with pytest.raises(ValueError, match="below half the client's socket_timeout"):
@@ -246,21 +300,29 @@ async def test_block_ms_at_or_above_half_the_socket_timeout_is_refused(redis_ser
     consumer = StreamConsumer(client, STREAM, GROUP, "c", block_ms=200)
     with pytest.raises(ValueError, match="socket_timeout"):
         await consumer.read(block_ms=900)
-    unbounded = aioredis.Redis.from_url(redis_server.url)  # no socket timeout: only MAX_BLOCK_MS applies
+    unbounded = aioredis.Redis.from_url(
+        redis_server.url
+    )  # no socket timeout: only MAX_BLOCK_MS applies
     StreamConsumer(unbounded, STREAM, GROUP, "c", block_ms=4000)
     await client.aclose()
     await unbounded.aclose()
 
 
-async def test_blocking_read_returns_empty_after_block_ms_and_block_ms_zero_never_blocks(redis_server):
+async def test_blocking_read_returns_empty_after_block_ms_and_block_ms_zero_never_blocks(
+    redis_server,
+):
     client = connect(redis_server.url, socket_timeout=1.0)
     consumer = StreamConsumer(client, STREAM, GROUP, "c", block_ms=300, claim_interval_s=3600)
     await consumer.ensure_group()
     start = time.monotonic()
     assert await asyncio.wait_for(consumer.read(), 5) == []
-    assert 0.25 <= time.monotonic() - start < 0.9  # one BLOCK, not a re-sent one after a socket timeout
+    assert (
+        0.25 <= time.monotonic() - start < 0.9
+    )  # one BLOCK, not a re-sent one after a socket timeout
     start = time.monotonic()
-    assert await asyncio.wait_for(consumer.read(block_ms=0), 5) == []  # Redis' BLOCK 0 would hang forever
+    assert (
+        await asyncio.wait_for(consumer.read(block_ms=0), 5) == []
+    )  # Redis' BLOCK 0 would hang forever
     assert time.monotonic() - start < 0.2
     await client.aclose()
 
@@ -282,18 +344,24 @@ async def test_stats_set_the_stream_gauges(redis):
     from prometheus_client import REGISTRY
 
     producer = StreamProducer(redis, STREAM)
-    consumer = StreamConsumer(redis, STREAM, GROUP, "l1", block_ms=50, count=2, claim_interval_s=3600)
+    consumer = StreamConsumer(
+        redis, STREAM, GROUP, "l1", block_ms=50, count=2, claim_interval_s=3600
+    )
     await consumer.ensure_group()
     await producer.add_many([OutgoingEntry(_traj(f"t{i}")) for i in range(5)])
     await consumer.read()
     assert await consumer.stats() == {"length": 5, "pending": 2, "lag": 3}
-    assert REGISTRY.get_sample_value("shellrl_stream_pending", {"stream": STREAM, "group": GROUP}) == 2
+    assert (
+        REGISTRY.get_sample_value("shellrl_stream_pending", {"stream": STREAM, "group": GROUP}) == 2
+    )
     assert REGISTRY.get_sample_value("shellrl_stream_length", {"stream": STREAM}) == 5
 
 
 async def test_the_dead_letter_stream_keeps_the_newest_entries_only(redis):
     producer = StreamProducer(redis, STREAM)
-    consumer = StreamConsumer(redis, STREAM, GROUP, "c", block_ms=50, max_deliveries=1, dead_maxlen=2)
+    consumer = StreamConsumer(
+        redis, STREAM, GROUP, "c", block_ms=50, max_deliveries=1, dead_maxlen=2
+    )
     await consumer.ensure_group()
     for i in range(4):
         await producer.add(_traj(f"t{i}"))
@@ -301,5 +369,7 @@ async def test_the_dead_letter_stream_keeps_the_newest_entries_only(redis):
     for entry in entries:
         await consumer.dead_letter(entry, "test")
     kept = await redis.xrange(STREAM_DEAD)
-    assert [fields[b"entry_id"].decode() for _, fields in kept] == [e.entry_id for e in entries[-2:]]
+    assert [fields[b"entry_id"].decode() for _, fields in kept] == [
+        e.entry_id for e in entries[-2:]
+    ]
     assert (await redis.xpending(STREAM, GROUP))["pending"] == 0

@@ -22,17 +22,42 @@ def _trajectories(n: int) -> list[OutgoingEntry]:
     out = []
     for i in range(n):
         tid = f"traj-{i:04d}"
-        out.append(OutgoingEntry(Trajectory(trajectory_id=tid, task_id="t").SerializeToString(), tid, {"task_id": "t"}))
+        out.append(
+            OutgoingEntry(
+                Trajectory(trajectory_id=tid, task_id="t").SerializeToString(),
+                tid,
+                {"task_id": "t"},
+            )
+        )
     return out
 
 
 def _worker(url: str, consumer: str, *args: str) -> list[str]:
-    return [sys.executable, "-m", "tests.helpers.stream_worker", "--url", url, "--stream", STREAM, "--group", GROUP,
-            "--effects", EFFECTS, "--consumer", consumer, *args]
+    return [
+        sys.executable,
+        "-m",
+        "tests.helpers.stream_worker",
+        "--url",
+        url,
+        "--stream",
+        STREAM,
+        "--group",
+        GROUP,
+        "--effects",
+        EFFECTS,
+        "--consumer",
+        consumer,
+        *args,
+    ]
 
 
-async def test_consumer_killed_before_ack_has_every_entry_reclaimed_and_handled_exactly_once(redis_server, tmp_path):
-    n, effects_before_crash = 250, 100  # 250 > XAUTOCLAIM COUNT 100: the cursor must be followed (C30)
+async def test_consumer_killed_before_ack_has_every_entry_reclaimed_and_handled_exactly_once(
+    redis_server, tmp_path
+):
+    n, effects_before_crash = (
+        250,
+        100,
+    )  # 250 > XAUTOCLAIM COUNT 100: the cursor must be followed (C30)
     redis = connect(redis_server.url)
     setup = StreamConsumer(redis, STREAM, GROUP, "setup")
     await setup.ensure_group()
@@ -40,9 +65,21 @@ async def test_consumer_killed_before_ack_has_every_entry_reclaimed_and_handled_
 
     ready = tmp_path / "ready.json"
     crashing = subprocess.Popen(
-        _worker(redis_server.url, "verifier-1", "--mode", "crash", "--expect", str(n),
-                "--effects-before-crash", str(effects_before_crash), "--ready-file", str(ready)),
-        cwd=REPO, start_new_session=True, stderr=subprocess.PIPE,
+        _worker(
+            redis_server.url,
+            "verifier-1",
+            "--mode",
+            "crash",
+            "--expect",
+            str(n),
+            "--effects-before-crash",
+            str(effects_before_crash),
+            "--ready-file",
+            str(ready),
+        ),
+        cwd=REPO,
+        start_new_session=True,
+        stderr=subprocess.PIPE,
     )
     try:
         deadline = time.monotonic() + 30
@@ -66,15 +103,30 @@ async def test_consumer_killed_before_ack_has_every_entry_reclaimed_and_handled_
     assert (await redis.xpending(STREAM, GROUP))["pending"] == n
 
     drain = subprocess.run(
-        _worker(redis_server.url, "verifier-2", "--mode", "drain", "--claim-min-idle-ms", "300", "--count", "100"),
-        cwd=REPO, capture_output=True, timeout=120,
+        _worker(
+            redis_server.url,
+            "verifier-2",
+            "--mode",
+            "drain",
+            "--claim-min-idle-ms",
+            "300",
+            "--count",
+            "100",
+        ),
+        cwd=REPO,
+        capture_output=True,
+        timeout=120,
     )
     assert drain.returncode == 0, drain.stderr.decode()[-3000:]
     stats = json.loads(drain.stdout.decode().splitlines()[-1])
     assert stats == {"handled": n, "duplicates": effects_before_crash}
 
-    effect_ids = [Trajectory.FromString(f[b"pb"]).trajectory_id for _, f in await redis.xrange(EFFECTS)]
-    assert sorted(effect_ids) == [f"traj-{i:04d}" for i in range(n)]  # every entry, each exactly once
+    effect_ids = [
+        Trajectory.FromString(f[b"pb"]).trajectory_id for _, f in await redis.xrange(EFFECTS)
+    ]
+    assert sorted(effect_ids) == [
+        f"traj-{i:04d}" for i in range(n)
+    ]  # every entry, each exactly once
     assert (await redis.xpending(STREAM, GROUP))["pending"] == 0
     assert sorted(await setup.delete_idle_consumers(min_idle_ms=0)) == ["verifier-1", "verifier-2"]
     await redis.aclose()
@@ -83,7 +135,9 @@ async def test_consumer_killed_before_ack_has_every_entry_reclaimed_and_handled_
 async def test_redis_restart_keeps_acknowledged_and_pending_state(redis_server):
     redis = connect(redis_server.url)
     producer = StreamProducer(redis, STREAM)
-    consumer = StreamConsumer(redis, STREAM, GROUP, "verifier-1", block_ms=200, count=10, claim_interval_s=3600)
+    consumer = StreamConsumer(
+        redis, STREAM, GROUP, "verifier-1", block_ms=200, count=10, claim_interval_s=3600
+    )
     await consumer.ensure_group()
     added = await producer.add_many(_trajectories(20))
     ids = [eid for eid, _ in added]
@@ -104,10 +158,15 @@ async def test_redis_restart_keeps_acknowledged_and_pending_state(redis_server):
     assert [p["message_id"].decode() for p in pending] == ids[4:10]
     assert {p["consumer"] for p in pending} == {b"verifier-1"}
     # idempotency keys survived too: re-adding the first trajectory appends nothing
-    assert await StreamProducer(redis, STREAM).add(b"again", idempotency_key="traj-0000") == (ids[0], True)
+    assert await StreamProducer(redis, STREAM).add(b"again", idempotency_key="traj-0000") == (
+        ids[0],
+        True,
+    )
 
     # the same consumer restarts: its own pending entries first, then the undelivered ones
-    restarted = StreamConsumer(redis, STREAM, GROUP, "verifier-1", block_ms=200, count=10, claim_interval_s=3600)
+    restarted = StreamConsumer(
+        redis, STREAM, GROUP, "verifier-1", block_ms=200, count=10, claim_interval_s=3600
+    )
     own = await restarted.read()
     assert [e.entry_id for e in own] == ids[4:10] and all(e.deliveries == 2 for e in own)
     new = await restarted.read()

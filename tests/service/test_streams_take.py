@@ -19,8 +19,12 @@ DAY_MS = 86_400_000
 
 def _entries(n: int, payload_bytes: int = 0) -> list[OutgoingEntry]:
     pad = "x" * payload_bytes
-    return [OutgoingEntry(Trajectory(trajectory_id=f"t{i:04d}", task_id=pad).SerializeToString(), f"t{i:04d}")
-            for i in range(n)]
+    return [
+        OutgoingEntry(
+            Trajectory(trajectory_id=f"t{i:04d}", task_id=pad).SerializeToString(), f"t{i:04d}"
+        )
+        for i in range(n)
+    ]
 
 
 class LosesDeliveredBatches:
@@ -49,9 +53,12 @@ async def test_a_delivered_batch_lost_by_the_client_is_handled_by_the_next_take(
     await setup.ensure_group()
     await StreamProducer(redis, STREAM).add_many(_entries(n, payload_bytes=20_000))
 
-    consumer = StreamConsumer(redis, STREAM, GROUP, "verifier-1", count=n, claim_min_idle_ms=DAY_MS,
-                              max_deliveries=2)
-    handled = [e.entry_id for e in await consumer.read(count=1, block_ms=0)]  # past the start-up read
+    consumer = StreamConsumer(
+        redis, STREAM, GROUP, "verifier-1", count=n, claim_min_idle_ms=DAY_MS, max_deliveries=2
+    )
+    handled = [
+        e.entry_id for e in await consumer.read(count=1, block_ms=0)
+    ]  # past the start-up read
     await consumer.ack(*handled)
     consumer.redis = LosesDeliveredBatches(redis, failures=3)
     stop = asyncio.Event()
@@ -67,14 +74,17 @@ async def test_a_delivered_batch_lost_by_the_client_is_handled_by_the_next_take(
     await redis.aclose()
 
 
-async def test_lost_replies_are_no_handling_attempts_and_held_entries_are_not_handed_out_twice(redis_server):
+async def test_lost_replies_are_no_handling_attempts_and_held_entries_are_not_handed_out_twice(
+    redis_server,
+):
     """Redis counts every delivery, also those whose reply the client lost: six lost replies would
     dead-letter a healthy entry at max_deliveries 5. Only entries handed to the caller count; an
     entry this consumer still holds (a learner waiting for its checkpoint) is not handed out again
     by the re-reads of its own pending list."""
     redis = connect(redis_server.url)
-    consumer = StreamConsumer(redis, STREAM, GROUP, "learner-1", count=4, claim_min_idle_ms=DAY_MS,
-                              max_deliveries=5)
+    consumer = StreamConsumer(
+        redis, STREAM, GROUP, "learner-1", count=4, claim_min_idle_ms=DAY_MS, max_deliveries=5
+    )
     await consumer.ensure_group()
     await StreamProducer(redis, STREAM).add_many(_entries(2))
     held = await consumer.read(count=1, block_ms=0)  # handed out, not acknowledged yet

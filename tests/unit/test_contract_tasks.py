@@ -34,9 +34,11 @@ VALID = {
 def _shared_tasks_file() -> Path | None:
     """The AgentBench OS task file: shipped in the package, else beside the checkout (CI lays
     shared/ next to the clone)."""
-    for candidate in (REPO / "shellrl" / "tasks" / "data" / "agentbench_os.jsonl",
-                      REPO.parent / "shared" / "tasks" / "agentbench_os.jsonl",
-                      Path("/work/shared/tasks/agentbench_os.jsonl")):
+    for candidate in (
+        REPO / "shellrl" / "tasks" / "data" / "agentbench_os.jsonl",
+        REPO.parent / "shared" / "tasks" / "agentbench_os.jsonl",
+        Path("/work/shared/tasks/agentbench_os.jsonl"),
+    ):
         if candidate.is_file():
             return candidate
     return None
@@ -51,18 +53,31 @@ def _error(obj) -> TaskValidationError:
 def test_valid_task_json_becomes_a_task():
     task = task_from_json(VALID)
     assert isinstance(task, Task)
-    assert task.task_id == "count-logs-1" and task.split == Split.SPLIT_TRAIN and task.max_turns == 8
+    assert (
+        task.task_id == "count-logs-1" and task.split == Split.SPLIT_TRAIN and task.max_turns == 8
+    )
     assert task.checks[0].answer_integer_equals.expected == 2
     assert dict(task.env) == {"HOME": "<workspace>"}
 
 
 def test_task_json_round_trips_through_the_proto():
-    task = task_from_json({**VALID, "check": [{"type": "file_contains", "path": "out.txt", "regex": "^ok$",
-                                               "timeout_s": 5}, {"type": "answer_equals", "expected": "2"}]})
+    task = task_from_json(
+        {
+            **VALID,
+            "check": [
+                {"type": "file_contains", "path": "out.txt", "regex": "^ok$", "timeout_s": 5},
+                {"type": "answer_equals", "expected": "2"},
+            ],
+        }
+    )
     again = task_from_json(task_to_json(task))
     assert again == task
-    assert task_to_json(task)["check"][0] == {"type": "file_contains", "path": "out.txt", "regex": "^ok$",
-                                              "timeout_s": 5.0}
+    assert task_to_json(task)["check"][0] == {
+        "type": "file_contains",
+        "path": "out.txt",
+        "regex": "^ok$",
+        "timeout_s": 5.0,
+    }
 
 
 @pytest.mark.parametrize(
@@ -83,9 +98,15 @@ def test_task_json_round_trips_through_the_proto():
         ({"check": {"type": "file_sha256", "path": "a", "sha256": "XYZ"}}, "check.sha256"),
         ({"check": {"type": "file_contains", "path": "a"}}, "check.substring"),
         ({"check": {"type": "command_output_equals", "command": "ls"}}, "check.expected"),
-        ({"check": {"type": "answer_equals", "expected": "4", "timeout_s": "soon"}}, "check.timeout_s"),
+        (
+            {"check": {"type": "answer_equals", "expected": "4", "timeout_s": "soon"}},
+            "check.timeout_s",
+        ),
         ({"check": {"type": "answer_equals", "expected": "4", "timeout_s": -1}}, "check.timeout_s"),
-        ({"check": [{"type": "answer_equals", "expected": "4"}, {"type": "file_exists"}]}, "check[1].path"),
+        (
+            {"check": [{"type": "answer_equals", "expected": "4"}, {"type": "file_exists"}]},
+            "check[1].path",
+        ),
         ({"env": {"1BAD": "x"}}, "env.1BAD"),
         ({"env": {"HOME": 3}}, "env"),
         ({"tags": "answer"}, "tags"),
@@ -132,4 +153,6 @@ def test_the_110_agentbench_os_tasks_load():
     assert all(t.split == Split.SPLIT_TRAIN for t in tasks)
     kinds = {t.checks[0].WhichOneof("kind") for t in tasks}
     assert kinds == {"answer_integer_equals", "answer_equals"}
-    assert all(t.reference_solution and t.source == "THUDM/AgentBench:os_interaction" for t in tasks)
+    assert all(
+        t.reference_solution and t.source == "THUDM/AgentBench:os_interaction" for t in tasks
+    )

@@ -24,8 +24,18 @@ SEGMENT_TOKENS = (1200, 300, 1000, 400, 600)  # ACTION, OBSERVATION, ACTION, OBS
 def _special_logprobs(rng: np.random.Generator, n: int) -> np.ndarray:
     """float32 log-probs including values a float64 detour or a text format would change."""
     lps = -rng.exponential(2.0, n).astype(np.float32)
-    specials = np.array([-0.0, 0.0, -1e-45, -np.float32(1.17549435e-38), -3.4028235e38, -np.inf,
-                         np.nextafter(np.float32(-1), np.float32(0))], dtype=np.float32)
+    specials = np.array(
+        [
+            -0.0,
+            0.0,
+            -1e-45,
+            -np.float32(1.17549435e-38),
+            -3.4028235e38,
+            -np.inf,
+            np.nextafter(np.float32(-1), np.float32(0)),
+        ],
+        dtype=np.float32,
+    )
     lps[: len(specials)] = specials
     return lps
 
@@ -40,14 +50,25 @@ def make_trajectory(seed: int = 0) -> tuple[Trajectory, dict]:
         ids = rng.integers(0, 49_152, n).astype(np.int32)
         if i % 2 == 0:
             lps = _special_logprobs(rng, n)
-            seg = action_segment(ids, lps, policy_version=7 + i, request_id=f"rid-{i}", turn=i // 2,
-                                 sampling=SamplingParams(temperature=1.0, top_p=0.95, top_k=-1, max_new_tokens=n))
+            seg = action_segment(
+                ids,
+                lps,
+                policy_version=7 + i,
+                request_id=f"rid-{i}",
+                turn=i // 2,
+                sampling=SamplingParams(temperature=1.0, top_p=0.95, top_k=-1, max_new_tokens=n),
+            )
             expected["lps"].append(lps)
             expected["masks"].append(np.ones(n, np.uint8))
             expected["versions"].append(np.full(n, 7 + i))
         else:
-            tool = ToolEvent(command="ls -la | wc -l", exit_code=0, duration_ms=12.5, stdout_truncated_bytes=1 << 40,
-                             policy_verdict="allow")
+            tool = ToolEvent(
+                command="ls -la | wc -l",
+                exit_code=0,
+                duration_ms=12.5,
+                stdout_truncated_bytes=1 << 40,
+                policy_verdict="allow",
+            )
             seg = observation_segment(ids, tool_event=tool, turn=i // 2)
             expected["lps"].append(np.zeros(n, np.float32))
             expected["masks"].append(np.zeros(n, np.uint8))
@@ -55,10 +76,20 @@ def make_trajectory(seed: int = 0) -> tuple[Trajectory, dict]:
         expected["ids"].append(ids)
         segments.append(seg)
     traj = Trajectory(
-        trajectory_id="traj-0001", task_id="agentbench-os-train-0012", group_id="group-7", attempt=1,
-        prompt_ids=contract.encode_token_ids(prompt), segments=segments, reward=0.75,
-        reward_components={"task": 1.0, "shaping": -0.25}, terminated=True, failure=contract.Failure.FAILURE_NONE,
-        sandbox_session_id="sess-1", created_at=1_790_000_000.123456, group_size=8, safety_events=["rm_rf_root"],
+        trajectory_id="traj-0001",
+        task_id="agentbench-os-train-0012",
+        group_id="group-7",
+        attempt=1,
+        prompt_ids=contract.encode_token_ids(prompt),
+        segments=segments,
+        reward=0.75,
+        reward_components={"task": 1.0, "shaping": -0.25},
+        terminated=True,
+        failure=contract.Failure.FAILURE_NONE,
+        sandbox_session_id="sess-1",
+        created_at=1_790_000_000.123456,
+        group_size=8,
+        safety_events=["rm_rf_root"],
     )
     return traj, expected
 
@@ -84,8 +115,9 @@ def test_trajectory_of_4096_tokens_with_3_actions_and_2_observations_round_trips
     assert arrays.input_ids.shape == (4096,)
     assert arrays.behavior_logprobs.dtype == np.float32
     # bit-exact: compare the IEEE 754 bit patterns (distinguishes -0.0 from 0.0, keeps subnormals)
-    np.testing.assert_array_equal(arrays.behavior_logprobs.view(np.uint32),
-                                  np.concatenate(expected["lps"]).view(np.uint32))
+    np.testing.assert_array_equal(
+        arrays.behavior_logprobs.view(np.uint32), np.concatenate(expected["lps"]).view(np.uint32)
+    )
     assert back.segments[1].tool_event.stdout_truncated_bytes == 1 << 40
     assert back.created_at == 1_790_000_000.123456
     assert dict(back.reward_components) == {"task": 1.0, "shaping": -0.25}
@@ -95,7 +127,9 @@ def test_nan_logprob_payload_survives_bit_exact():
     bits = np.array([0x7FC00001, 0xFFC12345], dtype=np.uint32)
     seg = action_segment([1, 2], bits.view(np.float32), policy_version=0)
     back = Trajectory.FromString(Trajectory(trajectory_id="t", segments=[seg]).SerializeToString())
-    np.testing.assert_array_equal(contract.decode_logprobs(back.segments[0].logprobs).view(np.uint32), bits)
+    np.testing.assert_array_equal(
+        contract.decode_logprobs(back.segments[0].logprobs).view(np.uint32), bits
+    )
 
 
 def test_min_policy_version_is_the_oldest_action_version():
@@ -117,7 +151,9 @@ def test_trajectory_without_id_is_rejected():
 def test_segment_arrays_of_different_lengths_are_rejected():
     seg = action_segment([1, 2, 3], [-0.1, -0.2, -0.3], policy_version=1)
     seg.logprobs = seg.logprobs[:8]
-    with pytest.raises(ContractError, match=r"segments\[0\]: 3 token ids, 2 logprobs, 3 mask entries"):
+    with pytest.raises(
+        ContractError, match=r"segments\[0\]: 3 token ids, 2 logprobs, 3 mask entries"
+    ):
         parse_trajectory(Trajectory(trajectory_id="t", segments=[seg]).SerializeToString())
 
 

@@ -12,8 +12,15 @@ from services.engine.kv_batch import BatchKV, KVShape, forward_columns
 
 def tiny_bf16_qwen2():
     torch.manual_seed(0)
-    config = Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                         num_key_value_heads=1, vocab_size=64, tie_word_embeddings=True)
+    config = Qwen2Config(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=64,
+        tie_word_embeddings=True,
+    )
     model = Qwen2ForCausalLM(config).to(torch.bfloat16).eval()
     with torch.no_grad():
         model.model.norm.weight.fill_(40.0)  # logits of magnitude ~10, where bf16 rounds by ~0.03
@@ -25,8 +32,12 @@ def test_fp32_lm_head_gives_float32_logits_of_the_bf16_hidden_state():
     ids = torch.tensor([[5, 9, 17, 33, 2]])
     positions = torch.arange(5)[None]
     valid = torch.ones(1, 5, dtype=torch.bool)
-    fp32 = forward_columns(model, BatchKV(KVShape.of(model), 1, 0), ids, positions, valid, fp32_lm_head=True)
-    bf16 = forward_columns(model, BatchKV(KVShape.of(model), 1, 0), ids, positions, valid, fp32_lm_head=False)
+    fp32 = forward_columns(
+        model, BatchKV(KVShape.of(model), 1, 0), ids, positions, valid, fp32_lm_head=True
+    )
+    bf16 = forward_columns(
+        model, BatchKV(KVShape.of(model), 1, 0), ids, positions, valid, fp32_lm_head=False
+    )
     with torch.no_grad():
         hidden = model.model(input_ids=ids, position_ids=positions).last_hidden_state[:, -1]
         reference = F.linear(hidden.float(), model.lm_head.weight.float())

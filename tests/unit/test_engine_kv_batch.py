@@ -29,7 +29,13 @@ def test_rows_with_cached_prefixes_holes_and_padding_match_unpadded_forwards(mod
     for seq, n in zip(sequences, cached):
         single = BatchKV(shape, 1, 0)
         if n:
-            forward_columns(model, single, torch.tensor([seq[:n]]), torch.arange(n)[None], torch.ones(1, n, dtype=torch.bool))
+            forward_columns(
+                model,
+                single,
+                torch.tensor([seq[:n]]),
+                torch.arange(n)[None],
+                torch.ones(1, n, dtype=torch.bool),
+            )
         prefix_kv.append(single.row_tail(0, n))
     rows, prefix_max = len(sequences), max(cached)
     suffix_max = max(len(s) - n for s, n in zip(sequences, cached))
@@ -38,28 +44,44 @@ def test_rows_with_cached_prefixes_holes_and_padding_match_unpadded_forwards(mod
     positions = torch.zeros(rows, suffix_max, dtype=torch.long)
     valid = torch.zeros(rows, suffix_max, dtype=torch.bool)
     for row, (seq, n) in enumerate(zip(sequences, cached)):
-        batch.kv[:, :, row, :, prefix_max - n:prefix_max] = prefix_kv[row]
-        batch.valid[row, prefix_max - n:prefix_max] = True
+        batch.kv[:, :, row, :, prefix_max - n : prefix_max] = prefix_kv[row]
+        batch.valid[row, prefix_max - n : prefix_max] = True
         suffix = len(seq) - n
-        ids[row, suffix_max - suffix:] = torch.tensor(seq[n:])
-        positions[row, suffix_max - suffix:] = torch.arange(n, len(seq))
-        valid[row, suffix_max - suffix:] = True
+        ids[row, suffix_max - suffix :] = torch.tensor(seq[n:])
+        positions[row, suffix_max - suffix :] = torch.arange(n, len(seq))
+        valid[row, suffix_max - suffix :] = True
     for start in range(0, suffix_max, 16):  # chunked prefill, as the scheduler does
-        logits = forward_columns(model, batch, ids[:, start:start + 16], positions[:, start:start + 16],
-                                 valid[:, start:start + 16])
+        logits = forward_columns(
+            model,
+            batch,
+            ids[:, start : start + 16],
+            positions[:, start : start + 16],
+            valid[:, start : start + 16],
+        )
     for row, seq in enumerate(sequences):
         got = torch.log_softmax(logits[row], -1)
         assert (got - reference_last_logprobs(model, seq)).abs().max() <= 1e-5
     # one decode step for everyone, then drop the middle row and decode again
     nxt = [7, 8, 9]
-    logits = forward_columns(model, batch, torch.tensor([[t] for t in nxt]),
-                             torch.tensor([[len(s)] for s in sequences]), torch.ones(rows, 1, dtype=torch.bool))
+    logits = forward_columns(
+        model,
+        batch,
+        torch.tensor([[t] for t in nxt]),
+        torch.tensor([[len(s)] for s in sequences]),
+        torch.ones(rows, 1, dtype=torch.bool),
+    )
     for row, seq in enumerate(sequences):
-        assert (torch.log_softmax(logits[row], -1) - reference_last_logprobs(model, seq + [nxt[row]])).abs().max() <= 1e-5
+        assert (
+            torch.log_softmax(logits[row], -1) - reference_last_logprobs(model, seq + [nxt[row]])
+        ).abs().max() <= 1e-5
     kept = batch.select([0, 2])
-    logits = forward_columns(model, kept, torch.tensor([[11], [12]]),
-                             torch.tensor([[len(sequences[0]) + 1], [len(sequences[2]) + 1]]),
-                             torch.ones(2, 1, dtype=torch.bool))
+    logits = forward_columns(
+        model,
+        kept,
+        torch.tensor([[11], [12]]),
+        torch.tensor([[len(sequences[0]) + 1], [len(sequences[2]) + 1]]),
+        torch.ones(2, 1, dtype=torch.bool),
+    )
     for out_row, (seq, first, second) in enumerate(((sequences[0], 7, 11), (sequences[2], 9, 12))):
         expected = reference_last_logprobs(model, seq + [first, second])
         assert (torch.log_softmax(logits[out_row], -1) - expected).abs().max() <= 1e-5

@@ -32,7 +32,12 @@ def test_greedy_takes_the_argmax_and_reports_the_raw_distribution():
 
 def test_a_seeded_row_draws_the_same_token_whatever_its_batch():
     logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(1))
-    alone, _ = sample_next(logits[1:2], [SamplingSpec(1.0, seed=5)], [torch.Generator().manual_seed(5)])
-    batch, _ = sample_next(logits, [SamplingSpec(1.0)] * 3,
-                           [torch.Generator().manual_seed(9), torch.Generator().manual_seed(5), None])
+    alone, _ = sample_next(
+        logits[1:2], [SamplingSpec(1.0, seed=5)], [torch.Generator().manual_seed(5)]
+    )
+    batch, _ = sample_next(
+        logits,
+        [SamplingSpec(1.0)] * 3,
+        [torch.Generator().manual_seed(9), torch.Generator().manual_seed(5), None],
+    )
     assert batch[1] == alone[0]

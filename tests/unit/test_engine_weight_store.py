@@ -6,6 +6,8 @@ import torch
 
 from services.engine.weights import WeightStore
 from shellrl.weights import bucket as wt
+
+
 class Tied(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -31,7 +33,10 @@ def test_updates_alternate_between_two_reused_arenas_and_commit_swaps_without_co
         assert torch.equal(model.mid.weight, before), "staging must not touch live weights"
         store.commit(staged)
         assert torch.equal(model.mid.weight, source.mid.weight + step)
-        assert model.mid.weight.untyped_storage().data_ptr() == staged.tensors["mid.weight"].untyped_storage().data_ptr()
+        assert (
+            model.mid.weight.untyped_storage().data_ptr()
+            == staged.tensors["mid.weight"].untyped_storage().data_ptr()
+        )
         pointers.append(model.mid.weight.untyped_storage().data_ptr())
     assert pointers[0] == pointers[2] and pointers[1] == pointers[3] and pointers[0] != pointers[1]
 
@@ -69,7 +74,11 @@ def test_a_refilled_shared_memory_segment_is_mapped_once_and_a_new_segment_repla
             kept.refill(_named(source, step))  # same segment, new bytes
             store.commit(store.stage_serialized([kept.payload()], wt.LOAD_FORMAT))
             assert store._shm_mapping is mapping  # not mapped again
-            assert torch.equal(model.mid.weight, source.mid.weight + step)  # ... and the new bytes are read
+            assert torch.equal(
+                model.mid.weight, source.mid.weight + step
+            )  # ... and the new bytes are read
         with wt.SharedMemoryBucket(_named(source, 5.0)) as other:  # another segment: a new mapping
             store.commit(store.stage_serialized([other.payload()], wt.LOAD_FORMAT))
-            assert store._shm_mapping is not mapping and torch.equal(model.mid.weight, source.mid.weight + 5.0)
+            assert store._shm_mapping is not mapping and torch.equal(
+                model.mid.weight, source.mid.weight + 5.0
+            )

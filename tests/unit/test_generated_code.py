@@ -16,9 +16,18 @@ def test_generated_protobuf_code_is_not_stale(tmp_path):
     pytest.importorskip("grpc_tools")
     assert PROTOS, "no .proto files found"
     subprocess.run(
-        [sys.executable, "-m", "grpc_tools.protoc", "-I", str(REPO / "proto"), f"--python_out={tmp_path}",
-         f"--pyi_out={tmp_path}", *map(str, PROTOS)],
-        check=True, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            "-I",
+            str(REPO / "proto"),
+            f"--python_out={tmp_path}",
+            f"--pyi_out={tmp_path}",
+            *map(str, PROTOS),
+        ],
+        check=True,
+        capture_output=True,
     )
     stale = []
     for proto in PROTOS:

@@ -23,7 +23,9 @@ def test_resume_at_step_5_continues_lr_and_update_like_an_uninterrupted_run(tmp_
     for b in data[:5]:
         trainer.step(b, learner_version=trainer.step_count)
     store = CheckpointStore(tmp_path, keep=2)
-    path = store.save(model, trainer.state_dict(), LearnerState(step=5, version=5, consumed_ids=["a", "b"]))
+    path = store.save(
+        model, trainer.state_dict(), LearnerState(step=5, version=5, consumed_ids=["a", "b"])
+    )
     before = {k: v.clone() for k, v in model.state_dict().items()}
     uninterrupted = trainer.step(data[5], learner_version=5)
     expected = {k: v.clone() for k, v in model.state_dict().items()}
@@ -36,7 +38,11 @@ def test_resume_at_step_5_continues_lr_and_update_like_an_uninterrupted_run(tmp_
     assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())
     assert resumed.lr == pytest.approx(6e-7)  # not 1e-7 (warmup restarted) nor 7e-7 (stepped twice)
     result = resumed.step(data[5], learner_version=5)
-    assert result.lr == pytest.approx(6e-7) and uninterrupted.lr == pytest.approx(6e-7) and result.step == 6
+    assert (
+        result.lr == pytest.approx(6e-7)
+        and uninterrupted.lr == pytest.approx(6e-7)
+        and result.step == 6
+    )
     for k, v in fresh.state_dict().items():
         delta_expected = expected[k] - before[k]
         delta = v - before[k]
@@ -51,7 +57,9 @@ def test_only_complete_checkpoints_are_listed_and_old_ones_are_pruned(tmp_path):
     for step in (1, 2, 3):
         store.save(model, trainer.state_dict(), LearnerState(step=step, version=step))
     assert [p.name for p in store.checkpoints()] == ["step-000002", "step-000003"]
-    assert (store.latest() / "model.safetensors").exists() and (store.latest() / "config.json").exists()
+    assert (store.latest() / "model.safetensors").exists() and (
+        store.latest() / "config.json"
+    ).exists()
 
 
 def test_ledger_keeps_the_surviving_history_after_a_resume(tmp_path):

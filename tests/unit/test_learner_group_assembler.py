@@ -41,7 +41,11 @@ def test_infra_failures_leave_the_group_and_the_rest_is_used():
     a.add("e0", make_trajectory("g", 1), 0)
     a.add("e1", make_trajectory("g", 0), 0)
     a.add("e2", make_trajectory("g", 0, failure=Failure.FAILURE_INFRA_SANDBOX), 0)
-    a.add("e3", make_trajectory("g", math.nan, scored=False, failure=Failure.FAILURE_INFRA_VERIFIER), 0)
+    a.add(
+        "e3",
+        make_trajectory("g", math.nan, scored=False, failure=Failure.FAILURE_INFRA_VERIFIER),
+        0,
+    )
     assert a.pop_ready(0) == []  # the sandbox failure is re-run by the gateway: wait for the retry
     clock.now = 10.0
     (group,) = a.pop_ready(0)
@@ -99,8 +103,13 @@ def test_duplicates_nan_rewards_eval_and_empty_responses_are_dropped_with_reason
     a.add("e3", make_trajectory("g", 0, group_size=4, actions=((),)), 0)
     a.add("e4", make_trajectory("g", 0, group_size=4, scored=False), 0)
     (group,) = a.pop_ready(0)
-    assert sorted(d.reason for d in group.dropped) == ["empty_response", "eval", "group_too_small", "nan_reward",
-                                                      "unscored"]
+    assert sorted(d.reason for d in group.dropped) == [
+        "empty_response",
+        "eval",
+        "group_too_small",
+        "nan_reward",
+        "unscored",
+    ]
 
 
 def test_equal_rewards_are_flagged_zero_variance():
@@ -115,7 +124,9 @@ def test_equal_rewards_are_flagged_zero_variance():
 def test_token_temperatures_follow_the_segments_or_a_fixed_override():
     t = make_trajectory("g", 1, actions=((1, 2), (3,)), observations=((9, 9, 9),), temperature=0.6)
     assert token_temperatures(t).tolist() == pytest.approx([0.6, 0.6, 1.0, 1.0, 1.0, 0.6])
-    assert token_temperatures(t, fixed_temperature=0.8).tolist() == pytest.approx([0.8, 0.8, 1, 1, 1, 0.8])
+    assert token_temperatures(t, fixed_temperature=0.8).tolist() == pytest.approx(
+        [0.8, 0.8, 1, 1, 1, 0.8]
+    )
 
 
 def test_released_group_ids_survive_a_restore():
@@ -130,7 +141,13 @@ def test_released_group_ids_survive_a_restore():
 def test_an_infra_failure_and_its_retry_make_one_sample():
     a, _ = assembler()
     a.add("e0", make_trajectory("g", 1, group_size=2, trajectory_id="g-0-a0"), 0)
-    a.add("e1", make_trajectory("g", 0, group_size=2, trajectory_id="g-1-a0", failure=Failure.FAILURE_INFRA_ENGINE), 0)
+    a.add(
+        "e1",
+        make_trajectory(
+            "g", 0, group_size=2, trajectory_id="g-1-a0", failure=Failure.FAILURE_INFRA_ENGINE
+        ),
+        0,
+    )
     assert a.pop_ready(0) == []
     a.add("e2", make_trajectory("g", 0, group_size=2, trajectory_id="g-1-a1"), 0)
     (group,) = a.pop_ready(0)
@@ -169,8 +186,15 @@ def test_overlong_filtering_masks_only_the_sample_cut_by_the_length_limit():
     from shellrl.contract import FinishReason
 
     a, _ = assembler()
-    lengths, reasons = [5, 8, 8, 3], [FinishReason.FINISH_REASON_STOP, FinishReason.FINISH_REASON_STOP,
-                                      FinishReason.FINISH_REASON_LENGTH, FinishReason.FINISH_REASON_STOP]
+    lengths, reasons = (
+        [5, 8, 8, 3],
+        [
+            FinishReason.FINISH_REASON_STOP,
+            FinishReason.FINISH_REASON_STOP,
+            FinishReason.FINISH_REASON_LENGTH,
+            FinishReason.FINISH_REASON_STOP,
+        ],
+    )
     for i, (n, reason) in enumerate(zip(lengths, reasons)):
         t = make_trajectory("g", [1, 0, 0, 1][i], actions=(tuple(range(10, 10 + n)),))
         t.segments[0].finish_reason = reason
@@ -180,7 +204,9 @@ def test_overlong_filtering_masks_only_the_sample_cut_by_the_length_limit():
     off = group_samples(group)
     assert [int(s.loss_mask.sum()) for s in on.samples] == [5, 8, 0, 3]
     assert [int(s.loss_mask.sum()) for s in off.samples] == [5, 8, 8, 3]
-    assert [s.advantage for s in on.samples] == [s.advantage for s in off.samples]  # still in the baseline
+    assert [s.advantage for s in on.samples] == [
+        s.advantage for s in off.samples
+    ]  # still in the baseline
 
 
 def test_nan_rewards_leave_the_group_and_the_valid_pair_gets_plus_minus_one():
@@ -191,7 +217,9 @@ def test_nan_rewards_leave_the_group_and_the_valid_pair_gets_plus_minus_one():
     for i in range(4):
         a.add(f"c{i}", make_trajectory("g3", math.nan), 0)
     g1, g3 = a.pop_ready(0)
-    np.testing.assert_allclose([s.advantage for s in group_samples(g1).samples], [0.9998, -0.9998], atol=1e-4)
+    np.testing.assert_allclose(
+        [s.advantage for s in group_samples(g1).samples], [0.9998, -0.9998], atol=1e-4
+    )
     assert not g3.trainable and [d.reason for d in g3.dropped].count("nan_reward") == 4
 
 
@@ -202,7 +230,11 @@ def test_a_verifier_failure_is_never_re_run_so_its_group_is_complete_without_wai
     a.add("e0", make_trajectory("g", 1), 0)
     a.add("e1", make_trajectory("g", 0), 0)
     a.add("e2", make_trajectory("g", 1), 0)
-    a.add("e3", make_trajectory("g", math.nan, scored=False, failure=Failure.FAILURE_INFRA_VERIFIER), 0)
+    a.add(
+        "e3",
+        make_trajectory("g", math.nan, scored=False, failure=Failure.FAILURE_INFRA_VERIFIER),
+        0,
+    )
     (group,) = a.pop_ready(0)  # at once, clock still 0
     assert not group.timed_out and len(group.members) == 3 and group.counts
     assert [d.reason for d in group.dropped] == ["verifier_failure"]
@@ -210,7 +242,11 @@ def test_a_verifier_failure_is_never_re_run_so_its_group_is_complete_without_wai
     b, _ = assembler()
     b.add("f0", make_trajectory("h", 1), 0)
     for i in range(1, 4):
-        b.add(f"f{i}", make_trajectory("h", math.nan, scored=False, failure=Failure.FAILURE_INFRA_VERIFIER), 0)
+        b.add(
+            f"f{i}",
+            make_trajectory("h", math.nan, scored=False, failure=Failure.FAILURE_INFRA_VERIFIER),
+            0,
+        )
     (lonely,) = b.pop_ready(0)  # complete, and with one usable member it counts toward no step
     assert not lonely.timed_out and not lonely.counts and lonely.members == ()
 

@@ -12,21 +12,29 @@ from services.learner.weight_transport import (
 
 
 def test_orphan_segments_of_dead_learners_are_removed_and_live_ones_kept(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
-                          check=True)
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     dead_pid = int(dead.stdout)
     (tmp_path / f"shellrl_w_{dead_pid}_abc123").write_bytes(b"x")
     (tmp_path / f"shellrl_w_{os.getpid()}_def456").write_bytes(b"x")
     (tmp_path / "other_segment").write_bytes(b"x")
     assert remove_orphan_segments(directory=tmp_path) == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"shellrl_w_{os.getpid()}_def456", "other_segment"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [f"shellrl_w_{os.getpid()}_def456", "other_segment"]
+    )
 
 
 def test_transport_follows_the_topology():
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     assert choose_transport("auto", cpu, ["http://127.0.0.1:30000"]) == "shm"
     assert choose_transport("auto", gpu, ["http://localhost:30000"]) == "cuda_ipc"
-    assert choose_transport("auto", cpu, ["http://127.0.0.1:30000", "http://10.0.0.7:30000"]) == "disk"
+    assert (
+        choose_transport("auto", cpu, ["http://127.0.0.1:30000", "http://10.0.0.7:30000"]) == "disk"
+    )
     assert choose_transport("disk", cpu, ["http://127.0.0.1:30000"]) == "disk"
 
 
@@ -37,7 +45,9 @@ def test_buckets_keep_order_and_respect_the_size_bound():
     assert len(split_buckets([("big", torch.zeros(10_000))], bucket_bytes=100)) == 1
 
 
-async def test_a_call_that_timed_out_is_reported_as_the_deadline_and_a_refused_one_as_an_error(tmp_path):
+async def test_a_call_that_timed_out_is_reported_as_the_deadline_and_a_refused_one_as_an_error(
+    tmp_path,
+):
     # The client's timeout is the deadline's length; the session opened during the flatten can time
     # out just before the deadline's timer. That is the deadline; a refused connection is an error.
     import asyncio
@@ -46,15 +56,20 @@ async def test_a_call_that_timed_out_is_reported_as_the_deadline_and_a_refused_o
     from shellrl.clients.engine import EngineClient
     from shellrl.clients.engine_responses import EngineUnavailable
 
-    sync = WeightSync(EngineClient(["http://e"]), None, transport="disk", deadline_s=2.0, sync_dir=tmp_path)
+    sync = WeightSync(
+        EngineClient(["http://e"]), None, transport="disk", deadline_s=2.0, sync_dir=tmp_path
+    )
 
     def failing(exc):
         async def update(*_):  # FAKE update injecting the failure
             await asyncio.sleep(0.01)
             raise exc
+
         return update
 
-    sync._update = failing(EngineUnavailable("http://e", "no answer in time (ReadTimeout)", timed_out=True))
+    sync._update = failing(
+        EngineUnavailable("http://e", "no answer in time (ReadTimeout)", timed_out=True)
+    )
     ok, reason = await sync._update_within_deadline("http://e", {}, 1)
     assert not ok and reason.startswith("deadline: no confirmation within 2 s (")
     sync._update = failing(EngineUnavailable("http://e", "cannot connect"))

@@ -20,7 +20,9 @@ def registry():
 
 
 def test_well_named_metrics_are_created_and_exported(registry):
-    c = metrics.counter("shellrl_trajectories_total", "Trajectories.", ("outcome",), registry=registry)
+    c = metrics.counter(
+        "shellrl_trajectories_total", "Trajectories.", ("outcome",), registry=registry
+    )
     g = metrics.gauge("shellrl_policy_version", "Version.", registry=registry)
     h = metrics.histogram("shellrl_sandbox_exec_seconds", "Exec time.", registry=registry)
     c.labels("scored").inc()
@@ -42,7 +44,10 @@ def test_well_named_metrics_are_created_and_exported(registry):
         (lambda r: metrics.histogram("shellrl_exec_ms", "x", registry=r), "base units"),
         (lambda r: metrics.gauge("shellrl_memory_mb", "x", registry=r), "base units"),
         (lambda r: metrics.gauge("shellrl_gpu_percent", "x", registry=r), "base units"),
-        (lambda r: metrics.counter("shellrl_x_total", "x", ("trajectory_id",), registry=r), "ids are not labels"),
+        (
+            lambda r: metrics.counter("shellrl_x_total", "x", ("trajectory_id",), registry=r),
+            "ids are not labels",
+        ),
         (lambda r: metrics.counter("shellrl_y_total", "x", ("Outcome",), registry=r), "snake_case"),
     ],
 )

@@ -9,23 +9,39 @@ from cli.prometheus_config import config, render
 
 
 def test_static_targets_become_one_job_per_service_with_job_equal_to_the_name():
-    cfg = config({"sandbox": "127.0.0.1:8101", "rollout": ["127.0.0.1:8100", "127.0.0.1:9100"]}, 1.0)
-    assert cfg["global"] == {"scrape_interval": "1s", "scrape_timeout": "800ms", "evaluation_interval": "1s"}
+    cfg = config(
+        {"sandbox": "127.0.0.1:8101", "rollout": ["127.0.0.1:8100", "127.0.0.1:9100"]}, 1.0
+    )
+    assert cfg["global"] == {
+        "scrape_interval": "1s",
+        "scrape_timeout": "800ms",
+        "evaluation_interval": "1s",
+    }
     assert cfg["scrape_configs"] == [
-        {"job_name": "sandbox", "metrics_path": "/metrics", "static_configs": [{"targets": ["127.0.0.1:8101"]}]},
-        {"job_name": "rollout", "metrics_path": "/metrics",
-         "static_configs": [{"targets": ["127.0.0.1:8100", "127.0.0.1:9100"]}]},
+        {
+            "job_name": "sandbox",
+            "metrics_path": "/metrics",
+            "static_configs": [{"targets": ["127.0.0.1:8101"]}],
+        },
+        {
+            "job_name": "rollout",
+            "metrics_path": "/metrics",
+            "static_configs": [{"targets": ["127.0.0.1:8100", "127.0.0.1:9100"]}],
+        },
     ]
 
 
 def test_dns_discovery_scrapes_every_replica_behind_a_name():
     [job] = config({"verifier": "verifier:8102"}, dns=True)["scrape_configs"]
-    assert job["dns_sd_configs"] == [{"names": ["verifier"], "type": "A", "port": 8102, "refresh_interval": "15s"}]
+    assert job["dns_sd_configs"] == [
+        {"names": ["verifier"], "type": "A", "port": 8102, "refresh_interval": "15s"}
+    ]
 
 
 def test_prometheus_scrapes_itself_only_when_asked():
-    assert [j["job_name"] for j in config({"a": "h:1"}, self_target="localhost:9090")["scrape_configs"]] == [
-        "a", "prometheus"]
+    assert [
+        j["job_name"] for j in config({"a": "h:1"}, self_target="localhost:9090")["scrape_configs"]
+    ] == ["a", "prometheus"]
 
 
 @pytest.mark.parametrize("bad", [{"a": []}, {"a": "localhost"}, {"a": ":80"}, {"a": "host:http"}])

@@ -25,8 +25,12 @@ def test_one_success_of_four_uses_population_std():
 
 
 def test_reference_values_of_pitfall_c10():
-    np.testing.assert_allclose(group_advantages([1, 1, 0, 0]).advantages, [0.99980] * 2 + [-0.99980] * 2, atol=1e-5)
-    np.testing.assert_allclose(group_advantages([1, 1, 2]).advantages, [-0.70696, -0.70696, 1.41391], atol=1e-5)
+    np.testing.assert_allclose(
+        group_advantages([1, 1, 0, 0]).advantages, [0.99980] * 2 + [-0.99980] * 2, atol=1e-5
+    )
+    np.testing.assert_allclose(
+        group_advantages([1, 1, 2]).advantages, [-0.70696, -0.70696, 1.41391], atol=1e-5
+    )
     assert abs(float(group_advantages([1, 0, 0, 0]).advantages.sum())) < 1e-6
 
 

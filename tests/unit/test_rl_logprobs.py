@@ -26,12 +26,18 @@ def make_samples(n, seed=0, temperature=0.7):
         mask = np.ones(r, dtype=np.uint8)
         if r > 5:
             mask[2:4] = 0  # an observation inside the response
-        out.append(TrainSample(
-            trajectory_id=f"t{i}", prompt_ids=rng.integers(3, 49000, p), response_ids=rng.integers(3, 49000, r),
-            behavior_logprobs=np.where(mask > 0, rng.normal(-10, 1, r), 0).astype(np.float32), loss_mask=mask,
-            policy_versions=np.where(mask > 0, 0, -1), temperatures=np.full(r, temperature, np.float32),
-            advantage=float(rng.normal()),
-        ))
+        out.append(
+            TrainSample(
+                trajectory_id=f"t{i}",
+                prompt_ids=rng.integers(3, 49000, p),
+                response_ids=rng.integers(3, 49000, r),
+                behavior_logprobs=np.where(mask > 0, rng.normal(-10, 1, r), 0).astype(np.float32),
+                loss_mask=mask,
+                policy_versions=np.where(mask > 0, 0, -1),
+                temperatures=np.full(r, temperature, np.float32),
+                advantage=float(rng.normal()),
+            )
+        )
     return out
 
 
@@ -43,10 +49,12 @@ def test_logprobs_are_temperature_scaled_log_softmax_at_the_shifted_position(tin
         ids = torch.as_tensor(np.concatenate([s.prompt_ids, s.response_ids]))[None]
         logits = tiny(input_ids=ids).logits[0].float()
         p = len(s.prompt_ids)
-        ref = torch.log_softmax(logits / 0.6, -1)[p - 1:-1].gather(-1, ids[0, p:, None]).squeeze(-1)
-        at_t1 = torch.log_softmax(logits, -1)[p - 1:-1].gather(-1, ids[0, p:, None]).squeeze(-1)
+        ref = (
+            torch.log_softmax(logits / 0.6, -1)[p - 1 : -1].gather(-1, ids[0, p:, None]).squeeze(-1)
+        )
+        at_t1 = torch.log_softmax(logits, -1)[p - 1 : -1].gather(-1, ids[0, p:, None]).squeeze(-1)
     mask = torch.as_tensor(s.loss_mask, dtype=torch.bool)
-    scored = got[0, p - 1:p - 1 + len(s.response_ids)]
+    scored = got[0, p - 1 : p - 1 + len(s.response_ids)]
     assert (scored[mask] - ref[mask]).abs().max() < 1e-5
     assert (scored[~mask] == 0).all()
     assert (ref[mask] - at_t1[mask]).abs().mean() > 1e-3  # the check tells temperatures apart
@@ -54,11 +62,21 @@ def test_logprobs_are_temperature_scaled_log_softmax_at_the_shifted_position(tin
 
 def test_logprobs_do_not_depend_on_padding_or_batch_company(tiny):
     samples = make_samples(3, seed=1)
-    long = TrainSample("long", np.arange(3, 203), np.arange(300, 400), np.zeros(100, np.float32),
-                       np.ones(100, np.uint8), np.zeros(100, np.int64), np.ones(100, np.float32), 1.0)
+    long = TrainSample(
+        "long",
+        np.arange(3, 203),
+        np.arange(300, 400),
+        np.zeros(100, np.float32),
+        np.ones(100, np.uint8),
+        np.zeros(100, np.int64),
+        np.ones(100, np.float32),
+        1.0,
+    )
     with torch.no_grad():
         alone = token_logprobs(tiny, build_batch(samples[:1], pad_token_id=2))
-        padded = token_logprobs(tiny, build_batch([samples[0], long], pad_token_id=2, pad_to_multiple_of=64))
+        padded = token_logprobs(
+            tiny, build_batch([samples[0], long], pad_token_id=2, pad_to_multiple_of=64)
+        )
         chunked = token_logprobs(tiny, build_batch(samples[:1], pad_token_id=2), chunk_tokens=2)
     w = alone.shape[1]
     assert (alone[0] - padded[0, :w]).abs().max() < 1e-5
@@ -73,10 +91,19 @@ def test_loss_and_gradients_do_not_depend_on_the_micro_batch_size(tiny, aggregat
     results = []
     for mb in (1, 2, 6):
         tiny.load_state_dict(state)
-        trainer = Trainer(tiny, TrainerConfig(micro_batch_size=mb, ppo_epochs=1, grad_clip_norm=0.0,
-                                              loss=PPOConfig(aggregation=aggregation)))
+        trainer = Trainer(
+            tiny,
+            TrainerConfig(
+                micro_batch_size=mb,
+                ppo_epochs=1,
+                grad_clip_norm=0.0,
+                loss=PPOConfig(aggregation=aggregation),
+            ),
+        )
         captured = []  # gradients at the clip, before the update
-        trainer._clip = lambda c=captured, t=trainer: c.append(torch.cat([p.grad.flatten() for p in t.params])) or 0.0
+        trainer._clip = lambda c=captured, t=trainer: (
+            c.append(torch.cat([p.grad.flatten() for p in t.params])) or 0.0
+        )
         result = trainer.step(batch, learner_version=0)
         grads = captured[0]
         results.append((result.stats["policy_loss"], grads))
@@ -92,12 +119,19 @@ def test_proximal_logprobs_from_the_first_epoch_equal_a_separate_no_grad_pass(ti
     state = {k: v.clone() for k, v in tiny.state_dict().items()}
     trainer = Trainer(tiny, TrainerConfig(micro_batch_size=2, ppo_epochs=2, lr=1e-2))
     separate = trainer.logprobs(batch)  # what a separate proximal pass would give
-    fresh = replace(batch, behavior_logprobs=separate, policy_versions=torch.where(
-        batch.loss_mask > 0, torch.zeros_like(batch.policy_versions), batch.policy_versions))
+    fresh = replace(
+        batch,
+        behavior_logprobs=separate,
+        policy_versions=torch.where(
+            batch.loss_mask > 0, torch.zeros_like(batch.policy_versions), batch.policy_versions
+        ),
+    )
     result = trainer.step(fresh, learner_version=0)
     tiny.load_state_dict(state)
     assert result.parity_tokens == int(batch.loss_mask.sum())
-    assert result.parity_max <= 1e-6  # two forward passes (with and without grad): a float tolerance
+    assert (
+        result.parity_max <= 1e-6
+    )  # two forward passes (with and without grad): a float tolerance
     assert result.stats["ratio_max"] != 1.0  # the second epoch ran on updated weights
 
 
@@ -111,8 +145,18 @@ def group_samples_sharing(prompt_len: int, n: int, seed: int = 3) -> list:
         r = len(response)
         mask = np.ones(r, np.uint8)
         mask[3:5] = 0  # an observation
-        out.append(TrainSample(f"g{i}", prompt, response, np.zeros(r, np.float32), mask,
-                               np.where(mask > 0, 0, -1), np.full(r, 0.7, np.float32), float(rng.normal())))
+        out.append(
+            TrainSample(
+                f"g{i}",
+                prompt,
+                response,
+                np.zeros(r, np.float32),
+                mask,
+                np.where(mask > 0, 0, -1),
+                np.full(r, 0.7, np.float32),
+                float(rng.normal()),
+            )
+        )
     return out
 
 
@@ -129,7 +173,9 @@ def test_a_shared_prefix_run_once_gives_the_full_forwards_log_probs_and_gradient
         grads.append([p.grad.clone() for p in tiny.parameters()])
     tiny.zero_grad()
     assert (values[0] - values[1]).abs().max() < 1e-5
-    assert (values[0][batch.loss_mask == 0] == 0).all() and (values[1][batch.loss_mask == 0] == 0).all()
+    assert (values[0][batch.loss_mask == 0] == 0).all() and (
+        values[1][batch.loss_mask == 0] == 0
+    ).all()
     for full, shared in zip(*grads):
         assert (full - shared).abs().max() <= 1e-5 * max(1.0, float(full.abs().max()))
 
@@ -140,8 +186,10 @@ def test_shared_prefix_length_needs_two_rows_the_same_tokens_and_a_token_of_each
     other = replace(samples[1], prompt_ids=np.concatenate([[9], samples[1].prompt_ids[1:]]))
     assert shared_prefix_length(build_batch([samples[0], other], pad_token_id=2)) == 0
     same = [samples[0], replace(samples[0], trajectory_id="copy")]
-    assert shared_prefix_length(build_batch(same, pad_token_id=2)) == len(samples[0].prompt_ids) + len(
-        samples[0].response_ids) - 1
+    assert (
+        shared_prefix_length(build_batch(same, pad_token_id=2))
+        == len(samples[0].prompt_ids) + len(samples[0].response_ids) - 1
+    )
 
 
 def test_trainer_steps_with_and_without_prefix_sharing_reach_the_same_weights():
@@ -151,13 +199,25 @@ def test_trainer_steps_with_and_without_prefix_sharing_reach_the_same_weights():
         model = load_model("tiny")
         sizes: list[int] = []
         model.get_decoder().register_forward_pre_hook(
-            lambda _m, _args, kwargs: sizes.append(int(kwargs["input_ids"].shape[0])), with_kwargs=True)
-        trainer = Trainer(model, TrainerConfig(lr=1e-3, micro_batch_size=2, gradient_checkpointing=False,
-                                               share_prefix_min_tokens=share))
+            lambda _m, _args, kwargs: sizes.append(int(kwargs["input_ids"].shape[0])),
+            with_kwargs=True,
+        )
+        trainer = Trainer(
+            model,
+            TrainerConfig(
+                lr=1e-3,
+                micro_batch_size=2,
+                gradient_checkpointing=False,
+                share_prefix_min_tokens=share,
+            ),
+        )
         trainer.step(batch, learner_version=0)
         weights.append([p.detach().clone() for p in model.parameters()])
         decoder_batch_sizes.append(sizes)
-    assert decoder_batch_sizes == [[2, 2], [1, 2, 1, 2]]  # the shared run: each micro-batch's prefix at batch 1
+    assert decoder_batch_sizes == [
+        [2, 2],
+        [1, 2, 1, 2],
+    ]  # the shared run: each micro-batch's prefix at batch 1
     for a, b in zip(*weights):
         assert (a - b).abs().max() < 1e-5
 

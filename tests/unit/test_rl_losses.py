@@ -10,7 +10,9 @@ def loss_of(logp, prox, behavior, adv, mask=None, **cfg):
     t = lambda x: torch.tensor([x], dtype=torch.float32)
     mask = t(mask if mask is not None else [1.0] * len(logp))
     weights = loss_weights(mask)
-    return decoupled_ppo_loss(t(logp), t(prox), t(behavior), t(adv), mask, weights, PPOConfig(**cfg))
+    return decoupled_ppo_loss(
+        t(logp), t(prox), t(behavior), t(adv), mask, weights, PPOConfig(**cfg)
+    )
 
 
 def test_fresh_on_policy_tokens_give_reinforce_with_ratio_one():
@@ -36,8 +38,15 @@ def test_plus_fifty_log_ratio_gives_a_finite_bounded_loss_and_gradient():
     for adv in (1.0, -1.0):
         logp = torch.tensor([[49.0, -1.0]], requires_grad=True)  # +50 against the proximal -1
         mask = torch.ones(1, 2)
-        loss, stats = decoupled_ppo_loss(logp, torch.tensor([[-1.0, -1.0]]), torch.tensor([[-1.0, -1.0]]),
-                                         torch.tensor([[adv, adv]]), mask, loss_weights(mask), PPOConfig())
+        loss, stats = decoupled_ppo_loss(
+            logp,
+            torch.tensor([[-1.0, -1.0]]),
+            torch.tensor([[-1.0, -1.0]]),
+            torch.tensor([[adv, adv]]),
+            mask,
+            loss_weights(mask),
+            PPOConfig(),
+        )
         loss.backward()
         assert math.isfinite(loss.item()) and torch.isfinite(logp.grad).all()
         assert abs(loss.item()) <= 3.0 * abs(adv)
@@ -53,7 +62,9 @@ def test_engine_logprob_fifty_nats_below_truncates_the_behavior_weight():
 
 
 def test_padding_and_nan_off_the_mask_never_reach_the_loss():
-    loss, stats = loss_of([-1.0, float("nan")], [-1.0, 0.0], [-1.0, 0.0], [1.0, 1.0], mask=[1.0, 0.0])
+    loss, stats = loss_of(
+        [-1.0, float("nan")], [-1.0, 0.0], [-1.0, 0.0], [1.0, 1.0], mask=[1.0, 0.0]
+    )
     assert loss.item() == pytest.approx(-1.0) and stats.tokens == 1
 
 
@@ -99,8 +110,15 @@ def _expected_kl_gradient(kl_coef: float = 1.0) -> tuple[torch.Tensor, float]:
         logp = logp_all[a].reshape(1, 1)
         pi_a = logp.detach().exp()
         loss, stats = decoupled_ppo_loss(
-            logp, logp.detach(), logp.detach(), torch.zeros(1, 1), torch.ones(1, 1), pi_a,
-            PPOConfig(kl_coef=kl_coef), ref_logprobs=ref_all[a].reshape(1, 1))
+            logp,
+            logp.detach(),
+            logp.detach(),
+            torch.zeros(1, 1),
+            torch.ones(1, 1),
+            pi_a,
+            PPOConfig(kl_coef=kl_coef),
+            ref_logprobs=ref_all[a].reshape(1, 1),
+        )
         total, reported = total + loss, reported + stats.kl
     total.backward()
     return logits.grad, reported

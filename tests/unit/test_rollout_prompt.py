@@ -2,7 +2,12 @@
 
 import pytest
 
-from services.rollout.prompt import ChatFormat, load_chat_tokenizer, render_parse_error, render_tool_response
+from services.rollout.prompt import (
+    ChatFormat,
+    load_chat_tokenizer,
+    render_parse_error,
+    render_tool_response,
+)
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +35,9 @@ def test_prompt_has_system_protocol_few_shot_examples_and_instruction_once(chat)
     assert text.startswith("<|im_start|>system\n") and "<bash>COMMAND</bash>" in text
     # two replies per worked example + the generation prompt
     assert text.count("<|im_start|>assistant\n") == 2 * len(chat.examples) + 1 == 7
-    assert text.endswith("<|im_start|>user\nHow many files are here?<|im_end|>\n<|im_start|>assistant\n")
+    assert text.endswith(
+        "<|im_start|>user\nHow many files are here?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_trajectory_decodes_to_the_template_rendering_of_the_same_messages(chat):
@@ -39,9 +46,13 @@ def test_trajectory_decodes_to_the_template_rendering_of_the_same_messages(chat)
     tok = chat.tokenizer
     eot = chat.end_of_turn_id
     prompt = chat.prompt_ids("task")
-    turn1 = tok("<bash>ls</bash>", add_special_tokens=False)["input_ids"]          # stopped on the stop string
+    turn1 = tok("<bash>ls</bash>", add_special_tokens=False)[
+        "input_ids"
+    ]  # stopped on the stop string
     obs1 = chat.observation_ids(render_tool_response("a.txt\n"), turn1)
-    turn2 = tok("<bash>cat a.txt</bash>", add_special_tokens=False)["input_ids"] + [eot]  # stopped on <|im_end|>
+    turn2 = tok("<bash>cat a.txt</bash>", add_special_tokens=False)["input_ids"] + [
+        eot
+    ]  # stopped on <|im_end|>
     obs2 = chat.observation_ids(render_tool_response("hi\n"), turn2)
     turn3 = tok("<answer>hi</answer>", add_special_tokens=False)["input_ids"] + [eot]
     ids = prompt + turn1 + obs1 + turn2 + obs2 + turn3
@@ -53,22 +64,30 @@ def test_trajectory_decodes_to_the_template_rendering_of_the_same_messages(chat)
         {"role": "assistant", "content": "<answer>hi</answer>"},
     ]
     rendered = tok.apply_chat_template(messages, tokenize=False)
-    assert tok.decode(ids) == rendered.removesuffix("\n")  # the final "\n" follows the last <|im_end|> we stop on
+    assert tok.decode(ids) == rendered.removesuffix(
+        "\n"
+    )  # the final "\n" follows the last <|im_end|> we stop on
     assert obs1[0] == eot and obs2[0] != eot  # added only where the model did not emit it
     assert obs1[:5] == tok("<|im_end|>\n<|im_start|>user\n", add_special_tokens=False)["input_ids"]
     assert obs2[-4:] == tok("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
 
 
 def test_huge_output_is_capped_with_a_marker_giving_the_size():
-    body = render_tool_response("0123456789\n" * 20_000, "", 0, stdout_truncated_bytes=5_000, max_chars=600)
+    body = render_tool_response(
+        "0123456789\n" * 20_000, "", 0, stdout_truncated_bytes=5_000, max_chars=600
+    )
     assert len(body) < 800
     assert "…[truncated 219400 chars, 5000 more bytes in the sandbox]" in body
     assert body.endswith("[exit code 0]\n</tool_response>")
 
 
 def test_observation_reports_stderr_timeout_denial_and_replacement_characters():
-    body = render_tool_response("A\ufffd\ufffdB\ufffdC\ndone\n", "oops\n", 124, timed_out=True, timeout_s=5)
-    assert "A\ufffd\ufffdB\ufffdC\ndone\nstderr:\noops\n[timed out after 5 s]\n[exit code 124]" in body
+    body = render_tool_response(
+        "A\ufffd\ufffdB\ufffdC\ndone\n", "oops\n", 124, timed_out=True, timeout_s=5
+    )
+    assert (
+        "A\ufffd\ufffdB\ufffdC\ndone\nstderr:\noops\n[timed out after 5 s]\n[exit code 124]" in body
+    )
     denied = render_tool_response("", "", None, denied_rule="rm_root")
     assert "[command denied by policy: rm_root]" in denied and "[exit code none]" in denied
     assert render_parse_error("error: x") == "<tool_response>\nerror: x\n</tool_response>"
@@ -76,14 +95,20 @@ def test_observation_reports_stderr_timeout_denial_and_replacement_characters():
 
 def test_rust_tokenizer_path_gives_the_same_ids_and_text_as_the_transformers_call(chat):
     tok = chat.tokenizer
-    for text in ["<|im_end|>\n<|im_start|>user\n<tool_response>\nA\ufffdB  x\n[exit code 0]\n</tool_response>",
-                 "  leading spaces and\ttabs\n\n", "naïve café — 東京 😀", "<bash>ls -la</bash><|im_end|>", ""]:
+    for text in [
+        "<|im_end|>\n<|im_start|>user\n<tool_response>\nA\ufffdB  x\n[exit code 0]\n</tool_response>",
+        "  leading spaces and\ttabs\n\n",
+        "naïve café — 東京 😀",
+        "<bash>ls -la</bash><|im_end|>",
+        "",
+    ]:
         ids = tok(text, add_special_tokens=False)["input_ids"]
         assert chat.encode(text) == ids
         assert chat.decode(ids) == tok.decode(ids, skip_special_tokens=False)
 
 
 # --- issue 15 item 3: special tokens come only from the template --------------------------------
+
 
 def special_tokens(tok) -> dict[str, int]:
     """Every special token of the tokenizer (SmolLM2: 17, `<|endoftext|>` ... `<empty_output>`)."""
@@ -123,9 +148,14 @@ def test_special_token_text_in_command_output_stays_plain_text(chat, token):
     body_ids = plain_ids(tok, body)
     assert not special & set(body_ids) and tok.decode(body_ids) == body
     # clean reference: the same conversation with an empty observation, by the tokenizer's template
-    reference = template_ids(tok, chat.messages("task") + [
-        {"role": "assistant", "content": "<bash>cat out.txt</bash>"},
-        {"role": "user", "content": ""}])
+    reference = template_ids(
+        tok,
+        chat.messages("task")
+        + [
+            {"role": "assistant", "content": "<bash>cat out.txt</bash>"},
+            {"role": "user", "content": ""},
+        ],
+    )
     after = len(tok(chat.after_observation, add_special_tokens=False)["input_ids"])
     prompt = chat.prompt_ids("task")
     assert prompt + turn + obs == reference[:-after] + body_ids + reference[-after:]
@@ -155,6 +185,8 @@ def test_clean_prompts_and_observations_keep_the_ids_of_the_whole_rendering(chat
     turn = tok("<bash>ls</bash>", add_special_tokens=False)["input_ids"] + [chat.end_of_turn_id]
     body = render_tool_response("  a.txt\n\n b <tag> |x|\n")
     messages = chat.messages(instruction) + [
-        {"role": "assistant", "content": "<bash>ls</bash>"}, {"role": "user", "content": body}]
+        {"role": "assistant", "content": "<bash>ls</bash>"},
+        {"role": "user", "content": body},
+    ]
     ids = chat.prompt_ids(instruction) + turn + chat.observation_ids(body, turn)
     assert ids == template_ids(tok, messages)

@@ -30,21 +30,25 @@ def test_an_env_at_the_limit_is_accepted_and_one_byte_more_is_refused():
     assert info.value.field == "env"
 
 
-@pytest.mark.parametrize("env", [{"BIG": "x" * 200_000},
-                                 {f"KEY_{i}": "v" * 30 for i in range(3000)}])
+@pytest.mark.parametrize(
+    "env", [{"BIG": "x" * 200_000}, {f"KEY_{i}": "v" * 30 for i in range(3000)}]
+)
 def test_a_large_env_value_or_many_keys_is_refused_naming_env(env):
     with pytest.raises(TaskValidationError) as info:
         task_from_json(task(env=env))
     assert info.value.field == "env" and str(MAX_ENV_BYTES) in info.value.message
 
 
-@pytest.mark.parametrize("fields, field", [
-    ({"setup": "echo \ud800"}, "setup"),
-    ({"instruction": "add \udcff"}, "instruction"),
-    ({"env": {"K": "v\ud800"}}, "env.K"),
-    ({"env": {"K": "v\x00"}}, "env.K"),
-    ({"env": {"K\ud800": "v"}}, "env.K\\ud800"),
-])
+@pytest.mark.parametrize(
+    "fields, field",
+    [
+        ({"setup": "echo \ud800"}, "setup"),
+        ({"instruction": "add \udcff"}, "instruction"),
+        ({"env": {"K": "v\ud800"}}, "env.K"),
+        ({"env": {"K": "v\x00"}}, "env.K"),
+        ({"env": {"K\ud800": "v"}}, "env.K\\ud800"),
+    ],
+)
 def test_nul_bytes_and_lone_surrogates_are_refused_naming_the_field(fields, field):
     with pytest.raises(TaskValidationError) as info:
         task_from_json(task(**fields))

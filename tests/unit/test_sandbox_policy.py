@@ -15,30 +15,33 @@ def default():
     return PolicySet.load().get("default")
 
 
-@pytest.mark.parametrize("command, verdict, rule", [
-    ("rm -rf /", "deny", "rm_root"),
-    ("rm -rf /*", "deny", "rm_root"),
-    ("rm -fr /usr", "deny", "rm_root"),
-    ('rm -rf "/"', "deny", "rm_root"),
-    ("cd /tmp && rm -r --force / ; echo", "deny", "rm_root"),
-    ("rm -rf --no-preserve-root /", "deny", "rm_root"),
-    ("mkfs.ext4 /dev/sda1", "deny", "mkfs"),
-    ("dd if=/dev/zero of=/dev/sda bs=1M", "deny", "dd_to_device"),
-    (":(){ :|:& };:", "deny", "fork_bomb"),
-    ("bomb() { bomb | bomb & }; bomb", "deny", "fork_bomb"),
-    ("chmod -R 777 /", "deny", "chmod_chown_root"),
-    ("rm -rf ~", "flag", "rm_home"),
-    ("rm -rf $HOME/", "flag", "rm_home"),
-    ("rm -rf build", "flag", "rm_recursive_or_force"),
-    ("rm -f out.txt", "flag", "rm_recursive_or_force"),
-    ("find . -name '*.o' -delete", "flag", "find_delete"),
-    ("git reset --hard HEAD~1", "flag", "git_destructive"),
-    ("kill -9 -1", "flag", "kill_all"),
-    ("rm notes.txt", "allow", None),
-    ("dd if=/dev/zero of=/dev/null count=1", "allow", None),
-    ("ls -la / && cat /etc/os-release", "allow", None),
-    ("python3 -c 'print(1)'", "allow", None),
-])
+@pytest.mark.parametrize(
+    "command, verdict, rule",
+    [
+        ("rm -rf /", "deny", "rm_root"),
+        ("rm -rf /*", "deny", "rm_root"),
+        ("rm -fr /usr", "deny", "rm_root"),
+        ('rm -rf "/"', "deny", "rm_root"),
+        ("cd /tmp && rm -r --force / ; echo", "deny", "rm_root"),
+        ("rm -rf --no-preserve-root /", "deny", "rm_root"),
+        ("mkfs.ext4 /dev/sda1", "deny", "mkfs"),
+        ("dd if=/dev/zero of=/dev/sda bs=1M", "deny", "dd_to_device"),
+        (":(){ :|:& };:", "deny", "fork_bomb"),
+        ("bomb() { bomb | bomb & }; bomb", "deny", "fork_bomb"),
+        ("chmod -R 777 /", "deny", "chmod_chown_root"),
+        ("rm -rf ~", "flag", "rm_home"),
+        ("rm -rf $HOME/", "flag", "rm_home"),
+        ("rm -rf build", "flag", "rm_recursive_or_force"),
+        ("rm -f out.txt", "flag", "rm_recursive_or_force"),
+        ("find . -name '*.o' -delete", "flag", "find_delete"),
+        ("git reset --hard HEAD~1", "flag", "git_destructive"),
+        ("kill -9 -1", "flag", "kill_all"),
+        ("rm notes.txt", "allow", None),
+        ("dd if=/dev/zero of=/dev/null count=1", "allow", None),
+        ("ls -la / && cat /etc/os-release", "allow", None),
+        ("python3 -c 'print(1)'", "allow", None),
+    ],
+)
 def test_default_policy_verdicts(default, command, verdict, rule):
     result = default.evaluate(command)
     assert (result.verdict, result.rule) == (verdict, rule)
@@ -53,22 +56,35 @@ def test_deny_wins_over_an_earlier_flag_and_evaluation_is_deterministic(default)
 def test_network_policy_extends_default_with_network(tmp_path):
     policies = PolicySet.load()
     assert policies.get("network").network is True and policies.get("default").network is False
-    assert [r.name for r in policies.get("network").rules] == [r.name for r in policies.get("default").rules]
+    assert [r.name for r in policies.get("network").rules] == [
+        r.name for r in policies.get("default").rules
+    ]
 
 
-@pytest.mark.parametrize("text, message", [
-    ("policies: {}", "missing or empty"),
-    ("policies: {p: {rules: [{name: a, verdict: maybe, pattern: x}]}}", "verdict must be"),
-    ("policies: {p: {rules: [{name: a, verdict: deny, pattern: '('}]}}", "bad pattern"),
-    ("policies: {p: {rules: [{name: a, verdict: deny, pattern: 'rm(?=x)'}]}}", r"rule 0 \(a\): bad pattern"),
-    ("policies: {p: {rules: [{name: a, verdict: deny, pattern: '(a)\\1'}]}}", "no backreferences"),
-    ("policies: {p: {rules: [{name: a, verdict: deny, builtin: nope}]}}", "unknown builtin"),
-    ("policies: {p: {rules: [{name: a, verdict: deny, builtin: self_piping_function, pattern: x}]}}",
-     "one of pattern or builtin"),
-    ("policies: {p: {extends: q}}", "unknown policy 'q'"),
-    ("policies: {p: {extends: q}, q: {extends: p}}", "cycle"),
-    ("policies: {p: {network: true, colour: red}}", "unknown keys"),
-])
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("policies: {}", "missing or empty"),
+        ("policies: {p: {rules: [{name: a, verdict: maybe, pattern: x}]}}", "verdict must be"),
+        ("policies: {p: {rules: [{name: a, verdict: deny, pattern: '('}]}}", "bad pattern"),
+        (
+            "policies: {p: {rules: [{name: a, verdict: deny, pattern: 'rm(?=x)'}]}}",
+            r"rule 0 \(a\): bad pattern",
+        ),
+        (
+            "policies: {p: {rules: [{name: a, verdict: deny, pattern: '(a)\\1'}]}}",
+            "no backreferences",
+        ),
+        ("policies: {p: {rules: [{name: a, verdict: deny, builtin: nope}]}}", "unknown builtin"),
+        (
+            "policies: {p: {rules: [{name: a, verdict: deny, builtin: self_piping_function, pattern: x}]}}",
+            "one of pattern or builtin",
+        ),
+        ("policies: {p: {extends: q}}", "unknown policy 'q'"),
+        ("policies: {p: {extends: q}, q: {extends: p}}", "cycle"),
+        ("policies: {p: {network: true, colour: red}}", "unknown keys"),
+    ],
+)
 def test_policy_file_mistakes_fail_naming_the_policy(tmp_path, text, message):
     path = tmp_path / "policy.yaml"
     path.write_text(text)
@@ -88,9 +104,28 @@ def test_megabyte_commands_are_normalized_and_evaluated(default):
 
 # Pathological shapes for a backtracking engine: long runs of blanks, repeated rule prefixes,
 # flags and headers that never complete. Every rule is timed on every shape.
-_SEEDS = ("rm ", "rm -r ", "chmod -R ", "dd ", "dd of=/dev/", "of=/dev/nul", "mkfs", "> /dev/", "f(){ ", "f|",
-          "git reset ", "git clean ", "find ", "shred ", "kill -9 ", "rm --no-preserve-root", "rm ~", "-r ", "/ ",
-          "a")
+_SEEDS = (
+    "rm ",
+    "rm -r ",
+    "chmod -R ",
+    "dd ",
+    "dd of=/dev/",
+    "of=/dev/nul",
+    "mkfs",
+    "> /dev/",
+    "f(){ ",
+    "f|",
+    "git reset ",
+    "git clean ",
+    "find ",
+    "shred ",
+    "kill -9 ",
+    "rm --no-preserve-root",
+    "rm ~",
+    "-r ",
+    "/ ",
+    "a",
+)
 
 
 def _pathological(size: int = 64 << 10):
@@ -106,8 +141,10 @@ def _pathological(size: int = 64 << 10):
     yield "rm" + " " * 6000 + "x"
 
 
-@pytest.mark.parametrize("policy, rule", [(p, r.name) for p in ("default", "permissive")
-                                          for r in PolicySet.load().get(p).rules])
+@pytest.mark.parametrize(
+    "policy, rule",
+    [(p, r.name) for p in ("default", "permissive") for r in PolicySet.load().get(p).rules],
+)
 def test_every_rule_is_linear_on_pathological_64kib_inputs(policy, rule):
     rule = next(r for r in PolicySet.load().get(policy).rules if r.name == rule)
     worst_s = 0.0
@@ -133,12 +170,22 @@ def test_the_verdict_of_a_pathological_command_does_not_depend_on_the_clock(defa
     assert default.evaluate("rm -rf" + " " * 60_000 + "/").rule == "rm_root"
 
 
-@pytest.mark.parametrize("text, expected", [
-    (":(){ :|:& };:", True), ("bomb() { bomb | bomb & }; bomb", True), ("b(){ ab|b& }", True),
-    ("a(){ b(){ a|a& }", True), ("f () {\n f|f &\n}", True), ("f(){ g|g& }", False),
-    ("f(){ f|fx& }", False), ("f(){ echo }; f|f&", False), ("9f(){ 9f|9f& }", False),
-    ("f|f& f(){ x; }", False), ("run() { make | tee log & }", False),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (":(){ :|:& };:", True),
+        ("bomb() { bomb | bomb & }; bomb", True),
+        ("b(){ ab|b& }", True),
+        ("a(){ b(){ a|a& }", True),
+        ("f () {\n f|f &\n}", True),
+        ("f(){ g|g& }", False),
+        ("f(){ f|fx& }", False),
+        ("f(){ echo }; f|f&", False),
+        ("9f(){ 9f|9f& }", False),
+        ("f|f& f(){ x; }", False),
+        ("run() { make | tee log & }", False),
+    ],
+)
 def test_self_piping_function_is_the_former_backreference_pattern(text, expected):
     assert self_piping_function(text) is expected
 

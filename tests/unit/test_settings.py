@@ -83,25 +83,38 @@ def test_no_two_services_settings_are_one_typo_apart():
         except ModuleNotFoundError:
             continue
         for obj in vars(module).values():
-            if isinstance(obj, type) and issubclass(obj, ServiceSettings) and obj is not ServiceSettings:
+            if (
+                isinstance(obj, type)
+                and issubclass(obj, ServiceSettings)
+                and obj is not ServiceSettings
+            ):
                 fields[f"{svc}.{obj.__name__}"] = set(obj.model_fields)
-    clashes = [(cls, other, one_typo_away(other, own))
-               for cls, own in fields.items() for others in fields.values() for other in others - own
-               if one_typo_away(other, own)]
-    assert not clashes, f"rename one of each pair (class, foreign setting, own setting): {sorted(set(clashes))}"
+    clashes = [
+        (cls, other, one_typo_away(other, own))
+        for cls, own in fields.items()
+        for others in fields.values()
+        for other in others - own
+        if one_typo_away(other, own)
+    ]
+    assert not clashes, (
+        f"rename one of each pair (class, foreign setting, own setting): {sorted(set(clashes))}"
+    )
 
 
 def test_public_dict_never_shows_a_url_password():
     from shellrl.service.settings import EngineFleetSettings, redact_url
 
-    settings = EngineFleetSettings(redis_url="redis://:s3,cret@redis:6379/0",
-                                   engine_urls="http://a:1,http://u:pw@b:2/x")
+    settings = EngineFleetSettings(
+        redis_url="redis://:s3,cret@redis:6379/0", engine_urls="http://a:1,http://u:pw@b:2/x"
+    )
     public = settings.public_dict()
     assert public["redis_url"] == "redis://:***@redis:6379/0"  # a comma is legal in a password
     assert public["engine_urls"] == "http://a:1,http://u:***@b:2/x"
     assert "s3,cret" not in str(public) and settings.redis_url == "redis://:s3,cret@redis:6379/0"
     assert redact_url("rediss://user:p@ss@h/0") == "rediss://user:***@h/0"
-    assert redact_url("redis://h:6379/0?password=secret&db=1") == "redis://h:6379/0?password=***&db=1"
+    assert (
+        redact_url("redis://h:6379/0?password=secret&db=1") == "redis://h:6379/0?password=***&db=1"
+    )
     assert redact_url("redis://user@h/0") == "redis://user@h/0"
     assert redact_url("plain text @ somewhere") == "plain text @ somewhere"
 
@@ -110,7 +123,10 @@ def test_a_plural_or_singular_twin_that_no_service_has_is_a_typo(monkeypatch):
     from services.engine.settings import EngineSettings
 
     monkeypatch.setenv("SHELLRL_NUM_THREAD", "1")
-    with pytest.raises(ValidationError, match="SHELLRL_NUM_THREAD: unknown setting; did you mean SHELLRL_NUM_THREADS"):
+    with pytest.raises(
+        ValidationError,
+        match="SHELLRL_NUM_THREAD: unknown setting; did you mean SHELLRL_NUM_THREADS",
+    ):
         EngineSettings()
 
 
@@ -121,7 +137,13 @@ def test_a_service_started_with_a_bad_setting_exits_with_one_line_naming_it():
     from tests.helpers.processes import REPO
 
     env = {"PATH": "/usr/bin:/bin", "SHELLRL_NUM_THREAD": "1", "SHELLRL_PORT": "99999"}
-    done = subprocess.run([sys.executable, "-m", "services.verifier"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "services.verifier"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "SHELLRL_PORT: Input should be less than or equal to 65535" in done.stderr

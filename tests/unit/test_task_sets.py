@@ -52,7 +52,9 @@ def test_train_and_eval_id_stay_disjoint_for_larger_counts():
 
 
 def test_generation_is_deterministic_by_seed(splits):
-    assert [task_to_json(t) for t in generate("train")] == [task_to_json(t) for t in splits["train"]]
+    assert [task_to_json(t) for t in generate("train")] == [
+        task_to_json(t) for t in splits["train"]
+    ]
     assert [t.task_id for t in generate("train", seed=1)] != [t.task_id for t in splits["train"]]
 
 
@@ -115,5 +117,7 @@ def test_default_set_combines_seeds_generated_and_public():
 def test_difficulty_of_reads_the_tag():
     from tasksets import difficulty_of
 
-    assert difficulty_of(next(t for t in generate("train", 40) if t.template == "cat_file")) == "easy"
+    assert (
+        difficulty_of(next(t for t in generate("train", 40) if t.template == "cat_file")) == "easy"
+    )
     assert difficulty_of(load_taskset("agentbench_os")[0]) == ""

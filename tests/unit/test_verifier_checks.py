@@ -6,7 +6,12 @@ import math
 
 import pytest
 
-from services.verifier.answer_checks import answer_equals, answer_integer_equals, answer_matches, norm
+from services.verifier.answer_checks import (
+    answer_equals,
+    answer_integer_equals,
+    answer_matches,
+    norm,
+)
 from services.verifier.checks import CheckLimits, run_check
 from services.verifier.rewards import Shaping, compute_reward, safety_flagged
 from shellrl.contract import ToolEvent, check_from_json
@@ -16,23 +21,41 @@ def test_norm_converts_crlf_and_cr_then_strips():
     assert norm("  a\r\nb\rc \n") == "a\nb\nc"
 
 
-@pytest.mark.parametrize("answer, expected, ci, passed", [
-    ("linux", "linux", False, True),
-    ("  linux\r\n", "linux", False, True),
-    ("Linux", "linux", False, False),
-    ("Linux", "linux", True, True),
-    ("a\r\nb", "a\nb", False, True),
-    ("linux extra", "linux", False, False),
-    ("", "linux", False, False),
-])
-def test_answer_equals_normalises_line_endings_and_surrounding_whitespace(answer, expected, ci, passed):
+@pytest.mark.parametrize(
+    "answer, expected, ci, passed",
+    [
+        ("linux", "linux", False, True),
+        ("  linux\r\n", "linux", False, True),
+        ("Linux", "linux", False, False),
+        ("Linux", "linux", True, True),
+        ("a\r\nb", "a\nb", False, True),
+        ("linux extra", "linux", False, False),
+        ("", "linux", False, False),
+    ],
+)
+def test_answer_equals_normalises_line_endings_and_surrounding_whitespace(
+    answer, expected, ci, passed
+):
     assert answer_equals(answer, expected, ci)[0] is passed
 
 
-@pytest.mark.parametrize("answer, passed", [
-    ("5", True), (" 5\n", True), ("+5", True), ("05", True), ("-5", False), ("6", False), ("5.0", False),
-    ("1_0", False), ("five", False), ("5 apples", False), ("", False), ("٥", False),
-])
+@pytest.mark.parametrize(
+    "answer, passed",
+    [
+        ("5", True),
+        (" 5\n", True),
+        ("+5", True),
+        ("05", True),
+        ("-5", False),
+        ("6", False),
+        ("5.0", False),
+        ("1_0", False),
+        ("five", False),
+        ("5 apples", False),
+        ("", False),
+        ("٥", False),
+    ],
+)
 def test_answer_integer_equals_accepts_only_ascii_integers(answer, passed):
     assert answer_integer_equals(answer, 5)[0] is passed
 
@@ -49,12 +72,15 @@ def test_answer_of_100k_digits_fails_instead_of_raising():
     assert answer_integer_equals("0" * 100_000 + "5", 5)[0]
 
 
-@pytest.mark.parametrize("answer, pattern, passed", [
-    ("abc123", r"[a-z]+\d+", True),
-    ("xabc123", r"[a-z]{3}\d+", False),     # full match, not re.search (issue 6)
-    ("abc123 tail", r"[a-z]+\d+", False),
-    ("  abc123\n", r"[a-z]+\d+", True),     # norm() first
-])
+@pytest.mark.parametrize(
+    "answer, pattern, passed",
+    [
+        ("abc123", r"[a-z]+\d+", True),
+        ("xabc123", r"[a-z]{3}\d+", False),  # full match, not re.search (issue 6)
+        ("abc123 tail", r"[a-z]+\d+", False),
+        ("  abc123\n", r"[a-z]+\d+", True),  # norm() first
+    ],
+)
 def test_answer_matches_is_a_full_match_of_the_normalised_answer(answer, pattern, passed):
     assert answer_matches(answer, pattern, False, 1.0)[0] is passed
 
@@ -70,7 +96,9 @@ def test_catastrophic_regex_fails_within_its_timeout_instead_of_hanging():
 
 
 async def test_no_final_answer_fails_answer_checks():
-    result = await run_check(check_from_json({"type": "answer_equals", "expected": "x"}), None, None, CheckLimits())
+    result = await run_check(
+        check_from_json({"type": "answer_equals", "expected": "x"}), None, None, CheckLimits()
+    )
     assert not result.passed and result.detail == "no final answer"
 
 
@@ -84,12 +112,16 @@ async def test_workspace_check_without_a_session_cannot_run():
     from services.verifier.workspace_checks import CheckInfraError
 
     with pytest.raises(CheckInfraError):
-        await run_check(check_from_json({"type": "file_exists", "path": "a"}), "x", None, CheckLimits())
+        await run_check(
+            check_from_json({"type": "file_exists", "path": "a"}), "x", None, CheckLimits()
+        )
 
 
 def _events(*specs) -> list[ToolEvent]:
-    return [ToolEvent(command="c", exit_code=code, timed_out=timed_out, policy_verdict=verdict)
-            for code, timed_out, verdict in specs]
+    return [
+        ToolEvent(command="c", exit_code=code, timed_out=timed_out, policy_verdict=verdict)
+        for code, timed_out, verdict in specs
+    ]
 
 
 def test_reward_is_one_only_when_every_check_passes():
@@ -100,10 +132,19 @@ def test_reward_is_one_only_when_every_check_passes():
 
 
 def test_shaping_components_are_reported_but_not_trained_on_by_default():
-    events = _events((0, False, "allow"), (0, False, "allow"), (1, False, "allow"), (-1, True, "allow"))
+    events = _events(
+        (0, False, "allow"), (0, False, "allow"), (1, False, "allow"), (-1, True, "allow")
+    )
     r = compute_reward([False], events, False, Shaping())
-    assert r.components == pytest.approx({"outcome": 0.0, "exit_zero_bonus": 0.2, "timeout_penalty": -0.1,
-                                          "safety_penalty": 0.0, "ungrounded_success": 0.0})
+    assert r.components == pytest.approx(
+        {
+            "outcome": 0.0,
+            "exit_zero_bonus": 0.2,
+            "timeout_penalty": -0.1,
+            "safety_penalty": 0.0,
+            "ungrounded_success": 0.0,
+        }
+    )
     assert r.training_reward == 0.0
 
 
@@ -118,17 +159,31 @@ def test_enabled_shaping_caps_the_exit_zero_bonus_and_adds_penalties():
 def test_a_success_without_any_command_trains_as_zero_only_when_require_command_is_on():
     """run6's collapse: lucky `<answer>N</answer>` guesses were trained on as successes."""
     guess = compute_reward([True], [], False, Shaping())
-    assert (guess.reward, guess.training_reward, guess.components["ungrounded_success"]) == (1.0, 1.0, -1.0)
+    assert (guess.reward, guess.training_reward, guess.components["ungrounded_success"]) == (
+        1.0,
+        1.0,
+        -1.0,
+    )
     guess = compute_reward([True], [], False, Shaping(require_command=True))
     assert (guess.reward, guess.training_reward) == (1.0, 0.0)
     malformed_only = [ToolEvent(exit_code=0, parse_error="no <bash> tag")]  # not a command
-    assert compute_reward([True], malformed_only, False, Shaping(require_command=True)).training_reward == 0.0
+    assert (
+        compute_reward([True], malformed_only, False, Shaping(require_command=True)).training_reward
+        == 0.0
+    )
     denied_only = _events((-1, False, "deny"))  # sent, but it never ran
-    assert compute_reward([True], denied_only, False, Shaping(require_command=True)).training_reward == 0.0
-    looked_up = compute_reward([True], _events((0, False, "allow")), False, Shaping(require_command=True))
+    assert (
+        compute_reward([True], denied_only, False, Shaping(require_command=True)).training_reward
+        == 0.0
+    )
+    looked_up = compute_reward(
+        [True], _events((0, False, "allow")), False, Shaping(require_command=True)
+    )
     assert (looked_up.training_reward, looked_up.components["ungrounded_success"]) == (1.0, 0.0)
     failed = compute_reward([False], [], False, Shaping(require_command=True))
-    assert failed.training_reward == 0.0 and str(failed.components["ungrounded_success"]) == "0.0"  # never -0.0
+    assert (
+        failed.training_reward == 0.0 and str(failed.components["ungrounded_success"]) == "0.0"
+    )  # never -0.0
     with_shaping = compute_reward([True], [], False, Shaping(enabled=True, require_command=True))
     assert with_shaping.training_reward == 0.0
 
