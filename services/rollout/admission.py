@@ -220,9 +220,11 @@ class Admission:
             m.GROUPS_RELEASED.inc()
         return int(removed), int(given_back)
 
-    async def recover(self) -> int:
-        """At start-up: groups this replica had in flight died with it; give their slots back."""
-        prefix = f"{self.replica}|".encode()
+    async def recover(self, replica: str | None = None) -> int:
+        """At start-up: groups this replica had in flight died with it; give their slots back.
+        With `replica`: the same for that (dead) replica. Returns how many groups."""
+        replica = replica or self.replica
+        prefix = f"{replica}|".encode()
         members = [
             mb for mb in await self.redis.zrange(INFLIGHT_KEY, 0, -1) if mb.startswith(prefix)
         ]
@@ -231,7 +233,7 @@ class Admission:
         if members:
             log.warning(
                 "gave back admission of groups in flight at the last shutdown",
-                extra={"groups": len(members)},
+                extra={"groups": len(members), "replica": replica},
             )
         return len(members)
 

@@ -18,6 +18,7 @@ from services.rollout.evaluations import Evaluations
 from services.rollout.gates import Capacity, InfraGate
 from services.rollout.policy_version import PolicyVersionWatcher
 from services.rollout.prompt import ChatFormat, load_chat_tokenizer
+from services.rollout.replicas import Replicas
 from services.rollout.routes import add_routes
 from services.rollout.settings import RolloutSettings
 from services.rollout.stats import TaskStats
@@ -109,9 +110,21 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         await evaluations.mark_interrupted()
         stop = asyncio.Event()
         background = [asyncio.create_task(watcher.run(), name="policy-version-watcher")]
+        consumers = [pool.consumer]
         if settings.stats_enabled:
             stats = TaskStats(redis, store, admission, consumer=settings.consumer_name)
             background.append(asyncio.create_task(stats.run(stop), name="task-stats"))
+            consumers.append(stats.consumer)
+        replicas = Replicas(
+            redis,
+            pool,
+            admission,
+            consumers,
+            name=settings.consumer_name,
+            heartbeat_s=settings.heartbeat_s,
+            dead_after_s=settings.replica_dead_after_s,
+        )
+        background.append(asyncio.create_task(replicas.run(stop), name="replica-heartbeat"))
         main = None
         if settings.worker_enabled:
             background.append(asyncio.create_task(pool.feed(stop), name="task-pool-feeder"))

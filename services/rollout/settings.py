@@ -61,6 +61,15 @@ class RolloutSettings(EngineFleetSettings):
     consumer_name: str = Field(
         "rollout-0", description="Stable name of this replica (stream consumer, in-flight keys)."
     )
+    heartbeat_s: float = Field(
+        5.0, gt=0, description="Seconds between this replica's heartbeats (replicas.py)."
+    )
+    replica_dead_after_s: float = Field(
+        60.0,
+        gt=0,
+        description="A replica silent this long is dead: a live one takes over its tasks, "
+        "admission and stream consumers. Must exceed the longest pause of a live replica.",
+    )
 
     # one episode
     max_turns: int = Field(3, ge=1, le=64, description="Turns per episode when the task says 0.")

@@ -8,8 +8,16 @@ mid-epoch joins the rest of the current epoch once, at a uniformly random positi
 tasks as they arrive, shuffled that way). The order lives in Redis (`shellrl:rollout:epoch:order`), so a
 restart continues the epoch where it stopped.
 
+A task leaves the order atomically into the taking replica's "taken" list (LMOVE), and leaves
+that only when its group was handed off (`done`) or given up (`put_back`: to the head of the
+order). A replica killed meanwhile leaves its taken tasks there; `recover` (at its restart, or by
+a live replica once its heartbeat stopped: replicas.py) moves them back to the head of the order,
+so every task of an epoch runs as often as without the kill. A task taken in an epoch that has
+ended since is run once more in the current one (it makes up the run it missed).
+
 Keys: shellrl:rollout:pool (set of task ids), shellrl:rollout:epoch (int),
-shellrl:rollout:epoch:order (list of task ids still to run in this epoch).
+shellrl:rollout:epoch:order (list of task ids still to run in this epoch),
+shellrl:rollout:taken:{replica} (list of task ids taken, not yet handed off; oldest first).
 """
 
 from __future__ import annotations
@@ -27,7 +35,7 @@ from services.rollout import metrics as m
 from services.rollout.task_store import STATE_POOLED, TaskStore
 from shellrl.contract import ContractError, Task, split_name
 from shellrl.streams import GROUP_ROLLOUT, STREAM_TASKS, StreamConsumer, StreamEntry, task_key
-from shellrl.streams.keys import EPOCH_KEY, ORDER_KEY, POOL_KEY
+from shellrl.streams.keys import EPOCH_KEY, ORDER_KEY, POOL_KEY, taken_key
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +66,20 @@ for i = 1, #ARGV do redis.call('RPUSH', KEYS[1], ARGV[i]) end
 return redis.call('INCR', KEYS[2])
 """
 
+# KEYS[1] taken list, KEYS[2] order; ARGV[1] task id. One taken copy back to the order's head.
+_PUT_BACK = """
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+redis.call('LPUSH', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS[1] taken list, KEYS[2] order. Every taken task back to the order's head, in taken order.
+_RECOVER = """
+local n = 0
+while redis.call('LMOVE', KEYS[1], KEYS[2], 'RIGHT', 'LEFT') do n = n + 1 end
+return n
+"""
+
 
 @dataclass(frozen=True)
 class PooledTask:
@@ -71,12 +93,15 @@ class TaskPool:
     def __init__(
         self, redis: aioredis.Redis, store: TaskStore, *, consumer: str, seed: int = 0
     ) -> None:
-        self.redis, self.store, self.seed = redis, store, seed
+        self.redis, self.store, self.seed, self.replica = redis, store, seed, consumer
+        self.taken = taken_key(consumer)
         self.consumer = StreamConsumer(
             redis, STREAM_TASKS, GROUP_ROLLOUT, consumer, block_ms=1000, count=256
         )
         self._join = redis.register_script(_JOIN)
         self._new_epoch = redis.register_script(_NEW_EPOCH)
+        self._put_back = redis.register_script(_PUT_BACK)
+        self._recover = redis.register_script(_RECOVER)
         self._arrived = asyncio.Event()
         self._rng = random.Random(seed)
 
@@ -123,14 +148,21 @@ class TaskPool:
         return int(raw) if raw is not None else 0
 
     async def next_task(self, poll_s: float = 1.0) -> PooledTask:
-        """The next task of the current epoch; starts a new shuffled epoch when it is used up;
-        waits while the pool is empty. Tasks whose hash vanished are skipped."""
+        """The next task of the current epoch, taken by this replica until `done` or `put_back`;
+        starts a new shuffled epoch when it is used up; waits while the pool is empty. Tasks whose
+        hash vanished are skipped."""
         while True:
-            raw = await self.redis.lpop(ORDER_KEY)
+            raw = await self.redis.lmove(ORDER_KEY, self.taken, "LEFT", "RIGHT")
             if raw is not None:
-                task = await self.store.get_task(raw.decode())
-                if task is not None:
-                    return PooledTask(task, await self.epoch())
+                try:
+                    task = await self.store.get_task(raw.decode())
+                    if task is not None:
+                        return PooledTask(task, await self.epoch())
+                except BaseException:  # cancelled (or Redis away) before the caller has it
+                    with contextlib.suppress(RedisError, OSError):
+                        await asyncio.shield(self.put_back(raw.decode()))
+                    raise
+                await self.done(raw.decode())
                 continue
             members = sorted(m_.decode() for m_ in await self.redis.smembers(POOL_KEY))
             m.POOL_TASKS.set(len(members))
@@ -150,3 +182,24 @@ class TaskPool:
                     "new epoch over the training pool",
                     extra={"epoch": int(new_epoch), "tasks": len(members)},
                 )
+
+    async def done(self, task_id: str) -> None:
+        """The group of a task this replica took was handed off (or deliberately finished)."""
+        await self.redis.lrem(self.taken, 1, task_id)
+
+    async def put_back(self, task_id: str) -> bool:
+        """A task this replica took will not run now: back to the head of the order (atomic).
+        Returns False when it was not taken by this replica."""
+        return bool(await self._put_back(keys=[self.taken, ORDER_KEY], args=[task_id]))
+
+    async def recover(self, replica: str | None = None) -> int:
+        """Every task `replica` (default: this one) took and never handed off goes back to the
+        head of the order, in the order it was taken; at start-up, or for a dead replica.
+        Returns how many."""
+        moved = int(await self._recover(keys=[taken_key(replica or self.replica), ORDER_KEY]))
+        if moved:
+            log.warning(
+                "tasks taken but never handed off went back to the epoch order",
+                extra={"replica": replica or self.replica, "tasks": moved},
+            )
+        return moved

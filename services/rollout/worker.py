@@ -14,7 +14,9 @@ without its `-a<attempt>` suffix) up to `max_attempts`. INFRA is `shellrl.contra
 learner's rule. A group left with fewer than 2 usable trajectories gives its admission back (and
 so does one that the verifier's INFRA failures leave below 2 later: admission.py, stats.py).
 SIGTERM (`stop`): stop admitting; `drain` lets running episodes finish within the grace period,
-then cancels the rest (their sessions are deleted, their groups given back).
+then cancels the rest (their sessions are deleted, their groups given back, their tasks put back
+at the head of the epoch order). A task taken from the pool stays in this replica's taken list
+until its group was handed off; after a kill, `run` puts those back first (task_pool.py).
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ class RolloutWorker:
                 reraise=True,
             ):
                 with attempt:
-                    if not recovered:  # once: groups in flight before a restart of this replica
+                    if not recovered:  # once: work in flight before a restart of this replica
+                        await self.pool.recover()
                         await self.admission.recover()
                         recovered = True
                     await self._admit_groups(stop)
@@ -99,7 +102,11 @@ class RolloutWorker:
     async def _admit_groups(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             pooled = await self.pool.next_task()
-            await self._wait("capacity", self.capacity.acquire(self.config.group_size))
+            try:
+                await self._wait("capacity", self.capacity.acquire(self.config.group_size))
+            except BaseException:
+                await _shielded(self.pool.put_back(pooled.task.task_id))
+                raise
             try:
                 await self._wait(
                     "backlog",
@@ -111,10 +118,24 @@ class RolloutWorker:
                 ticket = await self.admission.admit(new_group_id())
             except BaseException:
                 await self.capacity.release(self.config.group_size)
+                await _shielded(self.pool.put_back(pooled.task.task_id))
                 raise
-            group = asyncio.create_task(self.run_group(pooled.task, ticket))
+            group = asyncio.create_task(self._run_taken(pooled.task, ticket))
             self._groups.add(group)
             group.add_done_callback(self._groups.discard)
+
+    async def _run_taken(self, task: Task, ticket: Ticket) -> None:
+        """`run_group` for a task taken from the pool: the pool forgets the task once its group
+        was handed off (or failed); a cancelled group's task goes back to the epoch order."""
+        try:
+            await self.run_group(task, ticket)
+        except asyncio.CancelledError:
+            await _shielded(self.pool.put_back(task.task_id))
+            raise
+        except Exception:
+            await _shielded(self.pool.done(task.task_id))
+            raise
+        await _shielded(self.pool.done(task.task_id))
 
     async def run_group(self, task: Task, ticket: Ticket) -> list[Trajectory]:
         """G samples of `task`; gives the admission back when fewer than 2 are usable.

@@ -25,6 +25,7 @@ EPOCH_KEY = "shellrl:rollout:epoch"  # current epoch number
 ORDER_KEY = "shellrl:rollout:epoch:order"  # list: this epoch's remaining task order
 ADMITTED_KEY = "shellrl:rollout:groups_admitted"  # groups admitted so far (staleness bound)
 INFLIGHT_KEY = "shellrl:rollout:inflight"  # sorted set: admitted groups not yet finished
+REPLICAS_KEY = "shellrl:rollout:replicas"  # sorted set: replica name -> last heartbeat (unix s)
 EVALUATION_INDEX_KEY = "shellrl:evaluations:index"  # evaluations by start time
 
 # the learner's state
@@ -52,6 +53,12 @@ def errors_key(stream: str, group: str) -> str:
 def attempts_key(stream: str, group: str) -> str:
     """Handling attempts per entry of `group` on `stream` (StreamConsumer deliveries)."""
     return f"shellrl:attempts:{stream}:{group}"
+
+
+def taken_key(replica: str) -> str:
+    """List of the task ids rollout replica `replica` took from the epoch order and has not yet
+    handed off as a group (oldest first; task_pool.TaskPool)."""
+    return f"shellrl:rollout:taken:{replica}"
 
 
 def group_accounting_key(group_id: str) -> str:
