@@ -20,10 +20,8 @@ is the only INFRA class on this stream that the gateway has not counted already.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from services.rollout import metrics as m
 from services.rollout.admission import Admission
@@ -59,15 +57,7 @@ class TaskStats:
         """Take scored trajectories, count them, acknowledge; until `stop`. Redis outages are
         waited out by `StreamConsumer.take`."""
         await self.consumer.ensure_group("0")
-        while not stop.is_set():
-            for entry in await self.consumer.take(stop):
-                try:
-                    await self.handle(entry)
-                except (
-                    Exception
-                ) as exc:  # stays pending: re-claimed, dead-lettered after max_deliveries
-                    with contextlib.suppress(RedisError, OSError):  # Redis away: pending anyway
-                        await self.consumer.fail(entry, f"task stats: {exc!r}")
+        await self.consumer.consume(stop, self.handle, "task stats")
 
     async def handle(self, entry: StreamEntry) -> None:
         traj = Trajectory()

@@ -110,15 +110,7 @@ class TaskPool:
         cancelled). Redis outages are waited out by `StreamConsumer.take`."""
         stop = stop or asyncio.Event()
         await self.consumer.ensure_group()
-        while not stop.is_set():
-            for entry in await self.consumer.take(stop):
-                try:
-                    await self._handle(entry)
-                except (
-                    Exception
-                ) as exc:  # stays pending: re-claimed, dead-lettered after max_deliveries
-                    with contextlib.suppress(RedisError, OSError):  # Redis away: pending anyway
-                        await self.consumer.fail(entry, f"task pool feeder: {exc!r}")
+        await self.consumer.consume(stop, self._handle, "task pool feeder")
 
     async def _handle(self, entry: StreamEntry) -> None:
         task = Task()

@@ -21,8 +21,10 @@ Each worker also runs `export_stream_stats` (stats.py) as a background task.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError, ResponseError
@@ -102,6 +104,21 @@ class StreamConsumer:
         except ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+
+    async def consume(
+        self, stop: asyncio.Event, handle: Callable[[StreamEntry], Awaitable[None]], what: str
+    ) -> None:
+        """A one-at-a-time worker's loop until `stop`: take entries and `handle` each (it
+        acknowledges, forwards or dead-letters). An exception from `handle` fails the entry: it
+        stays pending, is re-claimed, and goes to the dead letters after max_deliveries; with
+        Redis away it is pending anyway. `what` names the worker in the failure reason."""
+        while not stop.is_set():
+            for entry in await self.take(stop):
+                try:
+                    await handle(entry)
+                except Exception as exc:
+                    with contextlib.suppress(RedisError, OSError):
+                        await self.fail(entry, f"{what}: {exc!r}")
 
     async def take(self, stop: asyncio.Event, count: int | None = None) -> list[StreamEntry]:
         """`read()` for a worker's loop: Redis errors and client-side timeouts (a batch the server
