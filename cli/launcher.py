@@ -30,8 +30,23 @@ from shellrl.service.main import wait_until_ready
 
 STATE_DIR = Path(os.environ.get("SHELLRL_STATE_DIR", ".shellrl"))
 SERVICE_ORDER = ("engine", "sandbox", "verifier", "rollout", "learner")
-DEFAULT_PORTS = {"redis": 6399, "engine": 30000, "sandbox": 8101, "verifier": 8102, "rollout": 8100, "learner": 8103}
+DEFAULT_PORTS = {
+    "redis": 6399,
+    "engine": 30000,
+    "sandbox": 8101,
+    "verifier": 8102,
+    "rollout": 8100,
+    "learner": 8103,
+}
 _PR_SET_PDEATHSIG = 1
+DEVICES = ("cpu", "cuda")
+GPU_SERVICES = ("engine", "learner")
+# --device cuda colocates engine and learner on one GPU (the current one: CUDA_VISIBLE_DEVICES picks
+# it). Fraction of that GPU's memory each process's caching allocator may hold: torch's
+# `per_process_memory_fraction` (PYTORCH_ALLOC_CONF), so an allocation past it raises CUDA OOM in
+# that process and never starves the other. The remaining 10% holds the two CUDA contexts (~0.5 GiB
+# each) and what is allocated outside torch's allocator (the CUDA IPC mapping of a weight push).
+GPU_MEMORY_FRACTIONS = {"engine": 0.4, "learner": 0.5}
 
 
 class StackError(CliError, RuntimeError):
@@ -63,8 +78,11 @@ def last_error_line(log_path: Path, tail_bytes: int = 64 * 1024) -> str | None:
             if str(record.get("level", "")).upper() in ("ERROR", "CRITICAL"):
                 exc = str(record.get("exc") or "").strip().splitlines()
                 return str(record.get("msg") or line) + (f": {exc[-1]}" if exc else "")
-        elif ("Error" in line or "Exception" in line) and ": " in line \
-                and not line.startswith("File "):
+        elif (
+            ("Error" in line or "Exception" in line)
+            and ": " in line
+            and not line.startswith("File ")
+        ):
             return line
     return lines[-1] if lines else None
 
@@ -75,6 +93,62 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     except OSError:
         pass
+
+
+def check_device(device: str, gpu_memory: dict[str, float] | None = None) -> None:
+    """Raise CliError (one line, exit status 2) unless `device` can run here: 'cpu' always; 'cuda'
+    needs a torch that sees a GPU, and the GPU memory fractions (service -> fraction) of the
+    colocated services must be in (0, 1] and sum to at most 1. Imports torch for 'cuda' only."""
+    if device not in DEVICES:
+        raise CliError(f"--device {device}: expected one of {', '.join(DEVICES)}")
+    if device == "cpu":
+        return
+    fractions = gpu_memory or GPU_MEMORY_FRACTIONS
+    if not all(0 < f <= 1 for f in fractions.values()) or sum(fractions.values()) > 1:
+        shown = ", ".join(f"{name} {f:g}" for name, f in fractions.items())
+        raise CliError(
+            f"--device cuda: GPU memory fractions ({shown}) must be in (0, 1] and sum "
+            "to at most 1 (engine and learner share one GPU)"
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise CliError(
+            f"--device cuda: no CUDA GPU visible to torch {torch.__version__} "
+            f"({build}); use --device cpu"
+        )
+
+
+def device_env(
+    device: str,
+    service: str,
+    gpu_memory: dict[str, float] | None = None,
+    environ: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Environment that puts `service` on `device` (see GPU_MEMORY_FRACTIONS). cpu: engine and
+    learner on the CPU. cuda: engine (bfloat16) and learner on the current GPU, each capped at its
+    fraction of the GPU's memory; the other services see no GPU. A PYTORCH_CUDA_ALLOC_CONF or
+    PYTORCH_ALLOC_CONF already in `environ` (default os.environ) keeps its options."""
+    if device == "cpu":
+        return {"SHELLRL_DEVICE": "cpu"} if service in GPU_SERVICES else {}
+    if service not in GPU_SERVICES:
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    environ = os.environ if environ is None else environ
+    fraction = (gpu_memory or GPU_MEMORY_FRACTIONS)[service]
+    # torch reads PYTORCH_CUDA_ALLOC_CONF before PYTORCH_ALLOC_CONF: extend the one it will read
+    cuda_conf = bool(environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+    name = "PYTORCH_CUDA_ALLOC_CONF" if cuda_conf else "PYTORCH_ALLOC_CONF"
+    options = [
+        o
+        for o in environ.get(name, "").split(",")
+        if o.strip() and not o.strip().startswith("per_process_memory_fraction")
+    ]
+    budget = f"per_process_memory_fraction:{fraction:g}"
+    env = {"SHELLRL_DEVICE": "cuda", name: ",".join([*options, budget])}
+    if service == "engine":
+        env["SHELLRL_DTYPE"] = "bfloat16"
+    return env
 
 
 def port_is_free(port: int) -> bool:
@@ -91,10 +165,14 @@ def port_is_free(port: int) -> bool:
 
 @dataclass
 class StackConfig:
-    """What `shellrl up` starts. ports: service -> port; env: extra SHELLRL_* for every service."""
+    """What `shellrl up` starts. ports: service -> port; env: extra SHELLRL_* for every service;
+    device: 'cpu' or 'cuda' for engine and learner (`device_env`), gpu_memory: their GPU memory
+    fractions with 'cuda'."""
 
     state_dir: Path = STATE_DIR
     model_path: str = "smollm2"
+    device: str = "cpu"
+    gpu_memory: dict[str, float] = field(default_factory=lambda: dict(GPU_MEMORY_FRACTIONS))
     ports: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PORTS))
     env: dict[str, str] = field(default_factory=dict)
     service_env: dict[str, dict[str, str]] = field(default_factory=dict)
@@ -141,19 +219,24 @@ class Stack:
         self.pid_file = config.state_dir / "stack.json"
 
     # --- start ---------------------------------------------------------------------------
-    def start(self) -> "Stack":
+    def start(self) -> Stack:
         cfg = self.config
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         deadline = time.monotonic() + 20  # a stack that was just stopped may still hold its ports
         while True:
-            busy = [f"{n}:{p}" for n, p in cfg.ports.items() if n in ("redis", *cfg.services) and not port_is_free(p)]
+            busy = [
+                f"{n}:{p}"
+                for n, p in cfg.ports.items()
+                if n in ("redis", *cfg.services) and not port_is_free(p)
+            ]
             if not busy or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         if busy:
-            raise StackError(f"ports in use: {', '.join(busy)} "
-                             "(another stack running? try `shellrl down`)")
+            raise StackError(
+                f"ports in use: {', '.join(busy)} (another stack running? try `shellrl down`)"
+            )
         try:
             self._start_redis()
             for name in cfg.services:
@@ -166,8 +249,14 @@ class Stack:
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str], url: str | None) -> Proc:
         log_path = self.log_dir / f"{name}.log"
-        popen = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        popen = subprocess.Popen(
+            argv,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
         proc = Proc(name, popen, log_path, url)
         proc.pump = threading.Thread(target=self._pump, args=(proc,), daemon=True)
         proc.pump.start()
@@ -187,14 +276,34 @@ class Stack:
     def _start_redis(self) -> None:
         exe = shutil.which("redis-server")
         if exe is None:
-            raise StackError("redis-server not found: apt-get install redis-server "
-                             "(make run does this)")
+            raise StackError(
+                "redis-server not found: apt-get install redis-server (make run does this)"
+            )
         data = (self.config.state_dir / "redis").resolve()
         data.mkdir(parents=True, exist_ok=True)
         port = self.config.ports["redis"]
-        proc = self._spawn("redis", [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(data),
-                                     "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-                                     "--daemonize", "no"], dict(os.environ), None)
+        proc = self._spawn(
+            "redis",
+            [
+                exe,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(data),
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "everysec",
+                "--save",
+                "",
+                "--daemonize",
+                "no",
+            ],
+            dict(os.environ),
+            None,
+        )
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
             if proc.popen.poll() is not None:
@@ -210,8 +319,15 @@ class Stack:
 
     def _start_service(self, name: str) -> None:
         cfg = self.config
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **cfg.common_env(), **cfg.service_env.get(name, {}),
-               "SHELLRL_PORT": str(cfg.ports[name]), "SHELLRL_HOST": "127.0.0.1"}
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            **cfg.common_env(),
+            **device_env(cfg.device, name, cfg.gpu_memory),
+            **cfg.service_env.get(name, {}),
+            "SHELLRL_PORT": str(cfg.ports[name]),
+            "SHELLRL_HOST": "127.0.0.1",
+        }
         proc = self._spawn(name, [sys.executable, "-m", f"services.{name}"], env, cfg.url(name))
         self.wait_ready(proc, cfg.ready_timeout_s)
 
@@ -226,14 +342,19 @@ class Stack:
             raise StackError(f"{exc}; see {proc.log_path}{last}") from None
 
     def _write_pid_file(self) -> None:
-        self.pid_file.write_text(json.dumps({
-            "launcher_pid": os.getpid(),
-            "processes": {p.name: p.popen.pid for p in self.procs},
-            "ports": self.config.ports,
-            "urls": {p.name: p.url for p in self.procs if p.url},
-            "redis_url": self.config.redis_url,
-            "started_at": time.time(),
-        }, indent=2))
+        self.pid_file.write_text(
+            json.dumps(
+                {
+                    "launcher_pid": os.getpid(),
+                    "processes": {p.name: p.popen.pid for p in self.procs},
+                    "ports": self.config.ports,
+                    "urls": {p.name: p.url for p in self.procs if p.url},
+                    "redis_url": self.config.redis_url,
+                    "started_at": time.time(),
+                },
+                indent=2,
+            )
+        )
 
     # --- restart one (fault tests, recovery) ------------------------------------------------
     def proc(self, name: str) -> Proc:
@@ -265,14 +386,16 @@ class Stack:
                 except subprocess.TimeoutExpired:
                     pass
             try:
-                os.killpg(p.popen.pid, signal.SIGKILL)  # leftovers of that group (sandboxed commands…)
+                os.killpg(
+                    p.popen.pid, signal.SIGKILL
+                )  # leftovers of that group (sandboxed commands…)
             except (ProcessLookupError, PermissionError):
                 pass
             p.popen.wait()
         self.procs = []
         self.pid_file.unlink(missing_ok=True)
 
-    def __enter__(self) -> "Stack":
+    def __enter__(self) -> Stack:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -285,8 +408,11 @@ def up(config: StackConfig) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     with Stack(config) as stack:
-        print(f"shellrl is up: rollout {config.url('rollout')}  redis {config.redis_url}  logs {stack.log_dir}/",
-              flush=True)
+        print(
+            f"shellrl is up ({config.device}): rollout {config.url('rollout')}  "
+            f"redis {config.redis_url}  logs {stack.log_dir}/",
+            flush=True,
+        )
         while not stop.is_set():
             dead = [p.name for p in stack.procs if p.popen.poll() is not None]
             if dead:

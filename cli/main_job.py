@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from cli.launcher import Stack, StackConfig
+from cli.launcher import DEVICES, GPU_MEMORY_FRACTIONS, GPU_SERVICES, Stack, StackConfig, device_env
 from cli.stack_status import collect
 from shellrl.contract import task_to_json
 from shellrl.tracking import TrackingConfig, create_tracker
@@ -36,6 +36,11 @@ class JobConfig:
 
     model_path: str = "smollm2"
     state_dir: Path = Path(".shellrl")
+    # where engine and learner run: cpu, or cuda (both on one GPU, each within its fraction of the
+    # GPU's memory: cli/launcher.py, GPU_MEMORY_FRACTIONS)
+    device: str = "cpu"
+    engine_gpu_memory: float = GPU_MEMORY_FRACTIONS["engine"]
+    learner_gpu_memory: float = GPU_MEMORY_FRACTIONS["learner"]
     steps: int = 40
     # training time; the job adds ~7 min (start, evaluations before and after, report): runs 4-5 took
     # 23.9-25.2 min with 17 min, so 20 min keeps the whole job under 30 min with more steps
@@ -85,22 +90,45 @@ class JobConfig:
             "SHELLRL_MAX_TURNS": str(self.max_turns),
             **self.extra_env,
         }
-        service_env = {"engine": {"SHELLRL_NUM_THREADS": str(self.engine_threads)},
-                       "verifier": {"SHELLRL_REQUIRE_COMMAND": str(self.require_command).lower()},
-                       # a whole group per micro-batch, its prompt run once (prefix sharing needs the
-                       # KV cache, so no activation checkpointing; 135M parameters fit in memory anyway)
-                       "learner": {"SHELLRL_NUM_THREADS": str(self.learner_threads),
-                                   "SHELLRL_KL_COEF": str(self.kl_coef),
-                                   "SHELLRL_MICRO_BATCH_SIZE": str(self.group_size),
-                                   "SHELLRL_GRADIENT_CHECKPOINTING": "false", "SHELLRL_SHARE_PREFIX_MIN_TOKENS": "32"}}
-        return StackConfig(state_dir=self.state_dir, model_path=self.model_path, env=env, service_env=service_env,
-                           echo_logs=False)
+        service_env = {
+            "engine": {"SHELLRL_NUM_THREADS": str(self.engine_threads)},
+            "verifier": {"SHELLRL_REQUIRE_COMMAND": str(self.require_command).lower()},
+            # a whole group per micro-batch, its prompt run once (prefix sharing needs the
+            # KV cache, so no activation checkpointing; 135M parameters fit in memory anyway)
+            "learner": {
+                "SHELLRL_NUM_THREADS": str(self.learner_threads),
+                "SHELLRL_KL_COEF": str(self.kl_coef),
+                "SHELLRL_MICRO_BATCH_SIZE": str(self.group_size),
+                "SHELLRL_GRADIENT_CHECKPOINTING": "false",
+                "SHELLRL_SHARE_PREFIX_MIN_TOKENS": "32",
+            },
+        }
+        return StackConfig(
+            state_dir=self.state_dir,
+            model_path=self.model_path,
+            env=env,
+            service_env=service_env,
+            echo_logs=False,
+            device=self.device,
+            gpu_memory=self.gpu_memory(),
+        )
+
+    def gpu_memory(self) -> dict[str, float]:
+        """GPU memory fraction of each colocated service (used with device 'cuda')."""
+        return {"engine": self.engine_gpu_memory, "learner": self.learner_gpu_memory}
 
     def managed_env(self) -> set[str]:
-        """SHELLRL_* names the job sets from its own options or the launcher sets (ports, URLs):
-        `extra_env` (a config file's [env] table) may not set them."""
+        """SHELLRL_* names the job sets from its own options or the launcher sets (ports, URLs,
+        the device's): `extra_env` (a config file's [env] table) may not set them."""
         stack = replace(self, extra_env={}).stack_config()
         names = set(stack.common_env()) | {n for env in stack.service_env.values() for n in env}
+        names |= {
+            n
+            for d in DEVICES
+            for s in GPU_SERVICES
+            for n in device_env(d, s, environ={})
+            if n.startswith("SHELLRL_")
+        }
         return names | {"SHELLRL_PORT", "SHELLRL_HOST"}
 
 
@@ -114,8 +142,15 @@ class JobConfig:
 # no success in either pass-rate measurement nor in any before/after evaluation of runs 1-3, so they
 # are out. `--train-set default` trains on everything (seeds + all generated train templates +
 # AgentBench).
-CURRICULUM_TEMPLATES = ("count_matching_users", "count_lines", "make_executable", "cat_file", "line_n",
-                        "word_count", "count_unique")
+CURRICULUM_TEMPLATES = (
+    "count_matching_users",
+    "count_lines",
+    "make_executable",
+    "cat_file",
+    "line_n",
+    "word_count",
+    "count_unique",
+)
 
 
 def _eval_id(cfg: JobConfig) -> list:
@@ -124,7 +159,11 @@ def _eval_id(cfg: JobConfig) -> list:
 
     if cfg.train_set != "curriculum":
         return generate("eval_id", seed=cfg.seed)[: cfg.eval_id_episodes]
-    pool = [t for t in generate("eval_id", count=400, seed=cfg.seed) if t.template in CURRICULUM_TEMPLATES]
+    pool = [
+        t
+        for t in generate("eval_id", count=400, seed=cfg.seed)
+        if t.template in CURRICULUM_TEMPLATES
+    ]
     return pool[: cfg.eval_id_episodes]
 
 
@@ -145,12 +184,17 @@ def train_tasks(cfg: JobConfig) -> list:
     from tasksets import load_taskset
 
     if cfg.train_set == "curriculum":
-        generated = [t for t in load_taskset("generated", "train", seed=cfg.seed) if t.template in CURRICULUM_TEMPLATES]
+        generated = [
+            t
+            for t in load_taskset("generated", "train", seed=cfg.seed)
+            if t.template in CURRICULUM_TEMPLATES
+        ]
         return load_taskset("seeds") + generated
     return load_taskset(cfg.train_set, "train", seed=cfg.seed)
 
 
 # --- REST helpers ------------------------------------------------------------------------------
+
 
 def submit(client: httpx.Client, tasks: list, eval_copy: bool = False) -> list[str]:
     """POST tasks; `eval_copy` submits training tasks as `eval-<id>` copies in split `eval`, so
@@ -158,7 +202,7 @@ def submit(client: httpx.Client, tasks: list, eval_copy: bool = False) -> list[s
     ids = []
     for i in range(0, len(tasks), 200):
         batch = []
-        for t in tasks[i:i + 200]:
+        for t in tasks[i : i + 200]:
             body = task_to_json(t)
             if eval_copy and body["split"] == "train":
                 body["split"], body["task_id"] = "eval", f"eval-{body['task_id']}"
@@ -173,7 +217,11 @@ def evaluate(client: httpx.Client, sets: dict[str, list[str]], label: str) -> di
     """Start one evaluation per set (greedy, one episode per task) and wait for all of them."""
     started = {}
     for name, ids in sets.items():
-        r = client.post("/v1/evaluations", json={"task_ids": ids, "greedy": True, "episodes_per_task": 1}, timeout=60)
+        r = client.post(
+            "/v1/evaluations",
+            json={"task_ids": ids, "greedy": True, "episodes_per_task": 1},
+            timeout=60,
+        )
         r.raise_for_status()
         started[name] = r.json()["evaluation_id"]
     results: dict[str, dict] = {}
@@ -186,31 +234,53 @@ def evaluate(client: httpx.Client, sets: dict[str, list[str]], label: str) -> di
                 view = client.get(f"/v1/evaluations/{eid}", timeout=30).json()
                 if view.get("state") in ("done", "failed", "cancelled"):
                     results[name] = view
-            done = sum(client.get(f"/v1/evaluations/{e}", timeout=30).json().get("episodes_done", 0)
-                       for e in started.values())
+            done = sum(
+                client.get(f"/v1/evaluations/{e}", timeout=30).json().get("episodes_done", 0)
+                for e in started.values()
+            )
             total = sum(len(v) for v in sets.values())
-            status.update(f"[bold]evaluation {label}: {done}/{total} episodes, {time.monotonic() - t0:.0f} s")
+            status.update(
+                f"[bold]evaluation {label}: {done}/{total} episodes, {time.monotonic() - t0:.0f} s"
+            )
             time.sleep(2)
     for name, view in results.items():
-        console.print(f"  {label} {name:>10}: success {view.get('success_rate')}  ({view.get('episodes_scored')} "
-                      f"scored, versions {view.get('policy_versions_seen')}, outcomes {view.get('outcomes')})")
+        console.print(
+            f"  {label} {name:>10}: success {view.get('success_rate')}  ({view.get('episodes_scored')} "
+            f"scored, versions {view.get('policy_versions_seen')}, outcomes {view.get('outcomes')})"
+        )
     return results
 
 
 # --- training progress ---------------------------------------------------------------------------
+
 
 def progress_table(snap: dict, cfg: JobConfig, elapsed_s: float) -> Table:
     learner = snap.get("learner") or {}
     last = learner.get("last_step") or {}
     rollout = snap.get("rollout") or {}
     t = Table(title=f"shellrl training  ({elapsed_s / 60:.1f} min)", show_header=True)
-    for col in ("step", "version", "reward", "success", "staleness p50/p90", "tokens/s", "step s", "in flight"):
+    for col in (
+        "step",
+        "version",
+        "reward",
+        "success",
+        "staleness p50/p90",
+        "tokens/s",
+        "step s",
+        "in flight",
+    ):
         t.add_column(col)
     st = snap.get("staleness") or {}
-    t.add_row(f"{learner.get('step', 0)}/{cfg.steps}", str(snap["streams"].get("_policy_version")),
-              f"{last.get('reward_mean', 0):.3f}", f"{last.get('success_rate', 0):.3f}",
-              f"{st.get(0.5)}/{st.get(0.9)}", f"{last.get('tokens_per_second', 0):.0f}",
-              f"{last.get('seconds', 0):.1f}", str(rollout.get("episodes_in_flight")))
+    t.add_row(
+        f"{learner.get('step', 0)}/{cfg.steps}",
+        str(snap["streams"].get("_policy_version")),
+        f"{last.get('reward_mean', 0):.3f}",
+        f"{last.get('success_rate', 0):.3f}",
+        f"{st.get(0.5)}/{st.get(0.9)}",
+        f"{last.get('tokens_per_second', 0):.0f}",
+        f"{last.get('seconds', 0):.1f}",
+        str(rollout.get("episodes_in_flight")),
+    )
     return t
 
 
@@ -242,10 +312,19 @@ def log_evaluations(tracker, results: dict[str, dict], tasks_by_id: dict) -> Non
     for name, view in results.items():
         rate, n, lo, hi = eval_bar(view)
         step = max(view.get("policy_versions_seen") or [0])
-        tracker.log_metrics({f"eval/{name}/success_rate": rate, f"eval/{name}/success_low": lo,
-                             f"eval/{name}/success_high": hi, f"eval/{name}/episodes": n}, step)
-        rows = [[t, s, e, round(s / e, 4) if e else None]
-                for t, (s, e) in sorted(per_template(view, tasks_by_id).items())]
+        tracker.log_metrics(
+            {
+                f"eval/{name}/success_rate": rate,
+                f"eval/{name}/success_low": lo,
+                f"eval/{name}/success_high": hi,
+                f"eval/{name}/episodes": n,
+            },
+            step,
+        )
+        rows = [
+            [t, s, e, round(s / e, 4) if e else None]
+            for t, (s, e) in sorted(per_template(view, tasks_by_id).items())
+        ]
         columns = ["template", "successes", "episodes", "success_rate"]
         tracker.log_table(f"eval/{name}/per_template", columns, rows, step)
 
@@ -255,7 +334,9 @@ def check_verifier_config(verifier_url: str, require_command: bool) -> None:
     job's: an environment that overrode it would silently train on guesses again (run6)."""
     running = httpx.get(f"{verifier_url}/v1/config", timeout=10).json().get("require_command")
     if running is not require_command:
-        raise RuntimeError(f"the verifier runs with require_command={running!r}, the job asks for {require_command}")
+        raise RuntimeError(
+            f"the verifier runs with require_command={running!r}, the job asks for {require_command}"
+        )
 
 
 def run_job(cfg: JobConfig) -> Path:
@@ -267,33 +348,59 @@ def run_job(cfg: JobConfig) -> Path:
     t_start = time.time()
     sets = eval_sets(cfg)
     train_pool = train_tasks(cfg)
-    console.print(f"[bold]shellrl run[/]: model {cfg.model_path}, {len(train_pool)} training tasks, eval sets "
-                  + ", ".join(f"{k} {len(v)}" for k, v in sets.items()))
+    console.print(
+        f"[bold]shellrl run[/]: model {cfg.model_path} on {cfg.device}, "
+        f"{len(train_pool)} training tasks, eval sets "
+        + ", ".join(f"{k} {len(v)}" for k, v in sets.items())
+    )
     tracker = create_tracker(TrackingConfig(backend=cfg.tracker), "job", cfg.state_dir / "tracking")
     tasks_by_id: dict = {}
+    phases: dict[str, float] = {}  # wall seconds of each stage of the job
     with Stack(cfg.stack_config()) as stack:
         info = json.loads(stack.pid_file.read_text())
-        console.print(f"stack up in {time.time() - t_start:.0f} s; logs in {stack.log_dir}/")
+        phases["stack_start_s"] = time.time() - t_start
+        console.print(f"stack up in {phases['stack_start_s']:.0f} s; logs in {stack.log_dir}/")
         check_verifier_config(stack.config.url("verifier"), cfg.require_command)
         client = httpx.Client(base_url=stack.config.url("rollout"))
         eval_ids = {name: submit(client, tasks, eval_copy=True) for name, tasks in sets.items()}
         tasks_by_id = {i: t for name, ts in sets.items() for i, t in zip(eval_ids[name], ts)}
+        t_eval = time.time()
         before = evaluate(client, eval_ids, "before")
+        phases["eval_before_s"] = time.time() - t_eval
         log_evaluations(tracker, before, tasks_by_id)
         submit(client, train_pool)
         t_train = time.time()
         snapshots = train(cfg, info, stack.config.url("learner"))
-        train_s = time.time() - t_train
+        train_s = phases["train_s"] = time.time() - t_train
         after = evaluate(client, eval_ids, "after")
+        phases["eval_after_s"] = time.time() - t_train - train_s
         log_evaluations(tracker, after, tasks_by_id)
         tracker.close()
-        learner_metrics = httpx.get(f"{stack.config.url('learner')}/metrics", timeout=10).text
-        rollout_metrics = httpx.get(f"{stack.config.url('rollout')}/metrics", timeout=10).text
+        metrics = {
+            name: httpx.get(f"{stack.config.url(name)}/metrics", timeout=10).text
+            for name in ("learner", "rollout", "engine")
+        }
+    for name, text in metrics.items():  # the services' last /metrics, Prometheus text
+        (report_dir / f"metrics_{name}.prom").write_text(text)
+    phases["total_s"] = time.time() - t_start
+    (report_dir / "phases.json").write_text(json.dumps(phases | {"device": cfg.device}, indent=2))
     ledger = cfg.state_dir / "checkpoints" / "steps.jsonl"
-    steps = [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
-    path = write_report(report_dir, config=asdict(cfg) | {"state_dir": str(cfg.state_dir)}, before=before,
-                        after=after, steps=steps, snapshots=snapshots, learner_metrics=learner_metrics,
-                        rollout_metrics=rollout_metrics, train_s=train_s, total_s=time.time() - t_start,
-                        tasks_by_id=tasks_by_id, train_started_at=t_train)
+    steps = (
+        [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
+    )
+    path = write_report(
+        report_dir,
+        config=asdict(cfg) | {"state_dir": str(cfg.state_dir)},
+        before=before,
+        after=after,
+        steps=steps,
+        snapshots=snapshots,
+        learner_metrics=metrics["learner"],
+        rollout_metrics=metrics["rollout"],
+        train_s=train_s,
+        total_s=time.time() - t_start,
+        tasks_by_id=tasks_by_id,
+        train_started_at=t_train,
+    )
     console.print(f"[bold green]report written:[/] {path}")
     return report_dir

@@ -2,6 +2,7 @@
 `<state>/report/` (report.md and PNG plots). What `make run` calls.
 
     shellrl run [--config shellrl.toml] [--steps 40] [--group-size 8] [--model-path smollm2] ...
+    shellrl run --device cuda ...      # engine (bf16) and learner on one GPU
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--state-dir", default=str(d.state_dir), help="Redis AOF, logs, checkpoints, report"
     )
+    add_device_arguments(parser)
     parser.add_argument(
         "--steps", type=int, default=d.steps, help="learner steps (policy versions)"
     )
@@ -113,15 +115,40 @@ def add_arguments(parser) -> None:
     )
 
 
+def add_device_arguments(parser) -> None:
+    """--device and the GPU memory fractions (also `shellrl up`'s)."""
+    from cli.launcher import DEVICES, GPU_MEMORY_FRACTIONS
+
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="where engine and learner run; cuda: both on one GPU (bf16 engine), each within "
+        "its fraction of the GPU's memory (fails at once without a CUDA GPU)",
+    )
+    for name in ("engine", "learner"):
+        parser.add_argument(
+            f"--{name}-gpu-memory",
+            type=float,
+            default=GPU_MEMORY_FRACTIONS[name],
+            metavar="FRACTION",
+            help=f"with --device cuda: fraction of the GPU's memory the {name} may allocate",
+        )
+
+
 def run(args) -> int:
     import shutil
     from pathlib import Path
 
     from cli.errors import CliError
+    from cli.launcher import check_device
     from cli.main_job import JobConfig, run_job
     from cli.model_path import check_model_path
     from shellrl.tracking import PACKAGES, installed
 
+    check_device(
+        args.device, {"engine": args.engine_gpu_memory, "learner": args.learner_gpu_memory}
+    )
     check_model_path(args.model_path)
     if args.tracker in PACKAGES and not installed(args.tracker):
         raise CliError(f"--tracker {args.tracker}: pip install {PACKAGES[args.tracker]}")
@@ -129,6 +156,9 @@ def run(args) -> int:
     cfg = JobConfig(
         model_path=args.model_path,
         state_dir=state,
+        device=args.device,
+        engine_gpu_memory=args.engine_gpu_memory,
+        learner_gpu_memory=args.learner_gpu_memory,
         steps=args.steps,
         time_budget_s=args.time_budget_min * 60,
         group_size=args.group_size,

@@ -1,10 +1,12 @@
 """Start the whole stack as local processes (Redis with AOF, engine, sandbox, verifier, rollout,
 learner), each after the previous one's /readyz; Ctrl-C (or `shellrl down`) stops it cleanly.
 
-    shellrl up [--config shellrl.toml] [--model-path smollm2] [--state-dir .shellrl]
+    shellrl up [--config shellrl.toml] [--model-path smollm2] [--state-dir .shellrl] [--device cuda]
 """
 
 from __future__ import annotations
+
+from cli.commands.run import add_device_arguments
 
 NAME = "up"
 HELP = "start the stack as local processes (foreground; Ctrl-C stops it)"
@@ -27,14 +29,17 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--quiet", action="store_true", help="do not echo service logs (they stay in <state>/logs)"
     )
+    add_device_arguments(parser)
 
 
 def run(args) -> int:
     from pathlib import Path
 
-    from cli.launcher import StackConfig, up
+    from cli.launcher import StackConfig, check_device, up
     from cli.model_path import check_model_path
 
+    gpu_memory = {"engine": args.engine_gpu_memory, "learner": args.learner_gpu_memory}
+    check_device(args.device, gpu_memory)
     check_model_path(args.model_path)
     state = Path(args.state_dir)
     env = {
@@ -42,6 +47,11 @@ def run(args) -> int:
         **(getattr(args, "config_env", None) or {}),
     }
     config = StackConfig(
-        state_dir=state, model_path=args.model_path, echo_logs=not args.quiet, env=env
+        state_dir=state,
+        model_path=args.model_path,
+        echo_logs=not args.quiet,
+        env=env,
+        device=args.device,
+        gpu_memory=gpu_memory,
     )
     return up(config)

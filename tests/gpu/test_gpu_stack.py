@@ -1,0 +1,147 @@
+"""`shellrl run --device cuda` on one GPU (issue 19, item 1): the whole stack and the main job with
+the engine (bf16) and the learner colocated on the current GPU, each within its memory fraction.
+
+Skipped without CUDA; the job test also needs redis-server on PATH (benchmarks/run_gpu_stack.sh
+brings one to the lent H200). The job uses the `tiny` model and trains zero-variance groups too
+(`SHELLRL_TRAIN_ZERO_VARIANCE_GROUPS`), so every step runs the learner's forward/backward on the
+GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cli.launcher import device_env
+from tests.gpu.conftest import requires_cuda
+from tests.helpers.processes import REPO
+
+torch = pytest.importorskip("torch")
+pytestmark = requires_cuda
+
+BUDGET_PROBE = """
+import torch
+total = torch.cuda.get_device_properties(0).total_memory
+kept = torch.empty(int(total * 0.005), dtype=torch.uint8, device="cuda")
+try:
+    torch.empty(int(total * 0.02), dtype=torch.uint8, device="cuda")
+except torch.OutOfMemoryError:
+    print("oom")
+else:
+    print("allocated")
+"""
+
+
+def probe(env: dict[str, str]) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", BUDGET_PROBE], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_each_colocated_process_is_held_to_its_gpu_memory_fraction():
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PYTORCH_")}
+    budget = device_env("cuda", "learner", {"engine": 0.01, "learner": 0.01}, environ=base)
+    assert probe({**base, **budget}) == "oom"  # 2% of the GPU, past the learner's 1%
+    assert probe(base) == "allocated"  # control: the same allocation without the budget
+
+
+def gpu_processes() -> dict[int, int]:
+    """pid -> GPU memory used (MiB) of the processes on the GPU, from nvidia-smi ({} without it)."""
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    done = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    rows = [line.split(",") for line in done.stdout.splitlines() if line.strip()]
+    return {
+        int(pid): int(mib) for pid, mib in rows if pid.strip().isdigit() and mib.strip().isdigit()
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
+def test_run_device_cuda_trains_on_the_gpu_and_pushes_every_step(tmp_path):
+    config = tmp_path / "gpu.toml"
+    config.write_text("[env]\nSHELLRL_TRAIN_ZERO_VARIANCE_GROUPS = true\n")
+    state = tmp_path / "state"
+    argv = [
+        sys.executable,
+        "-m",
+        "cli.main",
+        "run",
+        "--device",
+        "cuda",
+        "--config",
+        str(config),
+        "--model-path",
+        "tiny",
+        "--state-dir",
+        str(state),
+        "--steps",
+        "2",
+        "--time-budget-min",
+        "4",
+        "--group-size",
+        "4",
+        "--groups-per-step",
+        "1",
+        "--max-turns",
+        "1",
+        "--max-new-tokens",
+        "16",
+        "--eval-id-episodes",
+        "2",
+        "--eval-ood-episodes",
+        "1",
+        "--agentbench-eval-tasks",
+        "1",
+        "--tracker",
+        "none",
+    ]
+    job = subprocess.Popen(
+        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    seen: dict[str, int] = {}  # service -> peak GPU MiB seen
+    deadline = time.monotonic() + 480
+    while job.poll() is None and time.monotonic() < deadline:
+        stack = state / "stack.json"
+        if stack.exists():
+            pids = json.loads(stack.read_text())["processes"]
+            used = gpu_processes()
+            for name, pid in pids.items():
+                if pid in used:
+                    seen[name] = max(seen.get(name, 0), used[pid])
+        time.sleep(2)
+    if job.poll() is None:
+        job.kill()
+    output = job.communicate()[0]
+    assert job.returncode == 0, output[-4000:]
+
+    report = state / "report"
+    assert json.loads((report / "phases.json").read_text())["device"] == "cuda"
+    steps = json.loads((report / "steps.json").read_text())
+    assert len(steps) >= 2 and sum(bool(s.get("trajectories")) for s in steps) >= 1
+    pushes = re.search(
+        r'shellrl_weight_sync_seconds_count\{phase="total"\} (\S+)',
+        (report / "metrics_learner.prom").read_text(),
+    )
+    assert pushes and float(pushes.group(1)) >= 2  # the initial push and one per step
+    if shutil.which("nvidia-smi"):
+        total_mib = torch.cuda.get_device_properties(0).total_memory / 2**20
+        assert set(seen) == {"engine", "learner"}, seen  # on the GPU: those two, nothing else
+        # each within its fraction, plus its CUDA context (outside torch's allocator)
+        assert (
+            seen["engine"] <= 0.4 * total_mib + 1024 and seen["learner"] <= 0.5 * total_mib + 1024
+        )

@@ -1,0 +1,104 @@
+"""`shellrl run --device cuda` / `shellrl up --device cuda` (issue 19, item 1): engine (bf16) and
+learner colocated on one GPU, each within its fraction of the GPU's memory; without a CUDA GPU the
+flag fails at once with one line, before anything starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cli.errors import CliError
+from cli.launcher import GPU_MEMORY_FRACTIONS, SERVICE_ORDER, StackConfig, check_device, device_env
+from cli.main import parse
+from cli.main_job import JobConfig
+from tests.helpers.processes import REPO
+
+
+def shellrl_without_gpu(*args: str) -> subprocess.CompletedProcess:
+    """The real command, with every GPU hidden (so the test means the same on a GPU host)."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    return subprocess.run(
+        [sys.executable, "-m", "cli.main", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("command", ["run", "up"])
+def test_device_cuda_without_a_gpu_fails_at_once_with_one_line(command, tmp_path):
+    state = tmp_path / "state"
+    done = shellrl_without_gpu(command, "--device", "cuda", "--state-dir", str(state))
+    assert done.returncode == 2
+    [line] = done.stderr.strip().splitlines()
+    assert line.startswith(
+        f"shellrl {command}: error: --device cuda: no CUDA GPU visible to torch "
+    )
+    assert line.endswith("; use --device cpu")
+    assert done.stdout == "" and not state.exists()  # nothing started, nothing written
+
+
+def test_gpu_memory_fractions_over_the_whole_gpu_are_refused_before_torch_is_asked():
+    with pytest.raises(
+        CliError, match=r"fractions \(engine 0.6, learner 0.5\) must be in \(0, 1\]"
+    ):
+        check_device("cuda", {"engine": 0.6, "learner": 0.5})
+    with pytest.raises(CliError, match="must be in"):
+        check_device("cuda", {"engine": 0.0, "learner": 0.5})
+    check_device("cpu", {"engine": 0.6, "learner": 0.5})  # unused on the CPU
+    with pytest.raises(CliError, match="expected one of cpu, cuda"):
+        check_device("tpu")
+
+
+def test_cpu_puts_engine_and_learner_on_the_cpu_and_leaves_the_rest_alone():
+    for name in SERVICE_ORDER:
+        expected = {"SHELLRL_DEVICE": "cpu"} if name in ("engine", "learner") else {}
+        assert device_env("cpu", name, environ={}) == expected
+
+
+def test_cuda_colocates_engine_and_learner_each_with_its_memory_budget():
+    assert sum(GPU_MEMORY_FRACTIONS.values()) <= 1
+    engine = device_env("cuda", "engine", environ={})
+    assert engine == {
+        "SHELLRL_DEVICE": "cuda",
+        "SHELLRL_DTYPE": "bfloat16",
+        "PYTORCH_ALLOC_CONF": "per_process_memory_fraction:0.4",
+    }
+    learner = device_env("cuda", "learner", {"engine": 0.3, "learner": 0.6}, environ={})
+    assert learner == {
+        "SHELLRL_DEVICE": "cuda",
+        "PYTORCH_ALLOC_CONF": "per_process_memory_fraction:0.6",
+    }
+    for name in ("sandbox", "verifier", "rollout"):  # never touch the GPU
+        assert device_env("cuda", name, environ={}) == {"CUDA_VISIBLE_DEVICES": ""}
+
+
+def test_cuda_keeps_the_allocator_options_already_set():
+    env = device_env(
+        "cuda",
+        "learner",
+        environ={"PYTORCH_ALLOC_CONF": "expandable_segments:True,per_process_memory_fraction:0.9"},
+    )
+    assert env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True,per_process_memory_fraction:0.5"
+    # torch reads PYTORCH_CUDA_ALLOC_CONF first: the budget goes where torch will look
+    env = device_env("cuda", "engine", environ={"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:64"})
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:64,per_process_memory_fraction:0.4"
+    assert "PYTORCH_ALLOC_CONF" not in env
+
+
+def test_the_job_passes_device_and_budgets_to_the_stack_and_owns_their_settings(tmp_path):
+    stack = JobConfig(device="cuda", engine_gpu_memory=0.25, learner_gpu_memory=0.7).stack_config()
+    assert isinstance(stack, StackConfig) and stack.device == "cuda"
+    assert stack.gpu_memory == {"engine": 0.25, "learner": 0.7}
+    assert JobConfig().stack_config().device == "cpu"
+    assert {"SHELLRL_DEVICE", "SHELLRL_DTYPE"} <= JobConfig().managed_env()
+    config = tmp_path / "shellrl.toml"
+    config.write_text('device = "cuda"\nengine-gpu-memory = 0.3\n')
+    args = parse(["run", "--config", str(config)])
+    assert (args.device, args.engine_gpu_memory, args.learner_gpu_memory) == ("cuda", 0.3, 0.5)
+    assert parse(["up", "--config", str(config), "--device", "cpu"]).device == "cpu"
