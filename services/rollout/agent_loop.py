@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from services.rollout import metrics as m
 from services.rollout.actions import AnswerAction, BashAction, parse_action
 from services.rollout.prompt import ChatFormat, render_parse_error, render_tool_response
+from shellrl.clients.engine_responses import EngineError, EngineUnavailable, GenerateResult
+from shellrl.clients.sandbox import SandboxBadRequest, SandboxBusy, SandboxError, SandboxSetupFailed
 from shellrl.contract import (
     EpisodeEnd,
     Failure,
@@ -53,17 +55,20 @@ from shellrl.contract import (
     observation_segment,
     split_name,
 )
-from shellrl.clients.engine_responses import EngineError, EngineUnavailable, GenerateResult
 from shellrl.service.logging import log_context
-from shellrl.clients.sandbox import SandboxBadRequest, SandboxBusy, SandboxError, SandboxSetupFailed
 
 log = logging.getLogger(__name__)
 
 HARNESS = "shellrl-rollout/2"  # 2: special-token text in contents is plain text (issue 15)
 STOP_STRINGS = ("</bash>", "</answer>")
-SETUP_FAILED = "task setup failed"  # failure_detail prefix: the task's own setup script failed (not retried)
-_FINISH = {"stop": FinishReason.FINISH_REASON_STOP, "length": FinishReason.FINISH_REASON_LENGTH,
-           "abort": FinishReason.FINISH_REASON_ABORT}
+SETUP_FAILED = (
+    "task setup failed"  # failure_detail prefix: the task's own setup script failed (not retried)
+)
+_FINISH = {
+    "stop": FinishReason.FINISH_REASON_STOP,
+    "length": FinishReason.FINISH_REASON_LENGTH,
+    "abort": FinishReason.FINISH_REASON_ABORT,
+}
 
 
 @dataclass(frozen=True)
@@ -76,18 +81,22 @@ class Sampling:
     max_new_tokens: int = 40
 
     def to_proto(self) -> SamplingParams:
-        return SamplingParams(temperature=self.temperature, top_p=self.top_p, top_k=self.top_k,
-                              max_new_tokens=self.max_new_tokens)
+        return SamplingParams(
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_new_tokens=self.max_new_tokens,
+        )
 
 
 @dataclass(frozen=True)
 class EpisodeLimits:
-    max_turns: int = 3                 # when the task says 0
-    max_context_tokens: int = 2048     # prompt + segments
-    max_observation_chars: int = 600   # per stream (stdout, stderr)
+    max_turns: int = 3  # when the task says 0
+    max_context_tokens: int = 2048  # prompt + segments
+    max_observation_chars: int = 600  # per stream (stdout, stderr)
     exec_timeout_s: float = 10.0
     episode_timeout_s: float = 600.0
-    max_continuations: int = 32        # aborted-and-continued requests per turn
+    max_continuations: int = 32  # aborted-and-continued requests per turn
     sandbox_busy_poll_s: float = 0.5
     sandbox_policy: str = ""
 
@@ -103,7 +112,9 @@ class EpisodeSpec:
     admitted_at: float = 0.0
     eval: bool = False
     evaluation_id: str = ""
-    keep_session: bool = True          # False: delete the session at the end (the caller verifies first otherwise)
+    keep_session: bool = (
+        True  # False: delete the session at the end (the caller verifies first otherwise)
+    )
 
 
 class EpisodeFailed(Exception):
@@ -117,8 +128,17 @@ class AgentLoop:
 
     def __init__(self, engine, sandbox, chat: ChatFormat, limits: EpisodeLimits) -> None:
         self.engine, self.sandbox, self.chat, self.limits = engine, sandbox, chat, limits
-        digest = hashlib.sha256(repr((chat.system_prompt, chat.examples, chat.observation_role, chat.close_and_open,
-                                      chat.after_observation)).encode()).hexdigest()[:10]
+        digest = hashlib.sha256(
+            repr(
+                (
+                    chat.system_prompt,
+                    chat.examples,
+                    chat.observation_role,
+                    chat.close_and_open,
+                    chat.after_observation,
+                )
+            ).encode()
+        ).hexdigest()[:10]
         self.harness_version = f"{HARNESS}+{digest}"
         self._prompt_cache: dict[str, list[int]] = {}
 
@@ -136,14 +156,24 @@ class AgentLoop:
         CancelledError propagates after the session is deleted."""
         task = spec.task
         traj = Trajectory(
-            trajectory_id=spec.trajectory_id, task_id=task.task_id, group_id=spec.group_id, attempt=spec.attempt,
-            group_size=spec.group_size, harness_version=self.harness_version, split=split_name(task.split),
-            source=task.source, eval=spec.eval, evaluation_id=spec.evaluation_id, created_at=time.time(),
+            trajectory_id=spec.trajectory_id,
+            task_id=task.task_id,
+            group_id=spec.group_id,
+            attempt=spec.attempt,
+            group_size=spec.group_size,
+            harness_version=self.harness_version,
+            split=split_name(task.split),
+            source=task.source,
+            eval=spec.eval,
+            evaluation_id=spec.evaluation_id,
+            created_at=time.time(),
             admitted_at=spec.admitted_at,
         )
         traj.task.CopyFrom(task)
         session_id = ""
-        with log_context(trajectory_id=spec.trajectory_id, group_id=spec.group_id, task_id=task.task_id):
+        with log_context(
+            trajectory_id=spec.trajectory_id, group_id=spec.group_id, task_id=task.task_id
+        ):
             try:
                 session_id = await self._create_session(task, traj)
                 traj.sandbox_session_id = session_id
@@ -154,15 +184,21 @@ class AgentLoop:
                 except TimeoutError:
                     if not timeout.expired():
                         raise
-                    raise EpisodeFailed(Failure.FAILURE_TIMEOUT_BUDGET,
-                                        f"episode budget of {self.limits.episode_timeout_s:g} s ran out") from None
+                    raise EpisodeFailed(
+                        Failure.FAILURE_TIMEOUT_BUDGET,
+                        f"episode budget of {self.limits.episode_timeout_s:g} s ran out",
+                    ) from None
             except EpisodeFailed as exc:
                 _fail(traj, exc.failure, exc.detail)
             except (EngineUnavailable, EngineError) as exc:
                 _fail(traj, Failure.FAILURE_INFRA_ENGINE, f"engine: {exc}")
             except SandboxSetupFailed as exc:
                 output = (exc.result.stderr or exc.result.stdout)[-500:]
-                _fail(traj, Failure.FAILURE_INFRA_SANDBOX, f"{SETUP_FAILED}: {exc}; output: {output!r}")
+                _fail(
+                    traj,
+                    Failure.FAILURE_INFRA_SANDBOX,
+                    f"{SETUP_FAILED}: {exc}; output: {output!r}",
+                )
             except SandboxError as exc:
                 _fail(traj, Failure.FAILURE_INFRA_SANDBOX, f"sandbox: {exc}")
             except asyncio.CancelledError:
@@ -209,7 +245,10 @@ class AgentLoop:
                 body, event = await self._exec(traj, session_id, action.command)
             else:
                 m.PARSE_ERRORS.labels(action.kind).inc()
-                body, event = render_parse_error(action.message), ToolEvent(exit_code=-1, parse_error=action.message)
+                body, event = (
+                    render_parse_error(action.message),
+                    ToolEvent(exit_code=-1, parse_error=action.message),
+                )
             last = turn == max_turns - 1
             obs = [] if last else self.chat.observation_ids(body, action_ids)
             overflow = len(input_ids) + len(obs) >= self.limits.max_context_tokens
@@ -223,20 +262,28 @@ class AgentLoop:
                 return
         _end(traj, EpisodeEnd.EPISODE_END_MAX_TURNS)
 
-    async def _generate_turn(self, spec: EpisodeSpec, traj: Trajectory, input_ids: list[int], turn: int,
-                             max_new: int) -> tuple[list[int], str]:
+    async def _generate_turn(
+        self, spec: EpisodeSpec, traj: Trajectory, input_ids: list[int], turn: int, max_new: int
+    ) -> tuple[list[int], str]:
         """One model reply, continued across aborts. Returns (all ids of the turn, last finish reason)."""
         turn_ids: list[int] = []
         sampling = spec.sampling.to_proto()
         for k in range(self.limits.max_continuations + 1):
             params = {
-                "temperature": spec.sampling.temperature, "top_p": spec.sampling.top_p, "top_k": spec.sampling.top_k,
-                "max_new_tokens": max_new - len(turn_ids), "stop": list(STOP_STRINGS),
-                "stop_token_ids": [self.chat.end_of_turn_id], "no_stop_trim": True, "skip_special_tokens": False,
+                "temperature": spec.sampling.temperature,
+                "top_p": spec.sampling.top_p,
+                "top_k": spec.sampling.top_k,
+                "max_new_tokens": max_new - len(turn_ids),
+                "stop": list(STOP_STRINGS),
+                "stop_token_ids": [self.chat.end_of_turn_id],
+                "no_stop_trim": True,
+                "skip_special_tokens": False,
             }
             rid = f"{spec.trajectory_id}-t{turn}-r{k}"
             start = time.monotonic()
-            result = await self.engine.generate(input_ids + turn_ids, params, return_logprob=True, rid=rid)
+            result = await self.engine.generate(
+                input_ids + turn_ids, params, return_logprob=True, rid=rid
+            )
             m.GENERATE_SECONDS.observe(time.monotonic() - start)
             self._append_action(traj, result, rid, sampling, turn)
             turn_ids += result.output_ids
@@ -246,14 +293,24 @@ class AgentLoop:
             if len(turn_ids) >= max_new:
                 return turn_ids, "length"
             m.PARTIAL_CONTINUATIONS.inc()
-        raise EngineError(self.engine_url_hint(), 200, None,
-                          f"turn {turn} aborted {self.limits.max_continuations + 1} times in a row")
+        raise EngineError(
+            self.engine_url_hint(),
+            200,
+            None,
+            f"turn {turn} aborted {self.limits.max_continuations + 1} times in a row",
+        )
 
     def engine_url_hint(self) -> str:
         return ",".join(getattr(self.engine, "urls", []) or ["engine"])
 
-    def _append_action(self, traj: Trajectory, result: GenerateResult, rid: str, sampling: SamplingParams,
-                       turn: int) -> None:
+    def _append_action(
+        self,
+        traj: Trajectory,
+        result: GenerateResult,
+        rid: str,
+        sampling: SamplingParams,
+        turn: int,
+    ) -> None:
         """ACTION segments of one response: one per weight-version span (one unless an update
         landed inside the request without aborting it)."""
         ids, lps = result.output_ids, result.output_logprobs
@@ -266,38 +323,58 @@ class AgentLoop:
             spans = tuple((s.version, s.start, s.end) for s in spans)
         for i, (version, start, end) in enumerate(spans):
             final = i == len(spans) - 1
-            traj.segments.append(action_segment(
-                ids[start:end], lps[start:end], parse_version(version),
-                finish_reason=_FINISH[result.finish_reason] if final else FinishReason.FINISH_REASON_UNSPECIFIED,
-                request_id=rid, sampling=sampling, turn=turn,
-            ))
+            traj.segments.append(
+                action_segment(
+                    ids[start:end],
+                    lps[start:end],
+                    parse_version(version),
+                    finish_reason=_FINISH[result.finish_reason]
+                    if final
+                    else FinishReason.FINISH_REASON_UNSPECIFIED,
+                    request_id=rid,
+                    sampling=sampling,
+                    turn=turn,
+                )
+            )
 
     async def _exec(self, traj: Trajectory, session_id: str, command: str) -> tuple[str, ToolEvent]:
         """Run the command; a command the sandbox refuses as bad input (e.g. a NUL byte) is the
         model's error: the observation says so and the episode continues."""
         start = time.monotonic()
         try:
-            result = await self.sandbox.exec(session_id, command, timeout_s=self.limits.exec_timeout_s)
+            result = await self.sandbox.exec(
+                session_id, command, timeout_s=self.limits.exec_timeout_s
+            )
         except SandboxBadRequest as exc:
             message = f"error: the sandbox refused the command: {(exc.body.get('error') or {}).get('message', exc)}"
-            return render_parse_error(message), ToolEvent(command=command, exit_code=-1, parse_error=message)
+            return render_parse_error(message), ToolEvent(
+                command=command, exit_code=-1, parse_error=message
+            )
         finally:
             m.EXEC_SECONDS.observe(time.monotonic() - start)
         verdict, rule = result.policy.verdict, result.policy.rule
         if verdict == "flag" and rule:
             traj.safety_events.append(rule)
         body = render_tool_response(
-            result.stdout, result.stderr, result.exit_code, timed_out=result.timed_out,
-            timeout_s=self.limits.exec_timeout_s, stdout_truncated_bytes=result.stdout_truncated_bytes,
+            result.stdout,
+            result.stderr,
+            result.exit_code,
+            timed_out=result.timed_out,
+            timeout_s=self.limits.exec_timeout_s,
+            stdout_truncated_bytes=result.stdout_truncated_bytes,
             stderr_truncated_bytes=result.stderr_truncated_bytes,
             denied_rule=(rule or "denied") if verdict == "deny" else None,
             max_chars=self.limits.max_observation_chars,
         )
         event = ToolEvent(
-            command=command, exit_code=result.exit_code if result.exit_code is not None else -1,
-            duration_ms=result.duration_ms, timed_out=result.timed_out,
-            stdout_truncated_bytes=result.stdout_truncated_bytes, stderr_truncated_bytes=result.stderr_truncated_bytes,
-            policy_verdict=verdict or "", policy_rule=rule or "",
+            command=command,
+            exit_code=result.exit_code if result.exit_code is not None else -1,
+            duration_ms=result.duration_ms,
+            timed_out=result.timed_out,
+            stdout_truncated_bytes=result.stdout_truncated_bytes,
+            stderr_truncated_bytes=result.stderr_truncated_bytes,
+            policy_verdict=verdict or "",
+            policy_rule=rule or "",
         )
         return body, event
 
@@ -311,7 +388,8 @@ class AgentLoop:
             start = time.monotonic()
             try:
                 session = await self.sandbox.create_session(
-                    setup=task.setup, env=dict(task.env), policy=self.limits.sandbox_policy or None)
+                    setup=task.setup, env=dict(task.env), policy=self.limits.sandbox_policy or None
+                )
             except SandboxBusy:
                 waited_from = waited_from or start
                 await asyncio.sleep(self.limits.sandbox_busy_poll_s)
@@ -333,7 +411,9 @@ class AgentLoop:
 
 def is_setup_failure(traj: Trajectory) -> bool:
     """The task's setup script failed: retrying the same task cannot help."""
-    return traj.failure == Failure.FAILURE_INFRA_SANDBOX and traj.failure_detail.startswith(SETUP_FAILED)
+    return traj.failure == Failure.FAILURE_INFRA_SANDBOX and traj.failure_detail.startswith(
+        SETUP_FAILED
+    )
 
 
 def parse_version(version: str) -> int:

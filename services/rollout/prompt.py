@@ -38,12 +38,24 @@ SYSTEM_PROMPT = (
 # answered at once, without running a command: 1/64 greedy successes on eval_id with one example;
 # ../shared/reference/feasibility.md saw the same).
 FEW_SHOT: tuple[tuple[str, str, str, str], ...] = (
-    ("How many lines of the file app.log contain the word ERROR?",
-     "<bash>grep -c ERROR app.log</bash>", "2\n", "<answer>2</answer>"),
-    ("What is the size of the file data.bin in bytes?",
-     "<bash>wc -c < data.bin</bash>", "1024\n", "<answer>1024</answer>"),
-    ("Print the second line of the file names.txt.",
-     "<bash>sed -n 2p names.txt</bash>", "bob\n", "<answer>bob</answer>"),
+    (
+        "How many lines of the file app.log contain the word ERROR?",
+        "<bash>grep -c ERROR app.log</bash>",
+        "2\n",
+        "<answer>2</answer>",
+    ),
+    (
+        "What is the size of the file data.bin in bytes?",
+        "<bash>wc -c < data.bin</bash>",
+        "1024\n",
+        "<answer>1024</answer>",
+    ),
+    (
+        "Print the second line of the file names.txt.",
+        "<bash>sed -n 2p names.txt</bash>",
+        "bob\n",
+        "<answer>bob</answer>",
+    ),
 )
 
 _ASSISTANT_MARK = "\x00ASSISTANT\x00"
@@ -106,7 +118,11 @@ def _cap(text: str, max_chars: int, truncated_bytes: int) -> str:
     if len(text) <= max_chars and not truncated_bytes:
         return text
     cut = max(0, len(text) - max_chars)
-    marker = f"…[truncated {cut} chars" + (f", {truncated_bytes} more bytes in the sandbox" if truncated_bytes else "") + "]"
+    marker = (
+        f"…[truncated {cut} chars"
+        + (f", {truncated_bytes} more bytes in the sandbox" if truncated_bytes else "")
+        + "]"
+    )
     return text[:max_chars] + marker
 
 
@@ -146,12 +162,18 @@ class ChatFormat:
         object.__setattr__(self, "_plain_backend", _plain_backend(self.tokenizer))
 
     @classmethod
-    def from_tokenizer(cls, tokenizer, *, system_prompt: str = SYSTEM_PROMPT,
-                       examples: tuple[tuple[str, str, str, str], ...] = FEW_SHOT,
-                       observation_role: str = "user") -> ChatFormat:
+    def from_tokenizer(
+        cls,
+        tokenizer,
+        *,
+        system_prompt: str = SYSTEM_PROMPT,
+        examples: tuple[tuple[str, str, str, str], ...] = FEW_SHOT,
+        observation_role: str = "user",
+    ) -> ChatFormat:
         """Raises ValueError when the template does not render assistant/observation turns as expected."""
         messages = [
-            {"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "u"},
             {"role": "assistant", "content": _ASSISTANT_MARK},
             {"role": observation_role, "content": _OBSERVATION_MARK},
         ]
@@ -160,23 +182,42 @@ class ChatFormat:
             _, rest = text.split(_ASSISTANT_MARK)
             close_and_open, after_observation = rest.split(_OBSERVATION_MARK)
         except ValueError:
-            raise ValueError("chat template does not render the marker messages once each") from None
+            raise ValueError(
+                "chat template does not render the marker messages once each"
+            ) from None
         close_ids = tokenizer(close_and_open, add_special_tokens=False)["input_ids"]
         if not close_ids or close_ids[0] not in tokenizer.all_special_ids:
-            raise ValueError(f"chat template: no special end-of-turn token after an assistant message: {close_and_open!r}")
+            raise ValueError(
+                f"chat template: no special end-of-turn token after an assistant message: {close_and_open!r}"
+            )
         end_of_turn_id = close_ids[0]
         end_of_turn = tokenizer.convert_ids_to_tokens(end_of_turn_id)
         if not close_and_open.startswith(end_of_turn):
-            raise ValueError(f"chat template: end-of-turn text {end_of_turn!r} is not a prefix of {close_and_open!r}")
+            raise ValueError(
+                f"chat template: end-of-turn text {end_of_turn!r} is not a prefix of {close_and_open!r}"
+            )
         prompt_template = _content_template(
-            tokenizer, _messages(system_prompt, examples, observation_role, "u"))
-        chat = cls(tokenizer, system_prompt, tuple(examples), observation_role, end_of_turn,
-                   end_of_turn_id, close_and_open, after_observation, prompt_template)
-        rendered = tokenizer.apply_chat_template(chat.messages("u"), tokenize=False,
-                                                 add_generation_prompt=True)
+            tokenizer, _messages(system_prompt, examples, observation_role, "u")
+        )
+        chat = cls(
+            tokenizer,
+            system_prompt,
+            tuple(examples),
+            observation_role,
+            end_of_turn,
+            end_of_turn_id,
+            close_and_open,
+            after_observation,
+            prompt_template,
+        )
+        rendered = tokenizer.apply_chat_template(
+            chat.messages("u"), tokenize=False, add_generation_prompt=True
+        )
         if chat.prompt_ids("u") != chat.encode(rendered):
-            raise ValueError("chat template: encoding template and contents apart changes the ids "
-                             "of a clean prompt (special tokens that strip whitespace?)")
+            raise ValueError(
+                "chat template: encoding template and contents apart changes the ids "
+                "of a clean prompt (special tokens that strip whitespace?)"
+            )
         return chat
 
     def messages(self, instruction: str) -> list[dict]:
@@ -198,7 +239,7 @@ class ChatFormat:
         """
         close = self.close_and_open
         if action_ids and action_ids[-1] == self.end_of_turn_id:
-            close = close[len(self.end_of_turn):]
+            close = close[len(self.end_of_turn) :]
         return self.encode_turns((close, self.after_observation), (body,))
 
     def encode_turns(self, template: Sequence[str], contents: Sequence[str]) -> list[int]:
@@ -228,8 +269,9 @@ class ChatFormat:
             return []
         if self._plain_backend is not None:
             return self._plain_backend.encode(text, add_special_tokens=False).ids
-        return list(self.tokenizer(text, add_special_tokens=False,
-                                   split_special_tokens=True)["input_ids"])
+        return list(
+            self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        )
 
     def encode(self, text: str) -> list[int]:
         """Token ids of `text` without special tokens added (special-token text is parsed: for

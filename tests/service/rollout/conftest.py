@@ -18,8 +18,12 @@ from tests.helpers.redis_server import free_port
 
 @pytest.fixture(scope="package")
 def engine_process(tmp_path_factory):
-    proc = ServiceProcess("engine", free_port(), {"SHELLRL_MODEL_PATH": "tiny", "SHELLRL_NUM_THREADS": "1"},
-                          tmp_path_factory.mktemp("engine-logs")).start(ready_timeout_s=180)
+    proc = ServiceProcess(
+        "engine",
+        free_port(),
+        {"SHELLRL_MODEL_PATH": "tiny", "SHELLRL_NUM_THREADS": "1"},
+        tmp_path_factory.mktemp("engine-logs"),
+    ).start(ready_timeout_s=180)
     yield proc
     proc.stop()
 
@@ -29,7 +33,9 @@ def start_sandbox(log_dir, env: dict[str, str] | None = None) -> tuple[ServicePr
     tmp dirs are 0700, which bubblewrap's unprivileged uid cannot enter)."""
     root = tempfile.mkdtemp(prefix="shellrl-rollout-test-")
     os.chmod(root, 0o755)
-    proc = ServiceProcess("sandbox", free_port(), {"SHELLRL_WORKSPACE_ROOT": root, **(env or {})}, log_dir)
+    proc = ServiceProcess(
+        "sandbox", free_port(), {"SHELLRL_WORKSPACE_ROOT": root, **(env or {})}, log_dir
+    )
     return proc.start(ready_timeout_s=60), root
 
 
@@ -47,11 +53,21 @@ def chat() -> ChatFormat:
 
 
 def make_task(instruction: str = "How many lines does numbers.txt have?", **fields):
-    return task_from_json({"task_id": fields.pop("task_id", "t-lines"), "instruction": instruction,
-                           "setup": fields.pop("setup", "seq 1 5 > numbers.txt"),
-                           "check": {"type": "answer_integer_equals", "expected": 5}, **fields})
+    return task_from_json(
+        {
+            "task_id": fields.pop("task_id", "t-lines"),
+            "instruction": instruction,
+            "setup": fields.pop("setup", "seq 1 5 > numbers.txt"),
+            "check": {"type": "answer_integer_equals", "expected": 5},
+            **fields,
+        }
+    )
 
 
 def make_agent(engine, sandbox, chat: ChatFormat, **limits) -> AgentLoop:
-    return AgentLoop(engine, sandbox, chat, EpisodeLimits(**{"exec_timeout_s": 5.0, "episode_timeout_s": 120.0,
-                                                             **limits}))
+    return AgentLoop(
+        engine,
+        sandbox,
+        chat,
+        EpisodeLimits(**{"exec_timeout_s": 5.0, "episode_timeout_s": 120.0, **limits}),
+    )

@@ -8,9 +8,9 @@ import pytest
 
 from services.rollout.admission import Admission
 from services.rollout.policy_version import PolicyVersionWatcher
-from shellrl.streams.keys import ADMITTED_KEY
 from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY, connect
+from shellrl.streams.keys import ADMITTED_KEY
 
 
 @pytest.fixture
@@ -20,14 +20,28 @@ async def redis(redis_server):
     await client.aclose()
 
 
-def admission(redis, *, k: int, b: int, strict: bool = True, replica: str = "rollout-0") -> Admission:
-    return Admission(redis, PolicyVersionWatcher(redis, poll_s=0.05), replica=replica, max_staleness=k,
-                     groups_per_step=b, strict=strict, poll_s=0.05)
+def admission(
+    redis, *, k: int, b: int, strict: bool = True, replica: str = "rollout-0"
+) -> Admission:
+    return Admission(
+        redis,
+        PolicyVersionWatcher(redis, poll_s=0.05),
+        replica=replica,
+        max_staleness=k,
+        groups_per_step=b,
+        strict=strict,
+        poll_s=0.05,
+    )
 
 
-async def test_learner_that_never_advances_gets_at_most_k_plus_1_times_groups_per_step_groups(redis):
+async def test_learner_that_never_advances_gets_at_most_k_plus_1_times_groups_per_step_groups(
+    redis,
+):
     k, b = 2, 3
-    replicas = [admission(redis, k=k, b=b, replica="rollout-0"), admission(redis, k=k, b=b, replica="rollout-1")]
+    replicas = [
+        admission(redis, k=k, b=b, replica="rollout-0"),
+        admission(redis, k=k, b=b, replica="rollout-1"),
+    ]
     attempts = [asyncio.create_task(replicas[i % 2].admit(f"g{i}")) for i in range(20)]
     await asyncio.sleep(1.0)
     admitted = [t for t in attempts if t.done()]
@@ -50,14 +64,21 @@ async def test_max_staleness_zero_is_batch_synchronous_and_a_version_bump_wakes_
     await redis.set(POLICY_VERSION_KEY, 1)
     await redis.publish(POLICY_UPDATES_CHANNEL, "1")
     third = await asyncio.wait_for(waiting, 2.0)
-    assert [t.policy_version for t in tickets] == [0, 0] and third.policy_version == 1 and third.bound == 4
+    assert (
+        [t.policy_version for t in tickets] == [0, 0]
+        and third.policy_version == 1
+        and third.bound == 4
+    )
     await cancel_and_wait(watcher)
 
 
 async def test_strict_bound_waits_for_the_oldest_group_in_flight(redis):
     """A long-tail group admitted at version 0 keeps admission at (0 + k + 1) * B even after the
     learner moved on; the plain (DESIGN) rule would admit (5 + k + 1) * B."""
-    strict, plain = admission(redis, k=1, b=2), admission(redis, k=1, b=2, strict=False, replica="other")
+    strict, plain = (
+        admission(redis, k=1, b=2),
+        admission(redis, k=1, b=2, strict=False, replica="other"),
+    )
     tail = await strict.admit("tail")
     for i in range(3):
         assert await strict.try_admit(f"x{i}") is not None
@@ -66,11 +87,15 @@ async def test_strict_bound_waits_for_the_oldest_group_in_flight(redis):
     assert (await strict.state()).bound == 4 and (await plain.state()).bound == 14
     assert await plain.try_admit("plain") is not None
     await strict.finish(tail, usable=2)  # the tail reached the learner
-    assert (await strict.state()).oldest_in_flight_version == 0  # x0..x2 were admitted at version 0 too
+    assert (
+        await strict.state()
+    ).oldest_in_flight_version == 0  # x0..x2 were admitted at version 0 too
     assert await strict.try_admit("still-blocked") is None
 
 
-async def test_a_group_given_back_frees_its_slot_and_the_counter_survives_a_redis_restart(redis_server, redis):
+async def test_a_group_given_back_frees_its_slot_and_the_counter_survives_a_redis_restart(
+    redis_server, redis
+):
     adm = admission(redis, k=0, b=2)
     first, second = await adm.admit("a"), await adm.admit("b")
     assert await adm.try_admit("c") is None

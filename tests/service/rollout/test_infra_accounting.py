@@ -38,8 +38,13 @@ from shellrl.streams.keys import ADMITTED_KEY, STREAM_EVALUATIONS
 from tests.fakes.scripted_agent import ScriptedAgent
 from tests.helpers.waiting import wait_until_async
 
-TASK = task_from_json({"task_id": "t-five", "instruction": "Say 5.",
-                       "check": {"type": "answer_integer_equals", "expected": 5}})
+TASK = task_from_json(
+    {
+        "task_id": "t-five",
+        "instruction": "Say 5.",
+        "check": {"type": "answer_integer_equals", "expected": 5},
+    }
+)
 
 
 @pytest.fixture
@@ -50,17 +55,32 @@ async def redis(redis_server):
 
 
 def make_admission(redis) -> Admission:
-    return Admission(redis, PolicyVersionWatcher(redis, poll_s=0.05), replica="rollout-0",
-                     max_staleness=10, groups_per_step=1, poll_s=0.05)
+    return Admission(
+        redis,
+        PolicyVersionWatcher(redis, poll_s=0.05),
+        replica="rollout-0",
+        max_staleness=10,
+        groups_per_step=1,
+        poll_s=0.05,
+    )
 
 
-async def gateway_group(redis, admission: Admission, agent: ScriptedAgent, group_id: str,
-                        size: int) -> int:
+async def gateway_group(
+    redis, admission: Admission, agent: ScriptedAgent, group_id: str, size: int
+) -> int:
     """One group through the gateway's `run_group`; returns its usable members at hand-off."""
     capacity = Capacity(size)
     gate = InfraGate({"engine": _answers, "sandbox": _answers}, poll_s=0.05)  # up again at once
-    worker = RolloutWorker(redis, TaskStore(redis), None, admission, agent, capacity, gate,
-                           RolloutConfig(group_size=size, max_attempts=2, retry_backoff_s=0.0))
+    worker = RolloutWorker(
+        redis,
+        TaskStore(redis),
+        None,
+        admission,
+        agent,
+        capacity,
+        gate,
+        RolloutConfig(group_size=size, max_attempts=2, retry_backoff_s=0.0),
+    )
     await capacity.acquire(size)  # what the main loop does before admitting a group
     trajectories = await worker.run_group(TASK, await admission.admit(group_id))
     return usable_members(trajectories)
@@ -71,14 +91,22 @@ async def verify_all(redis, expected: int) -> None:
     It has no sandbox: a member with a sandbox session fails with FAILURE_INFRA_VERIFIER."""
     verifier = build_verifier(VerifierSettings(), sandbox=None)
     consumer = StreamConsumer(redis, STREAM_EPISODES, GROUP_VERIFIER, "verifier-test", block_ms=100)
-    worker = VerifierWorker(consumer, StreamProducer(redis, STREAM_TRAJECTORIES),
-                            StreamProducer(redis, STREAM_EVALUATIONS), verifier, None,
-                            concurrency=4)
+    worker = VerifierWorker(
+        consumer,
+        StreamProducer(redis, STREAM_TRAJECTORIES),
+        StreamProducer(redis, STREAM_EVALUATIONS),
+        verifier,
+        None,
+        concurrency=4,
+    )
     stop = asyncio.Event()
     task = asyncio.create_task(worker.run(stop))
     try:
-        await wait_until_async(lambda: _xlen_at_least(redis, STREAM_TRAJECTORIES, expected),
-                               timeout_s=30, what=f"{expected} verified trajectories")
+        await wait_until_async(
+            lambda: _xlen_at_least(redis, STREAM_TRAJECTORIES, expected),
+            timeout_s=30,
+            what=f"{expected} verified trajectories",
+        )
     finally:
         stop.set()
         await worker.drain(5.0)
@@ -92,8 +120,11 @@ async def count_losses(redis, admission: Admission) -> None:
     task = asyncio.create_task(stats.run(stop))
     backlog = StreamProducer(redis, STREAM_TRAJECTORIES)
     try:
-        await wait_until_async(lambda: _is_zero(backlog.backlog(GROUP_STATS)), timeout_s=30,
-                               what="the stats consumer to take every scored trajectory")
+        await wait_until_async(
+            lambda: _is_zero(backlog.backlog(GROUP_STATS)),
+            timeout_s=30,
+            what="the stats consumer to take every scored trajectory",
+        )
     finally:
         stop.set()
         await cancel_and_wait(task)
@@ -112,7 +143,9 @@ async def learner_groups(redis) -> dict[str, RolloutGroup]:
 def learner_usable(group: RolloutGroup) -> int:
     """Usable members as `RolloutGroup.counts` counts them: members, plus dropped samples that
     were not INFRA (here: valid members dropped with a group too small)."""
-    return len(group.members) + sum(d.reason not in ("infra_failure", "verifier_failure") for d in group.dropped)
+    return len(group.members) + sum(
+        d.reason not in ("infra_failure", "verifier_failure") for d in group.dropped
+    )
 
 
 async def test_a_verifier_failure_counts_the_same_for_the_gateway_and_the_learner(redis):
@@ -128,9 +161,11 @@ async def test_a_verifier_failure_counts_the_same_for_the_gateway_and_the_learne
     await verify_all(redis, expected=5 + 2)
     scored = [parse_trajectory(f[b"pb"]) for _, f in await redis.xrange(STREAM_TRAJECTORIES)]
     failures = {t.trajectory_id: t.failure for t in scored if t.failure != Failure.FAILURE_NONE}
-    assert failures == {"g-four-1-a0": Failure.FAILURE_INFRA_ENGINE,
-                        "g-four-3-a0": Failure.FAILURE_INFRA_VERIFIER,
-                        "g-two-1-a0": Failure.FAILURE_INFRA_VERIFIER}
+    assert failures == {
+        "g-four-1-a0": Failure.FAILURE_INFRA_ENGINE,
+        "g-four-3-a0": Failure.FAILURE_INFRA_VERIFIER,
+        "g-two-1-a0": Failure.FAILURE_INFRA_VERIFIER,
+    }
 
     await count_losses(redis, admission)
     groups = await learner_groups(redis)

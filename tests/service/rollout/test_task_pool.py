@@ -8,8 +8,8 @@ import pytest
 
 from services.rollout.task_pool import TaskPool
 from services.rollout.task_store import TaskStore
-from shellrl.service.aio import cancel_and_wait
 from shellrl.contract import task_from_json
+from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import STREAM_DEAD, STREAM_TASKS, connect
 
 
@@ -21,8 +21,14 @@ async def redis(redis_server):
 
 
 def task(i: int, split: str = "train"):
-    return task_from_json({"task_id": f"t{i}", "instruction": f"task {i}", "split": split,
-                           "check": {"type": "answer_equals", "expected": "x"}})
+    return task_from_json(
+        {
+            "task_id": f"t{i}",
+            "instruction": f"task {i}",
+            "split": split,
+            "check": {"type": "answer_equals", "expected": "x"},
+        }
+    )
 
 
 async def feed_until(pool: TaskPool, size: int) -> asyncio.Task:
@@ -44,9 +50,13 @@ async def test_every_epoch_is_a_seeded_permutation_of_the_pool_and_eval_tasks_ne
     feeder = await feed_until(pool, 5)
     order = [(await pool.next_task()).task.task_id for _ in range(10)]
     assert sorted(order[:5]) == sorted(order[5:]) == [f"t{i}" for i in range(5)]
-    assert order[:5] != order[5:] or order[:5] != sorted(order[:5])  # shuffled, not submission order twice
+    assert order[:5] != order[5:] or order[:5] != sorted(
+        order[:5]
+    )  # shuffled, not submission order twice
     assert await pool.epoch() == 1 and "t99" not in order  # epoch 0: arrivals at random positions
-    assert (await store.describe("t0"))["state"] == "pooled" and (await store.describe("t99"))["state"] == "held_out"
+    assert (await store.describe("t0"))["state"] == "pooled" and (await store.describe("t99"))[
+        "state"
+    ] == "held_out"
     dead = await redis.xrange(STREAM_DEAD)
     assert len(dead) == 1 and b"not a valid shellrl.v1.Task" in dead[0][1][b"reason"]
     await cancel_and_wait(feeder)
@@ -62,9 +72,13 @@ async def test_a_task_submitted_mid_epoch_runs_once_in_it_and_a_restart_continue
     await store.submit(task(4))
     await feed_until(pool, 5)
     await cancel_and_wait(feeder)
-    restarted = TaskPool(redis, store, consumer="rollout-0", seed=1)  # a new process: same Redis state
+    restarted = TaskPool(
+        redis, store, consumer="rollout-0", seed=1
+    )  # a new process: same Redis state
     rest = [(await restarted.next_task()).task.task_id for _ in range(3)]
-    assert sorted(first + rest) == [f"t{i}" for i in range(5)]  # t4 joined the running epoch exactly once
+    assert sorted(first + rest) == [
+        f"t{i}" for i in range(5)
+    ]  # t4 joined the running epoch exactly once
     assert await restarted.epoch() == 0
     nxt = await restarted.next_task()
     assert nxt.epoch == 1 and await restarted.epoch() == 1
