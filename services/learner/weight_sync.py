@@ -6,9 +6,13 @@
     ─▶ read back weight_version ("verify") ─▶ all engines in rotation confirmed: SET
     shellrl:policy:version, PUBLISH shellrl:policy:updates
 
-Transports (shared memory, CUDA IPC, safetensors on disk) and the buffers kept across pushes are
-in weight_transport.py (`WeightStaging`); this module talks to the engines, keeps their rotation
-and publishes the version. Phases are timed into `shellrl_weight_sync_seconds{phase}`.
+Transports (SGLang's envelope over shared memory, CUDA IPC, a gloo/NCCL broadcast, safetensors on
+disk) and the buffers kept across pushes are in weight_transport.py (`WeightStaging`,
+`EngineGroups`); this module talks to the engines, keeps their rotation and publishes the version.
+An engine's TP size (one `serialized_named_tensors` entry per rank) and kind come from its
+/server_info on first contact. The last bucket of a push sets `flush_cache` (SGLang would keep KV
+computed by the old weights). With `pause_mode` each engine's update runs between
+pause_generation and continue_generation. Phases are timed into `shellrl_weight_sync_seconds{phase}`.
 
 Guarantees:
 * Never hangs: each engine's whole update runs under `deadline_s`; at the deadline the call is
@@ -37,7 +41,12 @@ import torch
 from tenacity import AsyncRetrying, retry_if_result, wait_fixed
 
 from services.learner import metrics
-from services.learner.weight_transport import BUCKET_BYTES, WeightStaging
+from services.learner.weight_transport import (
+    BUCKET_BYTES,
+    EngineGroups,
+    WeightStaging,
+    engine_transport,
+)
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_responses import EngineError, EngineUnavailable
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY
@@ -58,6 +67,7 @@ class EngineState:
     last_error: str | None = None
     last_ok_at: float | None = None
     failures: int = 0
+    tp_size: int | None = None  # from /server_info on first contact (again after a failure)
     last_probe_s: float = field(default=0.0, repr=False)
 
     def to_json(self) -> dict:
@@ -82,13 +92,42 @@ class SyncResult:
 class WeightSync:
     """Pushes weights to `client.urls`. redis: where the version is published (None: never)."""
 
-    def __init__(self, client: EngineClient, redis: aioredis.Redis | None, *, transport: str, deadline_s: float,
-                 sync_dir: str | Path, retry_interval_s: float = 5.0, bucket_bytes: int = BUCKET_BYTES,
-                 engine_device: str | None = None, share_parameters: bool = False) -> None:
+    def __init__(
+        self,
+        client: EngineClient,
+        redis: aioredis.Redis | None,
+        *,
+        transport: str,
+        deadline_s: float,
+        sync_dir: str | Path,
+        retry_interval_s: float = 5.0,
+        bucket_bytes: int = BUCKET_BYTES,
+        engine_device: str | None = None,
+        share_parameters: bool = False,
+        backend: str = "auto",
+        master_address: str = "",
+        pause_mode: str = "off",
+    ) -> None:
         """transport, sync_dir, bucket_bytes, engine_device, share_parameters: see `WeightStaging`
-        (ValueError for a transport other than shm, cuda_ipc or disk)."""
-        self.staging = WeightStaging(transport, sync_dir, bucket_bytes=bucket_bytes,
-                                     engine_device=engine_device, share_parameters=share_parameters)
+        (ValueError for a transport outside weight_transport.TRANSPORTS). backend, master_address:
+        the distributed transport's (`EngineGroups`; backend "auto": NCCL for a model on a GPU,
+        else gloo). pause_mode: "off", or "retract" / "in_place": each engine's update runs
+        between pause_generation(mode) and continue_generation, so in-flight requests keep their
+        tokens and resume on the new weights; nothing publishes the version with
+        update_weight_version, whose abort_all_requests defaults to true (known_pitfalls D01)."""
+        if pause_mode not in ("off", "retract", "in_place"):
+            raise ValueError(f"pause_mode must be off, retract or in_place; got {pause_mode!r}")
+        self.pause_mode = pause_mode
+        self._staging_args = dict(
+            sync_dir=sync_dir,
+            bucket_bytes=bucket_bytes,
+            engine_device=engine_device,
+            share_parameters=share_parameters,
+        )
+        self.staging = WeightStaging(transport, **self._staging_args)
+        self.backend, self.master_address = backend, master_address
+        self.groups: EngineGroups | None = None
+        self._resolved = transport != "cuda_ipc"
         self.client, self.redis, self.transport = client, redis, transport
         self.deadline_s, self.retry_interval_s = deadline_s, retry_interval_s
         self.engines = {u: EngineState(u) for u in client.urls}
@@ -98,22 +137,70 @@ class WeightSync:
         self._unpublished_reported: int | None = None
 
     def close(self) -> None:
-        """Release the kept buckets (unlink the shared-memory segments)."""
+        """Release the kept buckets (unlink the shared-memory segments) and the process groups."""
         self.staging.close()
+        if self.groups is not None:
+            self.groups.close()
+
+    async def _resolve(self, model: torch.nn.Module, targets: list[str]) -> None:
+        """On the first push: cuda_ipc stays only if every engine can take it (`engine_transport`,
+        from /server_info), else shm; the distributed transport's groups get their backend."""
+        if self.transport == "distributed" and self.groups is None:
+            backend = (
+                self.backend
+                if self.backend != "auto"
+                else ("nccl" if next(model.parameters()).device.type == "cuda" else "gloo")
+            )
+            self.groups = EngineGroups(
+                self.client,
+                backend=backend,
+                timeout_s=self.deadline_s,
+                master_address=self.master_address,
+            )
+        if self._resolved or not targets:
+            return
+        infos = await _bounded(self.client.get_server_info(urls=targets), min(self.deadline_s, 5.0))
+        if infos is None:
+            return  # asked again at the next push
+        self._resolved = True
+        chosen = {engine_transport(self.transport, info) for info in infos.values()}
+        if chosen != {self.transport}:
+            log.warning(
+                "an engine cannot take cuda_ipc (shellrl's JSON payload); using shm (SGLang's envelope)",
+                extra={"engines": {u: info.get("version") for u, info in infos.items()}},
+            )
+            self.staging.close()
+            self.transport, self.staging = "shm", WeightStaging("shm", **self._staging_args)
+
+    async def _tp_size(self, url: str) -> int:
+        state = self.engines[url]
+        if state.tp_size is None:
+            info = (await self.client.get_server_info(urls=[url]))[url]
+            state.tp_size = int(info.get("tp_size") or 1)
+        return state.tp_size
 
     def status(self) -> dict:
-        return {"transport": self.transport, "deadline_s": self.deadline_s,
-                "published_version": self.published_version,
-                "engines": [e.to_json() for e in self.engines.values()],
-                "last_push": None if self.last_result is None else {
-                    "version": self.last_result.version, "confirmed": list(self.last_result.confirmed),
-                    "failed": self.last_result.failed, "published": self.last_result.published,
-                    "partial": self.last_result.partial,
-                    "phases_s": {k: round(v, 4) for k, v in self.last_result.phases.items()}}}
+        return {
+            "transport": self.transport,
+            "deadline_s": self.deadline_s,
+            "published_version": self.published_version,
+            "engines": [e.to_json() for e in self.engines.values()],
+            "last_push": None
+            if self.last_result is None
+            else {
+                "version": self.last_result.version,
+                "confirmed": list(self.last_result.confirmed),
+                "failed": self.last_result.failed,
+                "published": self.last_result.published,
+                "partial": self.last_result.partial,
+                "phases_s": {k: round(v, 4) for k, v in self.last_result.phases.items()},
+            },
+        }
 
     async def push(self, model: torch.nn.Module, version: int) -> SyncResult:
         """Full update of every engine in rotation to `version` (weight_version = str(version))."""
         targets = [u for u, e in self.engines.items() if e.in_rotation]
+        await self._resolve(model, targets)
         result = await self._push(model, version, targets)
         result = replace(result, published=await self._publish(version, result.partial))
         self.last_result = result
@@ -128,20 +215,33 @@ class WeightSync:
             healthy = [u for u, ok in (self._probe.result() or {}).items() if ok]
             self._probe = None
         now = time.monotonic()
-        due = [e for e in self.engines.values() if not e.in_rotation and now - e.last_probe_s >= self.retry_interval_s]
+        due = [
+            e
+            for e in self.engines.values()
+            if not e.in_rotation and now - e.last_probe_s >= self.retry_interval_s
+        ]
         if self._probe is None and due:
             for e in due:
                 e.last_probe_s = now
             self._probe = asyncio.ensure_future(
-                _bounded(self.client.health(urls=[e.url for e in due]), min(self.deadline_s, 5.0)))
+                _bounded(self.client.health(urls=[e.url for e in due]), min(self.deadline_s, 5.0))
+            )
         result = None
         healthy = [u for u in healthy if not self.engines[u].in_rotation]
         if healthy:
-            log.info("engines answer again; sending a full update", extra={"engines": healthy, "policy_version": version})
-            await _bounded(self.client.end_weight_update(urls=healthy), min(self.deadline_s, 5.0))  # a stale session
+            log.info(
+                "engines answer again; sending a full update",
+                extra={"engines": healthy, "policy_version": version},
+            )
+            await _bounded(
+                self.client.end_weight_update(urls=healthy), min(self.deadline_s, 5.0)
+            )  # a stale session
+            await self._resolve(model, healthy)
             result = await self._push(model, version, healthy)
         if self.published_version != version:
-            published = await self._publish(version, any(not e.in_rotation for e in self.engines.values()))
+            published = await self._publish(
+                version, any(not e.in_rotation for e in self.engines.values())
+            )
             result = replace(result, published=published) if result is not None else None
         if result is not None:
             self.last_result = result
@@ -157,8 +257,15 @@ class WeightSync:
         if targets:
             # Tensor transports: each engine's weight-update session (SGLang 0.5.23 requires one) opens
             # while the weights are copied, so its round trip costs no time of its own.
-            opening = {} if self.transport == "disk" else {
-                u: asyncio.ensure_future(self.client.begin_weight_update(urls=[u])) for u in targets}
+            # (not with a pause: SGLang's begin would wait behind in-flight requests before it)
+            opening = (
+                {}
+                if self.transport == "disk" or self.pause_mode != "off"
+                else {
+                    u: asyncio.ensure_future(self.client.begin_weight_update(urls=[u]))
+                    for u in targets
+                }
+            )
             t0 = time.perf_counter()
             try:
                 # cuda_ipc: fill(sync=False) only enqueues the copies: ~1 ms of host time, less than
@@ -171,8 +278,12 @@ class WeightSync:
                 await self._abandon_sessions(opening)
                 raise
             phases["flatten"] = time.perf_counter() - t0
-            outcomes = await asyncio.gather(*(self._update_within_deadline(u, prepared, version, opening.get(u))
-                                              for u in targets))
+            outcomes = await asyncio.gather(
+                *(
+                    self._update_within_deadline(u, prepared, version, opening.get(u))
+                    for u in targets
+                )
+            )
             for url, (ok, detail) in zip(targets, outcomes):
                 if ok:
                     confirmed.append(url)
@@ -181,27 +292,41 @@ class WeightSync:
                 else:
                     failed[url] = detail
             if any(reason.startswith("deadline") for reason in failed.values()):
-                self.close()  # an abandoned engine may still read these buffers: never refill them
-            elif failed and self.transport == "cuda_ipc":
+                self.staging.close()  # an abandoned engine may still read these buffers: never refill them
+            elif failed and self.transport in ("cuda_ipc", "distributed"):
                 # a CudaIpcBucket sends one payload (IPC event, ref-counter slot) for its whole life; an
-                # engine that failed may come back as a new process, which must get a fresh share
-                self.close()
+                # engine that failed may come back as a new process, which must get a fresh share; a
+                # failed broadcast's thread may still read its bucket until torch's timeout
+                self.staging.close()
         phases["total"] = time.perf_counter() - start
         for phase, seconds in phases.items():
             metrics.WEIGHT_SYNC_SECONDS.labels(phase).observe(seconds)
         for url in confirmed:
             e = self.engines[url]
             if not e.in_rotation:
-                log.info("engine back in rotation", extra={"engine": url, "policy_version": version})
-            e.in_rotation, e.version, e.last_error, e.last_ok_at = True, str(version), None, time.time()
+                log.info(
+                    "engine back in rotation", extra={"engine": url, "policy_version": version}
+                )
+            e.in_rotation, e.version, e.last_error, e.last_ok_at = (
+                True,
+                str(version),
+                None,
+                time.time(),
+            )
             self.client.set_available(url, True)
         for url, reason in failed.items():
             e = self.engines[url]
-            e.in_rotation, e.last_error, e.failures = False, reason, e.failures + 1
+            e.in_rotation, e.last_error, e.failures, e.tp_size = False, reason, e.failures + 1, None
+            if self.groups is not None:
+                self.groups.forget(url)
             self.client.set_available(url, False)
-            metrics.WEIGHT_SYNC_FAILURES.labels("deadline" if reason.startswith("deadline") else "error").inc()
-            log.error("engine did not confirm the weight update; taken out of rotation",
-                      extra={"engine": url, "policy_version": version, "reason": reason[:500]})
+            metrics.WEIGHT_SYNC_FAILURES.labels(
+                "deadline" if reason.startswith("deadline") else "error"
+            ).inc()
+            log.error(
+                "engine did not confirm the weight update; taken out of rotation",
+                extra={"engine": url, "policy_version": version, "reason": reason[:500]},
+            )
         self._update_gauges()
         await self._write_engine_states()
         partial = bool(failed) or any(not e.in_rotation for e in self.engines.values())
@@ -214,8 +339,9 @@ class WeightSync:
             await _bounded(begin, min(self.deadline_s, 5.0))
             await _bounded(self.client.end_weight_update(urls=[url]), min(self.deadline_s, 5.0))
 
-    async def _update_within_deadline(self, url: str, prepared: dict, version: int,
-                                      begin: asyncio.Future | None = None) -> tuple[bool, dict | str]:
+    async def _update_within_deadline(
+        self, url: str, prepared: dict, version: int, begin: asyncio.Future | None = None
+    ) -> tuple[bool, dict | str]:
         """The engine's update under `deadline_s` (from after the weights were prepared: flattening or
         writing them is the learner's time, not the engine's). The HTTP client's timeout is the same
         length, so a call that timed out (EngineUnavailable.timed_out) is reported as the deadline
@@ -237,18 +363,57 @@ class WeightSync:
             log.exception("weight update failed", extra={"engine": url})
             return False, f"{type(exc).__name__}: {exc}"
 
-    async def _update(self, url: str, prepared: dict, version: int, begin: asyncio.Future | None = None) -> dict[str, float]:
+    async def _update(
+        self, url: str, prepared: dict, version: int, begin: asyncio.Future | None = None
+    ) -> dict[str, float]:
         """begin: the engine's begin_weight_update, already sent (None: send it here)."""
+        if self.pause_mode == "off":
+            return await self._load(url, prepared, version, begin)
+        await self.client.pause_generation(self.pause_mode, urls=[url])
+        try:
+            return await self._load(url, prepared, version, begin)
+        finally:
+            await self.client.continue_generation(urls=[url])
+
+    async def _load(
+        self, url: str, prepared: dict, version: int, begin: asyncio.Future | None
+    ) -> dict[str, float]:
         phases, urls, weight_version = {}, [url], str(version)
         t0 = time.perf_counter()
         if "model_path" in prepared:
-            await self.client.update_weights_from_disk(prepared["model_path"], weight_version, urls=urls)
+            await self.client.update_weights_from_disk(
+                prepared["model_path"], weight_version, urls=urls
+            )
             phases["transfer"] = time.perf_counter() - t0
         else:
             await (begin if begin is not None else self.client.begin_weight_update(urls=urls))
-            for payload in prepared["payloads"]:
-                await self.client.update_weights_from_tensor([payload], weight_version=weight_version, session=False,
-                                                             flush_cache=False, urls=urls)
+            tp_size = await self._tp_size(url)
+            group = await self.groups.group(url, tp_size) if "broadcast" in prepared else None
+            buckets = prepared.get("buckets") or prepared["broadcast"]
+            for i, bucket in enumerate(buckets):
+                last = i == len(buckets) - 1  # the last flushes the KV of the old weights
+                if group is None:
+                    await self.client.update_weights_from_tensor(
+                        bucket(tp_size),
+                        weight_version=weight_version,
+                        session=False,
+                        flush_cache=last,
+                        urls=urls,
+                    )
+                else:
+                    fields, flat = bucket
+                    await self.groups.broadcast(
+                        url,
+                        group,
+                        flat,
+                        self.client.update_weights_from_distributed(
+                            **fields,
+                            group_name=group.name,
+                            weight_version=weight_version,
+                            flush_cache=last,
+                            urls=urls,
+                        ),
+                    )
             t1 = time.perf_counter()
             phases["transfer"] = t1 - t0
             await self.client.end_weight_update(urls=urls)
@@ -256,8 +421,9 @@ class WeightSync:
         t2 = time.perf_counter()
         # the engine confirms by reporting the new version (read again every VERIFY_POLL_S; the
         # deadline in _update_within_deadline bounds it, errors end it)
-        confirmed = AsyncRetrying(retry=retry_if_result(lambda got: got != weight_version),
-                                  wait=wait_fixed(VERIFY_POLL_S))
+        confirmed = AsyncRetrying(
+            retry=retry_if_result(lambda got: got != weight_version), wait=wait_fixed(VERIFY_POLL_S)
+        )
         await confirmed(self._weight_version, url)
         phases["verify"] = time.perf_counter() - t2
         return phases
@@ -273,14 +439,25 @@ class WeightSync:
         if not in_rotation:
             if self._unpublished_reported != version:  # once per version, not on every loop
                 self._unpublished_reported = version
-                log.error("no engine has the new weights; version not published", extra={"policy_version": version})
+                log.error(
+                    "no engine has the new weights; version not published",
+                    extra={"policy_version": version},
+                )
             return False
-        if not all(self.engines[u].version == str(version) for u in in_rotation) or self.redis is None:
+        if (
+            not all(self.engines[u].version == str(version) for u in in_rotation)
+            or self.redis is None
+        ):
             return False
         if partial:
-            log.warning("publishing the version for a partial fleet", extra={
-                "policy_version": version, "in_sync": in_rotation,
-                "out_of_rotation": [u for u, e in self.engines.items() if not e.in_rotation]})
+            log.warning(
+                "publishing the version for a partial fleet",
+                extra={
+                    "policy_version": version,
+                    "in_sync": in_rotation,
+                    "out_of_rotation": [u for u, e in self.engines.items() if not e.in_rotation],
+                },
+            )
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(POLICY_VERSION_KEY, version)
             pipe.publish(POLICY_UPDATES_CHANNEL, str(version))
@@ -296,7 +473,9 @@ class WeightSync:
         if self.redis is None:
             return
         try:
-            await self.redis.hset(ENGINES_KEY, mapping={u: json.dumps(e.to_json()) for u, e in self.engines.items()})
+            await self.redis.hset(
+                ENGINES_KEY, mapping={u: json.dumps(e.to_json()) for u, e in self.engines.items()}
+            )
         except Exception:  # status only: never fail a push over it
             log.exception("could not write shellrl:engines")
 

@@ -1,17 +1,23 @@
 """The learner side of the weight transports: where one version's weights are written for the
 engines to read, and the payload that tells an engine where to find them.
 
-Transports (DESIGN.md section 6, shellrl.weights.bucket): shared memory when the model is on
-CPU and the engine on this host; CUDA IPC of a bucket on the GPU when the model is on a GPU of
-this host; safetensors on disk (`update_weights_from_disk`) otherwise. The shared-memory segments
-and CUDA IPC buckets are kept and refilled push after push (no page faults, a stable IPC handle;
-with share_parameters the shm segment holds the parameters themselves, so a refill copies nothing);
-after a push that an engine abandoned at the deadline they are dropped (`close`) and made anew,
-because that engine may still read them. weight_sync.py sends the payloads to the engines.
+Transports (DESIGN.md section 6, shellrl.weights):
+* shm: SGLang's envelope for `/update_weights_from_tensor` (`shellrl.weights.sglang`) over a
+  flattened bucket in torch's file-system shared memory; any engine on this host, SGLang or ours.
+* cuda_ipc: a bucket on the engine's GPU shared by CUDA IPC, in shellrl's JSON payload (only
+  shellrl's engine reads it; SGLang refuses it with 400: not base64).
+* distributed: one broadcast per bucket through a torch process group per engine (gloo on CPU,
+  NCCL on GPU; `shellrl.weights.distributed`), for engines on other GPUs or hosts.
+* disk: safetensors (`update_weights_from_disk`) in a directory the engines can read.
+The buckets are kept and refilled push after push (no page faults, a stable IPC handle; with
+share_parameters the CPU bucket holds the parameters themselves, so a refill copies nothing);
+after a push that an engine abandoned they are dropped (`close`) and made anew, because that
+engine may still read them. weight_sync.py sends the payloads to the engines.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import shutil
@@ -23,26 +29,52 @@ import torch
 
 from shellrl.weights import bucket as wt
 from shellrl.weights import disk as wtd
+from shellrl.weights import distributed as wdist
 from shellrl.weights import gpu as wtg
+from shellrl.weights import sglang as wsg
 
-BUCKET_BYTES = 1 << 30  # shm: segments of at most this size. cuda_ipc: one bucket (the kept buckets hold
+BUCKET_BYTES = (
+    1 << 30
+)  # shm: segments of at most this size. cuda_ipc: one bucket (the kept buckets hold
 # the whole model however it is split, so a split only adds update calls: 15 for a 7B model in bf16)
-TRANSPORTS = ("shm", "cuda_ipc", "disk")
+TRANSPORTS = ("shm", "cuda_ipc", "distributed", "disk")
 
 
 def choose_transport(setting: str, device: torch.device, urls: list[str]) -> str:
-    """'auto' -> cuda_ipc (model on GPU, engines on this host), shm (CPU, engines on this host) or disk."""
+    """By topology: 'auto' -> cuda_ipc (model on GPU, engines on this host), shm (CPU, engines on
+    this host) or disk (an engine elsewhere). `engine_transport` refines it by what an engine says."""
     if setting != "auto":
         return setting
-    local = all(_is_local(u) for u in urls)
+    local = all(is_local(u) for u in urls)
     if not local:
         return "disk"
     return "cuda_ipc" if device.type == "cuda" else "shm"
 
 
-def _is_local(url: str) -> bool:
+def engine_transport(transport: str, server_info: dict) -> str:
+    """The transport an engine can take, from its /server_info: cuda_ipc (shellrl's JSON payload)
+    only for shellrl's engine on a GPU; SGLang, or an engine on CPU, gets shm (SGLang's envelope,
+    CPU tensors, which SGLang copies to its GPU). Other transports are kept."""
+    if transport != "cuda_ipc":
+        return transport
+    ours = str(server_info.get("version", "")).startswith("shellrl-engine")
+    on_gpu = str(server_info.get("device", "cuda")).startswith("cuda")
+    return "cuda_ipc" if ours and on_gpu else "shm"
+
+
+def is_local(url: str) -> bool:
     host = urlparse(url).hostname or ""
     return host in ("127.0.0.1", "localhost", "::1", socket.gethostname())
+
+
+def route_address(url: str) -> str:
+    """This host's address on the route to the engine at `url` (where the engine can reach the
+    learner's TCPStore): 127.0.0.1 for a local engine, else the source address the kernel picks."""
+    if is_local(url):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((urlparse(url).hostname, urlparse(url).port or 80))  # no packet is sent
+        return probe.getsockname()[0]
 
 
 class WeightStaging:
@@ -52,17 +84,25 @@ class WeightStaging:
     `choose_transport` first). sync_dir: the disk transport's safetensors (one `v<version>`
     directory per push, the newest two kept). bucket_bytes: shm segment size bound.
     engine_device: the engines' CUDA device for cuda_ipc (None: the model's device).
-    share_parameters: shm only; the model's parameters are moved into the kept segments
+    share_parameters: shm and distributed on CPU; the model's parameters are moved into the kept buckets
     (`SharedMemoryBucket.adopt`), so a push writes nothing on the learner side: the optimizer
     already wrote the weights there. After a push an engine abandoned, they move back out
     (close) and into fresh segments at the next push.
     """
 
-    def __init__(self, transport: str, sync_dir: str | Path, *, bucket_bytes: int = BUCKET_BYTES,
-                 engine_device: str | None = None, share_parameters: bool = False) -> None:
+    def __init__(
+        self,
+        transport: str,
+        sync_dir: str | Path,
+        *,
+        bucket_bytes: int = BUCKET_BYTES,
+        engine_device: str | None = None,
+        share_parameters: bool = False,
+    ) -> None:
         if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be shm, cuda_ipc or disk (resolve 'auto' first); "
-                             f"got {transport!r}")
+            raise ValueError(
+                f"transport must be one of {TRANSPORTS} (resolve 'auto' first); got {transport!r}"
+            )
         self.transport, self.sync_dir, self.bucket_bytes = transport, Path(sync_dir), bucket_bytes
         self.engine_device, self.share_parameters = engine_device, share_parameters
         self._kept: list = []  # SharedMemoryBucket or CudaIpcBucket per bucket, refilled by every push
@@ -76,9 +116,10 @@ class WeightStaging:
         self._kept = []
 
     def prepare(self, model: torch.nn.Module, version: int) -> dict:
-        """Write the weights once for every engine (blocking: disk and shm run it in a thread; cuda_ipc
-        only enqueues GPU copies and runs it on the event loop). Returns {"model_path": directory}
-        (disk) or {"payloads": [JSON string per bucket]} (shm, cuda_ipc)."""
+        """Write the weights once for every engine (blocking: disk, shm and distributed run it in a
+        thread; cuda_ipc only enqueues GPU copies and runs it on the event loop). Returns
+        {"model_path": directory} (disk), {"buckets": [entries(tp_size) -> serialized_named_tensors]}
+        (shm, cuda_ipc) or {"broadcast": [(tensor fields, flattened uint8 tensor)]} (distributed)."""
         named = [(n, p.detach()) for n, p in model.named_parameters()]
         if self.transport == "disk":
             directory = self.sync_dir / f"v{version:08d}"
@@ -86,34 +127,51 @@ class WeightStaging:
             for old in sorted(self.sync_dir.glob("v*"))[:-2]:
                 shutil.rmtree(old, ignore_errors=True)
             return {"model_path": str(directory.resolve())}
-        buckets = split_buckets(named, self.bucket_bytes) if self.transport == "shm" else [named]
+        buckets = (
+            [named] if self.transport == "cuda_ipc" else split_buckets(named, self.bucket_bytes)
+        )
         if len(self._kept) != len(buckets):
             self.close()
-        if self.transport == "shm":
-            payloads = []
-            for i, bucket in enumerate(buckets):
-                try:
-                    kept = self._kept[i].refill(bucket) if i < len(self._kept) else None
-                except ValueError:  # the tensors grew: a new segment
-                    self._kept[i].close()
-                    kept = None
-                if kept is None:
-                    kept = wt.SharedMemoryBucket(bucket)
-                    if self.share_parameters:
-                        params = dict(model.named_parameters())
-                        kept.adopt([params[name] for name, _ in bucket])
-                    self._kept[i:i + 1] = [kept]
-                payloads.append(kept.payload())
-            return {"payloads": payloads}
-        device = self.engine_device or named[0][1].device
-        if not self._kept:
-            self._kept = [wtg.CudaIpcBucket(device) for _ in buckets]
-        # sync=False: the copies are enqueued, not awaited; the engine waits on the bucket's ready event
-        return {"payloads": [kept.fill(bucket, sync=False) for kept, bucket in zip(self._kept, buckets)]}
+        if self.transport == "cuda_ipc":
+            device = self.engine_device or named[0][1].device
+            if not self._kept:
+                self._kept = [wtg.CudaIpcBucket(device) for _ in buckets]
+            # sync=False: the copies are enqueued, not awaited; the engine waits on the bucket's ready event
+            payloads = [kept.fill(bucket, sync=False) for kept, bucket in zip(self._kept, buckets)]
+            return {"buckets": [lambda tp_size, p=p: [p] * tp_size for p in payloads]}
+        kept = [self._refilled(model, i, bucket) for i, bucket in enumerate(buckets)]
+        if self.transport == "distributed":
+            return {
+                "broadcast": [
+                    (wdist.request_fields(bucket), k.tensor) for k, bucket in zip(kept, buckets)
+                ]
+            }
+        return {"buckets": [k.entries for k in kept]}
+
+    def _refilled(self, model: torch.nn.Module, i: int, bucket: list):
+        """Kept bucket i holding `bucket` (refilled, or made anew when the tensors no longer fit)."""
+        try:
+            kept = self._kept[i].refill(bucket) if i < len(self._kept) else None
+        except ValueError:  # the tensors grew: a new bucket
+            self._kept[i].close()
+            kept = None
+        if kept is None:
+            device = bucket[0][1].device
+            kept = (
+                wsg.SharedTensorBucket(bucket)
+                if self.transport == "shm"
+                else wdist.FlatBucket(bucket, device)
+            )
+            if self.share_parameters and device.type == "cpu":
+                params = dict(model.named_parameters())
+                kept.adopt([params[name] for name, _ in bucket])
+            self._kept[i : i + 1] = [kept]
+        return kept
 
 
-def split_buckets(named: list[tuple[str, torch.Tensor]],
-                  bucket_bytes: int) -> list[list[tuple[str, torch.Tensor]]]:
+def split_buckets(
+    named: list[tuple[str, torch.Tensor]], bucket_bytes: int
+) -> list[list[tuple[str, torch.Tensor]]]:
     """Split named tensors, in order, into buckets of at most bucket_bytes (a larger tensor alone)."""
     out, current, size = [], [], 0
     for name, tensor in named:
@@ -153,3 +211,82 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+class EngineGroups:
+    """The distributed transport's process groups, one per engine (a dead engine breaks only its
+    own), made on an engine's first push: the learner serves the TCPStore and joins as rank 0
+    while the engine joins through `/init_weights_update_group` (rank_offset 1, world 1 + TP).
+    A group whose push failed is forgotten: closed once its worker thread is done (torch's
+    timeout, the deadline, bounds it), and destroyed on the engine before the next group."""
+
+    def __init__(self, client, *, backend: str, timeout_s: float, master_address: str = "") -> None:
+        self.client, self.backend, self.timeout_s, self.master_address = (
+            client,
+            backend,
+            timeout_s,
+            master_address,
+        )
+        self._groups: dict[str, wdist.SenderGroup] = {}
+        self._stale: dict[str, str] = {}  # url -> the name of a group the engine may still hold
+        self._count = 0
+
+    async def group(self, url: str, tp_size: int) -> wdist.SenderGroup:
+        """The engine's live group, joined now if there is none (bounded by the caller's deadline)."""
+        group = self._groups.get(url)
+        if group is not None:
+            return group
+        if url in self._stale:
+            try:
+                await self.client.destroy_weights_update_group(self._stale.pop(url), urls=[url])
+            except Exception:  # noqa: BLE001 (the engine destroys a group whose broadcast failed itself)
+                pass
+        self._count += 1
+        group = wdist.SenderGroup(
+            f"shellrl-{os.getpid()}-{self._count}", 1 + tp_size, self.backend, self.timeout_s
+        )
+        joined = asyncio.ensure_future(asyncio.to_thread(group.join))
+        try:
+            await self.client.init_weights_update_group(
+                self.master_address or route_address(url),
+                group.port,
+                1,
+                1 + tp_size,
+                group_name=group.name,
+                backend=self.backend,
+                urls=[url],
+            )
+            await joined
+        except BaseException:
+            self._close_after(group, joined)
+            raise
+        self._groups[url] = group
+        return group
+
+    async def broadcast(self, url: str, group: wdist.SenderGroup, flat, call) -> None:
+        """Broadcast `flat` on a worker thread while `call` (the engine's update request) runs; a
+        failure of either forgets the group."""
+        sending = asyncio.ensure_future(asyncio.to_thread(group.broadcast, flat))
+        try:
+            await call
+            await sending
+        except BaseException:
+            self.forget(url, sending)
+            raise
+
+    def forget(self, url: str, busy: asyncio.Future | None = None) -> None:
+        group = self._groups.pop(url, None)
+        if group is not None:
+            self._stale[url] = group.name
+            self._close_after(group, busy)
+
+    @staticmethod
+    def _close_after(group: wdist.SenderGroup, busy: asyncio.Future | None) -> None:
+        if busy is None or busy.done():
+            group.close()
+        else:  # a worker thread still in a collective: close when torch's timeout ended it
+            busy.add_done_callback(lambda f: (f.cancelled() or f.exception(), group.close()))
+
+    def close(self) -> None:
+        for url in list(self._groups):
+            self.forget(url)

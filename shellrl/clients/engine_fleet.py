@@ -16,7 +16,12 @@ from typing import Any, Self
 import httpx
 
 from shellrl.clients.engine_responses import (
-    EngineError, EngineUnavailable, UpdateResult, body_of, raise_on_failure)
+    EngineError,
+    EngineUnavailable,
+    UpdateResult,
+    body_of,
+    raise_on_failure,
+)
 from shellrl.clients.engine_retry import resends, send_once
 from shellrl.clients.transport import AiohttpTransport
 
@@ -84,7 +89,9 @@ class EngineFleet:
         if not candidates:
             candidates = [u for u in self.urls if self._available[u]]
         if not candidates:
-            raise EngineUnavailable(",".join(self.urls), "no engine is available (all marked out of rotation)")
+            raise EngineUnavailable(
+                ",".join(self.urls), "no engine is available (all marked out of rotation)"
+            )
         low = min(self._in_flight[u] for u in candidates)
         tied = [u for u in candidates if self._in_flight[u] == low]
         return tied[next(self._tie_break) % len(tied)]
@@ -100,7 +107,9 @@ class EngineFleet:
             raise EngineError(url, response.status_code, body_of(response))
         return response
 
-    async def _fan_out(self, method: str, path: str, urls: Iterable[str] | None, **kwargs) -> dict[str, httpx.Response]:
+    async def _fan_out(
+        self, method: str, path: str, urls: Iterable[str] | None, **kwargs
+    ) -> dict[str, httpx.Response]:
         """The same call to every engine concurrently; raises the first failure after all finished."""
         targets = [u.rstrip("/") for u in (urls if urls is not None else self.urls)]
         results = await asyncio.gather(
@@ -122,7 +131,9 @@ class EngineFleet:
 
     # ----- weight sync ---------------------------------------------------------------------------
 
-    async def begin_weight_update(self, *, selector: str = "all", urls: Iterable[str] | None = None) -> dict[str, bool]:
+    async def begin_weight_update(
+        self, *, selector: str = "all", urls: Iterable[str] | None = None
+    ) -> dict[str, bool]:
         """POST /begin_weight_update (SGLang 0.5.23). Returns {url: True} where a session was opened,
         {url: False} on older servers that answer 404 (they need no session)."""
         return await self._session_call("/begin_weight_update", {"selector": selector}, urls)
@@ -131,7 +142,9 @@ class EngineFleet:
         """POST /end_weight_update; on shellrl's engine this is when staged weights become live."""
         return await self._session_call("/end_weight_update", {}, urls)
 
-    async def _session_call(self, path: str, body: dict, urls: Iterable[str] | None) -> dict[str, bool]:
+    async def _session_call(
+        self, path: str, body: dict, urls: Iterable[str] | None
+    ) -> dict[str, bool]:
         targets = [u.rstrip("/") for u in (urls if urls is not None else self.urls)]
 
         async def one(url: str) -> bool:
@@ -167,19 +180,28 @@ class EngineFleet:
     ) -> dict[str, UpdateResult]:
         """POST /update_weights_from_tensor to every engine (or `urls`).
 
-        serialized_named_tensors: one entry per TP rank; for shellrl's engine the JSON strings of
-        `shellrl.weights.bucket` (shared memory or CUDA IPC buckets). session: wrap the call in
+        serialized_named_tensors: one entry per TP rank: SGLang's envelope (`shellrl.weights.sglang`,
+        base64), or for shellrl's engine only the JSON payloads of `shellrl.weights.bucket` / `.gpu`.
+        flush_cache: the engine drops KV of the old weights after loading; the last bucket of a
+        push must set it (SGLang keeps its radix cache otherwise). session: wrap the call in
         begin/end_weight_update (required by SGLang 0.5.23; skipped on servers without it). Pass
         session=False to send several buckets inside one session you opened yourself.
         Raises EngineError when an engine refuses (HTTP 400, `success: false`).
         """
-        body = {"serialized_named_tensors": list(serialized_named_tensors), "load_format": load_format,
-                "flush_cache": flush_cache, "abort_all_requests": abort_all_requests, "weight_version": weight_version}
+        body = {
+            "serialized_named_tensors": list(serialized_named_tensors),
+            "load_format": load_format,
+            "flush_cache": flush_cache,
+            "abort_all_requests": abort_all_requests,
+            "weight_version": weight_version,
+        }
         targets = list(urls) if urls is not None else list(self.urls)
         if session:
             await self.begin_weight_update(urls=targets)
         try:
-            responses = await self._fan_out("POST", "/update_weights_from_tensor", targets, json=body)
+            responses = await self._fan_out(
+                "POST", "/update_weights_from_tensor", targets, json=body
+            )
         except BaseException:
             if session:  # close the session so the engine stays usable; the first error wins
                 await asyncio.gather(self.end_weight_update(urls=targets), return_exceptions=True)
@@ -201,9 +223,75 @@ class EngineFleet:
     ) -> dict[str, UpdateResult]:
         """POST /update_weights_from_disk: every engine loads the safetensors checkpoint in
         `model_path` (a directory the engines can read). Raises EngineError on `success: false`."""
-        body = {"model_path": model_path, "load_format": load_format, "flush_cache": flush_cache,
-                "abort_all_requests": abort_all_requests, "weight_version": weight_version}
+        body = {
+            "model_path": model_path,
+            "load_format": load_format,
+            "flush_cache": flush_cache,
+            "abort_all_requests": abort_all_requests,
+            "weight_version": weight_version,
+        }
         responses = await self._fan_out("POST", "/update_weights_from_disk", urls, json=body)
+        return {u: raise_on_failure(u, r) for u, r in responses.items()}
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        *,
+        group_name: str,
+        backend: str,
+        urls: Iterable[str] | None = None,
+    ) -> dict[str, UpdateResult]:
+        """POST /init_weights_update_group: the engine joins the group as ranks rank_offset.. (the
+        call returns once every rank joined, so rank 0 must join concurrently; see
+        shellrl.weights.distributed). Raises EngineError when an engine refuses (400)."""
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        responses = await self._fan_out("POST", "/init_weights_update_group", urls, json=body)
+        return {u: raise_on_failure(u, r) for u, r in responses.items()}
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        *,
+        group_name: str,
+        weight_version: str | None,
+        flush_cache: bool = True,
+        load_format: str | None = "flattened_bucket",
+        urls: Iterable[str] | None = None,
+    ) -> dict[str, UpdateResult]:
+        """POST /update_weights_from_distributed: the engine receives one broadcast of these tensors
+        from rank 0 (flattened bucket, SGLang's unpadded layout); inside begin/end_weight_update.
+        Returns once received and loaded; raises EngineError when an engine refuses."""
+        body = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "weight_version": weight_version,
+            "load_format": load_format,
+        }
+        responses = await self._fan_out("POST", "/update_weights_from_distributed", urls, json=body)
+        return {u: raise_on_failure(u, r) for u, r in responses.items()}
+
+    async def destroy_weights_update_group(
+        self, group_name: str, *, urls: Iterable[str] | None = None
+    ) -> dict[str, UpdateResult]:
+        """POST /destroy_weights_update_group; EngineError (400) when no such group is live."""
+        responses = await self._fan_out(
+            "POST", "/destroy_weights_update_group", urls, json={"group_name": group_name}
+        )
         return {u: raise_on_failure(u, r) for u, r in responses.items()}
 
     async def get_weight_version(self, *, urls: Iterable[str] | None = None) -> dict[str, str]:
@@ -213,7 +301,9 @@ class EngineFleet:
 
     # ----- generation control ----------------------------------------------------------------------
 
-    async def pause_generation(self, mode: str = "abort", *, urls: Iterable[str] | None = None) -> None:
+    async def pause_generation(
+        self, mode: str = "abort", *, urls: Iterable[str] | None = None
+    ) -> None:
         """POST /pause_generation {"mode": "abort"|"retract"|"in_place"}; new requests wait until
         continue. In "abort" mode in-flight requests have returned their partial output when this returns."""
         if mode not in ("abort", "retract", "in_place"):
@@ -233,7 +323,9 @@ class EngineFleet:
         The aborted `/generate` calls return their partial output with finish_reason "abort"."""
         if not rid and not abort_all:
             raise ValueError("give a rid or abort_all=True")
-        await self._fan_out("POST", "/abort_request", urls, json={"rid": rid or "", "abort_all": abort_all})
+        await self._fan_out(
+            "POST", "/abort_request", urls, json={"rid": rid or "", "abort_all": abort_all}
+        )
 
     async def flush_cache(self, *, urls: Iterable[str] | None = None) -> dict[str, str]:
         """POST /flush_cache: drops the prefix cache. EngineError (400) while requests are running, or
@@ -246,13 +338,17 @@ class EngineFleet:
     async def get_model_info(self, *, urls: Iterable[str] | None = None) -> dict[str, dict]:
         """GET /model_info (falls back to /get_model_info): model_path, weight_version, ..."""
         targets = [u.rstrip("/") for u in (urls if urls is not None else self.urls)]
-        infos = await asyncio.gather(*(self._get_with_fallback(u, "/model_info", "/get_model_info") for u in targets))
+        infos = await asyncio.gather(
+            *(self._get_with_fallback(u, "/model_info", "/get_model_info") for u in targets)
+        )
         return dict(zip(targets, infos))
 
     async def get_server_info(self, *, urls: Iterable[str] | None = None) -> dict[str, dict]:
         """GET /server_info (falls back to /get_server_info): the server's resolved arguments."""
         targets = [u.rstrip("/") for u in (urls if urls is not None else self.urls)]
-        infos = await asyncio.gather(*(self._get_with_fallback(u, "/server_info", "/get_server_info") for u in targets))
+        infos = await asyncio.gather(
+            *(self._get_with_fallback(u, "/server_info", "/get_server_info") for u in targets)
+        )
         return dict(zip(targets, infos))
 
     async def health(self, *, urls: Iterable[str] | None = None) -> dict[str, bool]:

@@ -19,8 +19,11 @@ if TYPE_CHECKING:
     import torch
 
 
-def save_safetensors_dir(named_tensors: Iterable[tuple[str, torch.Tensor]], directory: str | Path,
-                         filename: str = "model.safetensors") -> Path:
+def save_safetensors_dir(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    directory: str | Path,
+    filename: str = "model.safetensors",
+) -> Path:
     """Write the tensors as one safetensors file in `directory` (created); returns the file path.
     Written to a temporary name and renamed, so a reader never sees half a file."""
     from safetensors.torch import save_file
@@ -29,7 +32,11 @@ def save_safetensors_dir(named_tensors: Iterable[tuple[str, torch.Tensor]], dire
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / filename
     tmp = directory / f".{filename}.tmp-{os.getpid()}"
-    save_file({n: t.detach().contiguous().cpu() for n, t in named_tensors}, str(tmp), metadata={"format": "pt"})
+    save_file(
+        {n: t.detach().contiguous().cpu() for n, t in named_tensors},
+        str(tmp),
+        metadata={"format": "pt"},
+    )
     os.replace(tmp, target)
     return target
 

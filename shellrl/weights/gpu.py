@@ -15,7 +15,15 @@ from collections.abc import Iterable
 from multiprocessing import shared_memory
 from typing import TYPE_CHECKING
 
-from shellrl.weights.bucket import TensorMeta, _metadata_json, _torch, _views, flatten_into, plan_bucket
+from shellrl.weights.bucket import (
+    TensorMeta,
+    _metadata_json,
+    _torch,
+    _views,
+    flatten_into,
+    layout_align,
+    plan_bucket,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -28,8 +36,13 @@ def _b64(value: bytes | None) -> str | None:
     return None if value is None else base64.b64encode(value).decode()
 
 
-def serialize_cuda_bucket(buffer: torch.Tensor, metadata: list[TensorMeta], *, metadata_json: str | None = None,
-                          ready_event_handle: bytes | None = None) -> str:
+def serialize_cuda_bucket(
+    buffer: torch.Tensor,
+    metadata: list[TensorMeta],
+    *,
+    metadata_json: str | None = None,
+    ready_event_handle: bytes | None = None,
+) -> str:
     """JSON payload with the CUDA IPC handle of `buffer` (1-D uint8 on a CUDA device).
 
     metadata_json: `json.dumps` of the metadata's JSON form, when the caller keeps it (a kept
@@ -50,24 +63,47 @@ def serialize_cuda_bucket(buffer: torch.Tensor, metadata: list[TensorMeta], *, m
     rebuild, args = reduce_tensor(buffer)
     if rebuild is not rebuild_cuda_tensor:
         raise RuntimeError(f"unexpected reduction {rebuild!r}")
-    (_, size, _, tensor_offset, _, _, device_index, handle, storage_size_bytes, storage_offset_bytes, _,
-     ref_counter_handle, ref_counter_offset, event_handle, event_sync_required) = args
+    (
+        _,
+        size,
+        _,
+        tensor_offset,
+        _,
+        _,
+        device_index,
+        handle,
+        storage_size_bytes,
+        storage_offset_bytes,
+        _,
+        ref_counter_handle,
+        ref_counter_offset,
+        event_handle,
+        event_sync_required,
+    ) = args
     handle_json = {
         "device_uuid": str(torch.cuda.get_device_properties(device_index).uuid),
-        "numel": int(size[0]), "tensor_offset": int(tensor_offset),
-        "handle": _b64(handle), "storage_size_bytes": int(storage_size_bytes),
-        "storage_offset_bytes": int(storage_offset_bytes), "ref_counter_handle": _b64(ref_counter_handle),
-        "ref_counter_offset": int(ref_counter_offset), "event_handle": _b64(event_handle),
+        "numel": int(size[0]),
+        "tensor_offset": int(tensor_offset),
+        "handle": _b64(handle),
+        "storage_size_bytes": int(storage_size_bytes),
+        "storage_offset_bytes": int(storage_offset_bytes),
+        "ref_counter_handle": _b64(ref_counter_handle),
+        "ref_counter_offset": int(ref_counter_offset),
+        "event_handle": _b64(event_handle),
         "event_sync_required": bool(event_sync_required),
     }
     if metadata_json is None:
         metadata_json = json.dumps(_metadata_json(metadata))
     ready = "" if ready_event_handle is None else f'"ready_event": "{_b64(ready_event_handle)}", '
-    return (f'{{"transport": "cuda_ipc", "nbytes": {int(size[0])}, "handle": {json.dumps(handle_json)}, '
-            f'{ready}"metadata": {metadata_json}}}')
+    return (
+        f'{{"transport": "cuda_ipc", "nbytes": {int(size[0])}, "handle": {json.dumps(handle_json)}, '
+        f'{ready}"metadata": {metadata_json}}}'
+    )
 
 
-def open_cuda_bucket(payload: dict, metadata: list[TensorMeta] | None = None) -> tuple[torch.Tensor, list[TensorMeta]]:
+def open_cuda_bucket(
+    payload: dict, metadata: list[TensorMeta] | None = None
+) -> tuple[torch.Tensor, list[TensorMeta]]:
     """Receiver side: the producer's buffer (no copy) on the local device with the same GPU UUID.
 
     metadata: the payload's metadata already parsed (skips parsing it again).
@@ -79,16 +115,31 @@ def open_cuda_bucket(payload: dict, metadata: list[TensorMeta] | None = None) ->
     h = payload.get("handle") or {}
     if metadata is None:
         metadata = [TensorMeta.from_json(m) for m in payload.get("metadata") or []]
-    uuids = {str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())}
+    uuids = {
+        str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())
+    }
     if h.get("device_uuid") not in uuids:
-        raise ValueError(f"GPU {h.get('device_uuid')!r} is not visible here (visible: {sorted(uuids)})")
+        raise ValueError(
+            f"GPU {h.get('device_uuid')!r} is not visible here (visible: {sorted(uuids)})"
+        )
     try:
         buffer = rebuild_cuda_tensor(
-            torch.Tensor, (int(h["numel"]),), (1,), int(h["tensor_offset"]), torch.UntypedStorage, torch.uint8,
-            uuids[h["device_uuid"]], base64.b64decode(h["handle"]), int(h["storage_size_bytes"]),
-            int(h["storage_offset_bytes"]), False, base64.b64decode(h["ref_counter_handle"]),
-            int(h["ref_counter_offset"]), base64.b64decode(h["event_handle"]) if h.get("event_handle") else None,
-            bool(h["event_sync_required"]))
+            torch.Tensor,
+            (int(h["numel"]),),
+            (1,),
+            int(h["tensor_offset"]),
+            torch.UntypedStorage,
+            torch.uint8,
+            uuids[h["device_uuid"]],
+            base64.b64decode(h["handle"]),
+            int(h["storage_size_bytes"]),
+            int(h["storage_offset_bytes"]),
+            False,
+            base64.b64decode(h["ref_counter_handle"]),
+            int(h["ref_counter_offset"]),
+            base64.b64decode(h["event_handle"]) if h.get("event_handle") else None,
+            bool(h["event_sync_required"]),
+        )
     except (KeyError, TypeError) as exc:
         raise ValueError(f"bad CUDA IPC handle: {exc}") from exc
     return buffer, metadata
@@ -139,7 +190,9 @@ class CudaIpcBucket:
         self._nbytes = 0
         self._views: list | None = None
         self._source_views: list | None = None
-        self._payload: tuple[tuple, str] | None = None  # ((buffer address, layout key), payload JSON)
+        self._payload: tuple[tuple, str] | None = (
+            None  # ((buffer address, layout key), payload JSON)
+        )
         self._chunks: list = []  # staging="bucket": _chunk_ranges of the layout
         self._link_stream = None  # ... and the side stream of the copies to `device`
         self._ready = None  # fill(sync=False): the interprocess event the engine waits on
@@ -154,14 +207,20 @@ class CudaIpcBucket:
         key = (source, tuple((n, t.dtype, tuple(t.shape)) for n, t in named_tensors))
         if key == self._key:
             return
-        self._metadata, self._nbytes = plan_bucket(named_tensors)
+        self._metadata, self._nbytes = plan_bucket(
+            named_tensors, layout_align(t.dtype for _, t in named_tensors)
+        )
         self._metadata_json = json.dumps(_metadata_json(self._metadata))
         self.buffer = self._ensure(self.buffer, self._nbytes, self.device)
         self._views = _views(self.buffer, self._metadata)
         self._source_views, self._key = None, key
 
-    def fill(self, named_tensors: Iterable[tuple[str, torch.Tensor]], staging: str = "bucket",
-             sync: bool = True) -> str:
+    def fill(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        staging: str = "bucket",
+        sync: bool = True,
+    ) -> str:
         """Copy `named_tensors` into the bucket; returns the CUDA IPC payload (JSON string).
 
         sync=True: returns once the copies are done on both GPUs. sync=False: returns once they are
@@ -209,9 +268,15 @@ class CudaIpcBucket:
         # and its validated layout).
         key = (self.buffer.data_ptr(), self._key, ready is not None)
         if self._payload is None or self._payload[0] != key:
-            self._payload = (key, serialize_cuda_bucket(
-                self.buffer, self._metadata, metadata_json=self._metadata_json,
-                ready_event_handle=None if ready is None else ready.ipc_handle()))
+            self._payload = (
+                key,
+                serialize_cuda_bucket(
+                    self.buffer,
+                    self._metadata,
+                    metadata_json=self._metadata_json,
+                    ready_event_handle=None if ready is None else ready.ipc_handle(),
+                ),
+            )
         return self._payload[1]
 
     def _pipelined_stage(self, tensors: list, source) -> None:
@@ -231,11 +296,15 @@ class CudaIpcBucket:
         main.wait_stream(self._link_stream)
 
     def close(self) -> None:
-        if self._ready is not None and self.buffer is not None:  # copies of a fill(sync=False) may still run
+        if (
+            self._ready is not None and self.buffer is not None
+        ):  # copies of a fill(sync=False) may still run
             _torch().cuda.synchronize(self.device)
             if self._source is not None:
                 _torch().cuda.synchronize(self._source.device)
-        self.buffer = self._source = self._views = self._source_views = self._key = self._payload = None
+        self.buffer = self._source = self._views = self._source_views = self._key = (
+            self._payload
+        ) = None
         self._ready = None
 
 
@@ -247,7 +316,9 @@ def _next_boundary(lo: int, total: int, chunks: int) -> float:
     return total * (lo * chunks // total + 1) / chunks
 
 
-def _chunk_ranges(metadata: list[TensorMeta], chunks: int) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+def _chunk_ranges(
+    metadata: list[TensorMeta], chunks: int
+) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     """Split the layout into at most `chunks` runs of whole tensors, in order:
     [((first tensor, end tensor), (first byte, end byte))], covering every tensor and byte once. A run
     ends at the first tensor reaching the next boundary k * total / chunks beyond its start (boundaries
@@ -308,7 +379,9 @@ class PinnedHostBucket:
         self._host = torch.frombuffer(self._shm.buf, dtype=torch.uint8, count=max(nbytes, 1))
         cudart = _cudart()
         if cudart is not None:
-            self.pinned = int(cudart.cudaHostRegister(self._host.data_ptr(), self._host.numel(), 0)) == 0
+            self.pinned = (
+                int(cudart.cudaHostRegister(self._host.data_ptr(), self._host.numel(), 0)) == 0
+            )
         return self._host
 
     def fill(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> str:
@@ -322,11 +395,19 @@ class PinnedHostBucket:
         if source.type == "cuda":
             self._source = CudaIpcBucket._ensure(self._source, nbytes, source)
             flatten_into(named_tensors, self._source)
-            host[:nbytes].copy_(self._source[:nbytes])  # synchronous: the bytes are on the host after this
+            host[:nbytes].copy_(
+                self._source[:nbytes]
+            )  # synchronous: the bytes are on the host after this
         else:
             flatten_into(named_tensors, host)
-        return json.dumps({"transport": "shm", "segment": self.name, "nbytes": nbytes,
-                           "metadata": _metadata_json(metadata)})
+        return json.dumps(
+            {
+                "transport": "shm",
+                "segment": self.name,
+                "nbytes": nbytes,
+                "metadata": _metadata_json(metadata),
+            }
+        )
 
     def close(self) -> None:
         """Unregister, unmap and unlink the segment (idempotent)."""
@@ -348,5 +429,3 @@ class PinnedHostBucket:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-

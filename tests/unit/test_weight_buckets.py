@@ -12,6 +12,8 @@ import torch
 from services.engine.weights import WeightStore, WeightUpdateError
 from shellrl.weights import bucket as wt
 from shellrl.weights import gpu as wtg
+
+
 class TwoLayers(torch.nn.Module):
     def __init__(self, dtype=torch.float32) -> None:
         super().__init__()
@@ -45,7 +47,9 @@ def test_stage_bucket_copies_a_same_dtype_bucket_once_and_stages_views_of_that_c
     buffer, metadata = wt.flatten_tensors(named(source))
     staged = WeightStore(engine).stage_bucket(buffer, metadata)
     storages = {t.untyped_storage().data_ptr() for t in staged.tensors.values()}
-    assert len(storages) == 1 and buffer.data_ptr() not in storages  # one new buffer, not the sender's
+    assert (
+        len(storages) == 1 and buffer.data_ptr() not in storages
+    )  # one new buffer, not the sender's
     for name, tensor in named(source):
         assert torch.equal(staged.tensors[name], tensor)
     buffer.zero_()  # the sender reuses its bucket: staged weights must not change
@@ -63,8 +67,17 @@ def test_stage_bucket_converts_each_tensor_when_the_dtypes_differ():
 def test_stage_bucket_refuses_a_wrong_shape_before_copying_anything():
     source = TwoLayers()
     buffer, metadata = wt.flatten_tensors(named(source))
-    bad = [wt.TensorMeta(m.name, m.dtype, (8, 4) if m.name == "a.weight" else m.shape, m.start_idx, m.end_idx, m.numel)
-           for m in metadata]
+    bad = [
+        wt.TensorMeta(
+            m.name,
+            m.dtype,
+            (8, 4) if m.name == "a.weight" else m.shape,
+            m.start_idx,
+            m.end_idx,
+            m.numel,
+        )
+        for m in metadata
+    ]
     with pytest.raises(WeightUpdateError, match="a.weight: shape"):
         WeightStore(TwoLayers()).stage_bucket(buffer, bad)
 
@@ -85,7 +98,10 @@ def test_chunk_ranges_cover_every_tensor_and_byte_once():
     from shellrl.weights.bucket import plan_bucket
     from shellrl.weights.gpu import _chunk_ranges
 
-    named = [(f"t{i}", torch.zeros(n, dtype=torch.bfloat16)) for i, n in enumerate([7, 1000, 3, 64, 5000, 1, 1, 900])]
+    named = [
+        (f"t{i}", torch.zeros(n, dtype=torch.bfloat16))
+        for i, n in enumerate([7, 1000, 3, 64, 5000, 1, 1, 900])
+    ]
     metadata, nbytes = plan_bucket(named)
     cuts_checked = 0
     for chunks in (1, 2, 3, 8, 50):
@@ -99,17 +115,25 @@ def test_chunk_ranges_cover_every_tensor_and_byte_once():
             assert i < j and lo <= metadata[i].start_idx
             assert metadata[j - 1].end_idx <= hi
         boundaries = [k * nbytes / chunks for k in range(1, chunks + 1)]
-        for (i, j), (lo, hi) in ranges[:-1]:  # cut at the first tensor reaching the next boundary above lo
+        for (i, j), (lo, hi) in ranges[
+            :-1
+        ]:  # cut at the first tensor reaching the next boundary above lo
             boundary = min(b for b in boundaries if b > lo)
-            assert metadata[j - 1].end_idx >= boundary and (j - 1 == i or metadata[j - 2].end_idx < boundary)
+            assert metadata[j - 1].end_idx >= boundary and (
+                j - 1 == i or metadata[j - 2].end_idx < boundary
+            )
             cuts_checked += 1
     assert cuts_checked >= 4  # the cut rule above was exercised, not skipped by single-run plans
     assert _chunk_ranges([], 8) == []
     # 16 equal tensors of 2,000 bytes (2,048 apart) in 4 runs: 5 + 4 + 4 + 3 tensors
     equal = [(f"e{i}", torch.zeros(1000, dtype=torch.bfloat16)) for i in range(16)]
     metadata, nbytes = plan_bucket(equal)
-    assert _chunk_ranges(metadata, 4) == [((0, 5), (0, 10240)), ((5, 9), (10240, 18432)),
-                                          ((9, 13), (18432, 26624)), ((13, 16), (26624, 32720))]
+    assert _chunk_ranges(metadata, 4) == [
+        ((0, 5), (0, 10240)),
+        ((5, 9), (10240, 18432)),
+        ((9, 13), (18432, 26624)),
+        ((13, 16), (26624, 32720)),
+    ]
     # a big tensor crossing several boundaries does not leave a trail of tiny runs behind it
     metadata, nbytes = plan_bucket(named)
     assert [r[0] for r in _chunk_ranges(metadata, 3)] == [(0, 5), (5, 8)]

@@ -17,8 +17,12 @@ from shellrl.weights import disk as wtd
 
 def _tensors():
     g = torch.Generator().manual_seed(0)
-    return [("w.float", torch.randn(3, 5, generator=g)), ("w.int", torch.arange(7, dtype=torch.int64)),
-            ("w.bf16", torch.randn(5, generator=g).bfloat16()), ("w.half", torch.randn(2, 3, generator=g).half())]
+    return [
+        ("w.float", torch.randn(3, 5, generator=g)),
+        ("w.int", torch.arange(7, dtype=torch.int64)),
+        ("w.bf16", torch.randn(5, generator=g).bfloat16()),
+        ("w.half", torch.randn(2, 3, generator=g).half()),
+    ]
 
 
 def test_flatten_then_unflatten_returns_identical_tensors_with_byte_offsets():
@@ -29,11 +33,20 @@ def test_flatten_then_unflatten_returns_identical_tensors_with_byte_offsets():
         assert meta.name == name and meta.numel == tensor.numel() * tensor.element_size()
         assert meta.end_idx == meta.start_idx + meta.numel and meta.start_idx % wt.ALIGN_BYTES == 0
     for (name, original), (name2, restored) in zip(tensors, wt.unflatten_tensors(buffer, metadata)):
-        assert name == name2 and restored.dtype == original.dtype and torch.equal(restored, original)
+        assert (
+            name == name2 and restored.dtype == original.dtype and torch.equal(restored, original)
+        )
 
 
 def test_metadata_from_json_rejects_a_byte_range_that_does_not_fit_the_shape():
-    good = {"name": "x", "dtype": "float32", "shape": [2, 3], "start_idx": 0, "end_idx": 24, "numel": 24}
+    good = {
+        "name": "x",
+        "dtype": "float32",
+        "shape": [2, 3],
+        "start_idx": 0,
+        "end_idx": 24,
+        "numel": 24,
+    }
     assert wt.TensorMeta.from_json(good).shape == (2, 3)
     with pytest.raises(ValueError, match="does not hold"):
         wt.TensorMeta.from_json(good | {"shape": [2, 4]})
@@ -59,9 +72,16 @@ def test_shared_memory_bucket_is_read_by_another_process_and_unlinked_on_close(t
     with wt.SharedMemoryBucket(tensors) as bucket:
         payload = json.loads(bucket.payload())
         assert payload["transport"] == "shm" and os.path.exists(f"/dev/shm/{bucket.name}")
-        subprocess.run([sys.executable, "-c", reader, str(tmp_path / "out.pt")], input=bucket.payload(),
-                       text=True, check=True, timeout=60)
-        assert os.path.exists(f"/dev/shm/{bucket.name}"), "the reader must not unlink the learner's segment"
+        subprocess.run(
+            [sys.executable, "-c", reader, str(tmp_path / "out.pt")],
+            input=bucket.payload(),
+            text=True,
+            check=True,
+            timeout=60,
+        )
+        assert os.path.exists(f"/dev/shm/{bucket.name}"), (
+            "the reader must not unlink the learner's segment"
+        )
     assert not os.path.exists(f"/dev/shm/{bucket.name}")
     received = torch.load(tmp_path / "out.pt")
     assert all(torch.equal(received[name], tensor) for name, tensor in tensors)
@@ -119,7 +139,9 @@ def test_adopted_parameters_live_in_the_segment_and_a_refill_copies_nothing(tmp_
         with wt.open_shared_memory_bucket(json.loads(bucket.payload())) as seen:
             for name, tensor in seen:
                 assert torch.equal(tensor, before[name] * 2.0), name
-        model.save_pretrained(tmp_path / "ckpt", safe_serialization=True)  # params share one storage
+        model.save_pretrained(
+            tmp_path / "ckpt", safe_serialization=True
+        )  # params share one storage
         reloaded = load_model(str(tmp_path / "ckpt"))
         for (name, p), (_, q) in zip(model.named_parameters(), reloaded.named_parameters()):
             assert torch.equal(p, q), name

@@ -1,0 +1,55 @@
+"""known_pitfalls D01 against a real engine process (tiny model): the learner's push with
+`pause_mode="retract"` (pause -> begin -> update through SGLang's envelope -> end -> continue)
+aborts none of the requests it retracted; they finish with their tokens labelled by version."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.learner.weight_sync import WeightSync
+from shellrl.clients.engine import EngineClient
+from shellrl.models import load_model
+from tests.helpers.engine import engine_loads, running_engine
+
+pytestmark = pytest.mark.slow
+LONG = {"max_new_tokens": 400, "ignore_eos": True, "temperature": 1.0}
+
+
+async def test_a_retract_paused_push_aborts_nothing_and_labels_tokens_by_version(tmp_path):
+    model = load_model("tiny")
+    with running_engine(tmp_path) as engine:
+        async with EngineClient([engine.url], timeout_s=120) as client:
+            sync = WeightSync(
+                client,
+                None,
+                transport="shm",
+                deadline_s=60,
+                sync_dir=tmp_path,
+                pause_mode="retract",
+                share_parameters=True,
+            )
+            try:
+                running = [
+                    asyncio.ensure_future(client.generate([1, 2, 3 + i], LONG, rid=f"d01-{i}"))
+                    for i in range(4)
+                ]
+                for _ in range(200):
+                    if engine_loads(engine.url)["num_running_reqs"] >= 4:
+                        break
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.3)  # some tokens on the first weights
+                result = await sync.push(model, 1)
+                assert result.confirmed == (engine.url,), result.failed
+                done = await asyncio.gather(*running)
+                assert [r.finish_reason for r in done] == ["length"] * 4  # 0 of 4 aborted
+                for r in done:
+                    assert len(r.output_ids) == 400
+                    assert [s.version for s in r.weight_versions][-1] == "1"
+                # tokens before the push carry the engine's first version ("default"), after it "1"
+                assert any(r.weight_versions[0].version != "1" for r in done)
+                assert (await client.get_weight_version())[engine.url] == "1"
+                assert not engine_loads(engine.url).get("paused")
+            finally:
+                sync.close()
