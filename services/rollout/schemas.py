@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.rollout.settings import check_top_k
 from shellrl.contract import LIMITS
 
 EVAL_SPLITS = ("eval_id", "eval_ood", "eval", "train")
@@ -42,10 +43,15 @@ class SamplingIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     temperature: float = Field(0.0, ge=0.0, le=5.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1)
+    top_k: int = Field(-1, ge=-1, description="-1 (disabled) or >= 1; SGLang refuses 0.")
     max_new_tokens: int | None = Field(
         None, ge=1, le=4096, description="Default: the gateway's max_new_tokens."
     )
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        return check_top_k(value)
 
 
 class EvaluationIn(BaseModel):

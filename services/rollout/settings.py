@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from shellrl.service.settings import EngineFleetSettings
 
@@ -78,7 +78,7 @@ class RolloutSettings(EngineFleetSettings):
         1.0, ge=0.0, description="Sampling temperature of training episodes."
     )
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1, description="-1 = disabled.")
+    top_k: int = Field(-1, ge=-1, description="-1 = disabled, else >= 1 (SGLang refuses 0).")
     max_context_tokens: int = Field(
         2048, ge=64, description="Context budget: prompt + all segments, tokens."
     )
@@ -121,3 +121,16 @@ class RolloutSettings(EngineFleetSettings):
         "count the verifier's INFRA failures into admission (keep on wherever "
         "the worker runs).",
     )
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        return check_top_k(value)
+
+
+def check_top_k(value: int) -> int:
+    """SGLang's rule (sampling_params.py verify): top_k is -1 (disabled) or at least 1; 0 passed
+    our gateway and then every generate of the episode was refused by SGLang."""
+    if value == 0 or value < -1:
+        raise ValueError("top_k must be -1 (disabled) or >= 1")
+    return value
