@@ -115,8 +115,8 @@ async def bench_weight_update(url: str, repeats: int) -> Table:
     import torch
 
     from shellrl.models import load_model
-    from shellrl.weights import bucket as wt
     from shellrl.weights import disk as wtd
+    from shellrl.weights import shm
 
     named = [(n, p.detach().clone()) for n, p in load_model("smollm2").named_parameters()]
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
@@ -150,11 +150,11 @@ async def bench_weight_update(url: str, repeats: int) -> Table:
                 times[name].append(time.perf_counter() - start)
 
     async with EngineClient([url], timeout_s=600) as client:
-        kept = wt.SharedMemoryBucket(named)  # the learner's segment, refilled by every push
+        kept = shm.SharedMemoryBucket(named)  # the learner's segment, refilled by every push
         # the learner service's default on CPU (SHELLRL_SHM_SHARE_PARAMETERS): its parameters live in the
         # kept segment, the optimizer writes there, a push copies nothing on the learner side
         params += [(n, torch.nn.Parameter(t.clone())) for n, t in named]
-        adopted = wt.SharedMemoryBucket([(n, p.detach()) for n, p in params])
+        adopted = shm.SharedMemoryBucket([(n, p.detach()) for n, p in params])
         adopted.adopt([p for _, p in params])
 
         async def push_kept(version: str) -> None:
@@ -171,7 +171,7 @@ async def bench_weight_update(url: str, repeats: int) -> Table:
             )
 
         async def push_fresh(version: str) -> None:
-            with wt.SharedMemoryBucket(named) as bucket:
+            with shm.SharedMemoryBucket(named) as bucket:
                 await client.update_weights_from_tensor([bucket.payload()], weight_version=version)
 
         async def push_disk(version: str, durable: bool = False) -> None:

@@ -83,10 +83,10 @@ async def bench(url: str, before_url: str, repeats: int) -> tuple[Table, dict[st
 
     from services.learner.weight_transport import EngineGroups
     from shellrl.models import load_model
-    from shellrl.weights import bucket as wt
     from shellrl.weights import disk as wtd
     from shellrl.weights import distributed as wdist
     from shellrl.weights import sglang as wsg
+    from shellrl.weights import shm
 
     model = load_model("smollm2")
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -148,7 +148,7 @@ async def bench(url: str, before_url: str, repeats: int) -> tuple[Table, dict[st
 
         # the parameters live in the JSON bucket's segment, and a copy of them in the envelope bucket
         # (both rows see the same optimizer step: the envelope bucket is refilled from them)
-        json_bucket = wt.SharedMemoryBucket(named())
+        json_bucket = shm.SharedMemoryBucket(named())
         json_bucket.adopt(params())
         envelope = wsg.SharedTensorBucket(named())
         try:
@@ -160,7 +160,7 @@ async def bench(url: str, before_url: str, repeats: int) -> tuple[Table, dict[st
             for _ in range(
                 repeats
             ):  # alternate: one push of each, the parameters adopted by each in turn
-                json_bucket = wt.SharedMemoryBucket(named())
+                json_bucket = shm.SharedMemoryBucket(named())
                 json_bucket.adopt(params())
                 await timed("json", push_json, before_url, warm_up=1, rounds=1)
                 json_bucket.close()

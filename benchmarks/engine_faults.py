@@ -36,8 +36,9 @@ def _metric(url: str, name: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from cli.launcher import SERVICE_ORDER, Stack, StackConfig
+    from cli.launcher import Stack
     from cli.main_job import submit
+    from cli.stack_config import SERVICE_ORDER, StackConfig
     from tasksets import load_taskset
 
     for spec in (sys.argv[1:] if argv is None else argv) or ["base={}"]:

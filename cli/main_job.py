@@ -22,7 +22,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from cli.launcher import DEVICES, GPU_MEMORY_FRACTIONS, GPU_SERVICES, Stack, StackConfig, device_env
+from cli.launcher import Stack
+from cli.stack_config import DEVICES, GPU_MEMORY_FRACTIONS, GPU_SERVICES, StackConfig, device_env
 from cli.stack_status import collect
 from shellrl.contract import task_to_json
 from shellrl.tracking import TrackingConfig, create_tracker
@@ -37,7 +38,7 @@ class JobConfig:
     model_path: str = "smollm2"
     state_dir: Path = Path(".shellrl")
     # where engine and learner run: cpu, or cuda (both on one GPU, each within its fraction of the
-    # GPU's memory: cli/launcher.py, GPU_MEMORY_FRACTIONS)
+    # GPU's memory: cli/stack_config.py, GPU_MEMORY_FRACTIONS)
     device: str = "cpu"
     engine_gpu_memory: float = GPU_MEMORY_FRACTIONS["engine"]
     learner_gpu_memory: float = GPU_MEMORY_FRACTIONS["learner"]

@@ -50,7 +50,8 @@ def run(args) -> int:
     if args.rollout_url:
         rates, _ = pr.measure(args.rollout_url, **kw)
     else:
-        from cli.launcher import SERVICE_ORDER, Stack, StackConfig
+        from cli.launcher import Stack
+        from cli.stack_config import SERVICE_ORDER, StackConfig
 
         state = Path(args.state_dir)
         shutil.rmtree(state, ignore_errors=True)

@@ -117,7 +117,7 @@ def add_arguments(parser) -> None:
 
 def add_device_arguments(parser) -> None:
     """--device and the GPU memory fractions (also `shellrl up`'s)."""
-    from cli.launcher import DEVICES, GPU_MEMORY_FRACTIONS
+    from cli.stack_config import DEVICES, GPU_MEMORY_FRACTIONS
 
     parser.add_argument(
         "--device",
@@ -141,9 +141,9 @@ def run(args) -> int:
     from pathlib import Path
 
     from cli.errors import CliError
-    from cli.launcher import check_device
     from cli.main_job import JobConfig, run_job
     from cli.model_path import check_model_path
+    from cli.stack_config import check_device
     from shellrl.tracking import PACKAGES, installed
 
     check_device(

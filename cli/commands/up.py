@@ -35,8 +35,9 @@ def add_arguments(parser) -> None:
 def run(args) -> int:
     from pathlib import Path
 
-    from cli.launcher import StackConfig, check_device, up
+    from cli.launcher import up
     from cli.model_path import check_model_path
+    from cli.stack_config import StackConfig, check_device
 
     gpu_memory = {"engine": args.engine_gpu_memory, "learner": args.learner_gpu_memory}
     check_device(args.device, gpu_memory)

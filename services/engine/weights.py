@@ -32,6 +32,7 @@ from shellrl.weights import bucket as wt
 from shellrl.weights import disk as wtd
 from shellrl.weights import gpu as wtg
 from shellrl.weights import safe_unpickle as wsu
+from shellrl.weights import shm
 
 
 class WeightUpdateError(ValueError):
@@ -86,7 +87,7 @@ class WeightStore:
         }  # arena each parameter lives in (-1: its load-time storage)
         # The last learner shared-memory segment, kept mapped: a learner refilling its kept segment sends
         # the same name every push, and mapping 513 MiB again (MAP_POPULATE) costs as much as the copy.
-        self._shm_mapping: wt.SharedMemoryMapping | None = None
+        self._shm_mapping: shm.SharedMemoryMapping | None = None
         self._envelope_buffer: torch.Tensor | None = (
             None  # the last SGLang-envelope bucket (see _stage_envelope)
         )
@@ -271,12 +272,12 @@ class WeightStore:
         """The segment's bytes through the kept mapping when it is the same segment (name, inode,
         size), else a new mapping (the old one is dropped). FileNotFoundError / ValueError as mapping."""
         kept = self._shm_mapping
-        if kept is not None and kept.key == wt.SharedMemoryMapping.current_key(segment):
+        if kept is not None and kept.key == shm.SharedMemoryMapping.current_key(segment):
             return kept.buffer
         self._shm_mapping = None
         if kept is not None:
             kept.close()
-        self._shm_mapping = wt.SharedMemoryMapping(segment)
+        self._shm_mapping = shm.SharedMemoryMapping(segment)
         return self._shm_mapping.buffer
 
     def _stage_cuda(

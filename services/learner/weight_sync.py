@@ -30,17 +30,24 @@ Guarantees:
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import redis.asyncio as aioredis
 import torch
-from tenacity import AsyncRetrying, retry_if_result, wait_fixed
 
 from services.learner import metrics
+from services.learner.engine_load import load_engine
+from services.learner.engine_rotation import (
+    EngineState,
+    SyncResult,
+    bounded,
+    publish_version,
+    update_gauges,
+    write_engine_states,
+)
 from services.learner.weight_transport import (
     BUCKET_BYTES,
     EngineGroups,
@@ -49,44 +56,8 @@ from services.learner.weight_transport import (
 )
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_responses import EngineError, EngineUnavailable
-from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY
-from shellrl.streams.keys import ENGINES_KEY
 
 log = logging.getLogger(__name__)
-
-VERIFY_POLL_S = 0.01  # how often an engine's weight_version is read until it reports the new one
-
-
-@dataclass
-class EngineState:
-    """What the learner knows about one engine. version: the last weight_version it confirmed."""
-
-    url: str
-    in_rotation: bool = True
-    version: str | None = None
-    last_error: str | None = None
-    last_ok_at: float | None = None
-    failures: int = 0
-    tp_size: int | None = None  # from /server_info on first contact (again after a failure)
-    last_probe_s: float = field(default=0.0, repr=False)
-
-    def to_json(self) -> dict:
-        out = asdict(self)
-        out.pop("last_probe_s")
-        return out
-
-
-@dataclass(frozen=True)
-class SyncResult:
-    """One push: which engines confirmed `version`, which failed (url -> reason), whether the
-    version was published, whether only part of the configured fleet has it, phase seconds."""
-
-    version: int
-    confirmed: tuple[str, ...]
-    failed: dict[str, str]
-    published: bool
-    partial: bool
-    phases: dict[str, float]
 
 
 class WeightSync:
@@ -159,7 +130,7 @@ class WeightSync:
             )
         if self._resolved or not targets:
             return
-        infos = await _bounded(self.client.get_server_info(urls=targets), min(self.deadline_s, 5.0))
+        infos = await bounded(self.client.get_server_info(urls=targets), min(self.deadline_s, 5.0))
         if infos is None:
             return  # asked again at the next push
         self._resolved = True
@@ -224,7 +195,7 @@ class WeightSync:
             for e in due:
                 e.last_probe_s = now
             self._probe = asyncio.ensure_future(
-                _bounded(self.client.health(urls=[e.url for e in due]), min(self.deadline_s, 5.0))
+                bounded(self.client.health(urls=[e.url for e in due]), min(self.deadline_s, 5.0))
             )
         result = None
         healthy = [u for u in healthy if not self.engines[u].in_rotation]
@@ -233,7 +204,7 @@ class WeightSync:
                 "engines answer again; sending a full update",
                 extra={"engines": healthy, "policy_version": version},
             )
-            await _bounded(
+            await bounded(
                 self.client.end_weight_update(urls=healthy), min(self.deadline_s, 5.0)
             )  # a stale session
             await self._resolve(model, healthy)
@@ -336,8 +307,8 @@ class WeightSync:
         """Close the sessions opened for a push whose weights were never sent (bounded, errors ignored:
         `reconcile` also closes a stale session before an engine's next full update)."""
         for url, begin in opening.items():
-            await _bounded(begin, min(self.deadline_s, 5.0))
-            await _bounded(self.client.end_weight_update(urls=[url]), min(self.deadline_s, 5.0))
+            await bounded(begin, min(self.deadline_s, 5.0))
+            await bounded(self.client.end_weight_update(urls=[url]), min(self.deadline_s, 5.0))
 
     async def _update_within_deadline(
         self, url: str, prepared: dict, version: int, begin: asyncio.Future | None = None
@@ -378,65 +349,15 @@ class WeightSync:
     async def _load(
         self, url: str, prepared: dict, version: int, begin: asyncio.Future | None
     ) -> dict[str, float]:
-        phases, urls, weight_version = {}, [url], str(version)
-        t0 = time.perf_counter()
-        if "model_path" in prepared:
-            await self.client.update_weights_from_disk(
-                prepared["model_path"], weight_version, urls=urls
-            )
-            phases["transfer"] = time.perf_counter() - t0
-        else:
-            await (begin if begin is not None else self.client.begin_weight_update(urls=urls))
-            tp_size = await self._tp_size(url)
-            group = await self.groups.group(url, tp_size) if "broadcast" in prepared else None
-            buckets = prepared.get("buckets") or prepared["broadcast"]
-            for i, bucket in enumerate(buckets):
-                last = i == len(buckets) - 1  # the last flushes the KV of the old weights
-                if group is None:
-                    await self.client.update_weights_from_tensor(
-                        bucket(tp_size),
-                        weight_version=weight_version,
-                        session=False,
-                        flush_cache=last,
-                        urls=urls,
-                    )
-                else:
-                    fields, flat = bucket
-                    await self.groups.broadcast(
-                        url,
-                        group,
-                        flat,
-                        self.client.update_weights_from_distributed(
-                            **fields,
-                            group_name=group.name,
-                            weight_version=weight_version,
-                            flush_cache=last,
-                            urls=urls,
-                        ),
-                    )
-            t1 = time.perf_counter()
-            phases["transfer"] = t1 - t0
-            await self.client.end_weight_update(urls=urls)
-            phases["load"] = time.perf_counter() - t1
-        t2 = time.perf_counter()
-        # the engine confirms by reporting the new version (read again every VERIFY_POLL_S; the
-        # deadline in _update_within_deadline bounds it, errors end it)
-        confirmed = AsyncRetrying(
-            retry=retry_if_result(lambda got: got != weight_version), wait=wait_fixed(VERIFY_POLL_S)
+        return await load_engine(
+            self.client, self.groups, url, prepared, version, begin, lambda: self._tp_size(url)
         )
-        await confirmed(self._weight_version, url)
-        phases["verify"] = time.perf_counter() - t2
-        return phases
-
-    async def _weight_version(self, url: str) -> str | None:
-        return (await self.client.get_weight_version(urls=[url]))[url]
 
     # ----- publication -----------------------------------------------------------------------------
 
     async def _publish(self, version: int, partial: bool) -> bool:
         """SET + PUBLISH `version` if every engine in rotation (at least one) confirmed it."""
-        in_rotation = [u for u, e in self.engines.items() if e.in_rotation]
-        if not in_rotation:
+        if not any(e.in_rotation for e in self.engines.values()):
             if self._unpublished_reported != version:  # once per version, not on every loop
                 self._unpublished_reported = version
                 log.error(
@@ -444,51 +365,13 @@ class WeightSync:
                     extra={"policy_version": version},
                 )
             return False
-        if (
-            not all(self.engines[u].version == str(version) for u in in_rotation)
-            or self.redis is None
-        ):
-            return False
-        if partial:
-            log.warning(
-                "publishing the version for a partial fleet",
-                extra={
-                    "policy_version": version,
-                    "in_sync": in_rotation,
-                    "out_of_rotation": [u for u, e in self.engines.items() if not e.in_rotation],
-                },
-            )
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(POLICY_VERSION_KEY, version)
-            pipe.publish(POLICY_UPDATES_CHANNEL, str(version))
-            await pipe.execute()
-        self.published_version = version
-        return True
+        if await publish_version(self.redis, self.engines, version, partial):
+            self.published_version = version
+            return True
+        return False
 
     def _update_gauges(self) -> None:
-        metrics.ENGINES_IN_SYNC.set(sum(e.in_rotation for e in self.engines.values()))
-        metrics.ENGINES_OUT.set(sum(not e.in_rotation for e in self.engines.values()))
+        update_gauges(self.engines)
 
     async def _write_engine_states(self) -> None:
-        if self.redis is None:
-            return
-        try:
-            await self.redis.hset(
-                ENGINES_KEY, mapping={u: json.dumps(e.to_json()) for u, e in self.engines.items()}
-            )
-        except Exception:  # status only: never fail a push over it
-            log.exception("could not write shellrl:engines")
-
-
-async def _bounded(coro, timeout_s: float):
-    """Await `coro` for at most timeout_s; None on timeout or error (probes and clean-ups only)."""
-    task = asyncio.ensure_future(coro)
-    done, _ = await asyncio.wait({task}, timeout=timeout_s)
-    if not done:
-        task.cancel()
-        task.add_done_callback(lambda t: t.cancelled() or t.exception())
-        return None
-    try:
-        return task.result()
-    except Exception:  # noqa: BLE001 (a probe or clean-up: any failure means "no answer")
-        return None
+        await write_engine_states(self.redis, self.engines)

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from services.sandbox import metrics, mounts
 from services.sandbox.cgroups import CgroupSupport
-from services.sandbox.isolation import detect
+from services.sandbox.isolation_probe import detect
 from services.sandbox.limits import Limits, LimitsRequest
 from services.sandbox.policy import PolicySet
 from services.sandbox.session import SessionError

@@ -1,6 +1,6 @@
 """Per-session cgroups (v1: pids, memory, freezer) — process cap, memory cap, whole-tree kill.
 
-A session's commands join its cgroup as their first act (see `isolation.py`), so every process
+A session's commands join its cgroup as their first act (see `preludes.py`), so every process
 they start, including `setsid`/double-fork escapes, stays countable and killable: a process
 cannot leave a v1 cgroup whose parent's `cgroup.procs` it cannot write.
 """

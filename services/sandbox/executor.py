@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.sandbox.isolation import Launch
+from services.sandbox.launch import Launch
 
 TIMEOUT_EXIT_CODE = 124  # like GNU timeout(1); `timed_out` says it explicitly
 SETUP_ERROR_EXIT_CODE = 125

@@ -15,51 +15,34 @@ Ladder, best first, chosen by a start-up probe that really runs `true` in the la
 * `fallback`: no namespaces: a new session/process group as the session uid. No network or
   file-view isolation; the host's /tmp, /var/tmp and /dev/shm are shared (see README, Security).
 
-Whatever runs as root (setpriv, unshare, the shell that mounts /dev/shm) runs from an absolute
-path with the fixed `LAUNCHER_ENV`: the task's environment (PATH, LD_PRELOAD, LD_LIBRARY_PATH ...
-pointing into the workspace) is applied only after the drop to the session uid (bwrap --setenv,
-or `env -i NAME=value ...` run as the session uid).
-
-Every layer: the command joins the session cgroups first (`/bin/sh` prefix), hard rlimits are
-set in bash before the command (they cannot be raised again), stdin is /dev/null, the command
-text is read from a root-owned file (so 1 MB commands work), and the environment is rebuilt from
-a fixed allowlist plus the task's `env`.
-
-Two preludes: the saved-state one (agent commands: the cwd and exported variables of the last
-command carry over through files the session can write) and the fresh-state one (`fresh_state`
-execs, e.g. the verifier's checks): `bash --noprofile --norc`, the session's environment as at
-creation minus BASH_ENV / ENV / BASH_FUNC_* (`fresh_env`), PATH = SANDBOX_PATH, cwd = the workspace
-root, and no file of the session read or written.
+The launch itself (`LaunchSpec`, `Launch`, the host programs run as root) is launch.py; the bash
+preludes and environments are preludes.py; probing which layer works is isolation_probe.py.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 import shlex
-import shutil
-import subprocess
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from services.sandbox import mounts
-from services.sandbox.limits import Limits
+from services.sandbox.launch import (
+    BWRAP,
+    ENV_BIN,
+    IP,
+    LAUNCHER_ENV,
+    MOUNT,
+    SECCOMP_FD,
+    SH,
+    UNSHARE,
+    Launch,
+    LaunchSpec,
+    setpriv_argv,
+)
+from services.sandbox.preludes import FRESH_BASH, bash_prelude, fresh_env
 from services.sandbox.workspace import WorkspacePaths
 
-log = logging.getLogger(__name__)
-
 LAYERS = ("bubblewrap", "unshare", "fallback")
-SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-LAUNCHER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
-
-
-def _tool(name: str) -> str:
-    """Absolute path of a host program started as root (never found through a session's PATH)."""
-    return shutil.which(name, path=LAUNCHER_ENV["PATH"]) or f"/usr/bin/{name}"
-
-
-SETPRIV, BWRAP, UNSHARE, ENV_BIN = _tool("setpriv"), _tool("bwrap"), _tool("unshare"), _tool("env")
-SH, IP, MOUNT = _tool("sh"), _tool("ip"), _tool("mount")
 IN_SANDBOX_WORKSPACE = "/workspace"
 IN_SANDBOX_RUN = "/run/shellrl"
 ETC_DIR = "etc"  # <workspace root>/etc: the curated /etc of bubblewrap sandboxes (see prepare_etc)
@@ -93,122 +76,6 @@ ETC_ALLOWLIST = (
     "ssl",
     "timezone",
 )
-
-
-@dataclass(frozen=True)
-class LaunchSpec:
-    """Everything needed to start one sandboxed program of one session."""
-
-    paths: WorkspacePaths
-    uid: int
-    env: dict[str, str]
-    limits: Limits
-    network: bool
-    cgroup_procs: tuple[Path, ...]  # host paths of the session's cgroup.procs files
-    runner_file: Path | None = None  # host path of runner.py (session mode)
-
-
-SECCOMP_FD = "{seccomp_fd}"  # placeholder in argv, replaced by `spawn_args`
-
-
-@dataclass(frozen=True)
-class Launch:
-    argv: list[str]
-    env: dict[str, str]
-    cwd: str
-    seccomp_path: Path | None = None
-
-    def spawn_args(self) -> tuple[list[str], tuple[int, ...]]:
-        """argv with the seccomp program opened on a fresh fd (bwrap reads it from there), and the fds
-        to pass; the caller closes the fds after spawning."""
-        if self.seccomp_path is None:
-            return self.argv, ()
-        fd = os.open(self.seccomp_path, os.O_RDONLY | os.O_CLOEXEC)
-        return [str(fd) if a == SECCOMP_FD else a for a in self.argv], (fd,)
-
-
-FRESH_BASH = ["/usr/bin/bash", "--noprofile", "--norc", "-c"]
-FRESH_ENV_DROPPED = ("BASH_ENV", "ENV")  # startup files a non-interactive bash would source
-
-
-def base_env(workspace: str) -> dict[str, str]:
-    """The fixed sanitized environment every command gets before the task's `env`."""
-    return {"PATH": SANDBOX_PATH, "HOME": workspace, "LC_ALL": "C", "LANG": "C", "TERM": "dumb"}
-
-
-def fresh_env(env: dict[str, str]) -> dict[str, str]:
-    """The environment of a fresh-state command: the session's, without the variables that make
-    bash read a file (BASH_ENV, ENV) or import functions (BASH_FUNC_*), with PATH = SANDBOX_PATH.
-    runner.py drops the same variables from its own environment (it cannot import this module); the
-    fresh prelude sets PATH there."""
-    out = {
-        k: v
-        for k, v in env.items()
-        if k not in FRESH_ENV_DROPPED and not k.startswith("BASH_FUNC_")
-    }
-    out["PATH"] = SANDBOX_PATH
-    return out
-
-
-def bash_prelude(
-    limits: Limits,
-    command_source: str,
-    state_dir: str,
-    cgroup_procs: tuple[str, ...] = (),
-    fresh_cwd: str | None = None,
-) -> str:
-    """Bash run before the command, on one line (so the command's own line numbers start at 1).
-
-    Joins the session cgroups (per-command mode; the runner joins them itself in session mode),
-    sets hard rlimits (they cannot be raised again), restores the saved cwd and exported
-    variables, installs an EXIT trap that saves them again, then evals the command read from
-    `command_source` (a redirection such as `<&3` or `< /path`). Error messages read like
-    `bash -c`: "bash: line 1: foo: command not found".
-
-    With `fresh_cwd` (the workspace root as the command sees it) nothing under `state_dir` is
-    read or written: PATH becomes SANDBOX_PATH, the cwd `fresh_cwd`, and no EXIT trap is set.
-    """
-    st = shlex.quote(state_dir)
-    steps = [f"echo 0 > {shlex.quote(p)} || exit 125" for p in cgroup_procs]
-    steps += [
-        (
-            f"ulimit -HS -c 0 -t {limits.cpu_s} -v {limits.address_space_bytes // 1024}"
-            f" -f {limits.file_size_bytes // 1024} -n {limits.nofile} -u {limits.pids}"
-            " || { echo 'sandbox: cannot set resource limits' >&2; exit 125; }"
-        ),
-        f"IFS= read -r -d '' __shellrl_command {command_source}",
-        "exec 3<&-",
-    ]
-    if fresh_cwd is not None:
-        steps += [
-            f"export PATH={shlex.quote(SANDBOX_PATH)}",
-            f"cd -- {shlex.quote(fresh_cwd)} || {{ echo 'sandbox: cannot enter the workspace' >&2; exit 125; }}",
-        ]
-    else:
-        steps += [
-            f"{{ [ -r {st}/env ] && . {st}/env; }} >/dev/null 2>&1",
-            f"__shellrl_cwd=; {{ IFS= read -r -d '' __shellrl_cwd < {st}/cwd; }} 2>/dev/null",
-            'cd -- "${__shellrl_cwd:-$HOME}" 2>/dev/null || cd -- "$HOME" 2>/dev/null; unset __shellrl_cwd',
-            (
-                f'trap \'{{ printf %s "$PWD" >| {st}/cwd && export -p >| {st}/env; }} 2>/dev/null || echo'
-                ' "sandbox: the shell state (cwd, exported variables) was not saved" >&2\' EXIT'
-            ),
-        ]
-    steps.append('eval "$__shellrl_command"')
-    return "; ".join(steps)
-
-
-def _setpriv(uid: int) -> list[str]:
-    """Drop to `uid` by exec (keeps the service's spawn on the fast vfork path)."""
-    return [
-        SETPRIV,
-        f"--reuid={uid}",
-        f"--regid={uid}",
-        "--clear-groups",
-        "--inh-caps=-all",
-        "--no-new-privs",
-        "--",
-    ]
 
 
 class Isolation:
@@ -294,7 +161,7 @@ class Isolation:
         p = spec.paths
         if self.layer == "bubblewrap":
             argv = [
-                *_setpriv(spec.uid),
+                *setpriv_argv(spec.uid),
                 BWRAP,
                 "--unshare-all",
                 "--unshare-user",
@@ -364,7 +231,7 @@ class Isolation:
         env = {**spec.env, "TMPDIR": str(p.tmp)}
         # the task environment only after the drop to the session uid (module doc)
         assignments = [f"{k}={v}" for k, v in env.items()]
-        dropped = [*_setpriv(spec.uid), ENV_BIN, "-i", *assignments, *program]
+        dropped = [*setpriv_argv(spec.uid), ENV_BIN, "-i", *assignments, *program]
         if self.layer == "unshare":
             net = [] if spec.network else ["--net"]
             # as root in the new namespaces: loopback up (a new network namespace starts with it
@@ -421,96 +288,3 @@ def prepare_etc(root: Path, uids: range) -> Path:
     (etc / "passwd").write_text("\n".join(users) + "\n")
     (etc / "group").write_text("\n".join(groups) + "\n")
     return etc
-
-
-_PROBE_BWRAP = [
-    BWRAP,
-    "--unshare-all",
-    "--unshare-user",
-    "--disable-userns",
-    "--die-with-parent",
-    "--new-session",
-    "--as-pid-1",
-    "--cap-drop",
-    "ALL",
-    "--ro-bind",
-    "/usr",
-    "/usr",
-    "--symlink",
-    "usr/bin",
-    "/bin",
-    "--symlink",
-    "usr/lib",
-    "/lib",
-    "--symlink",
-    "usr/lib64",
-    "/lib64",
-    "--proc",
-    "/proc",
-    "--dev",
-    "/dev",
-    "--tmpfs",
-    "/workspace",
-    "--remount-ro",
-    "/",
-    "--clearenv",
-    "--",
-]
-_PROBE_UNSHARE = [
-    UNSHARE,
-    "--pid",
-    "--fork",
-    "--kill-child",
-    "--net",
-    "--ipc",
-    "--uts",
-    "--mount",
-    "--mount-proc",
-    "--",
-]
-_PROBE_SCRIPT = (
-    'echo ok > ${WS:-/workspace}/probe 2>/dev/null || [ -n "$WS" ]; [ ! -w /usr ] && echo ok'
-)
-
-
-def probe(layer: str, uid: int) -> str | None:
-    """Really run a command in `layer` as `uid`; None when it works, else the reason."""
-    if os.geteuid() != 0:
-        return "the sandbox service needs root (uid drop to per-session uids, mounts, cgroups)"
-    program = [*_setpriv(uid), "/usr/bin/bash", "-c", _PROBE_SCRIPT]
-    argv = {
-        "bubblewrap": [*_setpriv(uid), *_PROBE_BWRAP, "/usr/bin/bash", "-c", _PROBE_SCRIPT],
-        "unshare": [*_PROBE_UNSHARE, *program],
-        "fallback": program,
-    }[layer]
-    env = dict(LAUNCHER_ENV, WS="/nonexistent") if layer != "bubblewrap" else dict(LAUNCHER_ENV)
-    try:
-        out = subprocess.run(
-            argv,
-            env=env,
-            cwd="/",
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{argv[0]}: {exc}"
-    if out.returncode != 0 or b"ok" not in out.stdout:
-        return f"{layer} probe exited {out.returncode}: {out.stderr.decode(errors='replace').strip()[:300]}"
-    return None
-
-
-def detect(choice: str, probe_uid: int) -> tuple[Isolation, dict[str, str | None]]:
-    """The best working layer (or the forced one); the probe results per layer for /readyz.
-
-    Raises RuntimeError when a forced layer does not work on this machine.
-    """
-    results: dict[str, str | None] = {}
-    candidates = LAYERS if choice == "auto" else (choice,)
-    for layer in candidates:
-        results[layer] = probe(layer, probe_uid)
-        if results[layer] is None:
-            return Isolation(layer), results
-        log.warning("isolation layer unavailable", extra={"layer": layer, "reason": results[layer]})
-    raise RuntimeError(f"isolation {choice!r} is not available here: {results}")

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from services.sandbox import metrics, seccomp
 from services.sandbox.executor import RawExec, kill_process_group, run_launch
-from services.sandbox.isolation import Isolation, LaunchSpec
+from services.sandbox.isolation import Isolation
+from services.sandbox.launch import LaunchSpec
 from services.sandbox.runner_link import RunnerFailed, RunnerLink
 from services.sandbox.session import Session
 from services.sandbox.slots import FairSlots

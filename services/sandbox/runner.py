@@ -39,7 +39,7 @@ MAX_BACKGROUND_PIPES = 64
 SIGKILL = 9
 TIMEOUT_EXIT_CODE = 124  # like timeout(1)
 RESET_SIGNALS = [s for s in range(1, 65) if s not in (9, 19, 32, 33)]
-FRESH_ENV_DROPPED = ("BASH_ENV", "ENV")  # as services/sandbox/isolation.py fresh_env
+FRESH_ENV_DROPPED = ("BASH_ENV", "ENV")  # as services/sandbox/preludes.py fresh_env
 
 
 class Capture:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from services.sandbox.executor import RawExec, render_output
-from services.sandbox.isolation import Launch
+from services.sandbox.launch import Launch
 
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 20.0

@@ -22,9 +22,10 @@ from pathlib import Path
 from services.sandbox import metrics
 from services.sandbox.cgroups import CgroupSupport
 from services.sandbox.executor import RawExec
-from services.sandbox.isolation import Isolation, base_env, prepare_etc
+from services.sandbox.isolation import Isolation, prepare_etc
 from services.sandbox.limits import Limits
 from services.sandbox.policy import Policy
+from services.sandbox.preludes import base_env
 from services.sandbox.processes import EXEC_MODES, SessionProcesses
 from services.sandbox.runner_link import RunnerFailed
 from services.sandbox.session import Session, SessionError
@@ -306,7 +307,7 @@ class SessionManager:
         self, session_id: str, command: str, timeout_s: float | None, fresh_state: bool = False
     ) -> ExecResult:
         """Run `command` in the session. `fresh_state`: in the session's environment as at creation
-        (fresh_env) at the workspace root, reading nothing the session wrote (isolation.py)."""
+        (fresh_env) at the workspace root, reading nothing the session wrote (preludes.py)."""
         session = self.get(session_id)
         check_text(command, "command", "invalid_command")
         if len(command.encode("utf-8")) > self.max_command_bytes:

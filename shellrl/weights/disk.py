@@ -3,7 +3,7 @@
 The learner writes a version with `save_safetensors_dir` and names the directory in
 `/update_weights_from_disk`; the engine reads it back with `load_safetensors_dir`. Used when an
 engine is on another host (no shared memory, no CUDA IPC); the in-memory transports are in
-`shellrl.weights.bucket` (shared memory) and `shellrl.weights.gpu` (CUDA IPC, pinned host).
+`shellrl.weights.shm` (shared memory) and `shellrl.weights.gpu` (CUDA IPC, pinned host).
 torch and safetensors are imported on first use: shellrl's shared library keeps torch out of
 import time.
 """

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from shellrl.weights.bucket import DTYPE_NAMES, KeptHostBucket, TensorMeta, _torch, plan_bucket
+from shellrl.weights.bucket import DTYPE_NAMES, TensorMeta, _torch, plan_bucket
+from shellrl.weights.shm import KeptHostBucket
 
 if TYPE_CHECKING:
     import torch

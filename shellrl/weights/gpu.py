@@ -1,8 +1,8 @@
 """GPU weight transports (learner side and receiver side): a flattened bucket on the engine's GPU shared
 by CUDA IPC (`CudaIpcBucket`, `serialize_cuda_bucket`, `open_cuda_bucket`, `open_ready_event`), and a
-page-locked shared-memory bucket for GPUs without peer access (`PinnedHostBucket`). The layout and
-the shared-memory transport are in `shellrl.weights.bucket`, safetensors on disk in
-`shellrl.weights.disk`.
+page-locked shared-memory bucket for GPUs without peer access (`PinnedHostBucket`). The layout is in
+`shellrl.weights.bucket`, the shared-memory transport in `shellrl.weights.shm`, safetensors on disk
+in `shellrl.weights.disk`.
 """
 
 from __future__ import annotations

@@ -36,12 +36,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from shellrl.weights.bucket import (
-    KeptHostBucket,
     TensorMeta,
     _torch,
     layout_align,
     plan_bucket,
 )
+from shellrl.weights.shm import KeptHostBucket
 
 LOAD_FORMAT = "flattened_bucket"
 TENSOR_BUCKET_MODULE = "sglang.srt.weight_sync.tensor_bucket"

@@ -20,7 +20,8 @@ import httpx
 import pytest
 import redis
 
-from cli.launcher import SERVICE_ORDER, Stack, StackConfig
+from cli.launcher import Stack
+from cli.stack_config import SERVICE_ORDER, StackConfig
 from shellrl import streams
 from shellrl.contract import ACTION, parse_trajectory
 from tests.helpers.redis_server import free_port

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from cli.launcher import device_env
+from cli.stack_config import device_env
 from tests.gpu.conftest import requires_cuda
 from tests.helpers.processes import REPO
 

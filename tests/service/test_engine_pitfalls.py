@@ -25,7 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from shellrl.clients.engine import EngineClient
 from shellrl.models import load_model
-from shellrl.weights import bucket as wt
+from shellrl.weights import shm
 from tests.helpers.engine import perturbed, running_engine
 
 MAX_RUNNING = 16
@@ -238,7 +238,7 @@ def base_weights() -> dict[str, torch.Tensor]:
 async def _push(client: EngineClient, named, version: str, style: str) -> None:
     """A weight push as the learner sends it (shared-memory bucket, one session), with the in-flight
     requests aborted either by the update itself or by an abort pause around it."""
-    with wt.SharedMemoryBucket(named) as bucket:
+    with shm.SharedMemoryBucket(named) as bucket:
         if style == "abort_all":
             await client.update_weights_from_tensor(
                 [bucket.payload()], weight_version=version, abort_all_requests=True

@@ -13,8 +13,8 @@ import torch
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_responses import EngineError, VersionSpan
 from shellrl.models import load_model
-from shellrl.weights import bucket as wt
 from shellrl.weights import disk as wtd
+from shellrl.weights import shm
 from tests.helpers.engine import perturbed, reference_logprobs, running_engine
 
 PARITY_TOLERANCE = 1e-4
@@ -41,7 +41,7 @@ async def client(engine):
 
 async def push(client: EngineClient, named, version: str) -> None:
     """What the learner does on CPU: a shared-memory flattened bucket, unlinked after the call."""
-    with wt.SharedMemoryBucket(named) as bucket:
+    with shm.SharedMemoryBucket(named) as bucket:
         await client.update_weights_from_tensor([bucket.payload()], weight_version=version)
 
 
@@ -271,7 +271,7 @@ async def test_tensor_update_outside_a_session_and_pickled_payloads_are_refused(
     engine, client, base_weights
 ):
     before = await _snapshot(engine.url, client)
-    with wt.SharedMemoryBucket(perturbed(base_weights, 11)) as bucket:
+    with shm.SharedMemoryBucket(perturbed(base_weights, 11)) as bucket:
         body = {
             "serialized_named_tensors": [bucket.payload()],
             "load_format": "flattened_bucket",

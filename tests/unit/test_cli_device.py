@@ -11,9 +11,15 @@ import sys
 import pytest
 
 from cli.errors import CliError
-from cli.launcher import GPU_MEMORY_FRACTIONS, SERVICE_ORDER, StackConfig, check_device, device_env
 from cli.main import parse
 from cli.main_job import JobConfig
+from cli.stack_config import (
+    GPU_MEMORY_FRACTIONS,
+    SERVICE_ORDER,
+    StackConfig,
+    check_device,
+    device_env,
+)
 from tests.helpers.processes import REPO
 
 

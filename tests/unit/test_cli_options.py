@@ -201,7 +201,7 @@ def test_a_bad_model_path_fails_before_the_stack_starts_with_one_line(tmp_path, 
 
 
 def test_a_stack_that_fails_to_start_names_the_last_error_of_the_service_log(tmp_path):
-    from cli.launcher import StackError, last_error_line
+    from cli.stack_failure import StackError, last_error_line
 
     log = tmp_path / "engine.log"
     log.write_text(

@@ -6,6 +6,7 @@ import torch
 
 from services.engine.weights import WeightStore
 from shellrl.weights import bucket as wt
+from shellrl.weights import shm
 
 
 class Tied(torch.nn.Module):
@@ -67,7 +68,7 @@ def test_partial_buckets_of_one_session_only_replace_their_parameters():
 def test_a_refilled_shared_memory_segment_is_mapped_once_and_a_new_segment_replaces_the_mapping():
     model, source = Tied(), Tied()
     store = WeightStore(model)
-    with wt.SharedMemoryBucket(_named(source, 0.0)) as kept:
+    with shm.SharedMemoryBucket(_named(source, 0.0)) as kept:
         store.commit(store.stage_serialized([kept.payload()], wt.LOAD_FORMAT))
         mapping = store._shm_mapping
         for step in (1.0, 2.0):
@@ -77,7 +78,7 @@ def test_a_refilled_shared_memory_segment_is_mapped_once_and_a_new_segment_repla
             assert torch.equal(
                 model.mid.weight, source.mid.weight + step
             )  # ... and the new bytes are read
-        with wt.SharedMemoryBucket(_named(source, 5.0)) as other:  # another segment: a new mapping
+        with shm.SharedMemoryBucket(_named(source, 5.0)) as other:  # another segment: a new mapping
             store.commit(store.stage_serialized([other.payload()], wt.LOAD_FORMAT))
             assert store._shm_mapping is not mapping and torch.equal(
                 model.mid.weight, source.mid.weight + 5.0

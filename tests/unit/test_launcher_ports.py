@@ -3,7 +3,7 @@ just stopped) do not, because uvicorn and redis-server bind with SO_REUSEADDR.""
 
 import socket
 
-from cli.launcher import port_is_free
+from cli.stack_config import port_is_free
 
 
 def _listener() -> socket.socket:

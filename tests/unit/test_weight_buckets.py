@@ -12,6 +12,7 @@ import torch
 from services.engine.weights import WeightStore, WeightUpdateError
 from shellrl.weights import bucket as wt
 from shellrl.weights import gpu as wtg
+from shellrl.weights import shm
 
 
 class TwoLayers(torch.nn.Module):
@@ -33,7 +34,7 @@ def test_a_pinned_host_bucket_keeps_its_segment_and_carries_each_refill():
             model.a.weight.fill_(7.0)
         second = json.loads(bucket.fill(named(model)))
         assert first["segment"] == second["segment"] and first["transport"] == "shm"
-        with wt.open_shared_memory_bucket(second) as views:
+        with shm.open_shared_memory_bucket(second) as views:
             got = dict(views)
             assert torch.equal(got["a.weight"], torch.full((4, 8), 7.0))
             assert torch.equal(got["b.weight"], model.b.weight.detach())

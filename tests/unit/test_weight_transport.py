@@ -13,6 +13,7 @@ import torch
 
 from shellrl.weights import bucket as wt
 from shellrl.weights import disk as wtd
+from shellrl.weights import shm
 
 
 def _tensors():
@@ -64,12 +65,12 @@ def test_shared_memory_bucket_is_read_by_another_process_and_unlinked_on_close(t
     tensors = _tensors()
     reader = (
         "import json, sys, torch\n"
-        "from shellrl.weights import bucket as wt\n"
+        "from shellrl.weights import shm\n"
         "payload = json.loads(sys.stdin.read())\n"
-        "with wt.open_shared_memory_bucket(payload) as views:\n"
+        "with shm.open_shared_memory_bucket(payload) as views:\n"
         "    torch.save({n: t.clone() for n, t in views}, sys.argv[1])\n"
     )
-    with wt.SharedMemoryBucket(tensors) as bucket:
+    with shm.SharedMemoryBucket(tensors) as bucket:
         payload = json.loads(bucket.payload())
         assert payload["transport"] == "shm" and os.path.exists(f"/dev/shm/{bucket.name}")
         subprocess.run(
@@ -89,10 +90,10 @@ def test_shared_memory_bucket_is_read_by_another_process_and_unlinked_on_close(t
 
 def test_opening_a_missing_segment_raises_file_not_found():
     with pytest.raises(FileNotFoundError):
-        with wt.open_shared_memory_bucket({"segment": "shellrl_w_missing_0", "metadata": []}):
+        with shm.open_shared_memory_bucket({"segment": "shellrl_w_missing_0", "metadata": []}):
             pass
     with pytest.raises(ValueError, match="segment name"):
-        with wt.open_shared_memory_bucket({"segment": "../etc/passwd", "metadata": []}):
+        with shm.open_shared_memory_bucket({"segment": "../etc/passwd", "metadata": []}):
             pass
 
 
@@ -107,12 +108,12 @@ def test_safetensors_dir_round_trip(tmp_path):
 
 def test_shared_memory_bucket_refill_reuses_the_segment():
     tensors = _tensors()
-    with wt.SharedMemoryBucket(tensors) as bucket:
+    with shm.SharedMemoryBucket(tensors) as bucket:
         name = bucket.name
         changed = [(n, t + 1) for n, t in tensors]
         payload = json.loads(bucket.refill(changed).payload())
         assert payload["segment"] == name
-        with wt.open_shared_memory_bucket(payload) as views:
+        with shm.open_shared_memory_bucket(payload) as views:
             assert all(torch.equal(v, t) for (_, v), (_, t) in zip(views, changed))
         with pytest.raises(ValueError, match="do not fit"):
             bucket.refill(tensors + [("big", torch.zeros(1000))])
@@ -127,7 +128,7 @@ def test_adopted_parameters_live_in_the_segment_and_a_refill_copies_nothing(tmp_
     model = load_model("tiny")
     named = [(n, p.detach()) for n, p in model.named_parameters()]
     before = {n: t.clone() for n, t in named}
-    bucket = wt.SharedMemoryBucket(named)
+    bucket = shm.SharedMemoryBucket(named)
     try:
         bucket.adopt([p for _, p in model.named_parameters()])
         assert bucket.adopted
@@ -136,7 +137,7 @@ def test_adopted_parameters_live_in_the_segment_and_a_refill_copies_nothing(tmp_
                 p.mul_(2.0)  # an "optimizer step", in place
         refilled = bucket.refill([(n, p.detach()) for n, p in model.named_parameters()])
         assert refilled is bucket and bucket.adopted  # nothing copied: the same storage
-        with wt.open_shared_memory_bucket(json.loads(bucket.payload())) as seen:
+        with shm.open_shared_memory_bucket(json.loads(bucket.payload())) as seen:
             for name, tensor in seen:
                 assert torch.equal(tensor, before[name] * 2.0), name
         model.save_pretrained(
@@ -156,7 +157,7 @@ def test_adopted_parameters_live_in_the_segment_and_a_refill_copies_nothing(tmp_
 
 def test_adopt_refuses_parameters_that_do_not_match_their_slots():
     a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, 2))
-    with wt.SharedMemoryBucket([("a", a.detach()), ("b", b.detach())]) as bucket:
+    with shm.SharedMemoryBucket([("a", a.detach()), ("b", b.detach())]) as bucket:
         with pytest.raises(ValueError, match="does not match"):
             bucket.adopt([b, a])
         with pytest.raises(ValueError, match="1 parameters for 2 slots"):

@@ -1,0 +1,138 @@
+"""The configuration of a local stack: which services, on which ports, devices and environment.
+
+`StackConfig` is what `shellrl up` starts (cli/launcher.py starts and stops the processes);
+`device_env` puts engine and learner on the CPU or share one GPU between them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cli.errors import CliError
+
+STATE_DIR = Path(os.environ.get("SHELLRL_STATE_DIR", ".shellrl"))
+SERVICE_ORDER = ("engine", "sandbox", "verifier", "rollout", "learner")
+DEFAULT_PORTS = {
+    "redis": 6399,
+    "engine": 30000,
+    "sandbox": 8101,
+    "verifier": 8102,
+    "rollout": 8100,
+    "learner": 8103,
+}
+DEVICES = ("cpu", "cuda")
+GPU_SERVICES = ("engine", "learner")
+# --device cuda colocates engine and learner on one GPU (the current one: CUDA_VISIBLE_DEVICES picks
+# it). Fraction of that GPU's memory each process's caching allocator may hold: torch's
+# `per_process_memory_fraction` (PYTORCH_ALLOC_CONF), so an allocation past it raises CUDA OOM in
+# that process and never starves the other. The remaining 10% holds the two CUDA contexts (~0.5 GiB
+# each) and what is allocated outside torch's allocator (the CUDA IPC mapping of a weight push).
+GPU_MEMORY_FRACTIONS = {"engine": 0.4, "learner": 0.5}
+
+
+def check_device(device: str, gpu_memory: dict[str, float] | None = None) -> None:
+    """Raise CliError (one line, exit status 2) unless `device` can run here: 'cpu' always; 'cuda'
+    needs a torch that sees a GPU, and the GPU memory fractions (service -> fraction) of the
+    colocated services must be in (0, 1] and sum to at most 1. Imports torch for 'cuda' only."""
+    if device not in DEVICES:
+        raise CliError(f"--device {device}: expected one of {', '.join(DEVICES)}")
+    if device == "cpu":
+        return
+    fractions = gpu_memory or GPU_MEMORY_FRACTIONS
+    if not all(0 < f <= 1 for f in fractions.values()) or sum(fractions.values()) > 1:
+        shown = ", ".join(f"{name} {f:g}" for name, f in fractions.items())
+        raise CliError(
+            f"--device cuda: GPU memory fractions ({shown}) must be in (0, 1] and sum "
+            "to at most 1 (engine and learner share one GPU)"
+        )
+    import torch
+
+    if not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+        raise CliError(
+            f"--device cuda: no CUDA GPU visible to torch {torch.__version__} "
+            f"({build}); use --device cpu"
+        )
+
+
+def device_env(
+    device: str,
+    service: str,
+    gpu_memory: dict[str, float] | None = None,
+    environ: dict[str, str] | None = None,
+) -> dict[str, str]:
+    """Environment that puts `service` on `device` (see GPU_MEMORY_FRACTIONS). cpu: engine and
+    learner on the CPU. cuda: engine (bfloat16) and learner on the current GPU, each capped at its
+    fraction of the GPU's memory; the other services see no GPU. A PYTORCH_CUDA_ALLOC_CONF or
+    PYTORCH_ALLOC_CONF already in `environ` (default os.environ) keeps its options."""
+    if device == "cpu":
+        return {"SHELLRL_DEVICE": "cpu"} if service in GPU_SERVICES else {}
+    if service not in GPU_SERVICES:
+        return {"CUDA_VISIBLE_DEVICES": ""}
+    environ = os.environ if environ is None else environ
+    fraction = (gpu_memory or GPU_MEMORY_FRACTIONS)[service]
+    # torch reads PYTORCH_CUDA_ALLOC_CONF before PYTORCH_ALLOC_CONF: extend the one it will read
+    cuda_conf = bool(environ.get("PYTORCH_CUDA_ALLOC_CONF"))
+    name = "PYTORCH_CUDA_ALLOC_CONF" if cuda_conf else "PYTORCH_ALLOC_CONF"
+    options = [
+        o
+        for o in environ.get(name, "").split(",")
+        if o.strip() and not o.strip().startswith("per_process_memory_fraction")
+    ]
+    budget = f"per_process_memory_fraction:{fraction:g}"
+    env = {"SHELLRL_DEVICE": "cuda", name: ",".join([*options, budget])}
+    if service == "engine":
+        env["SHELLRL_DTYPE"] = "bfloat16"
+    return env
+
+
+def port_is_free(port: int) -> bool:
+    """True when nothing listens on 127.0.0.1:`port`. SO_REUSEADDR as uvicorn and redis-server bind
+    with it: connections in TIME_WAIT, which a just-stopped stack leaves for a minute, do not count."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+            return True
+        except OSError:
+            return False
+
+
+@dataclass
+class StackConfig:
+    """What `shellrl up` starts. ports: service -> port; env: extra SHELLRL_* for every service;
+    device: 'cpu' or 'cuda' for engine and learner (`device_env`), gpu_memory: their GPU memory
+    fractions with 'cuda'."""
+
+    state_dir: Path = STATE_DIR
+    model_path: str = "smollm2"
+    device: str = "cpu"
+    gpu_memory: dict[str, float] = field(default_factory=lambda: dict(GPU_MEMORY_FRACTIONS))
+    ports: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PORTS))
+    env: dict[str, str] = field(default_factory=dict)
+    service_env: dict[str, dict[str, str]] = field(default_factory=dict)
+    services: tuple[str, ...] = SERVICE_ORDER
+    ready_timeout_s: float = 300.0
+    echo_logs: bool = True
+
+    def url(self, service: str) -> str:
+        return f"http://127.0.0.1:{self.ports[service]}"
+
+    @property
+    def redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.ports['redis']}/0"
+
+    def common_env(self) -> dict[str, str]:
+        return {
+            "SHELLRL_REDIS_URL": self.redis_url,
+            "SHELLRL_ENGINE_URLS": self.url("engine"),
+            "SHELLRL_SANDBOX_URL": self.url("sandbox"),
+            "SHELLRL_VERIFIER_URL": self.url("verifier"),
+            "SHELLRL_ROLLOUT_URL": self.url("rollout"),
+            "SHELLRL_LEARNER_URL": self.url("learner"),
+            "SHELLRL_MODEL_PATH": self.model_path,
+            **self.env,
+        }

@@ -1,0 +1,83 @@
+"""One engine's weight load: the transfer of a prepared version (SGLang's tensor envelope, a
+gloo/NCCL broadcast, or a safetensors directory), the session end that swaps it in, and the read
+back of its weight_version. WeightSync (weight_sync.py) runs it per engine under the deadline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+from tenacity import AsyncRetrying, retry_if_result, wait_fixed
+
+from services.learner.weight_transport import EngineGroups
+from shellrl.clients.engine import EngineClient
+
+VERIFY_POLL_S = 0.01  # how often an engine's weight_version is read until it reports the new one
+
+
+async def load_engine(
+    client: EngineClient,
+    groups: EngineGroups | None,
+    url: str,
+    prepared: dict,
+    version: int,
+    begin: asyncio.Future | None,
+    tp_size_of: Callable[[], Awaitable[int]],
+) -> dict[str, float]:
+    """Load `prepared` (WeightStaging.prepare's output) into the engine at `url` as `version` and
+    wait until it reports it. begin: its begin_weight_update, already sent (None: sent here);
+    tp_size_of: its TP size (one serialized entry per rank), asked after begin. Returns phase
+    seconds: transfer, load (session end: the engine swaps the weights in), verify. Raises the
+    client's EngineError / EngineUnavailable; the caller's deadline bounds the whole call."""
+    phases, urls, weight_version = {}, [url], str(version)
+    t0 = time.perf_counter()
+    if "model_path" in prepared:
+        await client.update_weights_from_disk(prepared["model_path"], weight_version, urls=urls)
+        phases["transfer"] = time.perf_counter() - t0
+    else:
+        await (begin if begin is not None else client.begin_weight_update(urls=urls))
+        tp_size = await tp_size_of()
+        group = await groups.group(url, tp_size) if "broadcast" in prepared else None
+        buckets = prepared.get("buckets") or prepared["broadcast"]
+        for i, bucket in enumerate(buckets):
+            last = i == len(buckets) - 1  # the last flushes the KV of the old weights
+            if group is None:
+                await client.update_weights_from_tensor(
+                    bucket(tp_size),
+                    weight_version=weight_version,
+                    session=False,
+                    flush_cache=last,
+                    urls=urls,
+                )
+            else:
+                fields, flat = bucket
+                await groups.broadcast(
+                    url,
+                    group,
+                    flat,
+                    client.update_weights_from_distributed(
+                        **fields,
+                        group_name=group.name,
+                        weight_version=weight_version,
+                        flush_cache=last,
+                        urls=urls,
+                    ),
+                )
+        t1 = time.perf_counter()
+        phases["transfer"] = t1 - t0
+        await client.end_weight_update(urls=urls)
+        phases["load"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    # the engine confirms by reporting the new version (read again every VERIFY_POLL_S; the
+    # deadline in _update_within_deadline bounds it, errors end it)
+    confirmed = AsyncRetrying(
+        retry=retry_if_result(lambda got: got != weight_version), wait=wait_fixed(VERIFY_POLL_S)
+    )
+    await confirmed(weight_version_of, client, url)
+    phases["verify"] = time.perf_counter() - t2
+    return phases
+
+
+async def weight_version_of(client: EngineClient, url: str) -> str | None:
+    return (await client.get_weight_version(urls=[url]))[url]

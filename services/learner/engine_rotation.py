@@ -1,0 +1,110 @@
+"""What the learner knows about its engines and what it tells others: per-engine state (rotation,
+confirmed version, failures), the result of one push, publishing a version to Redis
+(SET shellrl:policy:version + PUBLISH shellrl:policy:updates), the `shellrl:engines` hash the
+gateway can read, and the engine gauges."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+
+import redis.asyncio as aioredis
+
+from services.learner import metrics
+from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY
+from shellrl.streams.keys import ENGINES_KEY
+
+log = logging.getLogger("services.learner.weight_sync")
+
+
+@dataclass
+class EngineState:
+    """What the learner knows about one engine. version: the last weight_version it confirmed."""
+
+    url: str
+    in_rotation: bool = True
+    version: str | None = None
+    last_error: str | None = None
+    last_ok_at: float | None = None
+    failures: int = 0
+    tp_size: int | None = None  # from /server_info on first contact (again after a failure)
+    last_probe_s: float = field(default=0.0, repr=False)
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out.pop("last_probe_s")
+        return out
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """One push: which engines confirmed `version`, which failed (url -> reason), whether the
+    version was published, whether only part of the configured fleet has it, phase seconds."""
+
+    version: int
+    confirmed: tuple[str, ...]
+    failed: dict[str, str]
+    published: bool
+    partial: bool
+    phases: dict[str, float]
+
+
+async def bounded(coro, timeout_s: float):
+    """Await `coro` for at most timeout_s; None on timeout or error (probes and clean-ups only)."""
+    task = asyncio.ensure_future(coro)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if not done:
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return None
+    try:
+        return task.result()
+    except Exception:  # noqa: BLE001 (a probe or clean-up: any failure means "no answer")
+        return None
+
+
+async def publish_version(
+    redis: aioredis.Redis | None, engines: dict[str, EngineState], version: int, partial: bool
+) -> bool:
+    """SET + PUBLISH `version` when every engine in rotation (at least one) confirmed it and
+    there is a Redis; `partial` (engines were taken out on this push) is logged as a warning."""
+    in_rotation = [u for u, e in engines.items() if e.in_rotation]
+    if not in_rotation or redis is None:
+        return False
+    if not all(engines[u].version == str(version) for u in in_rotation):
+        return False
+    if partial:
+        log.warning(
+            "publishing the version for a partial fleet",
+            extra={
+                "policy_version": version,
+                "in_sync": in_rotation,
+                "out_of_rotation": [u for u, e in engines.items() if not e.in_rotation],
+            },
+        )
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.set(POLICY_VERSION_KEY, version)
+        pipe.publish(POLICY_UPDATES_CHANNEL, str(version))
+        await pipe.execute()
+    return True
+
+
+def update_gauges(engines: dict[str, EngineState]) -> None:
+    metrics.ENGINES_IN_SYNC.set(sum(e.in_rotation for e in engines.values()))
+    metrics.ENGINES_OUT.set(sum(not e.in_rotation for e in engines.values()))
+
+
+async def write_engine_states(
+    redis: aioredis.Redis | None, engines: dict[str, EngineState]
+) -> None:
+    """The `shellrl:engines` hash (url -> JSON EngineState); a failure is logged, never raised."""
+    if redis is None:
+        return
+    try:
+        await redis.hset(
+            ENGINES_KEY, mapping={u: json.dumps(e.to_json()) for u, e in engines.items()}
+        )
+    except Exception:  # status only: never fail a push over it
+        log.exception("could not write shellrl:engines")

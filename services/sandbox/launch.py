@@ -1,0 +1,78 @@
+"""How one sandboxed program is started: its spec, its argv/env/cwd, the host programs run as root.
+
+Whatever runs as root (setpriv, unshare, the shell that mounts /dev/shm) runs from an absolute
+path with the fixed `LAUNCHER_ENV`: the task's environment (PATH, LD_PRELOAD, LD_LIBRARY_PATH ...
+pointing into the workspace) is applied only after the drop to the session uid (bwrap --setenv,
+or `env -i NAME=value ...` run as the session uid).
+
+Every layer: the command joins the session cgroups first (`/bin/sh` prefix), hard rlimits are
+set in bash before the command (they cannot be raised again), stdin is /dev/null, the command
+text is read from a root-owned file (so 1 MB commands work), and the environment is rebuilt from
+a fixed allowlist plus the task's `env`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+from services.sandbox.limits import Limits
+from services.sandbox.workspace import WorkspacePaths
+
+LAUNCHER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+
+
+def _tool(name: str) -> str:
+    """Absolute path of a host program started as root (never found through a session's PATH)."""
+    return shutil.which(name, path=LAUNCHER_ENV["PATH"]) or f"/usr/bin/{name}"
+
+
+SETPRIV, BWRAP, UNSHARE, ENV_BIN = _tool("setpriv"), _tool("bwrap"), _tool("unshare"), _tool("env")
+SH, IP, MOUNT = _tool("sh"), _tool("ip"), _tool("mount")
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to start one sandboxed program of one session."""
+
+    paths: WorkspacePaths
+    uid: int
+    env: dict[str, str]
+    limits: Limits
+    network: bool
+    cgroup_procs: tuple[Path, ...]  # host paths of the session's cgroup.procs files
+    runner_file: Path | None = None  # host path of runner.py (session mode)
+
+
+SECCOMP_FD = "{seccomp_fd}"  # placeholder in argv, replaced by `spawn_args`
+
+
+@dataclass(frozen=True)
+class Launch:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: str
+    seccomp_path: Path | None = None
+
+    def spawn_args(self) -> tuple[list[str], tuple[int, ...]]:
+        """argv with the seccomp program opened on a fresh fd (bwrap reads it from there), and the fds
+        to pass; the caller closes the fds after spawning."""
+        if self.seccomp_path is None:
+            return self.argv, ()
+        fd = os.open(self.seccomp_path, os.O_RDONLY | os.O_CLOEXEC)
+        return [str(fd) if a == SECCOMP_FD else a for a in self.argv], (fd,)
+
+
+def setpriv_argv(uid: int) -> list[str]:
+    """Drop to `uid` by exec (keeps the service's spawn on the fast vfork path)."""
+    return [
+        SETPRIV,
+        f"--reuid={uid}",
+        f"--regid={uid}",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--no-new-privs",
+        "--",
+    ]
