@@ -12,6 +12,7 @@ from shellrl.clients.engine import EngineClient
 from shellrl.tracking import installed
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port
+from tests.helpers.waiting import wait_until_async
 from tests.service.test_learner import (  # noqa: F401 (engine: a module fixture)
     add_group,
     engine,
@@ -36,6 +37,10 @@ async def test_learner_logs_every_step_to_tensorboard(engine, redis_server, tmp_
         learner.start(ready_timeout_s=120)
         await add_group(redis, client, "g1")
         await step_reaches(learner, 1)
+        # sample g2 on version 1 (the push follows the step): its staleness is then 0, not 1
+        await wait_until_async(
+            lambda: _version_is(client, engine.url, "1"), what="the engine serving version 1"
+        )
         await add_group(redis, client, "g2")
         last = (await step_reaches(learner, 2))["last_step"]
     finally:
@@ -71,3 +76,7 @@ async def test_learner_logs_every_step_to_tensorboard(engine, redis_server, tmp_
         (1, 0.0),
         (2, 0.0),
     ]  # each group sampled by the version it trained
+
+
+async def _version_is(client: EngineClient, url: str, version: str) -> bool:
+    return (await client.get_weight_version()) == {url: version}
