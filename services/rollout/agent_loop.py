@@ -40,7 +40,7 @@ from services.rollout import metrics as m
 from services.rollout.actions import AnswerAction, BashAction, parse_action
 from services.rollout.prompt import ChatFormat, render_parse_error, render_tool_response
 from shellrl.clients.engine_responses import EngineError, EngineUnavailable, GenerateResult
-from shellrl.clients.sandbox import SandboxBadRequest, SandboxBusy, SandboxError, SandboxSetupFailed
+from shellrl.clients.sandbox import SandboxBadRequest, SandboxError, SandboxSetupFailed
 from shellrl.contract import (
     EpisodeEnd,
     Failure,
@@ -383,22 +383,18 @@ class AgentLoop:
     async def _create_session(self, task: Task, traj: Trajectory) -> str:
         """A session with the task's setup and env; waits (does not fail) while the sandbox is full.
         Sets `env_version` to the sandbox's isolation layer."""
-        waited_from = None
-        while True:
-            start = time.monotonic()
-            try:
-                session = await self.sandbox.create_session(
-                    setup=task.setup, env=dict(task.env), policy=self.limits.sandbox_policy or None
-                )
-            except SandboxBusy:
-                waited_from = waited_from or start
-                await asyncio.sleep(self.limits.sandbox_busy_poll_s)
-                continue
-            m.SESSION_SECONDS.observe(time.monotonic() - start)
-            if waited_from is not None:
-                m.ADMISSION_WAIT_SECONDS.labels("sandbox_busy").observe(start - waited_from)
-            traj.env_version = str(session.get("isolation", ""))
-            return session["session_id"]
+        start = time.monotonic()
+        session, waited_s = await self.sandbox.create_session_when_free(
+            poll_s=self.limits.sandbox_busy_poll_s,
+            setup=task.setup,
+            env=dict(task.env),
+            policy=self.limits.sandbox_policy or None,
+        )
+        m.SESSION_SECONDS.observe(time.monotonic() - start - waited_s)  # the successful call
+        if waited_s > 0:
+            m.ADMISSION_WAIT_SECONDS.labels("sandbox_busy").observe(waited_s)
+        traj.env_version = str(session.get("isolation", ""))
+        return session["session_id"]
 
     async def _delete_session(self, session_id: str) -> None:
         if not session_id:

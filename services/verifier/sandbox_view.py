@@ -27,8 +27,6 @@ import hashlib
 import json
 from collections import OrderedDict
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
-
 from services.verifier import metrics
 from services.verifier.workspace_checks import (
     CheckInfraError,
@@ -46,6 +44,7 @@ from shellrl.clients.sandbox import (
 from shellrl.contract import Task
 
 BUSY_ATTEMPTS = 6  # session creations tried while the sandbox answers 429
+BUSY_MAX_POLL_S = 10.0  # the waits between them: 0.1 s doubling (1.6 s before the sixth)
 
 
 def command_output(result: ExecResult) -> CommandOutput:
@@ -189,14 +188,14 @@ class ReferenceCache:
 
     async def _create(self, task: Task) -> dict:
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception_type(SandboxBusy),
-                wait=wait_exponential(multiplier=0.1),
-                stop=stop_after_attempt(BUSY_ATTEMPTS),
-                reraise=True,
-            ):
-                with attempt:
-                    return await self.sandbox.create_session(setup=task.setup, env=dict(task.env))
+            session, _ = await self.sandbox.create_session_when_free(
+                poll_s=0.1,
+                max_poll_s=BUSY_MAX_POLL_S,
+                attempts=BUSY_ATTEMPTS,
+                setup=task.setup,
+                env=dict(task.env),
+            )
+            return session
         except SandboxBusy:
             raise CheckInfraError("the sandbox stayed at its session cap (429)") from None
         except SandboxSetupFailed as exc:
@@ -205,4 +204,3 @@ class ReferenceCache:
             raise CheckInfraError(
                 f"cannot create a session for the reference command: {exc}"
             ) from None
-        raise AssertionError("unreachable: tenacity either returns or re-raises")

@@ -15,10 +15,18 @@ except that none of these calls is retried here: exec is not idempotent.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Self
 from urllib.parse import quote
 
 import httpx
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_never,
+    wait_exponential,
+)
 
 from shellrl.clients.transport import AiohttpTransport
 from shellrl.contract.errors import ContractError
@@ -136,6 +144,32 @@ class SandboxClient:
         setup_timeout_s = self.timeout_s + float((limits or {}).get("setup_timeout_s", 120.0))
         response = await self._request("POST", "/v1/sessions", json=body, timeout_s=setup_timeout_s)
         return response.json()
+
+    async def create_session_when_free(
+        self,
+        *,
+        poll_s: float,
+        max_poll_s: float | None = None,
+        attempts: int | None = None,
+        **session: Any,
+    ) -> tuple[dict[str, Any], float]:
+        """`create_session(**session)`, retried while the sandbox is at its session cap (429,
+        SandboxBusy): after `poll_s` seconds, doubling up to `max_poll_s` (None: a fixed poll_s),
+        at most `attempts` tries (None: until a session is free). Returns (the session, seconds
+        spent waiting before the successful call). Raises what create_session raises, SandboxBusy
+        after the last attempt."""
+        first = time.monotonic()
+        last = first
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type(SandboxBusy),
+            wait=wait_exponential(multiplier=poll_s, min=poll_s, max=max_poll_s or poll_s),
+            stop=stop_after_attempt(attempts) if attempts else stop_never,
+            reraise=True,
+        ):
+            with attempt:
+                last = time.monotonic()
+                return await self.create_session(**session), last - first
+        raise AssertionError("unreachable: tenacity either returns or re-raises")
 
     async def exec(
         self,
