@@ -16,6 +16,9 @@ Paths (sync section):
                     engine GPU (one copy per tensor across the link), CUDA IPC handle to the engine
   b  bucket         flatten on the learner GPU and copy the bucket to the engine GPU in 8 large DMAs,
                     each overlapping the flatten of the next chunk (CudaIpcBucket), CUDA IPC
+                    handle in shellrl's JSON payload (the engine's extension)
+  e  envelope       as b, sent as SGLang's envelope (`CudaIpcBucket.entries`: a fresh torch CUDA
+                    IPC share per update, metadata pickled once per layout): what WeightSync sends
   c  host-staged    flatten on the learner GPU, ONE copy to a page-locked shared-memory segment,
                     the engine copies it up (for GPUs without peer access)
   d  disk           safetensors on local disk + /update_weights_from_disk
@@ -52,6 +55,7 @@ from benchmarks.gpu_common import EngineProcess, summary_ms
 PATHS = {
     "a": "per-tensor copies + CUDA IPC",
     "b": "bucket, one copy + CUDA IPC",
+    "e": "bucket + CUDA IPC in SGLang's envelope",
     "c": "host-staged pinned shm",
     "d": "safetensors on disk",
     "w": "WeightSync.push (learner service)",
@@ -162,7 +166,7 @@ async def run_path(
     learner = torch.device(args.learner_device)
     named = [(n, p.detach()) for n, p in model.named_parameters()]
     on_gpu = learner.type == "cuda"
-    ipc = wtg.CudaIpcBucket(args.engine_device) if path in "ab" else None
+    ipc = wtg.CudaIpcBucket(args.engine_device) if path in "abe" else None
     pinned = wtg.PinnedHostBucket() if path == "c" else None
     sync = None
     if path == "w":
@@ -206,6 +210,8 @@ async def run_path(
                 else:  # enqueues the copies (sync=False): on the loop, no thread hop
                     await asyncio.sleep(0)  # let the begin request go out first
                     payload = ipc.fill(named, "direct" if path == "a" else "bucket", False)
+                    if path == "e":  # what WeightSync sends: a fresh share in SGLang's envelope
+                        (payload,) = ipc.entries(1)
                 t1 = time.perf_counter()
                 await opening
                 await client.update_weights_from_tensor(

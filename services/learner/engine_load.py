@@ -5,6 +5,7 @@ back of its weight_version. WeightSync (weight_sync.py) runs it per engine under
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 
@@ -12,6 +13,7 @@ from tenacity import AsyncRetrying, retry_if_result, wait_fixed
 
 from services.learner.weight_transport import EngineGroups
 from shellrl.clients.engine import EngineClient
+from shellrl.clients.engine_responses import EngineError, EngineUnavailable
 
 VERIFY_POLL_S = 0.01  # how often an engine's weight_version is read until it reports the new one
 
@@ -37,33 +39,14 @@ async def load_engine(
         phases["transfer"] = time.perf_counter() - t0
     else:
         await (begin if begin is not None else client.begin_weight_update(urls=urls))
-        tp_size = await tp_size_of()
-        group = await groups.group(url, tp_size) if "broadcast" in prepared else None
-        buckets = prepared.get("buckets") or prepared["broadcast"]
-        for i, bucket in enumerate(buckets):
-            last = i == len(buckets) - 1  # the last flushes the KV of the old weights
-            if group is None:
-                await client.update_weights_from_tensor(
-                    bucket(tp_size),
-                    weight_version=weight_version,
-                    session=False,
-                    flush_cache=last,
-                    urls=urls,
-                )
-            else:
-                fields, flat = bucket
-                await groups.broadcast(
-                    url,
-                    group,
-                    flat,
-                    client.update_weights_from_distributed(
-                        **fields,
-                        group_name=group.name,
-                        weight_version=weight_version,
-                        flush_cache=last,
-                        urls=urls,
-                    ),
-                )
+        try:
+            await _transfer(client, groups, url, prepared, weight_version, await tp_size_of())
+        except EngineError:
+            # the engine refused a bucket and discarded the session: close it, so that its next
+            # update (or another client's) can open one (the end answers 400: ignored)
+            with contextlib.suppress(EngineError, EngineUnavailable):
+                await client.end_weight_update(urls=urls)
+            raise
         t1 = time.perf_counter()
         phases["transfer"] = t1 - t0
         await client.end_weight_update(urls=urls)
@@ -77,6 +60,44 @@ async def load_engine(
     await confirmed(weight_version_of, client, url)
     phases["verify"] = time.perf_counter() - t2
     return phases
+
+
+async def _transfer(
+    client: EngineClient,
+    groups: EngineGroups | None,
+    url: str,
+    prepared: dict,
+    weight_version: str,
+    tp_size: int,
+) -> None:
+    """Every bucket of `prepared` into the engine's open session (tensor envelope or broadcast)."""
+    urls = [url]
+    group = await groups.group(url, tp_size) if "broadcast" in prepared else None
+    buckets = prepared.get("buckets") or prepared["broadcast"]
+    for i, bucket in enumerate(buckets):
+        last = i == len(buckets) - 1  # the last flushes the KV of the old weights
+        if group is None:
+            await client.update_weights_from_tensor(
+                bucket(tp_size),
+                weight_version=weight_version,
+                session=False,
+                flush_cache=last,
+                urls=urls,
+            )
+        else:
+            fields, flat = bucket
+            await groups.broadcast(
+                url,
+                group,
+                flat,
+                client.update_weights_from_distributed(
+                    **fields,
+                    group_name=group.name,
+                    weight_version=weight_version,
+                    flush_cache=last,
+                    urls=urls,
+                ),
+            )
 
 
 async def weight_version_of(client: EngineClient, url: str) -> str | None:

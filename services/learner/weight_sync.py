@@ -137,7 +137,7 @@ class WeightSync:
         chosen = {engine_transport(self.transport, info) for info in infos.values()}
         if chosen != {self.transport}:
             log.warning(
-                "an engine cannot take cuda_ipc (shellrl's JSON payload); using shm (SGLang's envelope)",
+                "an engine is not on a GPU and cannot take cuda_ipc; using shm (SGLang's envelope)",
                 extra={"engines": {u: info.get("version") for u, info in infos.items()}},
             )
             self.staging.close()
@@ -265,9 +265,9 @@ class WeightSync:
             if any(reason.startswith("deadline") for reason in failed.values()):
                 self.staging.close()  # an abandoned engine may still read these buffers: never refill them
             elif failed and self.transport in ("cuda_ipc", "distributed"):
-                # a CudaIpcBucket sends one payload (IPC event, ref-counter slot) for its whole life; an
-                # engine that failed may come back as a new process, which must get a fresh share; a
-                # failed broadcast's thread may still read its bucket until torch's timeout
+                # an engine that failed may still read the CUDA bucket it was given (or come back as a
+                # new process, to be given a fresh buffer); a failed broadcast's thread may still
+                # read its bucket until torch's timeout
                 self.staging.close()
         phases["total"] = time.perf_counter() - start
         for phase, seconds in phases.items():

@@ -4,8 +4,9 @@ engines to read, and the payload that tells an engine where to find them.
 Transports (DESIGN.md section 6, shellrl.weights):
 * shm: SGLang's envelope for `/update_weights_from_tensor` (`shellrl.weights.sglang`) over a
   flattened bucket in torch's file-system shared memory; any engine on this host, SGLang or ours.
-* cuda_ipc: a bucket on the engine's GPU shared by CUDA IPC, in shellrl's JSON payload (only
-  shellrl's engine reads it; SGLang refuses it with 400: not base64).
+* cuda_ipc: SGLang's envelope over a kept bucket on the engine's GPU, the CUDA tensor shared by
+  torch's IPC reduction with the GPU named by UUID (`CudaIpcBucket.entries`), as SGLang's own
+  client sends it: SGLang on a GPU or shellrl's engine on a GPU.
 * distributed: one broadcast per bucket through a torch process group per engine (gloo on CPU,
   NCCL on GPU; `shellrl.weights.distributed`), for engines on other GPUs or hosts.
 * disk: safetensors (`update_weights_from_disk`) in a directory the engines can read.
@@ -52,14 +53,14 @@ def choose_transport(setting: str, device: torch.device, urls: list[str]) -> str
 
 
 def engine_transport(transport: str, server_info: dict) -> str:
-    """The transport an engine can take, from its /server_info: cuda_ipc (shellrl's JSON payload)
-    only for shellrl's engine on a GPU; SGLang, or an engine on CPU, gets shm (SGLang's envelope,
-    CPU tensors, which SGLang copies to its GPU). Other transports are kept."""
+    """The transport an engine can take, from its /server_info: cuda_ipc (SGLang's envelope with a
+    CUDA tensor) for an engine on a GPU, SGLang's or ours (`device`, SGLang's server argument, is
+    "cuda" by default); an engine on CPU gets shm (the same envelope with a CPU tensor in shared
+    memory). Other transports are kept."""
     if transport != "cuda_ipc":
         return transport
-    ours = str(server_info.get("version", "")).startswith("shellrl-engine")
     on_gpu = str(server_info.get("device", "cuda")).startswith("cuda")
-    return "cuda_ipc" if ours and on_gpu else "shm"
+    return "cuda_ipc" if on_gpu else "shm"
 
 
 def is_local(url: str) -> bool:
@@ -136,9 +137,11 @@ class WeightStaging:
             device = self.engine_device or named[0][1].device
             if not self._kept:
                 self._kept = [wtg.CudaIpcBucket(device) for _ in buckets]
-            # sync=False: the copies are enqueued, not awaited; the engine waits on the bucket's ready event
-            payloads = [kept.fill(bucket, sync=False) for kept, bucket in zip(self._kept, buckets)]
-            return {"buckets": [lambda tp_size, p=p: [p] * tp_size for p in payloads]}
+            # sync=False: the copies are enqueued, not awaited; each envelope entry shares the bucket
+            # with an interprocess event recorded after them, which the engine waits on
+            for kept, bucket in zip(self._kept, buckets):
+                kept.fill(bucket, sync=False)
+            return {"buckets": [kept.entries for kept in self._kept]}
         kept = [self._refilled(model, i, bucket) for i, bucket in enumerate(buckets)]
         if self.transport == "distributed":
             return {

@@ -24,6 +24,7 @@ from shellrl.weights.bucket import (
     layout_align,
     plan_bucket,
 )
+from shellrl.weights.sglang import BucketEnvelope, to_entry
 
 if TYPE_CHECKING:
     import torch
@@ -196,6 +197,10 @@ class CudaIpcBucket:
         self._chunks: list = []  # staging="bucket": _chunk_ranges of the layout
         self._link_stream = None  # ... and the side stream of the copies to `device`
         self._ready = None  # fill(sync=False): the interprocess event the engine waits on
+        self._envelope = (
+            BucketEnvelope()
+        )  # entries(): SGLang's envelope, metadata pickled per layout
+        self._shares = 0  # entries() shares of the current buffer (see SHARES_PER_BUFFER)
 
     @staticmethod
     def _ensure(buffer, nbytes: int, device):
@@ -238,6 +243,8 @@ class CudaIpcBucket:
         if staging not in ("bucket", "direct"):
             raise ValueError(f"staging must be 'bucket' or 'direct'; got {staging!r}")
         source = named_tensors[0][1].device
+        if self._shares >= SHARES_PER_BUFFER:
+            self._rotate()
         self._layout(named_tensors, source)
         tensors = [t for _, t in named_tensors]
         if staging == "direct" or source == self.device:
@@ -279,6 +286,36 @@ class CudaIpcBucket:
             )
         return self._payload[1]
 
+    def entries(self, count: int = 1) -> list[str]:
+        """SGLang's `serialized_named_tensors` for the bucket's current contents: `count` entries (one
+        per engine TP rank), each base64 of `MultiprocessingSerializer.serialize({"flattened_tensor":
+        <the bucket, CUDA uint8>, "metadata": [FlattenedTensorMetadata]})` with the tensor shared by
+        torch's CUDA IPC reduction under SGLang's `_rebuild_cuda_tensor_modified` (GPU named by UUID),
+        as SGLang's own client sends it (sglang.srt.utils.patch_torch; decoded by SGLang's code in
+        tests/gpu/test_gpu_weight_sync.py).
+
+        Call after `fill` returned, before the engine reads. Each entry is a fresh reduction: torch
+        records an interprocess event on the bucket device's current stream (after the fill's copies)
+        and the receiver waits on it before reading, so `fill(sync=False)` needs no host wait; each
+        takes a reference-counter slot the receiver releases. torch keeps an event per share until the
+        buffer is freed (and synchronizes instead after 1,000), so the buffer is replaced every
+        SHARES_PER_BUFFER shares (`_rotate`). Raises ValueError before the first fill.
+        """
+        if self.buffer is None:
+            raise ValueError("fill the bucket before sharing it")
+        self._shares += count
+        flat = self.buffer[: self._nbytes]
+        return [to_entry(self._envelope.serialize(flat, self._metadata)) for _ in range(count)]
+
+    def _rotate(self) -> None:
+        """A fresh buffer for the next fill: the old one (and torch's per-share events and
+        reference counters on it) is freed once every engine released its mapping; torch keeps it
+        in its IPC limbo until then, collected here at the next rotation. Costs the bucket's bytes
+        on `device` a second time until the engine maps the new buffer (next update)."""
+        self.close()
+        self._shares = 0
+        _torch().cuda.ipc_collect()
+
     def _pipelined_stage(self, tensors: list, source) -> None:
         """Flatten on the source GPU and copy to `device` chunk by chunk, the copy of chunk k (on a side
         stream, one DMA over the link) overlapping the local flatten of chunk k+1: about
@@ -309,6 +346,9 @@ class CudaIpcBucket:
 
 
 PIPELINE_CHUNKS = 8  # CudaIpcBucket staging="bucket": flatten/copy overlap granularity
+SHARES_PER_BUFFER = (
+    256  # CudaIpcBucket.entries: envelope shares of one buffer before it is replaced
+)
 
 
 def _next_boundary(lo: int, total: int, chunks: int) -> float:

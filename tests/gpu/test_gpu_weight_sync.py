@@ -108,6 +108,86 @@ async def test_an_unsynchronized_fill_is_read_by_the_engine_only_after_its_copie
     bucket.close()
 
 
+async def test_the_envelope_of_a_refilled_bucket_is_read_only_after_its_copies_finished(
+    learner_model, gpu_engine
+):
+    """SGLang's envelope (what WeightSync sends over cuda_ipc): each `entries()` is a fresh share
+    whose interprocess event is recorded after the fill's copies, queued here behind a ~0.5 s GPU
+    sleep. The engine keeps the mapping between updates, so torch's cache skips its own event
+    wait; shellrl's `rebuild_cuda_tensor_by_uuid` waits on it, and the engine serves the new
+    values every time."""
+    bucket = wtg.CudaIpcBucket(ENGINE_DEVICE)
+    async with EngineClient(gpu_engine.url) as client:
+        for step in range(3):
+            perturb(learner_model, seed=70 + step)
+            with torch.cuda.device(learner_model.device):
+                torch.cuda._sleep(1_000_000_000)
+            bucket.fill(learner_model.named_parameters(), sync=False)
+            entries = bucket.entries(1)
+            await client.update_weights_from_tensor(
+                entries, load_format="flattened_bucket", weight_version=str(700 + step)
+            )
+            await assert_engine_serves(learner_model, gpu_engine.url, 700 + step)
+    bucket.close()
+
+
+SGLANG_READER = """
+import base64, hashlib, json, sys
+import torch
+from tests.helpers import sglang_modules
+sgl = sglang_modules.load()
+from sglang.srt.utils import patch_torch
+patch_torch.monkey_patch_torch_reductions()  # as SGLang's model runner does before any update
+req = sgl.io_struct.UpdateWeightsFromTensorReqInput(
+    serialized_named_tensors=json.load(sys.stdin), load_format="flattened_bucket"
+)
+obj = sgl.common.MultiprocessingSerializer.deserialize(
+    base64.b64decode(req.serialized_named_tensors[0])
+)
+flat = obj["flattened_tensor"]
+assert flat.is_cuda, flat.device
+tensors = sgl.tensor_bucket.FlattenedTensorBucket(
+    flattened_tensor=flat, metadata=obj["metadata"]
+).reconstruct_tensors()
+print(json.dumps({n: hashlib.sha256(t.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+                  .hexdigest() for n, t in tensors}))
+"""
+
+
+def test_sglangs_own_deserializer_in_another_process_reads_the_learners_cuda_bucket(
+    learner_model,
+):
+    """The sglang wheel's MultiprocessingSerializer, SafeUnpickler, patch_torch and
+    FlattenedTensorBucket (tests/helpers/sglang_modules.py) decode CudaIpcBucket.entries() in a
+    second process: every tensor's bytes equal the learner's."""
+    import hashlib
+    import importlib.util
+    import subprocess
+    import sys
+
+    if importlib.util.find_spec("sglang") is None:  # its __init__ needs GPU packages: not imported
+        pytest.skip("the sglang wheel is not installed")
+    bucket = wtg.CudaIpcBucket(ENGINE_DEVICE)
+    named = [(n, p.detach()) for n, p in learner_model.named_parameters()]
+    bucket.fill(named)
+    entries = bucket.entries(1)
+    done = subprocess.run(
+        [sys.executable, "-c", SGLANG_READER],
+        input=json.dumps(entries),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = {
+        n: hashlib.sha256(t.contiguous().view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
+        for n, t in named
+    }
+    assert got == expected
+    bucket.close()
+
+
 async def test_weight_sync_push_over_cuda_ipc_is_served_by_the_engine(
     learner_model, gpu_engine, tmp_path
 ):

@@ -7,9 +7,10 @@ for what those files import but our checks never run (measured in
 * `sglang` and `sglang.srt` are registered as bare packages over the wheel's directories: their
   `__init__.py` apply transformers patches and import the frontend language API (torchvision and
   more), which no decoder needs.
-* `triton` is a stub only while `sglang.srt.utils.common` (MultiprocessingSerializer, SafeUnpickler)
-  is imported: it imports triton at module level (line 91) and uses it on no path called here. The
-  stub is removed right after, so torch does not believe triton is installed.
+* `triton`, where it is not installed, is a stub only while `sglang.srt.utils.common`
+  (MultiprocessingSerializer, SafeUnpickler) is imported: it imports triton at module level (line
+  91) and uses it on no path called here. The stub is removed right after, so torch does not
+  believe triton is installed.
 * `sglang.srt.managers.schedule_batch` is a stub holding the five names `io_struct` imports from
   it: the real module imports model configs, quantization and triton kernels. None of the request
   classes checked here (UpdateWeights*, InitWeightsUpdateGroup*, Pause/Continue, AbortReq, ...)
@@ -44,7 +45,9 @@ def load() -> types.SimpleNamespace:
             package.__path__ = [str(path)]
             sys.modules[name] = package
     if "sglang.srt.utils.common" not in sys.modules:
-        had_triton = "triton" in sys.modules
+        # a stub only where triton is missing (CPU machines): where it is installed (the GPU host)
+        # torch's CUDA initialisation inspects it, and a stub without a spec breaks that
+        had_triton = "triton" in sys.modules or importlib.util.find_spec("triton") is not None
         if not had_triton:
             sys.modules["triton"] = types.ModuleType("triton")
         try:

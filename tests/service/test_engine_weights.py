@@ -299,3 +299,20 @@ async def test_tensor_update_outside_a_session_and_pickled_payloads_are_refused(
         gguf.status_code == 400 and "load_format 'gguf' is not supported" in gguf.json()["message"]
     )
     assert_same_serving(await _snapshot(engine.url, client), before)
+
+
+async def test_a_push_the_engine_refuses_closes_its_session_so_the_next_update_can_open_one(
+    engine, client, tmp_path
+):
+    from services.learner.weight_sync import WeightSync
+
+    model = load_model("tiny")
+    model.register_parameter("not_in_the_engine", torch.nn.Parameter(torch.zeros(2)))
+    sync = WeightSync(client, None, transport="shm", deadline_s=60.0, sync_dir=tmp_path)
+    try:
+        result = await sync.push(model, 901)
+        assert not result.confirmed and "unknown parameter" in result.failed[engine.url]
+        await client.begin_weight_update()  # 400 "already open" before the fix
+        await client.end_weight_update()
+    finally:
+        sync.close()

@@ -161,16 +161,39 @@ def test_a_group_request_that_cannot_work_is_refused_before_any_rendezvous():
         groups.destroy("g")
 
 
-def test_auto_never_sends_cuda_ipc_json_to_an_engine_that_cannot_read_it():
+def test_auto_sends_cuda_ipc_to_any_gpu_engine_and_shm_to_an_engine_on_cpu():
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     assert choose_transport("auto", gpu, ["http://localhost:30000"]) == "cuda_ipc"
-    assert (
-        engine_transport("cuda_ipc", {"version": "shellrl-engine-0.1.0", "device": "cuda:0"})
-        == "cuda_ipc"
-    )
-    assert (
-        engine_transport("cuda_ipc", {"version": "shellrl-engine-0.1.0", "device": "cpu"}) == "shm"
-    )
-    assert engine_transport("cuda_ipc", {"version": "0.5.23", "tp_size": 1}) == "shm"  # SGLang
+    ours_gpu = {"version": "shellrl-engine-0.1.0", "device": "cuda:0"}
+    assert engine_transport("cuda_ipc", ours_gpu) == "cuda_ipc"
+    ours_cpu = {"version": "shellrl-engine-0.1.0", "device": "cpu"}
+    assert engine_transport("cuda_ipc", ours_cpu) == "shm"
+    # SGLang's /server_info carries its server arguments; `device` defaults to "cuda"
+    assert engine_transport("cuda_ipc", {"version": "0.5.23", "tp_size": 1}) == "cuda_ipc"
+    assert engine_transport("cuda_ipc", {"version": "0.5.23", "device": "cpu"}) == "shm"
     assert engine_transport("shm", {"version": "0.5.23"}) == "shm"
     assert choose_transport("auto", cpu, ["http://10.0.0.7:30000"]) == "disk"
+
+
+def test_a_spliced_envelope_decodes_like_one_pickle_of_the_whole_dict():
+    named = _named()
+    with wsg.SharedTensorBucket(named) as bucket:
+        flat = bucket._flat[: bucket.nbytes]
+        envelope = wsg.BucketEnvelope()
+        first, second = (
+            envelope.serialize(flat, bucket.metadata),
+            envelope.serialize(flat, bucket.metadata),
+        )
+        assert first == second  # a CPU storage keeps its shm name: the same bytes
+        for data in (first, second):
+            buffer, metadata = wsu.decode_flattened_bucket(wsu.deserialize(data))
+            assert metadata == bucket.metadata
+            for (name, tensor), (name2, got) in zip(named, unflatten_tensors(buffer, metadata)):
+                assert name == name2 and torch.equal(tensor, got)
+
+
+def test_the_cuda_rebuild_is_pickled_under_sglangs_path_and_read_back_as_our_stand_in():
+    data = wsg.serialize(wsg.rebuild_cuda_tensor_by_uuid)
+    assert b"sglang.srt.utils.patch_torch" in data and b"_rebuild_cuda_tensor_modified" in data
+    assert b"shellrl" not in data
+    assert wsu.deserialize(data) is wsg.rebuild_cuda_tensor_by_uuid
