@@ -108,6 +108,27 @@ class WeightStore:
                     f"{name}: dtype {tensor.dtype} cannot replace {param.dtype}"
                 )
 
+    def _check_metadata(self, metadata: list[wt.TensorMeta], buffer_bytes: int) -> None:
+        """`_check` from the metadata alone (no tensor views: on a GPU a view costs ~10 us of host
+        time, ~6 ms for the 290 tensors of a 0.5B model), and every tensor inside the buffer."""
+        for m in metadata:
+            if not 0 <= m.start_idx <= m.end_idx <= buffer_bytes:
+                raise WeightUpdateError(
+                    f"{m.name}: bytes [{m.start_idx}, {m.end_idx}) overrun the bucket "
+                    f"({buffer_bytes} bytes)"
+                )
+            param = self.params.get(m.name)
+            if param is None:
+                raise WeightUpdateError(f"unknown parameter name {m.name!r}")
+            if tuple(m.shape) != tuple(param.shape):
+                raise WeightUpdateError(
+                    f"{m.name}: shape {list(m.shape)} does not match the model's "
+                    f"{list(param.shape)}"
+                )
+            dtype = getattr(torch, m.dtype)
+            if not (dtype.is_floating_point or not param.dtype.is_floating_point):
+                raise WeightUpdateError(f"{m.name}: dtype {dtype} cannot replace {param.dtype}")
+
     def _target(self, name: str) -> int:
         """The arena `name` is staged into: the one its parameter does not live in."""
         return 1 if self._home[self._canonical[name]] == 0 else 0
@@ -153,11 +174,12 @@ class WeightStore:
         comes first (validated=True: this buffer and metadata passed it before, skip it); the
         sender's buffer may be reused as soon as this returns.
         """
-        if not validated or not self._arena_layout(metadata):
+        if not validated:
+            self._check_metadata(metadata, buffer.numel())
+        if not self._arena_layout(metadata):
             views = wt.unflatten_tensors(buffer, metadata)
             self._check(views)
-            if not self._arena_layout(metadata):
-                return self.stage(views)
+            return self.stage(views)
         index = self._target(metadata[0].name)
         first, last = self._layout[self._canonical[metadata[0].name]], metadata[-1]
         used = last.end_idx - metadata[0].start_idx
