@@ -21,8 +21,11 @@ class LearnerSettings(EngineFleetSettings):
     model_path: str = Field(
         "smollm2", description="'smollm2', 'tiny' or a HF directory (the initial policy)."
     )
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="auto: cuda when available, else cpu."
+    device: str = Field(
+        "auto",
+        pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+        description="auto (cuda when available, else cpu), cpu, cuda or cuda:<index> (e.g. "
+        "compose's learner, which also sees the engine's GPU).",
     )
     consumer_name: str = Field(
         "learner-0",
