@@ -69,9 +69,8 @@ async def test_a_kept_cuda_ipc_bucket_delivers_every_new_version_to_the_engine(
             await assert_engine_serves(learner_model, gpu_engine.url, version)
     bucket.close()
     assert len(handles) == 1  # the same buffer every time: the engine maps it once
-    assert (
-        len(payloads) == 1
-    )  # the same string: the engine's fast path (no parse, no checks, no open)
+    # the same string: the engine's fast path (no parse, no checks, no open)
+    assert len(payloads) == 1
 
 
 async def test_an_unsynchronized_fill_is_read_by_the_engine_only_after_its_copies_finished(
