@@ -3,7 +3,8 @@ REST validation, a posted task -> trajectories in shellrl:episodes -> scored -> 
 admission against a learner that never advances, `shellrl submit`, an evaluation, and the sandbox
 and then the engine killed mid-episode (INFRA trajectories, nothing lost, gateway healthy).
 
-Runs last in this package on purpose: its final test kills the package's engine process.
+Its final test kills the package's engine process, and starts it again before it returns (modules
+that sort after this one use it).
 """
 
 from __future__ import annotations
@@ -353,3 +354,7 @@ def test_engine_killed_mid_episode_gives_infra_trajectories_nothing_lost_gateway
     assert http.get(f"/v1/tasks/{TASK['task_id']}").json()["failures"].get(
         "infra_engine", 0
     ) >= len(failed)
+    # the package's engine, back for the test modules that sort after this one
+    # (test_infra_accounting, test_replica_recovery, test_seeded_sampling, ...)
+    engine.stop()
+    engine.start(ready_timeout_s=180)
