@@ -7,7 +7,7 @@ STAMP := $(VENV)/.shellrl-installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := redis-server bubblewrap prometheus
 
-.PHONY: run test lint format test-unit test-service test-e2e test-gpu bench proto setup system-deps clean
+.PHONY: run test lint format test-unit test-service test-e2e test-gpu chaos bench fuzz proto setup system-deps clean
 
 run: setup  ## set up what is missing, then run the main job on the embedded default
 	$(VENV)/bin/shellrl run $(ARGS)
@@ -36,8 +36,15 @@ test-e2e: setup
 test-gpu: setup
 	$(PY) -m pytest -q tests/gpu
 
+chaos: setup  ## every fault on a training stack, counted (ROUNDS=n repeats them; RESULT=file.json)
+	SHELLRL_CHAOS=full SHELLRL_CHAOS_ROUNDS=$(or $(ROUNDS),1) SHELLRL_CHAOS_RESULT=$(RESULT) \
+	  $(PY) -m pytest -q -s -p no:cacheprovider tests/e2e/test_chaos.py -k full
+
 bench: setup  ## benchmarks; prints tables (copy the latest into BENCHMARKS.md)
 	$(PY) -m benchmarks $(ARGS)
+
+fuzz: setup  ## schemathesis over every service's OpenAPI, against a local stack (BENCHMARKS.md)
+	$(PY) -m benchmarks.fuzz_apis $(ARGS)
 
 setup: system-deps $(STAMP)
 

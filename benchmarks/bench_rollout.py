@@ -68,6 +68,7 @@ def _start(module: str, port: int, *extra: str) -> subprocess.Popen:
     proc = subprocess.Popen(
         [sys.executable, "-m", module, "--port", str(port), *extra],
         cwd=REPO,
+        env={**os.environ, "SHELLRL_AUTH_DISABLED": "true"},  # a local benchmark's own services
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,

@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
         with Stack(cfg) as stack:
             pid = json.loads(stack.pid_file.read_text())["processes"]["engine"]
             rollout = stack.config.url("rollout")
-            client = httpx.Client(base_url=rollout)
+            client = httpx.Client(base_url=rollout, headers=stack.config.auth_headers())
             ids = submit(client, load_taskset("generated", "train", seed=0)[:60], eval_copy=True)
             client.post(
                 "/v1/evaluations",

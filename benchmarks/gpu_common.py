@@ -56,7 +56,13 @@ class EngineProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, ready_timeout_s: float = 600.0) -> EngineProcess:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SHELLRL_LOG_LEVEL": "WARNING", **self.env}
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "SHELLRL_LOG_LEVEL": "WARNING",
+            "SHELLRL_AUTH_DISABLED": "true",  # a benchmark's own engine on loopback
+            **self.env,
+        }
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - the child writes to it until stop()
         self.proc = subprocess.Popen(

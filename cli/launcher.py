@@ -8,6 +8,11 @@ would add a daemon with its own config format for what is ~200 lines here.
 Order: redis-server (AOF in <state>/redis, its own port, never the shared 6379) → engine →
 sandbox → verifier → rollout → learner. Shutdown runs in reverse: SIGTERM, a grace period, then
 SIGKILL of the process group; Redis last, which rewrites nothing and fsyncs its AOF on SIGTERM.
+
+Auth: every service requires the stack's token (`StackConfig.api_token`, fresh per stack), handed
+over as `SHELLRL_API_TOKEN_FILE` = <state>/api_token (mode 0600, never in a command line or an
+environment); the CLI reads it from there (`cli.stack_config.api_headers`). Token settings of the
+launcher's own environment are not passed on.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from pathlib import Path
 from cli.stack_config import STATE_DIR, StackConfig, device_env, port_is_free
 from cli.stack_failure import StackError, last_error_line
 from shellrl.service.main import wait_until_ready
+
+_TOKEN_SETTINGS = ("SHELLRL_API_TOKEN", "SHELLRL_API_TOKEN_FILE", "SHELLRL_AUTH_DISABLED")
 
 _PR_SET_PDEATHSIG = 1
 
@@ -78,6 +85,7 @@ class Stack:
                 f"ports in use: {', '.join(busy)} (another stack running? try `shellrl down`)"
             )
         try:
+            self._write_token_file()
             self._start_redis()
             for name in cfg.services:
                 self._start_service(name)
@@ -157,16 +165,25 @@ class Stack:
                 time.sleep(0.1)
         raise StackError("redis-server did not answer PING within 20 s")
 
+    def _write_token_file(self) -> None:
+        """<state>/api_token holding the stack's token, readable by this user only."""
+        path = self.config.api_token_file
+        path.unlink(missing_ok=True)  # a file of another stack may have other permissions
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.config.api_token + "\n")
+
     def _start_service(self, name: str) -> None:
         cfg = self.config
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k.upper() not in _TOKEN_SETTINGS},
             "PYTHONUNBUFFERED": "1",
             **cfg.common_env(),
             **device_env(cfg.device, name, cfg.gpu_memory),
             **cfg.service_env.get(name, {}),
             "SHELLRL_PORT": str(cfg.ports[name]),
             "SHELLRL_HOST": "127.0.0.1",
+            "SHELLRL_API_TOKEN_FILE": str(cfg.api_token_file.resolve()),
         }
         proc = self._spawn(name, [sys.executable, "-m", f"services.{name}"], env, cfg.url(name))
         self.wait_ready(proc, cfg.ready_timeout_s)
@@ -190,6 +207,7 @@ class Stack:
                     "ports": self.config.ports,
                     "urls": {p.name: p.url for p in self.procs if p.url},
                     "redis_url": self.config.redis_url,
+                    "api_token_file": str(self.config.api_token_file.resolve()),
                     "started_at": time.time(),
                 },
                 indent=2,
@@ -206,10 +224,17 @@ class Stack:
             os.killpg(p.popen.pid, sig)
             p.popen.wait()
 
-    def restart(self, name: str) -> None:
-        self.kill(name)
+    def restart(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Stop `name` with `sig` (if it still runs) and start it again, "redis" included (same
+        port and AOF directory), in its old place in the stop order."""
+        index = [p.name for p in self.procs].index(name)
+        self.kill(name, sig)
         self.procs = [p for p in self.procs if p.name != name]
-        self._start_service(name)
+        if name == "redis":
+            self._start_redis()
+        else:
+            self._start_service(name)
+        self.procs.insert(index, self.procs.pop())
         self._write_pid_file()
 
     # --- stop ------------------------------------------------------------------------------
@@ -234,6 +259,7 @@ class Stack:
             p.popen.wait()
         self.procs = []
         self.pid_file.unlink(missing_ok=True)
+        self.config.api_token_file.unlink(missing_ok=True)
 
     def __enter__(self) -> Stack:
         return self.start()

@@ -7,7 +7,14 @@ again, write a report.
 
 Eval sets (fixed, greedy, identical before and after): `eval_id` (held-out instances of the
 training templates), `eval_ood` (templates never trained on), the seed tasks and a fixed sample
-of the AgentBench training tasks. Training pool: the tasks of `--train-set`.
+of the AgentBench training tasks. Training pool: the tasks of `--train-set`. With `eval_samples`
+> 1, each task is evaluated by that many episodes sampled at `eval_temperature` (estimator:
+cli/eval_stats.py). The task sets come from `task_seed` (fixed across runs, so runs compare on
+one eval set); `seed` drives everything random in a run: the engine's sampling (a seed per
+request, services/rollout/seeding.py), the epoch order of the pool and the learner's RNGs.
+
+The job ends with `summary.json` and one summary line (cli/run_summary.py): eval_id and eval_ood
+before -> after, whether the target is met, and every template that lost solved instances.
 """
 
 from __future__ import annotations
@@ -22,8 +29,16 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from cli.job_evaluations import evaluate, log_evaluations
 from cli.launcher import Stack
-from cli.stack_config import DEVICES, GPU_MEMORY_FRACTIONS, GPU_SERVICES, StackConfig, device_env
+from cli.stack_config import (
+    DEVICES,
+    GPU_MEMORY_FRACTIONS,
+    GPU_SERVICES,
+    StackConfig,
+    api_headers,
+    device_env,
+)
 from cli.stack_status import collect
 from shellrl.contract import task_to_json
 from shellrl.tracking import TrackingConfig, create_tracker
@@ -63,7 +78,19 @@ class JobConfig:
     eval_id_episodes: int = 64
     eval_ood_episodes: int = 32
     agentbench_eval_tasks: int = 8
+    # drives the engine's per-request sampling seeds, the pool's epoch order and pass-rate
+    # steering's draws (rollout), and the learner's torch/numpy/python RNGs
     seed: int = 0
+    # the generated task sets (training pool and eval sets): fixed, so runs of any seed compare
+    task_seed: int = 0
+    # episodes per eval task and their temperature: 1 and 0.0 = greedy; K > 1 needs T > 0
+    eval_samples: int = 1
+    eval_temperature: float = 0.0
+    # DAPO dynamic sampling (gateway and learner): a step trains groups_per_step groups with
+    # reward variance; groups whose members all scored the same give their admission back
+    dynamic_sampling: bool = False
+    # pass over most tasks of templates whose recent training success is 0 or 1 (rollout)
+    pass_rate_steering: bool = False
     # torch intra-op threads of the engine and the learner. The learner (1 thread; prefix sharing makes a
     # trained group ~30 s) idles most of the time, so the engine gets both cores: in BENCHMARKS.md's
     # "Main job", run3 (engine 2 threads) trained 13 groups in 17 min, run2 (1 thread) 6
@@ -89,15 +116,22 @@ class JobConfig:
             "SHELLRL_TEMPERATURE": str(self.temperature),
             "SHELLRL_MAX_NEW_TOKENS": str(self.max_new_tokens),
             "SHELLRL_MAX_TURNS": str(self.max_turns),
+            "SHELLRL_DYNAMIC_SAMPLING": str(self.dynamic_sampling).lower(),
             **self.extra_env,
         }
         service_env = {
             "engine": {"SHELLRL_NUM_THREADS": str(self.engine_threads)},
             "verifier": {"SHELLRL_REQUIRE_COMMAND": str(self.require_command).lower()},
+            "rollout": {
+                "SHELLRL_POOL_SEED": str(self.seed),
+                "SHELLRL_SAMPLING_SEED": str(self.seed),
+                "SHELLRL_PASS_RATE_STEERING": str(self.pass_rate_steering).lower(),
+            },
             # a whole group per micro-batch, its prompt run once (prefix sharing needs the
             # KV cache, so no activation checkpointing; 135M parameters fit in memory anyway)
             "learner": {
                 "SHELLRL_NUM_THREADS": str(self.learner_threads),
+                "SHELLRL_SEED": str(self.seed),
                 "SHELLRL_KL_COEF": str(self.kl_coef),
                 "SHELLRL_MICRO_BATCH_SIZE": str(self.group_size),
                 "SHELLRL_GRADIENT_CHECKPOINTING": "false",
@@ -159,10 +193,10 @@ def _eval_id(cfg: JobConfig) -> list:
     from tasksets.generator import generate
 
     if cfg.train_set != "curriculum":
-        return generate("eval_id", seed=cfg.seed)[: cfg.eval_id_episodes]
+        return generate("eval_id", seed=cfg.task_seed)[: cfg.eval_id_episodes]
     pool = [
         t
-        for t in generate("eval_id", count=400, seed=cfg.seed)
+        for t in generate("eval_id", count=400, seed=cfg.task_seed)
         if t.template in CURRICULUM_TEMPLATES
     ]
     return pool[: cfg.eval_id_episodes]
@@ -175,7 +209,9 @@ def eval_sets(cfg: JobConfig) -> dict[str, list]:
     step = max(1, len(agentbench) // max(cfg.agentbench_eval_tasks, 1))
     return {
         "eval_id": _eval_id(cfg),
-        "eval_ood": load_taskset("generated", "eval_ood", seed=cfg.seed)[: cfg.eval_ood_episodes],
+        "eval_ood": load_taskset("generated", "eval_ood", seed=cfg.task_seed)[
+            : cfg.eval_ood_episodes
+        ],
         "seeds": load_taskset("seeds"),
         "agentbench": agentbench[::step][: cfg.agentbench_eval_tasks],
     }
@@ -187,11 +223,11 @@ def train_tasks(cfg: JobConfig) -> list:
     if cfg.train_set == "curriculum":
         generated = [
             t
-            for t in load_taskset("generated", "train", seed=cfg.seed)
+            for t in load_taskset("generated", "train", seed=cfg.task_seed)
             if t.template in CURRICULUM_TEMPLATES
         ]
         return load_taskset("seeds") + generated
-    return load_taskset(cfg.train_set, "train", seed=cfg.seed)
+    return load_taskset(cfg.train_set, "train", seed=cfg.task_seed)
 
 
 # --- REST helpers ------------------------------------------------------------------------------
@@ -212,44 +248,6 @@ def submit(client: httpx.Client, tasks: list, eval_copy: bool = False) -> list[s
         r.raise_for_status()
         ids += [row["task_id"] for row in r.json()["tasks"]]
     return ids
-
-
-def evaluate(client: httpx.Client, sets: dict[str, list[str]], label: str) -> dict[str, dict]:
-    """Start one evaluation per set (greedy, one episode per task) and wait for all of them."""
-    started = {}
-    for name, ids in sets.items():
-        r = client.post(
-            "/v1/evaluations",
-            json={"task_ids": ids, "greedy": True, "episodes_per_task": 1},
-            timeout=60,
-        )
-        r.raise_for_status()
-        started[name] = r.json()["evaluation_id"]
-    results: dict[str, dict] = {}
-    t0 = time.monotonic()
-    with console.status(f"[bold]evaluation {label}") as status:
-        while len(results) < len(started):
-            for name, eid in started.items():
-                if name in results:
-                    continue
-                view = client.get(f"/v1/evaluations/{eid}", timeout=30).json()
-                if view.get("state") in ("done", "failed", "cancelled"):
-                    results[name] = view
-            done = sum(
-                client.get(f"/v1/evaluations/{e}", timeout=30).json().get("episodes_done", 0)
-                for e in started.values()
-            )
-            total = sum(len(v) for v in sets.values())
-            status.update(
-                f"[bold]evaluation {label}: {done}/{total} episodes, {time.monotonic() - t0:.0f} s"
-            )
-            time.sleep(2)
-    for name, view in results.items():
-        console.print(
-            f"  {label} {name:>10}: success {view.get('success_rate')}  ({view.get('episodes_scored')} "
-            f"scored, versions {view.get('policy_versions_seen')}, outcomes {view.get('outcomes')})"
-        )
-    return results
 
 
 # --- training progress ---------------------------------------------------------------------------
@@ -300,40 +298,22 @@ def train(cfg: JobConfig, info: dict, learner_url: str) -> list[dict]:
                 break
             time.sleep(3)
     # wait for the step in progress and its weight push: the "after" eval then runs on one version
-    httpx.post(f"{learner_url}/v1/pause", params={"wait": "true"}, timeout=960).raise_for_status()
+    httpx.post(
+        f"{learner_url}/v1/pause",
+        params={"wait": "true"},
+        timeout=960,
+        headers=api_headers(environ={"SHELLRL_API_TOKEN_FILE": info["api_token_file"]}),
+    ).raise_for_status()
     return snapshots
 
 
-def log_evaluations(tracker, results: dict[str, dict], tasks_by_id: dict) -> None:
-    """Success with n and its 95% interval per eval set, and a per-template table, at the policy
-    version the evaluation ran on."""
-    from cli.report import per_template
-    from cli.report_plots import eval_bar
-
-    for name, view in results.items():
-        rate, n, lo, hi = eval_bar(view)
-        step = max(view.get("policy_versions_seen") or [0])
-        tracker.log_metrics(
-            {
-                f"eval/{name}/success_rate": rate,
-                f"eval/{name}/success_low": lo,
-                f"eval/{name}/success_high": hi,
-                f"eval/{name}/episodes": n,
-            },
-            step,
-        )
-        rows = [
-            [t, s, e, round(s / e, 4) if e else None]
-            for t, (s, e) in sorted(per_template(view, tasks_by_id).items())
-        ]
-        columns = ["template", "successes", "episodes", "success_rate"]
-        tracker.log_table(f"eval/{name}/per_template", columns, rows, step)
-
-
-def check_verifier_config(verifier_url: str, require_command: bool) -> None:
+def check_verifier_config(
+    verifier_url: str, require_command: bool, headers: dict | None = None
+) -> None:
     """Raise RuntimeError unless the running verifier's `require_command` (GET /v1/config) is the
     job's: an environment that overrode it would silently train on guesses again (run6)."""
-    running = httpx.get(f"{verifier_url}/v1/config", timeout=10).json().get("require_command")
+    config = httpx.get(f"{verifier_url}/v1/config", timeout=10, headers=headers).json()
+    running = config.get("require_command")
     if running is not require_command:
         raise RuntimeError(
             f"the verifier runs with require_command={running!r}, the job asks for {require_command}"
@@ -343,6 +323,7 @@ def check_verifier_config(verifier_url: str, require_command: bool) -> None:
 def run_job(cfg: JobConfig) -> Path:
     """The whole job; returns the report directory."""
     from cli.report import write_report
+    from cli.run_summary import summarize, summary_line
 
     report_dir = cfg.state_dir / "report"
     report_dir.mkdir(parents=True, exist_ok=True)
@@ -361,19 +342,20 @@ def run_job(cfg: JobConfig) -> Path:
         info = json.loads(stack.pid_file.read_text())
         phases["stack_start_s"] = time.time() - t_start
         console.print(f"stack up in {phases['stack_start_s']:.0f} s; logs in {stack.log_dir}/")
-        check_verifier_config(stack.config.url("verifier"), cfg.require_command)
-        client = httpx.Client(base_url=stack.config.url("rollout"))
+        headers = stack.config.auth_headers()
+        check_verifier_config(stack.config.url("verifier"), cfg.require_command, headers)
+        client = httpx.Client(base_url=stack.config.url("rollout"), headers=headers)
         eval_ids = {name: submit(client, tasks, eval_copy=True) for name, tasks in sets.items()}
         tasks_by_id = {i: t for name, ts in sets.items() for i, t in zip(eval_ids[name], ts)}
         t_eval = time.time()
-        before = evaluate(client, eval_ids, "before")
+        before = evaluate(client, eval_ids, "before", cfg.eval_samples, cfg.eval_temperature)
         phases["eval_before_s"] = time.time() - t_eval
         log_evaluations(tracker, before, tasks_by_id)
         submit(client, train_pool)
         t_train = time.time()
         snapshots = train(cfg, info, stack.config.url("learner"))
         train_s = phases["train_s"] = time.time() - t_train
-        after = evaluate(client, eval_ids, "after")
+        after = evaluate(client, eval_ids, "after", cfg.eval_samples, cfg.eval_temperature)
         phases["eval_after_s"] = time.time() - t_train - train_s
         log_evaluations(tracker, after, tasks_by_id)
         tracker.close()
@@ -389,8 +371,12 @@ def run_job(cfg: JobConfig) -> Path:
     steps = (
         [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
     )
+    summary = summarize(before, after, tasks_by_id, job_meta(cfg, steps, phases))
+    summary["line"] = summary_line(summary)
+    (report_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     path = write_report(
         report_dir,
+        summary=summary,
         config=asdict(cfg) | {"state_dir": str(cfg.state_dir)},
         before=before,
         after=after,
@@ -404,4 +390,22 @@ def run_job(cfg: JobConfig) -> Path:
         train_started_at=t_train,
     )
     console.print(f"[bold green]report written:[/] {path}")
+    console.print(f"[bold]summary:[/] {summary['line']}", soft_wrap=True)
     return report_dir
+
+
+def job_meta(cfg: JobConfig, steps: list[dict], phases: dict) -> dict:
+    """What summary.json says about the run besides its evaluations."""
+    trained = [s for s in steps if "step" in s and "event" not in s]
+    return {
+        "seed": cfg.seed,
+        "task_seed": cfg.task_seed,
+        "eval_samples": cfg.eval_samples,
+        "eval_temperature": cfg.eval_temperature,
+        "dynamic_sampling": cfg.dynamic_sampling,
+        "pass_rate_steering": cfg.pass_rate_steering,
+        "kl_coef": cfg.kl_coef,
+        "steps": len({s["step"] for s in trained}),
+        "steps_with_training": len({s["step"] for s in trained if s.get("trajectories")}),
+        "phases": phases,
+    }

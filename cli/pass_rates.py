@@ -79,9 +79,11 @@ def measure(
     templates: tuple[str, ...] | None = None,
     seed: int = 0,
     poll_s: float = 2.0,
+    headers: dict | None = None,
 ) -> tuple[list[TemplateRate], dict]:
     """Submit `tasks_per_template` train instances of every generated train template (or of
     `templates`) as eval copies, never in the training pool, and evaluate them at `temperature`.
+    `headers`: the stack's `Authorization` (default: `cli.stack_config.api_headers()`).
     Returns the rates and the raw evaluation view."""
     from rich.console import Console
 
@@ -95,7 +97,11 @@ def measure(
         if len(by_template[t.template]) < tasks_per_template:
             by_template[t.template].append(t)
     tasks = [t for ts in by_template.values() for t in ts]
-    client = httpx.Client(base_url=rollout_url)
+    from cli.stack_config import api_headers
+
+    client = httpx.Client(
+        base_url=rollout_url, headers=api_headers() if headers is None else headers
+    )
     ids = submit(client, tasks, eval_copy=True)
     template_of = dict(zip(ids, (t.template for t in tasks)))
     body = {

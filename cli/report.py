@@ -4,7 +4,9 @@ Inputs: the evaluations before/after (GET /v1/evaluations/{id} views), the learn
 (`steps.jsonl`: reward_mean, success_rate, seconds, tokens_per_second, rss_bytes, finished_at per
 step), the status snapshots taken while training (`time`, learner and rollout status, the
 engine's generated-token counter), and the final /metrics texts of learner and rollout.
-Success rates are reported with their n and a 95% Wilson interval.
+Success rates are reported with their n and a 95% interval (cli/eval_stats.py: Wilson over tasks
+for one episode per task, a bootstrap over tasks for several); `summary` (cli/run_summary.py)
+adds the target verdict and the per-template regressions.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from cli import report_plots as plots
+from cli.eval_stats import set_score
 from cli.stack_status import histogram_buckets, quantile_from_buckets
 from shellrl.contract import task_to_json
 
@@ -32,6 +35,23 @@ def per_template(view: dict, tasks_by_id: dict) -> dict[str, list[int]]:
         out[key][1] += 1
         out[key][0] += int(r.get("outcome") == "success")
     return dict(out)
+
+
+def _summary_section(summary: dict | None) -> list[str]:
+    """The target verdict, the summary line and the table of templates that lost instances."""
+    if not summary:
+        return []
+    lines = ["### Target and regressions", "", f"`{summary['line']}`", ""]
+    if summary["regressions"]:
+        lines += ["| set: template | instances | before | after | beyond 1 instance |"]
+        lines += ["|---|---|---|---|---|"]
+        for r in summary["regressions"]:
+            lines.append(
+                f"| {r['set']}: {r['template']} | {r['instances']} | {r['before']:g} | "
+                f"{r['after']:g} | {'yes' if r['beyond_tolerance'] else 'no'} |"
+            )
+        lines.append("")
+    return lines
 
 
 def _with_interval(view: dict | None) -> str:
@@ -55,9 +75,11 @@ def write_report(
     total_s: float,
     tasks_by_id: dict,
     train_started_at: float | None = None,
+    summary: dict | None = None,
 ) -> Path:
     """Write report.md, the PNG plots, evaluations.json and steps.json into `out`; returns the
-    path of report.md. train_started_at: Unix time training started (the wall-clock axis' 0)."""
+    path of report.md. train_started_at: Unix time training started (the wall-clock axis' 0);
+    summary: the run's summary.json content (its target verdict and regressions are shown)."""
     out.mkdir(parents=True, exist_ok=True)
     # keep only the last record of each step (a resume rewrites rolled-back steps)
     by_step = {}
@@ -85,10 +107,14 @@ def write_report(
     ]
     rss = [int(s["rss_bytes"]) for s in steps if s.get("rss_bytes")]
     lines = ["# shellrl main job report", ""]
+    first = set_score(next(iter(before.values()), None))
     lines += [
-        "## Evaluation (greedy, fixed task instances, one episode each)",
+        "## Evaluation (greedy, fixed task instances, one episode each)"
+        if first.samples_per_task <= 1
+        else f"## Evaluation (fixed task instances, {first.samples_per_task} sampled episodes each)",
         "",
-        "Success with its 95% Wilson interval; n = episodes scored.",
+        f"Success (mean pass rate over tasks) with its 95% interval ({first.estimator}); "
+        "n = episodes scored.",
         "",
         "| set | n | before | after | change |",
         "|---|---|---|---|---|",
@@ -107,6 +133,7 @@ def write_report(
         f"{after[next(iter(after))].get('policy_versions_seen') if after else 'n/a'}.",
         "",
     ]
+    lines += _summary_section(summary)
     lines += [
         "### Per template (eval_id and eval_ood)",
         "",

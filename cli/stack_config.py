@@ -1,7 +1,8 @@
 """The configuration of a local stack: which services, on which ports, devices and environment.
 
 `StackConfig` is what `shellrl up` starts (cli/launcher.py starts and stops the processes);
-`device_env` puts engine and learner on the CPU or share one GPU between them.
+`device_env` puts engine and learner on the CPU or share one GPU between them; `api_headers` is
+the `Authorization` header the CLI sends to a running stack (its token: shellrl/service/auth.py).
 """
 
 from __future__ import annotations
@@ -12,8 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cli.errors import CliError
+from shellrl.clients.transport import auth_headers
+from shellrl.service.auth import new_token
 
 STATE_DIR = Path(os.environ.get("SHELLRL_STATE_DIR", ".shellrl"))
+API_TOKEN_FILE = "api_token"  # <state dir>/api_token: the running stack's token, mode 0600
 SERVICE_ORDER = ("engine", "sandbox", "verifier", "rollout", "learner")
 DEFAULT_PORTS = {
     "redis": 6399,
@@ -89,6 +93,20 @@ def device_env(
     return env
 
 
+def api_headers(state_dir: Path = STATE_DIR, environ: dict[str, str] | None = None) -> dict:
+    """The `Authorization` header for a CLI call to a stack: the token of SHELLRL_API_TOKEN, else of
+    the file SHELLRL_API_TOKEN_FILE names, else of `<state_dir>/api_token` (what `shellrl up`
+    wrote); {} when there is none (a stack with auth disabled)."""
+    environ = os.environ if environ is None else environ
+    if environ.get("SHELLRL_API_TOKEN"):
+        return auth_headers(environ["SHELLRL_API_TOKEN"])
+    path = Path(environ.get("SHELLRL_API_TOKEN_FILE") or state_dir / API_TOKEN_FILE)
+    try:
+        return auth_headers(path.read_text().strip())
+    except OSError:
+        return {}
+
+
 def port_is_free(port: int) -> bool:
     """True when nothing listens on 127.0.0.1:`port`. SO_REUSEADDR as uvicorn and redis-server bind
     with it: connections in TIME_WAIT, which a just-stopped stack leaves for a minute, do not count."""
@@ -105,7 +123,8 @@ def port_is_free(port: int) -> bool:
 class StackConfig:
     """What `shellrl up` starts. ports: service -> port; env: extra SHELLRL_* for every service;
     device: 'cpu' or 'cuda' for engine and learner (`device_env`), gpu_memory: their GPU memory
-    fractions with 'cuda'."""
+    fractions with 'cuda'; api_token: the stack's bearer token (a fresh random one per config),
+    which every service requires and sends (cli/launcher.py hands it over in a 0600 file)."""
 
     state_dir: Path = STATE_DIR
     model_path: str = "smollm2"
@@ -117,9 +136,18 @@ class StackConfig:
     services: tuple[str, ...] = SERVICE_ORDER
     ready_timeout_s: float = 300.0
     echo_logs: bool = True
+    api_token: str = field(default_factory=new_token, repr=False)
 
     def url(self, service: str) -> str:
         return f"http://127.0.0.1:{self.ports[service]}"
+
+    def auth_headers(self) -> dict[str, str]:
+        """`{"Authorization": "Bearer <api_token>"}` for calls to this stack's services."""
+        return auth_headers(self.api_token)
+
+    @property
+    def api_token_file(self) -> Path:
+        return self.state_dir / API_TOKEN_FILE
 
     @property
     def redis_url(self) -> str:

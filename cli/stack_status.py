@@ -1,9 +1,12 @@
 """Collect and render the state of a running stack (used by `shellrl status` and `shellrl run`).
 
-`collect(info)` reads each service's /readyz and /v1/status, Redis stream lengths and backlogs,
-the staleness histogram from the learner's /metrics and the engine's generated-token counter; it
-never raises (a service that does not answer shows as down). `down_parts(snapshot)` names what is
-down; `render(snapshot)` returns a rich renderable.
+`collect(info)` reads each service's /readyz and /v1/status (with the stack's token, from the file
+the pid file names: `api_token_file`), Redis stream lengths and backlogs, the entries each group
+lost to trimming (pending entries trimmed away before they were handled: `lost_key`, counted by
+every stream consumer, kept across restarts), the staleness histogram from the learner's
+/metrics and the engine's generated-token counter; it never raises (a service that does not
+answer shows as down). `down_parts(snapshot)` names what is down; `render(snapshot)` returns a
+rich renderable.
 """
 
 from __future__ import annotations
@@ -15,7 +18,9 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 from rich.table import Table
 
+from cli.stack_config import api_headers
 from shellrl import streams
+from shellrl.streams.keys import lost_key
 
 STREAM_GROUPS = (
     (streams.STREAM_TASKS, streams.GROUP_ROLLOUT),
@@ -27,9 +32,9 @@ STREAM_GROUPS = (
 GENERATION_TOKEN_COUNTERS = ("shellrl_engine_generation_tokens", "sglang:generation_tokens")
 
 
-def _get(url: str, timeout_s: float = 2.0) -> dict | None:
+def _get(url: str, timeout_s: float = 2.0, headers: dict | None = None) -> dict | None:
     try:
-        r = httpx.get(url, timeout=timeout_s)
+        r = httpx.get(url, timeout=timeout_s, headers=headers)
         return (
             r.json()
             if r.headers.get("content-type", "").startswith("application/json")
@@ -78,11 +83,16 @@ def quantile_from_buckets(buckets: dict[float, float], q: float) -> float | None
 
 
 def stream_stats(redis_url: str) -> dict[str, dict]:
+    """{stream: {"length", "pending", "lag" (of the stream's pipeline group), "lost": {group:
+    entries trimmed away before that group handled them}}}, plus "_policy_version", or "_error"
+    when Redis did not answer."""
     out: dict[str, dict] = {}
     try:
         r = redis.Redis.from_url(redis_url, socket_timeout=2)
         for stream, group in STREAM_GROUPS:
             row = {"length": int(r.xlen(stream)), "pending": None, "lag": None}
+            lost = sorted(r.hgetall(lost_key(stream)).items())
+            row["lost"] = {g.decode(): int(n) for g, n in lost}
             if group:
                 try:
                     for g in r.xinfo_groups(stream):
@@ -105,8 +115,11 @@ def collect(info: dict) -> dict:
     for name, url in urls.items():
         ready = _get(f"{url}/readyz")
         snap["ready"][name] = bool(ready and ready.get("ready"))
-    snap["learner"] = _get(f"{urls['learner']}/v1/status") if "learner" in urls else None
-    snap["rollout"] = _get(f"{urls['rollout']}/v1/status") if "rollout" in urls else None
+    token_file = info.get("api_token_file")
+    headers = api_headers(environ={"SHELLRL_API_TOKEN_FILE": token_file} if token_file else None)
+    learner, rollout = urls.get("learner"), urls.get("rollout")
+    snap["learner"] = _get(f"{learner}/v1/status", headers=headers) if learner else None
+    snap["rollout"] = _get(f"{rollout}/v1/status", headers=headers) if rollout else None
     snap["staleness"] = {}
     if "learner" in urls:
         try:
@@ -176,8 +189,11 @@ def render(snap: dict) -> Table:
     table.add_row("staleness p50/p90/p99", " / ".join(str(s.get(q)) for q in (0.5, 0.9, 0.99)))
     for stream, row in st.items():
         if not stream.startswith("_"):
+            lost = ", ".join(f"{g} {n}" for g, n in row.get("lost", {}).items() if n)
             table.add_row(
-                stream, f"length {row['length']}  pending {row['pending']}  lag {row['lag']}"
+                stream,
+                f"length {row['length']}  pending {row['pending']}  lag {row['lag']}"
+                + (f"  [red]lost to trimming: {lost}[/]" if lost else ""),
             )
     if "_error" in st:
         table.add_row("redis", f"[red]{st['_error']}")

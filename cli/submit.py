@@ -5,6 +5,9 @@ sent in batches of `--batch-size` as JSON lists; the gateway validates a whole b
 stores any of it, and names the bad field as `tasks[i].<field>`, which is reported here as
 `FILE:LINE: <field>: <message>`. Re-submitting a file is idempotent (same content = `duplicate`).
 
+The gateway's token comes from SHELLRL_API_TOKEN, SHELLRL_API_TOKEN_FILE or the running local
+stack's `.shellrl/api_token` (`cli.stack_config.api_headers`).
+
 Exit status: 0 all stored, 1 a line was rejected or the gateway failed, 2 the file is unreadable.
 """
 
@@ -17,6 +20,8 @@ import sys
 from pathlib import Path
 
 import httpx
+
+from cli.stack_config import api_headers
 
 DEFAULT_URL = os.environ.get("SHELLRL_ROLLOUT_URL", "http://127.0.0.1:8100")
 _LIST_FIELD = re.compile(r"^tasks\[(\d+)\]\.?(.*)$")
@@ -62,13 +67,16 @@ def submit(
     split: str | None = None,
     timeout_s: float = 60.0,
     echo=print,
+    headers: dict | None = None,
 ) -> dict:
-    """Post the file; returns {"created", "duplicates", "errors": [str], "task_ids": [str]}."""
+    """Post the file; returns {"created", "duplicates", "errors": [str], "task_ids": [str]}.
+    `headers`: the gateway's `Authorization` (default: `api_headers()`)."""
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     lines = read_lines(path)
     summary: dict = {"created": 0, "duplicates": 0, "errors": [], "task_ids": []}
-    with httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s) as client:
+    headers = api_headers() if headers is None else headers
+    with httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s, headers=headers) as client:
         for start in range(0, len(lines), batch_size):
             batch = lines[start : start + batch_size]
             body = [

@@ -21,6 +21,7 @@ import sys
 from collections import Counter, defaultdict
 
 from shellrl.contract import split_name, task_to_json
+from shellrl.service.auth import new_token
 from shellrl.service.main import wait_until_ready
 from tasksets import SPLITS, TASKSETS, load_taskset
 
@@ -76,6 +77,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         tasks = random.Random(args.seed).sample(tasks, args.sample)
     sandbox = _start_sandbox() if args.start_sandbox else None
     url = sandbox.url if sandbox else args.sandbox_url
+    token = sandbox.api_token if sandbox else os.environ.get("SHELLRL_API_TOKEN")
     try:
         results = asyncio.run(
             validate_tasks(
@@ -84,6 +86,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                 wrong_answers=generated_wrong_answers(tasks, args.seed),
                 concurrency=args.concurrency,
                 cache=None if args.no_cache else ValidationCache(),
+                api_token=token,
             )
         )
     finally:
@@ -136,7 +139,8 @@ def _rate(k: int, n: int) -> str:
 
 
 class _SandboxProcess:
-    """`python -m services.sandbox` on a free loopback port, for one validation run; stopped by pid."""
+    """`python -m services.sandbox` on a free loopback port, for one validation run, with a fresh
+    bearer token (`api_token`); stopped by pid."""
 
     def __init__(self) -> None:
         import socket
@@ -146,8 +150,11 @@ class _SandboxProcess:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
+        self.api_token = new_token()
+        inherited = ("SHELLRL_API_TOKEN", "SHELLRL_API_TOKEN_FILE", "SHELLRL_AUTH_DISABLED")
         env = {
-            **os.environ,
+            **{k: v for k, v in os.environ.items() if k not in inherited},
+            "SHELLRL_API_TOKEN": self.api_token,
             "SHELLRL_PORT": str(port),
             "SHELLRL_HOST": "127.0.0.1",
             "SHELLRL_LOG_LEVEL": "WARNING",

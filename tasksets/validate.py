@@ -176,8 +176,10 @@ async def validate_tasks(
     wrong_answers: dict[str, str] | None = None,
     concurrency: int = 4,
     cache: ValidationCache | None = None,
+    api_token: str | None = None,
 ) -> list[TaskValidation]:
-    """Validate `tasks` against the sandbox at `sandbox_url`, `concurrency` at a time.
+    """Validate `tasks` against the sandbox at `sandbox_url` (its bearer token: `api_token`),
+    `concurrency` at a time.
 
     Tasks whose content key is in `cache` are reported as validated without running; newly
     validated ones are added to it (and saved). Returns one TaskValidation per task, in order.
@@ -186,7 +188,7 @@ async def validate_tasks(
     from services.verifier.settings import VerifierSettings
     from shellrl.clients.sandbox import SandboxClient
 
-    sandbox = SandboxClient(sandbox_url)
+    sandbox = SandboxClient(sandbox_url, api_token=api_token)
     verifier = build_verifier(
         VerifierSettings(sandbox_url=sandbox_url, worker_enabled=False), sandbox
     )

@@ -68,7 +68,9 @@ def run(args) -> int:
             services=tuple(s for s in SERVICE_ORDER if s != "learner"),
         )  # nothing trains
         with Stack(cfg) as stack:
-            rates, _ = pr.measure(stack.config.url("rollout"), **kw)
+            rates, _ = pr.measure(
+                stack.config.url("rollout"), headers=stack.config.auth_headers(), **kw
+            )
     meta = {
         "model_path": args.model_path,
         "temperature": args.temperature,

@@ -3,6 +3,11 @@
 
     shellrl run [--config shellrl.toml] [--steps 40] [--group-size 8] [--model-path smollm2] ...
     shellrl run --device cuda ...      # engine (bf16) and learner on one GPU
+    shellrl run --seed 1 --dynamic-sampling --pass-rate-steering --groups-per-step 2
+    shellrl run --eval-samples 4 --eval-temperature 0.7   # 4 sampled episodes per eval task
+
+The report's summary.json and the job's last line say whether the run met the target; compare
+runs with `shellrl report --compare DIR...`.
 """
 
 from __future__ import annotations
@@ -97,6 +102,44 @@ def add_arguments(parser) -> None:
         help="AgentBench training tasks evaluated",
     )
     parser.add_argument(
+        "--seed",
+        type=int,
+        default=d.seed,
+        help="seed of the run: engine sampling (a seed per request), the pool's epoch order, "
+        "the learner's RNGs",
+    )
+    parser.add_argument(
+        "--task-seed",
+        type=int,
+        default=d.task_seed,
+        help="seed of the generated training pool and eval sets (keep it to compare runs)",
+    )
+    parser.add_argument(
+        "--eval-samples",
+        type=int,
+        default=d.eval_samples,
+        help="episodes per eval task (> 1 needs --eval-temperature > 0; estimator: mean pass "
+        "rate per task, bootstrap interval over tasks)",
+    )
+    parser.add_argument(
+        "--eval-temperature",
+        type=float,
+        default=d.eval_temperature,
+        help="sampling temperature of the evaluations (0 = greedy, one episode per task)",
+    )
+    parser.add_argument(
+        "--dynamic-sampling",
+        action="store_true",
+        default=d.dynamic_sampling,
+        help="DAPO dynamic sampling: every learner step trains groups with reward variance",
+    )
+    parser.add_argument(
+        "--pass-rate-steering",
+        action="store_true",
+        default=d.pass_rate_steering,
+        help="run fewer groups of templates whose recent training success is 0 or 1",
+    )
+    parser.add_argument(
         "--no-require-command",
         dest="require_command",
         action="store_false",
@@ -146,6 +189,8 @@ def run(args) -> int:
     from cli.stack_config import check_device
     from shellrl.tracking import PACKAGES, installed
 
+    if args.eval_samples < 1 or (args.eval_samples > 1 and args.eval_temperature <= 0):
+        raise CliError("--eval-samples > 1 needs --eval-temperature > 0 (greedy repeats itself)")
     check_device(
         args.device, {"engine": args.engine_gpu_memory, "learner": args.learner_gpu_memory}
     )
@@ -177,6 +222,12 @@ def run(args) -> int:
         learner_threads=args.learner_threads,
         require_command=args.require_command,
         tracker=args.tracker,
+        seed=args.seed,
+        task_seed=args.task_seed,
+        eval_samples=args.eval_samples,
+        eval_temperature=args.eval_temperature,
+        dynamic_sampling=args.dynamic_sampling,
+        pass_rate_steering=args.pass_rate_steering,
     )
     env = getattr(args, "config_env", None) or {}
     if taken := sorted(set(env) & cfg.managed_env()):

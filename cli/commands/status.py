@@ -1,5 +1,6 @@
 """One screen on a running stack: policy version, learner step and losses, queue lengths and
-backlogs, throughput, staleness, and each service's readiness.
+backlogs, entries lost to trimming (pending entries trimmed away before their group handled them;
+per group, in red, once there are any), throughput, staleness, and each service's readiness.
 
     shellrl status [--state-dir .shellrl] [--watch]
 

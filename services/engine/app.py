@@ -10,159 +10,51 @@ the shellrl probes `/healthz`, `/readyz`, `/metrics`, `/v1/config` come from `sh
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 import uuid
 from datetime import UTC, datetime
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, ValidationError
 
 from services.engine import metrics
-from services.engine.protocol import parse_generate
+from services.engine.bodies import (
+    AbortBody,
+    BeginBody,
+    ContinueBody,
+    DestroyGroupBody,
+    DiskUpdateBody,
+    DistributedUpdateBody,
+    EndBody,
+    InitGroupBody,
+    PauseBody,
+    TensorUpdateBody,
+    UpdateResult,
+    WeightsByNameBody,
+    WeightVersionBody,
+    parse_body,
+    read_json,
+    route_doc,
+)
+from services.engine.protocol import generate_request_schema, parse_generate
+from services.engine.registration import registered
 from services.engine.request_state import DuplicateRequestId
 from services.engine.response import render_response
 from services.engine.runtime import EngineRuntime
-from services.engine.scheduler_commands import PAUSE_MODES
 from services.engine.settings import EngineSettings
 from services.engine.weights import WeightUpdateError
 from shellrl.service.app import ApiError, create_app
 from shellrl.service.main import Served
-
-
-class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class AbortBody(_Body):
-    rid: str = ""
-    abort_all: StrictBool = False
-
-
-class PauseBody(_Body):
-    mode: str = "abort"
-
-
-class ContinueBody(_Body):
-    torch_empty_cache: StrictBool = (
-        True  # SGLang's default (io_struct.py:ContinueGenerationReqInput); no-op here
-    )
-
-
-class BeginBody(_Body):
-    selector: str = "all"
-
-
-class TensorUpdateBody(_Body):
-    serialized_named_tensors: list
-    load_format: str | None = None
-    flush_cache: StrictBool = True
-    abort_all_requests: StrictBool = False
-    weight_version: str | None = None
-    selector: str = "all"
-    torch_empty_cache: StrictBool = False
-
-
-class InitGroupBody(_Body):
-    """SGLang's InitWeightsUpdateGroupReqInput (io_struct.py); rid is BaseReq's."""
-
-    master_address: str
-    master_port: StrictInt
-    rank_offset: StrictInt
-    world_size: StrictInt
-    group_name: str = "weight_update_group"
-    backend: str = "nccl"
-    rid: str | None = None
-
-
-class DestroyGroupBody(_Body):
-    group_name: str = "weight_update_group"
-    rid: str | None = None
-
-
-class DistributedUpdateBody(_Body):
-    """SGLang's UpdateWeightsFromDistributedReqInput (io_struct.py)."""
-
-    names: list[str]
-    dtypes: list[str]
-    shapes: list[list[StrictInt]]
-    group_name: str = "weight_update_group"
-    flush_cache: StrictBool = True
-    abort_all_requests: StrictBool = False
-    weight_version: str | None = None
-    load_format: str | None = None
-    selector: str = "all"
-    torch_empty_cache: StrictBool = False
-    rid: str | None = None
-
-
-class DiskUpdateBody(_Body):
-    model_path: str
-    load_format: str | None = None
-    abort_all_requests: StrictBool = False
-    weight_version: str | None = None
-    is_async: StrictBool = False
-    torch_empty_cache: StrictBool = False
-    keep_pause: StrictBool = False
-    recapture_cuda_graph: StrictBool = False
-    token_step: int = 0
-    flush_cache: StrictBool = True
-    manifest: dict | None = None
-
-
-class WeightVersionBody(_Body):
-    new_version: str
-    abort_all_requests: StrictBool = True
-
-
-class WeightsByNameBody(_Body):
-    name: str
-    truncate_size: int = 100
-
-
-async def _json(request: Request) -> object:
-    raw = await request.body()
-    if not raw:
-        return {}
-    try:
-        return json.loads(raw, parse_constant=_no_constant, parse_float=_finite_float)
-    except json.JSONDecodeError as exc:
-        raise ApiError(400, "invalid_json", f"request body is not valid JSON: {exc}") from exc
-
-
-def _finite_float(text: str) -> float:
-    """A JSON number too large for a float (`1e999`) would read as inf."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ApiError(
-            400, "invalid_json", f"request body is not valid JSON: {text} overflows a float"
-        )
-    return value
-
-
-def _no_constant(name: str):
-    """Python's json accepts NaN/Infinity, which JSON does not (a temperature of Infinity would
-    sample uniformly)."""
-    raise ApiError(
-        400, "invalid_json", f"request body is not valid JSON: {name} is not a JSON number"
-    )
-
-
-async def _parse(request: Request, model: type[BaseModel]):
-    """Body as `model`; ApiError(400) naming the first bad field."""
-    try:
-        return model.model_validate(await _json(request))
-    except ValidationError as exc:
-        error = exc.errors()[0]
-        where = ".".join(str(p) for p in error["loc"]) or None
-        raise ApiError(400, "invalid_request", f"{where}: {error['msg']}", where) from exc
+from shellrl.service.openapi import error_responses, json_body
 
 
 def _update_failure(message: str) -> JSONResponse:
     return JSONResponse({"success": False, "message": message}, status_code=400)
 
 
+_EMPTY_200_503 = {
+    200: {"description": "Healthy (empty body)"},
+    503: {"description": "Starting, failing or shutting down (empty body)"},
+}
 DISCONNECT_POLL_S = 1.0
 DISK_LOAD_FORMATS = (None, "auto", "safetensors")
 
@@ -202,7 +94,8 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
     async def lifespan(_: FastAPI):
         runtime.start()
         try:
-            yield
+            async with registered(runtime):  # shellrl:engines while serving (registration.py)
+                yield
         finally:
             await asyncio.to_thread(runtime.stop)
 
@@ -212,10 +105,28 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
             "weight_version": runtime.weight_version,
         }
 
-    app = create_app("engine", runtime.settings.public_dict(), ready_check=ready, lifespan=lifespan)
+    app = create_app(
+        "engine",
+        runtime.settings.public_dict(),
+        ready_check=ready,
+        lifespan=lifespan,
+        api_token=runtime.settings.api_token_value(),
+        openapi_components={"UpdateResult": UpdateResult.model_json_schema()},
+    )
     scheduler = runtime.scheduler
 
-    @app.api_route("/generate", methods=["POST", "PUT"])
+    @app.api_route(
+        "/generate",
+        methods=["POST", "PUT"],
+        openapi_extra=json_body(generate_request_schema()),
+        responses={
+            200: {
+                "description": "SGLang's response object (a list of them for a batch)",
+                "content": {"application/json": {"schema": {"type": ["object", "array"]}}},
+            },
+            **error_responses(400, 503),
+        },
+    )
     async def generate(request: Request):
         if runtime.draining:
             raise ApiError(
@@ -224,7 +135,7 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
                 "the engine is shutting down; send the request to another engine",
             )
         specs, is_batch = parse_generate(
-            await _json(request), runtime.limits, runtime.tokenizer, lambda: uuid.uuid4().hex
+            await read_json(request), runtime.limits, runtime.tokenizer, lambda: uuid.uuid4().hex
         )
         try:
             states = scheduler.submit_many(specs, asyncio.get_running_loop())  # all or none
@@ -244,28 +155,37 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
         bodies = [render_response(state, runtime.tokenizer) for state in finished]
         return JSONResponse(bodies if is_batch else bodies[0])
 
-    @app.post("/abort_request")
+    @app.post("/abort_request", response_class=Response, **route_doc(AbortBody))
     async def abort_request(request: Request):
-        body = await _parse(request, AbortBody)
+        body = await parse_body(request, AbortBody)
         if body.rid or body.abort_all:
             await runtime.run(lambda: scheduler.abort(body.rid, body.abort_all))
         return Response(status_code=200)
 
-    @app.post("/pause_generation")
+    @app.post("/pause_generation", **route_doc(PauseBody))
     async def pause_generation(request: Request):
-        body = await _parse(request, PauseBody)
-        if body.mode not in PAUSE_MODES:
-            raise ApiError(400, "invalid_request", f"mode must be one of {PAUSE_MODES}", "mode")
+        body = await parse_body(request, PauseBody)
         await runtime.run(lambda: scheduler.pause(body.mode))
         return {"message": "Generation paused successfully.", "status": "ok"}
 
-    @app.post("/continue_generation")
+    @app.post("/continue_generation", **route_doc(ContinueBody))
     async def continue_generation(request: Request):
-        await _parse(request, ContinueBody)
+        await parse_body(request, ContinueBody)
         await runtime.run(scheduler.resume)
         return {"message": "Generation continued successfully.", "status": "ok"}
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.api_route(
+        "/flush_cache",
+        methods=["GET", "POST"],
+        response_class=PlainTextResponse,
+        responses={
+            200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+            400: {
+                "description": "Not flushed: requests are running or waiting",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            },
+        },
+    )
     async def flush_cache():
         if await runtime.run(scheduler.flush_cache):
             return PlainTextResponse(
@@ -276,26 +196,26 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
             "Cache not flushed: requests are running or waiting.\n", status_code=400
         )
 
-    @app.post("/begin_weight_update")
+    @app.post("/begin_weight_update", **route_doc(BeginBody, update=True))
     async def begin_weight_update(request: Request):
-        await _parse(request, BeginBody)
+        await parse_body(request, BeginBody)
         try:
             runtime.begin_session()
         except WeightUpdateError as exc:
             return _update_failure(str(exc))
         return {"success": True, "message": "Weight update session started."}
 
-    @app.post("/end_weight_update")
+    @app.post("/end_weight_update", **route_doc(EndBody, update=True))
     async def end_weight_update(request: Request):
-        await _json(request)
+        await parse_body(request, EndBody)
         try:
             return {"success": True, "message": await runtime.end_session()}
         except WeightUpdateError as exc:
             return _update_failure(str(exc))
 
-    @app.post("/update_weights_from_tensor")
+    @app.post("/update_weights_from_tensor", **route_doc(TensorUpdateBody, update=True))
     async def update_weights_from_tensor(request: Request):
-        body = await _parse(request, TensorUpdateBody)
+        body = await parse_body(request, TensorUpdateBody)
         try:
             message = await runtime.update_from_tensor(
                 body.serialized_named_tensors,
@@ -307,9 +227,9 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
             return _update_failure(str(exc))
         return {"success": True, "message": message}
 
-    @app.post("/init_weights_update_group")
+    @app.post("/init_weights_update_group", **route_doc(InitGroupBody, update=True))
     async def init_weights_update_group(request: Request):
-        body = await _parse(request, InitGroupBody)
+        body = await parse_body(request, InitGroupBody)
         try:
             await runtime.init_group(
                 body.master_address,
@@ -323,18 +243,18 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
             return _update_failure(str(exc))
         return {"success": True, "message": "Succeeded to initialize custom process group."}
 
-    @app.post("/destroy_weights_update_group")
+    @app.post("/destroy_weights_update_group", **route_doc(DestroyGroupBody, update=True))
     async def destroy_weights_update_group(request: Request):
-        body = await _parse(request, DestroyGroupBody)
+        body = await parse_body(request, DestroyGroupBody)
         try:
             await runtime.destroy_group(body.group_name)
         except WeightUpdateError as exc:
             return _update_failure(str(exc))
         return {"success": True, "message": "Succeeded to destroy custom process group."}
 
-    @app.post("/update_weights_from_distributed")
+    @app.post("/update_weights_from_distributed", **route_doc(DistributedUpdateBody, update=True))
     async def update_weights_from_distributed(request: Request):
-        body = await _parse(request, DistributedUpdateBody)
+        body = await parse_body(request, DistributedUpdateBody)
         try:
             message = await runtime.update_from_distributed(
                 body.names,
@@ -349,9 +269,9 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
             return _update_failure(str(exc))
         return {"success": True, "message": message}
 
-    @app.post("/update_weights_from_disk")
+    @app.post("/update_weights_from_disk", **route_doc(DiskUpdateBody, update=True))
     async def update_weights_from_disk(request: Request):
-        body = await _parse(request, DiskUpdateBody)
+        body = await parse_body(request, DiskUpdateBody)
         if body.load_format not in DISK_LOAD_FORMATS:
             return _update_failure(
                 f"load_format {body.load_format!r} is not supported; this engine reads "
@@ -365,9 +285,9 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
             return _update_failure(str(exc))
         return {"success": True, "message": message, "num_paused_requests": 0}
 
-    @app.post("/update_weight_version")
+    @app.post("/update_weight_version", **route_doc(WeightVersionBody))
     async def update_weight_version(request: Request):
-        body = await _parse(request, WeightVersionBody)
+        body = await parse_body(request, WeightVersionBody)
         await runtime.set_weight_version(body.new_version, body.abort_all_requests)
         return {
             "success": True,
@@ -375,9 +295,9 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
             "new_version": body.new_version,
         }
 
-    @app.api_route("/get_weights_by_name", methods=["GET", "POST"])
+    @app.api_route("/get_weights_by_name", methods=["GET", "POST"], **route_doc(WeightsByNameBody))
     async def get_weights_by_name(request: Request):
-        body = await _parse(request, WeightsByNameBody)
+        body = await parse_body(request, WeightsByNameBody)
         param = runtime.weights.params.get(body.name)
         if param is None:
             raise ApiError(400, "invalid_request", f"unknown parameter name {body.name!r}", "name")
@@ -404,12 +324,12 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
             "loads": [runtime.loads()],
         }
 
-    @app.get("/ready")
+    @app.get("/ready", response_class=Response, responses=_EMPTY_200_503)
     async def sglang_ready():
         return Response(status_code=200 if scheduler.alive and not runtime.draining else 503)
 
-    @app.get("/health")
-    @app.get("/health_generate")
+    @app.get("/health", response_class=Response, responses=_EMPTY_200_503)
+    @app.get("/health_generate", response_class=Response, responses=_EMPTY_200_503)
     async def health_generate():
         if runtime.draining:  # as SGLang during its graceful exit (http_server.py:health_generate)
             return Response(status_code=503)

@@ -3,6 +3,7 @@
 Input: the JSON body of `POST /generate` (single or batch). Output: one `RequestSpec` per prompt,
 validated, or `ApiError(400)` naming the offending field. `sampling_params` is validated in
 sampling_params.py; response.py renders a finished request as SGLang's response object.
+`generate_request_schema()` documents the body in the engine's OpenAPI document.
 
 Strictness: unknown keys inside `sampling_params` are rejected, as SGLang 0.5.23 does; unknown
 top-level keys are rejected too (SGLang ignores them; shellrl prefers a clear error). SGLang
@@ -14,8 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.engine.sampling import SamplingSpec
-from services.engine.sampling_params import parse_sampling_params
+from services.engine.sampling_params import SamplingParams, parse_sampling_params
 from shellrl.service.app import ApiError
+from shellrl.service.openapi import REF
 
 # Top-level SGLang fields accepted only with these (default) values.
 _DEFAULT_ONLY = {
@@ -94,15 +96,21 @@ def parse_generate(
         raise ApiError(400, "invalid_request", "request body must be a JSON object")
     for key in body:
         if key in _DEFAULT_ONLY:
-            if body[key] is not None and body[key] not in _DEFAULT_ONLY[key]:
+            value = body[key]  # the default itself, of its type: 0 is no `False`, nor 1.0 `1`
+            if value is not None and not any(
+                type(value) is type(d) and value == d for d in _DEFAULT_ONLY[key]
+            ):
                 raise ApiError(
                     400,
                     "unsupported",
-                    f"{key}={body[key]!r} is not supported by shellrl's engine",
+                    f"{key}={value!r} is not supported by shellrl's engine",
                     key,
                 )
         elif key not in _HANDLED and key not in _IGNORED:
             raise ApiError(400, "unknown_field", f"unknown field {key!r}", key)
+    for key in ("return_text_in_logprobs", "return_prompt_token_ids"):
+        if not isinstance(body.get(key, False), bool):
+            raise ApiError(400, "invalid_request", f"{key} must be true or false", key)
     prompts, is_batch = _prompts(body, tokenizer, limits)
     count = len(prompts)
     params = _per_item(body.get("sampling_params") or {}, count, "sampling_params", dict, is_batch)
@@ -264,3 +272,44 @@ def _spec(
         return_text_in_logprobs=bool(body.get("return_text_in_logprobs", False)),
         return_prompt_token_ids=bool(body.get("return_prompt_token_ids", False)),
     )
+
+
+def generate_request_schema() -> dict:
+    """JSON Schema of the `/generate` body this engine accepts (SGLang's GenerateReqInput subset):
+    exactly one of `text`/`input_ids`, a batch when it is a list of prompts, per-prompt lists of
+    `sampling_params`/`rid`/`return_logprob` in a batch; the SGLang fields of `_DEFAULT_ONLY`
+    only at their default, those of `_IGNORED` as anything. `SamplingParams` goes to `$defs`."""
+    params = SamplingParams.model_json_schema(ref_template=REF)
+    params_ref = {"$ref": REF.format(model="SamplingParams")}
+    ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+    flag = {"type": "boolean"}
+    null = {"type": "null"}
+    text = {"type": "string", "minLength": 1}
+    texts = {"oneOf": [text, {"type": "array", "items": text, "minItems": 1}]}
+    prompts = {"oneOf": [ids, {"type": "array", "items": ids, "minItems": 1}]}
+    properties: dict = {
+        "text": {"oneOf": [*texts["oneOf"], null]},
+        "input_ids": {"oneOf": [*prompts["oneOf"], null]},
+        "sampling_params": {"oneOf": [params_ref, {"type": "array", "items": params_ref}, null]},
+        "rid": {
+            "oneOf": [text, {"type": "array", "items": text}, null],
+            "description": "null: a fresh uuid",
+        },
+        "return_logprob": {"oneOf": [flag, {"type": "array", "items": flag}]},
+        "return_text_in_logprobs": flag,
+        "return_prompt_token_ids": flag,
+    }
+    for name, allowed in _DEFAULT_ONLY.items():
+        properties[name] = {"enum": list(dict.fromkeys([*allowed, None])), "description": "default"}
+    for name in sorted(_IGNORED):
+        properties[name] = {"description": "accepted, ignored"}
+    return {
+        "$defs": {"SamplingParams": params, **params.pop("$defs", {})},
+        "type": "object",
+        "properties": properties,
+        "anyOf": [  # exactly one of them not null
+            {"required": ["text"], "properties": {"text": texts, "input_ids": null}},
+            {"required": ["input_ids"], "properties": {"input_ids": prompts, "text": null}},
+        ],
+        "additionalProperties": False,
+    }

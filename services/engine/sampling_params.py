@@ -32,7 +32,8 @@ class SamplingParams(BaseModel):
     no_stop_trim: StrictBool = False
     skip_special_tokens: StrictBool = True
     spaces_between_special_tokens: StrictBool = True
-    sampling_seed: StrictInt | None = None
+    # SGLang's bound (sampling_params.py:verify); past it torch's generator overflowed (a 500)
+    sampling_seed: StrictInt | None = Field(None, ge=-(2**63), le=2**63 - 1)
     stream_interval: StrictInt | None = None
     custom_params: dict | None = None
     # Accepted only at their defaults (checked in `parse_sampling_params`).

@@ -52,3 +52,12 @@ class EngineSettings(ServiceSettings):
     health_check_timeout_s: float = Field(
         20.0, gt=0, description="/health_generate gives 503 after this."
     )
+    register_url: str = Field(
+        "",
+        description="Where the gateway and learner reach this engine (e.g. http://<pod ip>:30000): "
+        "when set, it registers itself in shellrl:engines at redis_url while it serves "
+        "(registration.py); '' = no registration (name it in SHELLRL_ENGINE_URLS).",
+    )
+    register_heartbeat_s: float = Field(
+        2.0, gt=0, description="Seconds between registry heartbeats; live for 3 of them."
+    )

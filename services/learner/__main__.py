@@ -1,20 +1,87 @@
-"""`python -m services.learner [--host H] [--port P]`: the learner service (HTTP + training loop)."""
+"""`python -m services.learner [--host H] [--port P]`: the learner service (HTTP + training loop).
+
+`torchrun --nproc-per-node N -m services.learner` runs it data-parallel: rank 0 is the service
+(and holds the learner lock in Redis), the other ranks follow it (follower.py, data_parallel.py).
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import sys
 
 from services.learner.allocator import reexec_with_jemalloc
+
+log = logging.getLogger("services.learner")
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     reexec_with_jemalloc("services.learner", argv)  # before torch allocates anything (allocator.py)
+    import redis
+
+    from services.learner.learner_lock import LearnerLock, LearnerLockHeld
+    from services.learner.settings import LearnerSettings
+
+    if {"-h", "--help"} & set(argv):
+        _serve(argv)
+        return
+    settings = LearnerSettings.from_env_or_exit()
+    if int(os.environ.get("RANK", "0")) > 0:
+        from services.learner.follower import run_follower
+
+        run_follower(settings)
+        return
+    lock = LearnerLock(
+        redis.Redis.from_url(settings.redis_url),
+        name=settings.consumer_name,
+        port=settings.listen_port,
+        ttl_s=settings.lock_ttl_s,
+    )
+    try:
+        lock.acquire()
+    except (LearnerLockHeld, redis.ConnectionError) as exc:
+        raise SystemExit(f"learner: {exc}") from None
+    from services.learner.ranks import RendezvousError, current, init_ranks  # imports torch
+
+    try:
+        try:
+            init_ranks(
+                fsdp=settings.fsdp,
+                backend=settings.distributed_backend,
+                device=settings.device,
+                timeout_s=settings.distributed_timeout_s,
+            )
+        except (RendezvousError, ValueError) as exc:
+            raise SystemExit(f"learner: {exc}") from None
+        lock.start_renewing(on_lost=_stop_when_lost)
+        # uvicorn re-raises the SIGTERM it handled once the server has shut down (with the
+        # handler found before it): release the lock then, and die of the signal as before
+        signal.signal(signal.SIGTERM, lambda signum, _: _release_and_die(lock, signum))
+        _serve(argv)
+    finally:
+        lock.release()
+        current().close()
+
+
+def _serve(argv: list[str]) -> None:
     from services.learner.app import build_app
     from services.learner.settings import LearnerSettings
     from shellrl.service.main import run_service
 
     run_service("learner", LearnerSettings, build_app, argv, description=__doc__)
+
+
+def _stop_when_lost(holder: str) -> None:
+    log.error("the learner lock is held by another learner; stopping", extra={"holder": holder})
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _release_and_die(lock, signum: int) -> None:
+    lock.release()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,8 @@ GET  /v1/status       version, step, LR, last step's losses/clip fractions/impor
 POST /v1/checkpoints  write a checkpoint now (after the step in progress) -> 201 {"step", "path"}
 POST /v1/pause        stop taking steps (the step in progress finishes) -> {"paused": true, "step": N}; with
                      ?wait=true it answers once that step and its weight push are done, so N is the
-                     version the engines serve until /v1/resume
+                     version the engines serve until /v1/resume (409 pause_timeout when that takes
+                     longer than ?timeout_s; the learner stays paused)
 POST /v1/resume       take steps again -> {"paused": false}
 """
 
@@ -25,6 +26,7 @@ from fastapi.responses import JSONResponse
 
 from services.learner import metrics
 from services.learner.checkpoint import CheckpointStore
+from services.learner.engine_membership import EngineMembership
 from services.learner.group_assembler import DROP_REASONS, GroupAssembler
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import Trainer, TrainerConfig
@@ -33,10 +35,12 @@ from services.learner.weight_transport import choose_transport
 from services.learner.worker import LearnerWorker, WorkerConfig
 from shellrl import streams
 from shellrl.clients.engine import EngineClient
+from shellrl.clients.engine_registry import model_fingerprint, model_summary
 from shellrl.models import load_model, load_tokenizer
 from shellrl.rl.losses import PPOConfig
 from shellrl.service.aio import cancel_and_wait
 from shellrl.service.app import ApiError, create_app
+from shellrl.service.openapi import error_responses
 from shellrl.streams import export_stream_stats
 
 log = logging.getLogger(__name__)
@@ -82,7 +86,13 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
     model = load_model(s.model_path, dtype=torch.float32, device=device)
     tokenizer = load_tokenizer(s.model_path)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    client = EngineClient(s.engine_url_list, timeout_s=s.weight_sync_timeout_s, connect_retries=1)
+    client = EngineClient(
+        s.engine_url_list,
+        timeout_s=s.weight_sync_timeout_s,
+        connect_retries=1,
+        api_token=s.api_token_value(),
+        allow_empty=True,  # registered engines join (engine_membership.py)
+    )
     transport = choose_transport(
         s.weight_transport, next(model.parameters()).device, s.engine_url_list
     )
@@ -99,6 +109,15 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
         master_address=s.weight_sync_master_address,
         pause_mode=s.weight_sync_pause,
     )
+    config = model.config.to_dict()
+    sync.membership = EngineMembership(
+        redis,
+        sync,
+        model=s.model_path,
+        fingerprint=model_fingerprint(config),
+        summary=model_summary(config),
+        refresh_s=s.engine_refresh_s,
+    )
     consumer = streams.StreamConsumer(
         redis,
         streams.STREAM_TRAJECTORIES,
@@ -109,7 +128,11 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
         claim_min_idle_ms=s.claim_min_idle_ms,
         max_deliveries=s.max_deliveries,
     )
-    assembler = GroupAssembler(group_timeout_s=s.group_timeout_s, max_staleness=s.max_staleness)
+    assembler = GroupAssembler(
+        group_timeout_s=s.group_timeout_s,
+        max_staleness=s.max_staleness,
+        dynamic_sampling=s.dynamic_sampling,
+    )
     config = WorkerConfig(
         groups_per_step=s.groups_per_step,
         checkpoint_interval_steps=s.checkpoint_interval_steps,
@@ -167,13 +190,19 @@ def build_app(settings: LearnerSettings) -> FastAPI:
             return {"ready": False, "reason": "worker not running"}
         return {"ready": bool(await state["redis"].ping()), "version": worker.version}
 
-    app = create_app("learner", settings.public_dict(), ready_check, lifespan)
+    app = create_app(
+        "learner",
+        settings.public_dict(),
+        ready_check,
+        lifespan,
+        api_token=settings.api_token_value(),
+    )
 
     @app.get("/v1/status", tags=["learner"])
     async def status() -> dict:
         return state["worker"].status()
 
-    @app.post("/v1/checkpoints", tags=["learner"], status_code=201)
+    @app.post("/v1/checkpoints", tags=["learner"], status_code=201, responses=error_responses(504))
     async def checkpoint() -> JSONResponse:
         future = state["worker"].request_checkpoint()
         try:
@@ -184,18 +213,19 @@ def build_app(settings: LearnerSettings) -> FastAPI:
             ) from None
         return JSONResponse(result, status_code=201)
 
-    @app.post("/v1/pause", tags=["learner"])
+    @app.post("/v1/pause", tags=["learner"], responses=error_responses(409, 422))
     async def pause(wait: bool = False, timeout_s: float = Query(900.0, gt=0, le=3600)) -> dict:
         worker = state["worker"]
         worker.running.clear()
         if wait:
             try:
                 await asyncio.wait_for(worker.paused_idle.wait(), timeout=timeout_s)
-            except TimeoutError:
+            except TimeoutError:  # paused all the same: the caller's wait ran out, no server fault
                 raise ApiError(
-                    504,
+                    409,
                     "pause_timeout",
-                    f"the step in progress did not finish within {timeout_s:g} s",
+                    f"paused, but the step in progress did not finish within {timeout_s:g} s; "
+                    "call again to wait longer",
                     "timeout_s",
                 ) from None
         return {"paused": True, "step": worker.version}

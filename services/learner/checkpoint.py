@@ -4,20 +4,28 @@ the trajectory ids the checkpointed steps consumed; plus the step ledger.
 Layout under `directory`:
   step-000010/        a servable Hugging Face model directory (servable.py: config.json,
                       generation_config.json, model.safetensors in the training dtype, the
-                      tokenizer files of the base model), plus the training state: trainer.pt
-                      (optimizer, scheduler, step), rng.pt, state.json (LearnerState)
+                      tokenizer files of the base model), plus the training state:
+    train/            torch.distributed.checkpoint (DCP) of every rank's shards of the weights
+                      and of the AdamW state, the LR schedule and the step
+                      (Trainer.checkpoint_state), and rng-<rank>.pt (each rank's RNG states)
+    state.json        LearnerState: the data position (the leader's)
   steps.jsonl         one line per learner step (step, version, trajectory ids, stats) and one
                       {"event": "resume", "step": k} line per restart; after a resume from step k,
                       lines of steps > k written before it describe steps that were rolled back.
+Every rank writes its own shards (`write_rank`, a collective when sharded) into the directory the
+leader opened (`begin`); only the leader writes the servable weights, state.json and the ledger,
+and renames the directory once every rank has written (`commit`). DCP reshards on load, so a run
+may resume with another world size (RNG states of ranks that did not exist stay seeded).
 Guarantees: a checkpoint directory appears only complete (written under a temporary name,
 fsynced, renamed; the parent directory fsynced), so `latest()` never returns half a checkpoint;
-the newest `keep` checkpoints are kept. Stream entries are acknowledged only after `save()` of
+the newest `keep` checkpoints are kept. Stream entries are acknowledged only after `commit` of
 a checkpoint that includes their step returned (the caller's rule, see worker.py).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import random
 import re
@@ -27,9 +35,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file
+import torch.distributed.checkpoint as dcp
 
 from services.learner.servable import write_servable
+
+log = logging.getLogger(__name__)
 
 _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
@@ -75,20 +85,25 @@ class CheckpointStore:
         found = self.checkpoints()
         return found[-1] if found else None
 
-    def save(self, model: torch.nn.Module, trainer_state: dict, state: LearnerState) -> Path:
-        """Write a checkpoint of `state.step` atomically; returns its directory. Blocking (disk I/O)."""
+    def begin(self, step: int) -> Path:
+        """The leader: a fresh temporary directory for the checkpoint of `step` (with train/),
+        which every rank then writes into (`write_rank`). Half-written ones of earlier attempts
+        (a crash in the middle of a save) are removed: one learner writes here at a time."""
+        for old in self.directory.glob(".tmp-step-*"):
+            shutil.rmtree(old, ignore_errors=True)
+        tmp = self.directory / f".tmp-step-{step:06d}-{os.getpid()}"
+        (tmp / "train").mkdir(parents=True)
+        return tmp
+
+    def commit(self, tmp: Path, state: LearnerState) -> Path:
+        """The leader, after every rank's `write_rank` returned: state.json, fsync, rename to
+        step-N (replacing a checkpoint of that step from before a crash), prune; returns step-N."""
         final = self.directory / f"step-{state.step:06d}"
-        tmp = self.directory / f".tmp-{final.name}-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
-        write_servable(model, tmp, self.model_source)
-        torch.save(trainer_state, tmp / "trainer.pt")
-        torch.save(_rng_state(), tmp / "rng.pt")
         (tmp / "state.json").write_text(json.dumps(asdict(state)))
-        for path in tmp.iterdir():
+        for path in sorted(tmp.rglob("*"), reverse=True):  # files before their directories
             _fsync(path)
         _fsync(tmp)
-        if final.exists():  # a checkpoint of this step from before a crash: replace it
+        if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
         _fsync(self.directory)
@@ -96,28 +111,18 @@ class CheckpointStore:
             shutil.rmtree(old, ignore_errors=True)
         return final
 
-    def load(self, path: Path, model: torch.nn.Module) -> tuple[dict, LearnerState]:
-        """Load weights into `model` in place and restore RNG states; returns (trainer_state, LearnerState).
+    def save(self, trainer, state: LearnerState) -> Path:
+        """One process (world size 1): `begin`, `write_rank`, `commit`. Blocking (disk I/O)."""
+        tmp = self.begin(state.step)
+        write_rank(trainer, tmp, self.model_source)
+        return self.commit(tmp, state)
 
-        Raises ValueError when the checkpoint's tensors do not match the model (other than tied weights).
-        """
-        tensors = {}
-        for file in sorted(path.glob("*.safetensors")):
-            tensors.update(load_file(str(file)))
-        missing, unexpected = model.load_state_dict(tensors, strict=False)
-        tied = set(getattr(model, "_tied_weights_keys", None) or ())
-        tied |= {
-            k for k in missing if model.config.tie_word_embeddings and k.endswith("lm_head.weight")
-        }
-        if unexpected or set(missing) - tied:
-            raise ValueError(
-                f"checkpoint {path} does not match the model: missing {sorted(set(missing) - tied)[:5]}, "
-                f"unexpected {sorted(unexpected)[:5]}"
-            )
-        trainer_state = torch.load(path / "trainer.pt", weights_only=False)
-        _set_rng_state(torch.load(path / "rng.pt", weights_only=False))
-        raw = json.loads((path / "state.json").read_text())
-        return trainer_state, LearnerState(**raw)
+    def load(self, path: Path, trainer) -> LearnerState:
+        """Every rank: restore `trainer` (weights, optimizer, schedule) and this rank's RNG states
+        from checkpoint `path`; returns its LearnerState. Raises ValueError when the checkpoint
+        has no training state or does not match the model."""
+        load_rank(trainer, path)
+        return read_state(path)
 
     def append_ledger(self, record: dict) -> None:
         """Append one JSON line to steps.jsonl and fsync it."""
@@ -132,6 +137,47 @@ class CheckpointStore:
         return [
             json.loads(line) for line in self.ledger_path.read_text().splitlines() if line.strip()
         ]
+
+
+def write_rank(trainer, tmp: Path, model_source: Path | None = None) -> None:
+    """This rank's part of a checkpoint in `tmp` (from `begin`): its DCP shards and RNG states
+    in train/, and on the leader the servable weights (gathered whole when sharded). Every rank
+    calls it (the DCP save and the gather are collectives)."""
+    rank = trainer.ranks.rank
+    dcp.save(trainer.checkpoint_state(), checkpoint_id=str(tmp / "train"))
+    rng = tmp / "train" / f"rng-{rank}.pt"
+    torch.save(_rng_state(), rng)
+    _fsync(rng)
+    full = trainer.full_state_dict()
+    if trainer.ranks.leader:
+        write_servable(trainer.model, tmp, model_source, state_dict=full)
+
+
+def load_rank(trainer, path: Path) -> None:
+    """This rank's side of `CheckpointStore.load` (every rank calls it: DCP load is a collective)."""
+    train = Path(path) / "train"
+    if not (train / ".metadata").exists():
+        raise ValueError(
+            f"checkpoint {path} has no train/.metadata: not a learner checkpoint, or one written "
+            "before the training state moved to torch.distributed.checkpoint (its weights are "
+            "servable; start a run from them with SHELLRL_MODEL_PATH)"
+        )
+    state = trainer.checkpoint_state()
+    try:
+        dcp.load(state, checkpoint_id=str(train))
+    except Exception as exc:  # CheckpointException: a missing key, a shape or dtype mismatch
+        raise ValueError(f"checkpoint {path} does not match the model: {exc}") from exc
+    trainer.load_checkpoint_state(state)
+    rng = train / f"rng-{trainer.ranks.rank}.pt"
+    if rng.exists():
+        _set_rng_state(torch.load(rng, weights_only=False))
+    else:  # a rank the saving run did not have
+        log.warning("no RNG state for this rank in the checkpoint", extra={"path": str(path)})
+
+
+def read_state(path: Path) -> LearnerState:
+    """The LearnerState (data position) of checkpoint `path`."""
+    return LearnerState(**json.loads((Path(path) / "state.json").read_text()))
 
 
 def surviving_steps(ledger: list[dict]) -> dict[int, dict]:

@@ -1,7 +1,8 @@
 """What the learner knows about its engines and what it tells others: per-engine state (rotation,
-confirmed version, failures), the result of one push, publishing a version to Redis
-(SET shellrl:policy:version + PUBLISH shellrl:policy:updates), the `shellrl:engines` hash the
-gateway can read, and the engine gauges."""
+confirmed version, the registered instance it pushed to, failures), the result of one push,
+publishing a version to Redis (SET shellrl:policy:version + PUBLISH shellrl:policy:updates), the
+`shellrl:engines:sync` hash the gateway routes by (shellrl.clients.engine_registry), and the
+engine gauges."""
 
 from __future__ import annotations
 
@@ -11,21 +12,25 @@ import logging
 from dataclasses import asdict, dataclass, field
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from services.learner import metrics
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY
-from shellrl.streams.keys import ENGINES_KEY
+from shellrl.streams.keys import ENGINE_SYNC_KEY
 
 log = logging.getLogger("services.learner.weight_sync")
 
 
 @dataclass
 class EngineState:
-    """What the learner knows about one engine. version: the last weight_version it confirmed."""
+    """What the learner knows about one engine. version: the last weight_version it confirmed;
+    instance: the registration instance (shellrl:engines) that version went to (None: a seed
+    engine that never registered); last_ok_at: unix seconds of the last confirmation."""
 
     url: str
     in_rotation: bool = True
     version: str | None = None
+    instance: str | None = None
     last_error: str | None = None
     last_ok_at: float | None = None
     failures: int = 0
@@ -69,7 +74,9 @@ async def publish_version(
     redis: aioredis.Redis | None, engines: dict[str, EngineState], version: int, partial: bool
 ) -> bool:
     """SET + PUBLISH `version` when every engine in rotation (at least one) confirmed it and
-    there is a Redis; `partial` (engines were taken out on this push) is logged as a warning."""
+    there is a Redis; `partial` (engines were taken out on this push) is logged as a warning.
+    False when it did not publish, also when Redis did not answer (never raises then: a Redis
+    restart must not stop the learner; `WeightSync.reconcile` publishes it on the next loop)."""
     in_rotation = [u for u, e in engines.items() if e.in_rotation]
     if not in_rotation or redis is None:
         return False
@@ -84,10 +91,17 @@ async def publish_version(
                 "out_of_rotation": [u for u, e in engines.items() if not e.in_rotation],
             },
         )
-    async with redis.pipeline(transaction=True) as pipe:
-        pipe.set(POLICY_VERSION_KEY, version)
-        pipe.publish(POLICY_UPDATES_CHANNEL, str(version))
-        await pipe.execute()
+    try:
+        async with redis.pipeline(transaction=True) as pipe:
+            pipe.set(POLICY_VERSION_KEY, version)
+            pipe.publish(POLICY_UPDATES_CHANNEL, str(version))
+            await pipe.execute()
+    except (RedisError, OSError) as exc:  # Redis restarting: WeightSync.reconcile publishes it
+        log.warning(
+            "could not publish the version; retried on the next loop",
+            extra={"policy_version": version, "error": repr(exc)},
+        )
+        return False
     return True
 
 
@@ -96,15 +110,23 @@ def update_gauges(engines: dict[str, EngineState]) -> None:
     metrics.ENGINES_OUT.set(sum(not e.in_rotation for e in engines.values()))
 
 
+def take_out_of_rotation(state: EngineState, reason: str) -> None:
+    """Mark `state` out of rotation so that `WeightSync.reconcile` probes it at once and brings it
+    back with a full update (its confirmed version no longer holds)."""
+    state.in_rotation, state.version, state.last_error = False, None, reason
+    state.tp_size, state.last_probe_s = None, 0.0
+
+
 async def write_engine_states(
     redis: aioredis.Redis | None, engines: dict[str, EngineState]
 ) -> None:
-    """The `shellrl:engines` hash (url -> JSON EngineState); a failure is logged, never raised."""
-    if redis is None:
+    """The `shellrl:engines:sync` hash (url -> JSON EngineState), which the gateway routes by; a
+    failure is logged, never raised."""
+    if redis is None or not engines:
         return
     try:
         await redis.hset(
-            ENGINES_KEY, mapping={u: json.dumps(e.to_json()) for u, e in engines.items()}
+            ENGINE_SYNC_KEY, mapping={u: json.dumps(e.to_json()) for u, e in engines.items()}
         )
     except Exception:  # status only: never fail a push over it
-        log.exception("could not write shellrl:engines")
+        log.exception("could not write shellrl:engines:sync")

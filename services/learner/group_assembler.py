@@ -11,7 +11,14 @@ sandbox, gateway) does not count as an arrived sample: the gateway re-runs that 
 A released group `counts` toward a learner step when at least 2 of its samples did not fail
 with INFRA (of either kind), whatever happens to them here (stale, unscored, zero variance). That is the
 gateway's "usable" rule: it gives back the admission of a group with fewer than 2 usable samples
-(services/rollout/worker.py), so learner versions and admitted groups stay in step. Guarantees:
+(services/rollout/worker.py), so learner versions and admitted groups stay in step. With dynamic
+sampling (`dynamic_sampling=True`, shellrl/rl/dynamic_sampling.py) a group released complete whose
+usable samples all have one reward key does not count either (`no_reward_variance`): the gateway
+gave its admission back by the same rule on the same trajectories, and admitted another group in
+its place, so each step trains groups with a gradient. A group released by the timeout counts by
+the usable rule alone (its missing samples might have varied; the gateway, seeing them all, may
+then give it back: a slot of slack, never a step that waits for a group that is not coming).
+Guarantees:
 * every trajectory handed in comes back exactly once, either as a member of a returned group or
   as a `Dropped` record with its reason (so every stream entry is eventually acknowledged);
 * a member is valid only if: not an eval episode, scored, a finite training_reward, no INFRA
@@ -47,6 +54,7 @@ from shellrl.contract import (
 )
 from shellrl.rl.advantages import group_advantages
 from shellrl.rl.batch import TrainSample
+from shellrl.rl.dynamic_sampling import has_variance, reward_key
 from shellrl.rl.staleness import staleness
 
 _NOT_SAMPLES = frozenset({"infra_failure", "verifier_failure", "eval"})  # never usable
@@ -105,6 +113,7 @@ class RolloutGroup:
     dropped: tuple[Dropped, ...]
     expected_size: int
     timed_out: bool
+    no_reward_variance: bool = False  # dynamic sampling: complete, one reward key: not counted
 
     @property
     def entry_ids(self) -> list[str]:
@@ -118,7 +127,7 @@ class RolloutGroup:
     def counts(self) -> bool:
         """Whether this group uses one of the `groups_per_step` slots of a learner step."""
         usable = len(self.members) + sum(d.reason not in _NOT_SAMPLES for d in self.dropped)
-        return usable >= 2
+        return usable >= 2 and not self.no_reward_variance
 
 
 @dataclass
@@ -128,6 +137,7 @@ class _Pending:
     first_arrival_s: float
     members: dict[str, Member] = field(default_factory=dict)
     dropped: list[Dropped] = field(default_factory=list)
+    reward_keys: dict[str, str] = field(default_factory=dict)  # usable samples: id -> reward key
 
     @property
     def arrivals(self) -> int:
@@ -139,7 +149,8 @@ class _Pending:
 class GroupAssembler:
     """group_timeout_s: seconds after a group's first arrival before it is released incomplete;
     max_staleness: versions; min_group_size: valid members a released group needs (>= 2);
-    remember_groups: how many released group ids are kept to recognise late members."""
+    remember_groups: how many released group ids are kept to recognise late members;
+    dynamic_sampling: complete groups without reward variance do not count (module docstring)."""
 
     def __init__(
         self,
@@ -149,6 +160,7 @@ class GroupAssembler:
         min_group_size: int = 2,
         remember_groups: int = 100_000,
         clock=time.monotonic,
+        dynamic_sampling: bool = False,
     ) -> None:
         if min_group_size < 2:
             raise ValueError(
@@ -160,6 +172,7 @@ class GroupAssembler:
             min_group_size,
         )
         self.remember_groups, self.clock = remember_groups, clock
+        self.dynamic_sampling = dynamic_sampling
         self._pending: dict[str, _Pending] = {}
         self._released: OrderedDict[str, None] = OrderedDict()
         self._held: set[str] = set()  # entry ids in pending groups
@@ -191,6 +204,8 @@ class GroupAssembler:
         ):
             return Dropped(entry_id, traj.trajectory_id, group_id, "duplicate")
         reason, arrays, oldest = _validate(traj)
+        if not traj.eval and not is_infra(traj.failure):
+            pending.reward_keys[traj.trajectory_id] = reward_key(traj.training_reward, traj.scored)
         stale = None
         if reason is None:
             stale = staleness(learner_version, oldest)
@@ -230,6 +245,9 @@ class GroupAssembler:
             tuple(pending.dropped),
             pending.expected_size,
             timed_out,
+            no_reward_variance=self.dynamic_sampling
+            and not timed_out
+            and not has_variance(pending.reward_keys.values()),
         )
         return self.recheck(group, learner_version)
 

@@ -62,12 +62,18 @@ def copy_tokenizer(source: Path, directory: Path) -> list[str]:
     return copied
 
 
-def write_servable(model: torch.nn.Module, directory: Path, source: Path | None = None) -> None:
+def write_servable(
+    model: torch.nn.Module,
+    directory: Path,
+    source: Path | None = None,
+    state_dict: dict | None = None,
+) -> None:
     """Write `model` into `directory` as a servable directory (module docstring), weights in the
     dtype of its parameters (the training dtype). source: where the tokenizer and, when the model
     has none, generation_config.json come from (default: the directory the model was loaded from);
-    without one the directory has weights and config only."""
-    model.save_pretrained(directory, safe_serialization=True)
+    without one the directory has weights and config only. state_dict: the weights to write
+    instead of the model's own (a sharded model's, gathered whole: Trainer.full_state_dict)."""
+    model.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
     source = source or source_dir(model)
     if source is None:
         return

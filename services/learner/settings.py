@@ -48,6 +48,30 @@ class LearnerSettings(EngineFleetSettings):
         description="torch/numpy/python seed at a fresh start (a resume restores the RNG states).",
     )
 
+    # ranks (torchrun --nproc-per-node N -m services.learner; ranks.py, data_parallel.py)
+    fsdp: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="FSDP2 sharding of the model across the ranks: auto = on when torchrun's "
+        "WORLD_SIZE > 1; on = also at world size 1 (a process group of one); off needs world "
+        "size 1.",
+    )
+    distributed_backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="The ranks' process group: auto = nccl on CUDA, else gloo."
+    )
+    distributed_timeout_s: float = Field(
+        600.0,
+        gt=0,
+        description="How long a rank waits for the others, seconds: at the rendezvous (start-up "
+        "fails naming it) and in every collective (a dead or hung rank fails the others).",
+    )
+    lock_ttl_s: float = Field(
+        30.0,
+        ge=1,
+        description="The learner lock in Redis (one learner per stream, learner_lock.py): its "
+        "expiry, seconds, renewed every third of it; a learner that died without releasing "
+        "it on another host is replaced after at most this long.",
+    )
+
     # batches and groups (DESIGN.md section 5)
     groups_per_step: int = Field(
         4, ge=1, description="Counted groups per learner step (= policy version bump)."
@@ -60,6 +84,12 @@ class LearnerSettings(EngineFleetSettings):
     )
     max_staleness: int = Field(
         1, ge=0, description="Versions a trajectory may lag the learner at training time."
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO dynamic sampling: a complete group whose usable members all scored the "
+        "same reward does not count toward groups_per_step, so a step waits for groups with a "
+        "gradient (the gateway's setting of the same name must match; group_assembler.py).",
     )
     train_zero_variance_groups: bool = Field(
         False,

@@ -14,6 +14,13 @@ weights and a StepResult (loss terms, clip fractions, importance weights, parity
   (policy_version == the version being trained), DESIGN.md section 5.
 The learning rate follows linear warmup over `warmup_steps`, then constant: the LR used by step k
 (1-based) is lr * min(1, k / warmup_steps), restored exactly on resume (known_pitfalls C35).
+
+Data parallel (ranks.py, data_parallel.py): with FSDP2 the model is sharded (sharding.py) and
+each rank trains its share of the step under a `StepPlan` every rank agrees on: the loss is
+divided by the whole step's token count (so the summed gradients, hence the update, do not
+depend on the world size) and every rank runs the same number of forward/backward passes (a
+rank with fewer rows runs idle passes that change no gradient: each pass all-gathers and
+reduce-scatters with the other ranks). Without FSDP a step is exactly what it was.
 """
 
 from __future__ import annotations
@@ -25,10 +32,20 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.tensor import DTensor
 
-from shellrl.rl.batch import TrainBatch
-from shellrl.rl.logprobs import enable_gradient_checkpointing, token_logprobs
+from services.learner import ranks as learner_ranks
+from services.learner.sharding import PolicyLogprobs, shard
+from shellrl.rl.batch import TrainBatch, TrainSample, build_batch
+from shellrl.rl.logprobs import enable_gradient_checkpointing
 from shellrl.rl.losses import LossStats, PPOConfig, decoupled_ppo_loss, loss_weights
 
 log = logging.getLogger(__name__)
@@ -67,8 +84,30 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True)
+class StepPlan:
+    """What every rank of one step agrees on. micro_batches: forward/backward passes per epoch
+    on every rank; loss_tokens, loss_rows: the whole step's scored tokens, and rows with at
+    least one (the loss normalisation, shellrl.rl.losses.loss_weights)."""
+
+    micro_batches: int
+    loss_tokens: int
+    loss_rows: int
+
+    @staticmethod
+    def of(shares: list[list[TrainSample]], micro_batch_size: int) -> StepPlan:
+        """The plan of a step whose rank r trains `shares[r]`."""
+        counts = [int(np.count_nonzero(s.loss_mask)) for share in shares for s in share]
+        return StepPlan(
+            micro_batches=max(-(-len(share) // micro_batch_size) for share in shares),
+            loss_tokens=sum(counts),
+            loss_rows=sum(c > 0 for c in counts),
+        )
+
+
+@dataclass(frozen=True)
 class StepResult:
-    """What one step did. `stats`: LossStats.summary() of the last epoch plus grad norms; parity_*
+    """What one step did (on one rank: its share; data_parallel.merge_results combines them).
+    `stats`: LossStats.summary() of the last epoch plus grad norms, `totals` its raw sums; parity_*
     in nats over `parity_tokens` version-fresh tokens; durations in seconds."""
 
     step: int
@@ -82,17 +121,40 @@ class StepResult:
     tokens: int
     duration_s: float
     skipped_updates: int
+    totals: LossStats = field(default_factory=LossStats)
 
 
 class Trainer:
-    """Owns the model's optimizer and schedule; `step()` trains on one batch (blocking, CPU/GPU)."""
+    """Owns the model's optimizer and schedule; `step()` trains on one batch (blocking, CPU/GPU).
+    ranks: this process's rank (default ranks.current()); with `ranks.fsdp` the model is sharded
+    in place (sharding.shard) and every collective call here must be made on every rank."""
 
-    def __init__(self, model: torch.nn.Module, config: TrainerConfig) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        config: TrainerConfig,
+        ranks: learner_ranks.Ranks | None = None,
+    ) -> None:
         self.model, self.config = model, config
+        self.ranks = ranks or learner_ranks.current()
         _disable_dropout(model)
         if config.gradient_checkpointing:
             enable_gradient_checkpointing(model)
         model.train()
+        self.reference = None
+        if config.loss.kl_coef > 0:
+            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        self.policy = PolicyLogprobs(model, config.chunk_tokens, config.share_prefix_min_tokens)
+        self.reference_policy = None
+        if self.reference is not None:
+            self.reference_policy = PolicyLogprobs(
+                self.reference, config.chunk_tokens, config.share_prefix_min_tokens
+            )
+        if self.sharded:
+            device_type = next(model.parameters()).device.type
+            shard(self.policy, self.ranks.world_size, device_type)
+            if self.reference_policy is not None:
+                shard(self.reference_policy, self.ranks.world_size, device_type)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
@@ -101,31 +163,54 @@ class Trainer:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0
         )
-        self.reference = None
-        if config.loss.kl_coef > 0:
-            self.reference = copy.deepcopy(model).eval().requires_grad_(False)
         self.step_count = 0
+
+    @property
+    def sharded(self) -> bool:
+        """The model is sharded with FSDP2 (its parameters are DTensors)."""
+        return self.ranks.fsdp
 
     @property
     def lr(self) -> float:
         """The learning rate the next step will use."""
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def step(self, batch: TrainBatch, learner_version: int) -> StepResult:
-        """Train on `batch` (advantages set) with the weights of `learner_version`; one step."""
+    def step(
+        self, batch: TrainBatch | None, learner_version: int, plan: StepPlan | None = None
+    ) -> StepResult:
+        """Train on `batch` (advantages set) with the weights of `learner_version`; one step.
+        plan: the step's plan when `batch` is this rank's share of it (None: the batch is the
+        whole step); batch None: this rank has no rows this step (it runs idle passes)."""
         start, cfg = time.perf_counter(), self.config
-        batch = batch.to(
-            self.params[0].device
-        )  # built on CPU by the worker; the model may be on a GPU
+        mbs = cfg.micro_batch_size
+        if plan is None:
+            plan = StepPlan(
+                micro_batches=-(-batch.size // mbs),
+                loss_tokens=batch.num_loss_tokens,
+                loss_rows=int((batch.loss_mask.sum(-1) > 0).sum()),
+            )
+        if batch is not None:  # built on CPU by the worker; the model may be on a GPU
+            batch = batch.to(self.params[0].device)
         lr = self.lr
-        weights = loss_weights(batch.loss_mask, cfg.loss.aggregation)
-        proximal = torch.zeros_like(batch.loss_mask)
+        weights = proximal = None
+        if batch is not None:
+            weights = loss_weights(
+                batch.loss_mask,
+                cfg.loss.aggregation,
+                loss_tokens=plan.loss_tokens,
+                loss_rows=plan.loss_rows,
+            )
+            proximal = torch.zeros_like(batch.loss_mask)
         grad_norm, skipped = 0.0, 0
         for epoch in range(cfg.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             stats = LossStats()
-            for lo in range(0, batch.size, cfg.micro_batch_size):
-                hi = min(lo + cfg.micro_batch_size, batch.size)
+            for k in range(plan.micro_batches):
+                lo = k * mbs
+                if batch is None or lo >= batch.size:
+                    self._idle_pass()
+                    continue
+                hi = min(lo + mbs, batch.size)
                 stats = stats + self._accumulate(
                     batch.rows(lo, hi), lo, hi, weights, proximal, first=epoch == 0
                 )
@@ -141,7 +226,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         self.step_count += 1
-        parity = _parity(proximal, batch, learner_version)
+        parity = (0.0, 0.0, 0) if batch is None else _parity(proximal, batch, learner_version)
         result = StepResult(
             step=self.step_count,
             lr=lr,
@@ -150,10 +235,11 @@ class Trainer:
             parity_mean=parity[0],
             parity_max=parity[1],
             parity_tokens=parity[2],
-            sequences=batch.size,
-            tokens=batch.num_loss_tokens,
+            sequences=0 if batch is None else batch.size,
+            tokens=0 if batch is None else batch.num_loss_tokens,
             duration_s=time.perf_counter() - start,
             skipped_updates=skipped,
+            totals=stats,
         )
         del proximal, weights
         release_memory()
@@ -175,15 +261,17 @@ class Trainer:
         first: bool,
     ) -> LossStats:
         if mb.num_loss_tokens == 0:
+            if self.sharded:
+                self._idle_pass()
             return LossStats()
         width = mb.loss_mask.shape[1]
-        logp = self._logprobs(self.model, mb)
+        logp = self.policy(mb)
         if first:
             proximal[lo:hi, :width] = logp.detach()
         ref = None
-        if self.reference is not None:
+        if self.reference_policy is not None:
             with torch.no_grad():
-                ref = self._logprobs(self.reference, mb)
+                ref = self.reference_policy(mb)
         loss, stats = decoupled_ppo_loss(
             logp,
             proximal[lo:hi, :width],
@@ -197,43 +285,66 @@ class Trainer:
         loss.backward()
         return stats
 
+    def _idle_pass(self) -> None:
+        """A forward and backward that adds nothing to any gradient (loss * 0 over one token), so
+        that this rank joins the other ranks' all-gathers and reduce-scatters of a pass."""
+        batch = _idle_batch().to(self.params[0].device)
+        positions = torch.ones_like(batch.loss_mask, dtype=torch.bool)
+        if self.reference_policy is not None:
+            with torch.no_grad():
+                self.reference_policy(batch, positions)
+        (self.policy(batch, positions).sum() * 0.0).backward()
+
     def _clip(self) -> float:
+        """The global gradient L2 norm (over every rank's shards), clipped to grad_clip_norm."""
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if not grads:
+            return 0.0
+        total = torch.nn.utils.get_total_norm(grads, 2.0)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()
         if self.config.grad_clip_norm > 0:
-            return float(torch.nn.utils.clip_grad_norm_(self.params, self.config.grad_clip_norm))
-        grads = [p.grad.norm() for p in self.params if p.grad is not None]
-        return float(torch.stack(grads).norm()) if grads else 0.0
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.config.grad_clip_norm, total)
+        return float(total)
 
     @torch.no_grad()
     def logprobs(self, batch: TrainBatch) -> torch.Tensor:
-        """[B, L-1] float32 log-probs of the batch's scored tokens under the current weights."""
+        """[B, L-1] float32 log-probs of the batch's scored tokens under the current weights
+        (sharded: a collective; every rank calls it with the same number of micro-batches)."""
         batch = batch.to(self.params[0].device)
         out = torch.zeros_like(batch.loss_mask)
         for lo in range(0, batch.size, self.config.micro_batch_size):
             hi = min(lo + self.config.micro_batch_size, batch.size)
             mb = batch.rows(lo, hi)
-            out[lo:hi, : mb.loss_mask.shape[1]] = self._logprobs(self.model, mb)
+            out[lo:hi, : mb.loss_mask.shape[1]] = self.policy(mb)
         return out
 
-    def _logprobs(self, model, mb: TrainBatch) -> torch.Tensor:
-        return token_logprobs(
-            model,
-            mb,
-            chunk_tokens=self.config.chunk_tokens,
-            share_prefix_min_tokens=self.config.share_prefix_min_tokens,
+    def checkpoint_state(self) -> dict:
+        """The training state as torch.distributed.checkpoint saves and loads it: "model" and
+        "optimizer" (this rank's shards, keyed by parameter name), "schedule" (LR scheduler and
+        step counter). Sharded: a collective."""
+        model, optimizer = get_state_dict(self.model, self.optimizer)
+        schedule = {"scheduler": self.scheduler.state_dict(), "step": self.step_count}
+        return {"model": model, "optimizer": optimizer, "schedule": schedule}
+
+    def load_checkpoint_state(self, state: dict) -> None:
+        """Restore what `checkpoint_state` returned, filled by a load. Sharded: a collective."""
+        set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optimizer"],
         )
+        self.scheduler.load_state_dict(state["schedule"]["scheduler"])
+        self.step_count = int(state["schedule"]["step"])
 
-    def state_dict(self) -> dict:
-        """Optimizer, scheduler and step counter (the model's weights are saved separately)."""
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "step": self.step_count,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step_count = int(state["step"])
+    def full_state_dict(self) -> dict | None:
+        """Sharded: the whole weights by parameter name on CPU on the leader, {} on the others (a
+        collective). Not sharded: None (the model's own state_dict is whole)."""
+        if not self.sharded:
+            return None
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return get_model_state_dict(self.model, options=options)
 
 
 def _parity(
@@ -245,6 +356,21 @@ def _parity(
         return 0.0, 0.0, 0
     diff = (proximal - batch.behavior_logprobs)[fresh].abs()
     return float(diff.mean()), float(diff.max()), n
+
+
+def _idle_batch() -> TrainBatch:
+    """One row of two tokens whose one scored position carries no loss (see `_idle_pass`)."""
+    sample = TrainSample(
+        trajectory_id="idle",
+        prompt_ids=np.zeros(1, np.int64),
+        response_ids=np.zeros(1, np.int64),
+        behavior_logprobs=np.zeros(1, np.float32),
+        loss_mask=np.zeros(1, np.uint8),
+        policy_versions=np.full(1, -1),
+        temperatures=np.ones(1, np.float32),
+        advantage=0.0,
+    )
+    return build_batch([sample], pad_token_id=0)
 
 
 def _disable_dropout(model: torch.nn.Module) -> None:

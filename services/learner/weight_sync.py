@@ -106,6 +106,9 @@ class WeightSync:
         self.last_result: SyncResult | None = None
         self._probe: asyncio.Future | None = None
         self._unpublished_reported: int | None = None
+        # joins, leaves and restarts from the shellrl:engines registry, applied at each reconcile
+        # (engine_membership.EngineMembership; None: the seed engines only)
+        self.membership = None
 
     def close(self) -> None:
         """Release the kept buckets (unlink the shared-memory segments) and the process groups."""
@@ -156,6 +159,7 @@ class WeightSync:
             "deadline_s": self.deadline_s,
             "published_version": self.published_version,
             "engines": [e.to_json() for e in self.engines.values()],
+            "registry": None if self.membership is None else self.membership.status(),
             "last_push": None
             if self.last_result is None
             else {
@@ -180,10 +184,13 @@ class WeightSync:
     async def reconcile(self, model: torch.nn.Module, version: int) -> SyncResult | None:
         """Bring engines out of rotation back: a background health probe (at most every
         retry_interval_s, never blocking the caller) finds those that answer; they get a full
-        update to `version` here. Also publishes `version` if it never was (no engine had it)."""
-        healthy: list[str] = []
+        update to `version` here. Also publishes `version` if it never was (no engine had it).
+        First applies the registry's joins, leaves and restarts (`membership`), if any: engines
+        that registered just now serve already, so they get their update without a probe."""
+        joined = await self.membership.refresh() if self.membership is not None else []
+        healthy: list[str] = list(joined)
         if self._probe is not None and self._probe.done():
-            healthy = [u for u, ok in (self._probe.result() or {}).items() if ok]
+            healthy += [u for u, ok in (self._probe.result() or {}).items() if ok]
             self._probe = None
         now = time.monotonic()
         due = [
@@ -198,7 +205,11 @@ class WeightSync:
                 bounded(self.client.health(urls=[e.url for e in due]), min(self.deadline_s, 5.0))
             )
         result = None
-        healthy = [u for u in healthy if not self.engines[u].in_rotation]
+        healthy = [
+            u
+            for u in dict.fromkeys(healthy)
+            if u in self.engines and not self.engines[u].in_rotation
+        ]
         if healthy:
             log.info(
                 "engines answer again; sending a full update",

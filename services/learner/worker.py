@@ -1,9 +1,12 @@
 """The learner's stream loop: take scored trajectories, assemble groups, train, push, checkpoint, ack.
 
     shellrl:trajectories (group "learner") ─▶ intake: parse, skip consumed ids, GroupAssembler
-      ─▶ groups_per_step counted groups ─▶ GRPO advantages ─▶ TrainBatch ─▶ Trainer.step
-      ─▶ WeightSync.push (version = step) ─▶ every checkpoint_interval steps: checkpoint, then XACK
-         every entry the checkpointed steps resolved (trained or dropped)
+      ─▶ groups_per_step counted groups ─▶ GRPO advantages ─▶ TrainSamples ─▶ DataParallel.step
+         (every rank trains its share: data_parallel.py) ─▶ WeightSync.push (version = step)
+      ─▶ every checkpoint_interval steps: checkpoint (every rank's part), then XACK every entry
+         the checkpointed steps resolved (trained or dropped)
+
+This loop runs on rank 0 only; at world size 1 it is the whole learner.
 
 Guarantees: an entry is acknowledged only after a durable checkpoint includes the step that
 resolved it; after a crash the same consumer name re-reads its pending entries, skips (and
@@ -27,11 +30,11 @@ from pathlib import Path
 
 from services.learner import metrics
 from services.learner.checkpoint import CheckpointStore, LearnerState
+from services.learner.data_parallel import DataParallel
 from services.learner.group_assembler import Dropped, GroupAssembler, RolloutGroup, group_samples
 from services.learner.trainer import Trainer
 from services.learner.weight_sync import WeightSync
 from shellrl.contract import ContractError, parse_trajectory
-from shellrl.rl.batch import build_batch
 from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import StreamConsumer, StreamEntry
 from shellrl.tracking import Tracker, TrackingConfig, create_tracker, flatten
@@ -70,6 +73,12 @@ class LearnerWorker:
     ) -> None:
         self.consumer, self.assembler, self.trainer, self.sync = consumer, assembler, trainer, sync
         self.store, self.config = store, config
+        self.data_parallel = DataParallel(
+            trainer,
+            store,
+            pad_token_id=config.pad_token_id,
+            pad_to_multiple_of=config.pad_to_multiple_of,
+        )
         self.tracker = tracker or create_tracker(
             config.tracking, "learner", Path(store.directory).parent / "tracking"
         )
@@ -101,6 +110,8 @@ class LearnerWorker:
         await self.resume()
         while not stop.is_set():
             await self.serve_checkpoint_requests()
+            if self.data_parallel.keepalive_due():
+                await asyncio.to_thread(self.data_parallel.keepalive)
             if not self.running.is_set():
                 self.paused_idle.set()
                 await _wait_any(self.running, stop, timeout_s=1.0)
@@ -108,16 +119,17 @@ class LearnerWorker:
             self.paused_idle.clear()
             await self.intake(await self.consumer.take(stop, self.config.read_count))
             self.ready += self.assembler.pop_ready(self.version)
-            await self.sync.reconcile(self.trainer.model, self.version)
+            await self.sync.reconcile(self.data_parallel.weights, self.version)
             if sum(g.counts for g in self.ready) < self.config.groups_per_step:
                 continue
             groups = self.take_groups()
             await self.train(groups)
-            await self.sync.push(self.trainer.model, self.version)
+            await self.sync.push(self.data_parallel.weights, self.version)
             if self.version % self.config.checkpoint_interval_steps == 0:
                 await self.checkpoint()
         if self.version > self.checkpointed_step:
             await self.checkpoint()
+        await asyncio.to_thread(self.data_parallel.stop)
         self.tracker.close()
 
     async def drain(self, grace_s: float) -> bool:
@@ -143,13 +155,11 @@ class LearnerWorker:
     # ----- stages ------------------------------------------------------------------------------------
 
     async def resume(self) -> None:
-        """Load the latest checkpoint (if any), then push its weights and publish its version."""
+        """Load the latest checkpoint (if any) on every rank, then push its weights and publish
+        its version."""
         path = self.store.latest()
         if path is not None:
-            trainer_state, state = await asyncio.to_thread(
-                self.store.load, path, self.trainer.model
-            )
-            self.trainer.load_state_dict(trainer_state)
+            state = await asyncio.to_thread(self.data_parallel.load, path)
             self.consumed = OrderedDict((t, state.step) for t in state.consumed_ids)
             self.assembler.restore_released(state.released_group_ids)
             self.checkpointed_step = state.step
@@ -163,7 +173,7 @@ class LearnerWorker:
         metrics.POLICY_VERSION.set(self.version)
         metrics.LEARNER_STEP.set(self.version)
         self.completed_step = self.version
-        await self.sync.push(self.trainer.model, self.version)
+        await self.sync.push(self.data_parallel.weights, self.version)
 
     async def intake(self, entries: list[StreamEntry]) -> None:
         """Parse entries; skip consumed trajectory ids; hand the rest to the assembler."""
@@ -217,11 +227,9 @@ class LearnerWorker:
             metrics.GROUPS.labels(outcome).inc()
         result = None
         if samples:
-            batch = build_batch(samples, self.config.pad_token_id, self.config.pad_to_multiple_of)
-            result = await asyncio.to_thread(self.trainer.step, batch, version)
-            del batch
+            result = await asyncio.to_thread(self.data_parallel.step, samples, version)
         else:
-            self.trainer.skip_step()
+            await asyncio.to_thread(self.data_parallel.skip_step)
         self.record(
             version, groups, samples, rewards, outcomes, result, time.perf_counter() - start
         )
@@ -258,9 +266,7 @@ class LearnerWorker:
             consumed_ids=list(self.consumed),
             released_group_ids=[g for g in self.assembler.released_group_ids() if g not in waiting],
         )
-        path = await asyncio.to_thread(
-            self.store.save, self.trainer.model, self.trainer.state_dict(), state
-        )
+        path = await asyncio.to_thread(self.data_parallel.save, state)
         acked, self.unacked = self.unacked, []
         for lo in range(0, len(acked), 1000):
             await self.consumer.ack(*acked[lo : lo + 1000])

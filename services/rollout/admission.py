@@ -27,10 +27,19 @@ failure is removed from its group, never scored 0): once when the group is hande
 scored stream, stats.py). A group gives its admission back exactly once, when either count
 leaves it below `MIN_USABLE` (docs/design-notes.md, "INFRA failures after the rollout").
 
+Dynamic sampling (`dynamic_sampling=True`; DAPO, shellrl/rl/dynamic_sampling.py): a group whose
+usable members all scored the same reward key carries no gradient, so it gives its admission
+back too, once every usable member was scored (`member_scored`, from the scored stream, stats.py;
+checked again at `finish` and `member_lost`, whichever comes last), and another group is admitted
+in its place under the same bound. The learner then counts only groups with reward variance, so
+each of its steps trains `groups_per_step` groups that carry a gradient.
+
 Redis keys: shellrl:rollout:groups_admitted (int), shellrl:rollout:inflight (zset: member
 "<replica>|<group_id>", score = learner version at admission), shellrl:rollout:group:{id} (hash:
-usable, lost, given_back; kept `GROUP_ACCOUNTING_TTL_S`). Check-and-admit, finish and member_lost
-are one Lua script each, so several gateway replicas share one bound.
+usable, lost, given_back, arrived (usable members scored), key (the first one's reward key),
+varied (1 once another key was seen), seen:<trajectory_id>; kept `GROUP_ACCOUNTING_TTL_S`).
+Check-and-admit, finish, member_lost and member_scored are one Lua script each, so several
+gateway replicas share one bound.
 """
 
 from __future__ import annotations
@@ -43,6 +52,8 @@ import redis.asyncio as aioredis
 
 from services.rollout import metrics as m
 from services.rollout.policy_version import PolicyVersionWatcher
+from shellrl.contract import Trajectory
+from shellrl.rl.dynamic_sampling import reward_key
 from shellrl.streams import POLICY_VERSION_KEY
 from shellrl.streams.keys import ADMITTED_KEY, INFLIGHT_KEY, group_accounting_key
 
@@ -76,40 +87,88 @@ end
 return {0, admitted, v, bound}
 """
 
+# Shared by the scripts below. Give-back reasons: 1 too few usable members, 2 zero variance.
+_GROUP_FUNCTIONS = """
+local function give_back(admitted, group, reason)
+  redis.call('DECR', admitted)
+  redis.call('HSET', group, 'given_back', 1)
+  return reason
+end
+local function zero_variance_done(group, min_usable)
+  local usable = redis.call('HGET', group, 'usable')
+  if not usable or redis.call('HGET', group, 'given_back') == '1' then return false end
+  if redis.call('HGET', group, 'varied') == '1' then return false end
+  local left = tonumber(usable) - tonumber(redis.call('HGET', group, 'lost') or '0')
+  return left >= min_usable and tonumber(redis.call('HGET', group, 'arrived') or '0') >= left
+end
+"""
+
 # KEYS[1] admitted counter, KEYS[2] in-flight zset, KEYS[3] the group's accounting hash
-# ARGV[1] member, ARGV[2] usable members at hand-off, ARGV[3] MIN_USABLE, ARGV[4] ttl (s)
-# Returns {removed 0/1, given back 0/1}.
-_FINISH = """
+# ARGV[1] member, ARGV[2] usable members at hand-off, ARGV[3] MIN_USABLE, ARGV[4] ttl (s),
+# ARGV[5] dynamic sampling 0/1. Returns {removed 0/1, given back: 0 or the reason}.
+_FINISH = (
+    _GROUP_FUNCTIONS
+    + """
 local removed = redis.call('ZREM', KEYS[2], ARGV[1])
 if removed == 0 then return {0, 0} end
 local lost = tonumber(redis.call('HGET', KEYS[3], 'lost') or '0')
 redis.call('HSET', KEYS[3], 'usable', ARGV[2])
-local give_back = 0
-if tonumber(ARGV[2]) - lost < tonumber(ARGV[3]) then
-  redis.call('DECR', KEYS[1])
-  redis.call('HSET', KEYS[3], 'given_back', 1)
-  give_back = 1
-end
 redis.call('EXPIRE', KEYS[3], ARGV[4])
-return {1, give_back}
+if tonumber(ARGV[2]) - lost < tonumber(ARGV[3]) then
+  return {1, give_back(KEYS[1], KEYS[3], 1)}
+end
+if ARGV[5] == '1' and zero_variance_done(KEYS[3], tonumber(ARGV[3])) then
+  return {1, give_back(KEYS[1], KEYS[3], 2)}
+end
+return {1, 0}
 """
+)
 
 # KEYS[1] admitted counter, KEYS[2] the group's accounting hash
-# ARGV[1] trajectory id, ARGV[2] MIN_USABLE, ARGV[3] ttl (s)
-# Returns 0 (already counted), 1 (counted) or 2 (counted, and the group's admission given back).
-_MEMBER_LOST = """
-if redis.call('HSETNX', KEYS[2], 'lost:' .. ARGV[1], 1) == 0 then return 0 end
+# ARGV[1] trajectory id, ARGV[2] MIN_USABLE, ARGV[3] ttl (s), ARGV[4] dynamic sampling 0/1
+# Returns -1 (already counted), 0 (counted) or the give-back reason (counted, given back now).
+_MEMBER_LOST = (
+    _GROUP_FUNCTIONS
+    + """
+if redis.call('HSETNX', KEYS[2], 'lost:' .. ARGV[1], 1) == 0 then return -1 end
 local lost = redis.call('HINCRBY', KEYS[2], 'lost', 1)
 redis.call('EXPIRE', KEYS[2], ARGV[3])
 local usable = redis.call('HGET', KEYS[2], 'usable')
 if usable and redis.call('HGET', KEYS[2], 'given_back') ~= '1'
     and tonumber(usable) - lost < tonumber(ARGV[2]) then
-  redis.call('DECR', KEYS[1])
-  redis.call('HSET', KEYS[2], 'given_back', 1)
-  return 2
+  return give_back(KEYS[1], KEYS[2], 1)
 end
-return 1
+if ARGV[4] == '1' and zero_variance_done(KEYS[2], tonumber(ARGV[2])) then
+  return give_back(KEYS[1], KEYS[2], 2)
+end
+return 0
 """
+)
+
+# KEYS[1] admitted counter, KEYS[2] the group's accounting hash
+# ARGV[1] trajectory id, ARGV[2] its reward key, ARGV[3] MIN_USABLE, ARGV[4] ttl (s),
+# ARGV[5] dynamic sampling 0/1. Returns -1 (already counted), 0 (counted) or 2 (counted, and the
+# group's admission given back: every usable member scored the same).
+_MEMBER_SCORED = (
+    _GROUP_FUNCTIONS
+    + """
+if redis.call('HSETNX', KEYS[2], 'seen:' .. ARGV[1], 1) == 0 then return -1 end
+redis.call('HINCRBY', KEYS[2], 'arrived', 1)
+local first = redis.call('HGET', KEYS[2], 'key')
+if not first then
+  redis.call('HSET', KEYS[2], 'key', ARGV[2])
+elseif first ~= ARGV[2] then
+  redis.call('HSET', KEYS[2], 'varied', 1)
+end
+redis.call('EXPIRE', KEYS[2], ARGV[4])
+if ARGV[5] == '1' and zero_variance_done(KEYS[2], tonumber(ARGV[3])) then
+  return give_back(KEYS[1], KEYS[2], 2)
+end
+return 0
+"""
+)
+
+_ZERO_VARIANCE = 2  # the give-back reason of dynamic sampling
 
 
 @dataclass(frozen=True)
@@ -145,6 +204,7 @@ class Admission:
         max_staleness: int,
         groups_per_step: int,
         strict: bool = True,
+        dynamic_sampling: bool = False,
         poll_s: float = 1.0,
     ) -> None:
         if max_staleness < 0 or groups_per_step < 1:
@@ -156,9 +216,12 @@ class Admission:
             strict,
             poll_s,
         )
+        self.dynamic_sampling = dynamic_sampling
+        self._dynamic = "1" if dynamic_sampling else "0"
         self._admit = redis.register_script(_ADMIT)
         self._finish = redis.register_script(_FINISH)
         self._member_lost = redis.register_script(_MEMBER_LOST)
+        self._member_scored = redis.register_script(_MEMBER_SCORED)
 
     async def try_admit(self, group_id: str) -> Ticket | None:
         member = f"{self.replica}|{group_id}"
@@ -186,8 +249,9 @@ class Admission:
     async def finish(self, ticket: Ticket, *, usable: int) -> bool:
         """The group left flight with `usable` members (not INFRA, see `shellrl.contract.is_infra`).
         Its slot is given back when fewer than MIN_USABLE remain, counting the members the
-        verifier already failed with INFRA (it will not reach a learner step). Returns whether
-        it was given back."""
+        verifier already failed with INFRA (it will not reach a learner step), or (dynamic
+        sampling) when every usable member was already scored with one reward key. Returns
+        whether it was given back."""
         _, given_back = await self._end(ticket.member, ticket.group_id, usable)
         self.watcher.wake()
         return bool(given_back)
@@ -195,15 +259,41 @@ class Admission:
     async def member_lost(self, group_id: str, trajectory_id: str) -> bool:
         """The verifier failed a member of `group_id` with INFRA after hand-off (idempotent by
         `trajectory_id`). Gives the group's slot back when this leaves it below MIN_USABLE
-        usable members (once per group). Returns whether it was given back now."""
+        usable members, or (dynamic sampling) every remaining one scored with one reward key
+        (once per group). Returns whether it was given back now."""
         result = await self._member_lost(
             keys=[ADMITTED_KEY, group_accounting_key(group_id)],
-            args=[trajectory_id, MIN_USABLE, GROUP_ACCOUNTING_TTL_S],
+            args=[trajectory_id, MIN_USABLE, GROUP_ACCOUNTING_TTL_S, self._dynamic],
         )
-        if int(result) == 2:
-            m.GROUPS_RELEASED.inc()
-            self.watcher.wake()
-        return int(result) == 2
+        return self._gave_back(int(result))
+
+    async def member_scored(self, traj: Trajectory) -> bool:
+        """A usable member of a training group was scored (the scored stream, stats.py;
+        idempotent by trajectory id): its reward key (`shellrl.rl.dynamic_sampling.reward_key`)
+        joins its group's. With dynamic sampling, the group's slot is given back once every usable
+        member was scored with one key (after hand-off: `usable` must be known). Returns whether
+        it was given back now. Callers pass only non-INFRA, non-eval trajectories."""
+        result = await self._member_scored(
+            keys=[ADMITTED_KEY, group_accounting_key(traj.group_id)],
+            args=[
+                traj.trajectory_id,
+                reward_key(traj.training_reward, traj.scored),
+                MIN_USABLE,
+                GROUP_ACCOUNTING_TTL_S,
+                self._dynamic,
+            ],
+        )
+        return self._gave_back(int(result))
+
+    def _gave_back(self, reason: int) -> bool:
+        """Metrics and a wake-up for a give-back reason from a script (<= 0: none)."""
+        if reason <= 0:
+            return False
+        m.GROUPS_RELEASED.inc()
+        if reason == _ZERO_VARIANCE:
+            m.GROUPS_ZERO_VARIANCE.inc()
+        self.watcher.wake()
+        return True
 
     async def usable_members(self, group_id: str) -> int | None:
         """Usable members of a finished group as the gateway counts them now: at hand-off, minus
@@ -214,10 +304,12 @@ class Admission:
     async def _end(self, member: str, group_id: str, usable: int) -> tuple[int, int]:
         removed, given_back = await self._finish(
             keys=[ADMITTED_KEY, INFLIGHT_KEY, group_accounting_key(group_id)],
-            args=[member, usable, MIN_USABLE, GROUP_ACCOUNTING_TTL_S],
+            args=[member, usable, MIN_USABLE, GROUP_ACCOUNTING_TTL_S, self._dynamic],
         )
         if given_back:
             m.GROUPS_RELEASED.inc()
+            if int(given_back) == _ZERO_VARIANCE:
+                m.GROUPS_ZERO_VARIANCE.inc()
         return int(removed), int(given_back)
 
     async def recover(self, replica: str | None = None) -> int:

@@ -13,6 +13,9 @@ laws of DESIGN.md section 4:
 * Partial rollout: a request aborted by a weight update keeps its tokens as an ACTION segment of
   the old version; the same turn continues with a new request (prompt + everything so far) and
   the remaining token budget, so no token is lost or duplicated.
+* One engine per episode (`engine_pin.EnginePin`): every request of an episode goes to the engine
+  of its first one (prefix cache hits); when that engine fails or leaves, the episode continues
+  on another engine from its exact token prefix, at most `max_engine_failovers` times.
 * Failures are data: engine unreachable, erroring or answering out of contract (e.g. a NaN
   log-prob: `parse_generate_response`) -> FAILURE_INFRA_ENGINE, sandbox ->
   FAILURE_INFRA_SANDBOX, episode wall-clock budget -> FAILURE_TIMEOUT_BUDGET, a bug in this
@@ -38,7 +41,9 @@ from dataclasses import dataclass, field
 
 from services.rollout import metrics as m
 from services.rollout.actions import AnswerAction, BashAction, parse_action
+from services.rollout.engine_pin import EnginePin
 from services.rollout.prompt import ChatFormat, render_parse_error, render_tool_response
+from services.rollout.seeding import request_seed
 from shellrl.clients.engine_responses import EngineError, EngineUnavailable, GenerateResult
 from shellrl.clients.sandbox import SandboxBadRequest, SandboxError, SandboxSetupFailed
 from shellrl.contract import (
@@ -99,6 +104,8 @@ class EpisodeLimits:
     max_continuations: int = 32  # aborted-and-continued requests per turn
     sandbox_busy_poll_s: float = 0.5
     sandbox_policy: str = ""
+    pin_engine: bool = True  # every request of an episode to the engine of its first one
+    max_engine_failovers: int = 2  # moves to another engine per episode after its engine failed
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,7 @@ class EpisodeSpec:
     keep_session: bool = (
         True  # False: delete the session at the end (the caller verifies first otherwise)
     )
+    seed: int | None = None  # each request's sampling_seed derives from it (seeding.py)
 
 
 class EpisodeFailed(Exception):
@@ -223,13 +231,20 @@ class AgentLoop:
         m.TOKENS.labels("prompt").inc(len(prompt))
         input_ids = list(prompt)
         max_turns = spec.task.max_turns or self.limits.max_turns
+        pin = EnginePin(
+            self.engine,
+            pinned=self.limits.pin_engine,
+            max_failovers=self.limits.max_engine_failovers,
+        )
         for turn in range(max_turns):
             room = self.limits.max_context_tokens - len(input_ids)
             if room <= 0:
                 _end(traj, EpisodeEnd.EPISODE_END_CONTEXT, truncated=True)
                 return
             max_new = min(spec.sampling.max_new_tokens, room)
-            action_ids, finish = await self._generate_turn(spec, traj, input_ids, turn, max_new)
+            action_ids, finish = await self._generate_turn(
+                spec, traj, pin, input_ids, turn, max_new
+            )
             input_ids += action_ids
             traj.num_turns = turn + 1
             m.TURNS.inc()
@@ -263,7 +278,13 @@ class AgentLoop:
         _end(traj, EpisodeEnd.EPISODE_END_MAX_TURNS)
 
     async def _generate_turn(
-        self, spec: EpisodeSpec, traj: Trajectory, input_ids: list[int], turn: int, max_new: int
+        self,
+        spec: EpisodeSpec,
+        traj: Trajectory,
+        pin: EnginePin,
+        input_ids: list[int],
+        turn: int,
+        max_new: int,
     ) -> tuple[list[int], str]:
         """One model reply, continued across aborts. Returns (all ids of the turn, last finish reason)."""
         turn_ids: list[int] = []
@@ -279,11 +300,11 @@ class AgentLoop:
                 "no_stop_trim": True,
                 "skip_special_tokens": False,
             }
+            if spec.seed is not None:
+                params["sampling_seed"] = request_seed(spec.seed, turn, k)
             rid = f"{spec.trajectory_id}-t{turn}-r{k}"
             start = time.monotonic()
-            result = await self.engine.generate(
-                input_ids + turn_ids, params, return_logprob=True, rid=rid
-            )
+            result, rid = await pin.generate(input_ids + turn_ids, params, rid)
             m.GENERATE_SECONDS.observe(time.monotonic() - start)
             self._append_action(traj, result, rid, sampling, turn)
             turn_ids += result.output_ids

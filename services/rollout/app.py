@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from services.rollout.admission import Admission
 from services.rollout.agent_loop import AgentLoop, EpisodeLimits, Sampling
+from services.rollout.engine_directory import EngineDirectory
 from services.rollout.evaluations import Evaluations
 from services.rollout.gates import Capacity, InfraGate
 from services.rollout.policy_version import PolicyVersionWatcher
@@ -22,6 +23,7 @@ from services.rollout.replicas import Replicas
 from services.rollout.routes import add_routes
 from services.rollout.settings import RolloutSettings
 from services.rollout.stats import TaskStats
+from services.rollout.steering import Steering, SteeringConfig
 from services.rollout.task_pool import TaskPool
 from services.rollout.task_store import TaskStore
 from services.rollout.worker import RolloutConfig, RolloutWorker
@@ -38,6 +40,7 @@ log = logging.getLogger(__name__)
 
 def build_app(settings: RolloutSettings) -> FastAPI:
     state: dict[str, Any] = {}
+    api_token = settings.api_token_value()  # required by this app, sent to engine/sandbox/verifier
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
@@ -46,8 +49,13 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         )
         store = TaskStore(redis)
         chat = ChatFormat.from_tokenizer(load_chat_tokenizer(settings.model_path))
-        engine = EngineClient(settings.engine_url_list)
-        sandbox = SandboxClient(settings.sandbox_url)
+        engine = EngineClient(
+            settings.engine_url_list,
+            api_token=api_token,
+            route_wait_s=settings.engine_route_wait_s,
+            allow_empty=True,  # registered engines join (engine_directory.py)
+        )
+        sandbox = SandboxClient(settings.sandbox_url, api_token=api_token)
         limits = EpisodeLimits(
             max_turns=settings.max_turns,
             max_context_tokens=settings.max_context_tokens,
@@ -57,13 +65,30 @@ def build_app(settings: RolloutSettings) -> FastAPI:
             max_continuations=settings.max_continuations,
             sandbox_busy_poll_s=settings.sandbox_busy_poll_s,
             sandbox_policy=settings.sandbox_policy,
+            pin_engine=settings.pin_episodes,
+            max_engine_failovers=settings.max_engine_failovers,
         )
         agent = AgentLoop(engine, sandbox, chat, limits)
-        verifier = VerifierClient(settings.verifier_url, settings.verify_timeout_s)
+        verifier = VerifierClient(
+            settings.verifier_url, settings.verify_timeout_s, api_token=api_token
+        )
         evaluations = Evaluations(
-            redis, store, agent, verifier, max_in_flight=settings.eval_max_in_flight
+            redis,
+            store,
+            agent,
+            verifier,
+            max_in_flight=settings.eval_max_in_flight,
+            sampling_seed=settings.sampling_seed,
         )
         watcher = PolicyVersionWatcher(redis)
+        directory = EngineDirectory(
+            redis,
+            engine,
+            settings.engine_url_list,
+            current_version=lambda: watcher.version,
+            max_staleness=settings.max_staleness,
+            refresh_s=settings.engine_refresh_s,
+        )
         admission = Admission(
             redis,
             watcher,
@@ -71,10 +96,19 @@ def build_app(settings: RolloutSettings) -> FastAPI:
             max_staleness=settings.max_staleness,
             groups_per_step=settings.groups_per_step,
             strict=settings.strict_staleness,
+            dynamic_sampling=settings.dynamic_sampling,
         )
-        pool = TaskPool(redis, store, consumer=settings.consumer_name, seed=settings.pool_seed)
+        steering = _steering(redis, settings)
+        pool = TaskPool(
+            redis,
+            store,
+            consumer=settings.consumer_name,
+            seed=settings.pool_seed,
+            claim_min_idle_ms=settings.claim_min_idle_ms,
+            steering=steering,
+        )
         gate = InfraGate(
-            {"engine": lambda: _all_healthy(engine), "sandbox": lambda: _sandbox_healthy(sandbox)}
+            {"engine": lambda: _engine_healthy(engine), "sandbox": lambda: _sandbox_healthy(sandbox)}
         )
         worker = RolloutWorker(
             redis,
@@ -91,6 +125,7 @@ def build_app(settings: RolloutSettings) -> FastAPI:
                 retry_backoff_s=settings.retry_backoff_s,
                 episodes_backlog_bound=settings.episodes_backlog_bound,
                 episodes_stream_maxlen=settings.episodes_stream_maxlen,
+                sampling_seed=settings.sampling_seed,
             ),
         )
         state.update(
@@ -109,10 +144,21 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         )
         await evaluations.mark_interrupted()
         stop = asyncio.Event()
-        background = [asyncio.create_task(watcher.run(), name="policy-version-watcher")]
+        state["directory"] = directory
+        background = [
+            asyncio.create_task(watcher.run(), name="policy-version-watcher"),
+            asyncio.create_task(directory.run(stop), name="engine-directory"),
+        ]
         consumers = [pool.consumer]
         if settings.stats_enabled:
-            stats = TaskStats(redis, store, admission, consumer=settings.consumer_name)
+            stats = TaskStats(
+                redis,
+                store,
+                admission,
+                consumer=settings.consumer_name,
+                claim_min_idle_ms=settings.claim_min_idle_ms,
+                steering=steering,
+            )
             background.append(asyncio.create_task(stats.run(stop), name="task-stats"))
             consumers.append(stats.consumer)
         replicas = Replicas(
@@ -165,7 +211,7 @@ def build_app(settings: RolloutSettings) -> FastAPI:
             "worker_enabled": settings.worker_enabled,
         }
 
-    app = create_app("rollout", settings.public_dict(), ready_check, lifespan)
+    app = create_app("rollout", settings.public_dict(), ready_check, lifespan, api_token=api_token)
     add_routes(app, state, settings)
     return app
 
@@ -183,6 +229,20 @@ def connect_redis(url: str, max_connections: int):
     return aioredis.Redis.from_pool(pool)
 
 
+def _steering(redis, settings: RolloutSettings) -> Steering | None:
+    """Pass-rate steering of the pool (steering.py) when `pass_rate_steering` is on."""
+    if not settings.pass_rate_steering:
+        return None
+    config = SteeringConfig(
+        window_episodes=settings.steering_window_episodes,
+        low=settings.steering_low,
+        high=settings.steering_high,
+        keep_fraction=settings.steering_keep_fraction,
+        seed=settings.pool_seed,
+    )
+    return Steering(redis, config)
+
+
 def _train_sampling(settings: RolloutSettings) -> Sampling:
     return Sampling(
         temperature=settings.temperature,
@@ -192,8 +252,10 @@ def _train_sampling(settings: RolloutSettings) -> Sampling:
     )
 
 
-async def _all_healthy(engine: EngineClient) -> bool:
-    return all((await engine.health()).values())
+async def _engine_healthy(engine: EngineClient) -> bool:
+    """Some engine the gateway routes to answers its health probe."""
+    routable = engine.routing.routable()
+    return bool(routable) and any((await engine.health(urls=routable)).values())
 
 
 async def _sandbox_healthy(sandbox: SandboxClient) -> bool:

@@ -28,6 +28,7 @@ import redis.asyncio as aioredis
 
 from services.rollout import metrics as m
 from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling
+from services.rollout.seeding import eval_episode_seed
 from services.rollout.task_store import TaskStore
 from shellrl.clients.verifier import VerifierClient
 from shellrl.contract import EpisodeEnd, Failure, Task, Trajectory, min_policy_version
@@ -56,8 +57,12 @@ class Evaluations:
         verifier: VerifierClient,
         *,
         max_in_flight: int,
+        sampling_seed: int | None = None,
     ) -> None:
+        """sampling_seed: sampled (not greedy) eval episodes draw with seeds derived from it, the
+        task and the episode index, the same in every evaluation (seeding.py); None: unseeded."""
         self.redis, self.store, self.agent, self.verifier = redis, store, agent, verifier
+        self.sampling_seed = sampling_seed
         self._slots = asyncio.Semaphore(max_in_flight)
         self._running: dict[str, asyncio.Task] = {}
         self._in_flight = 0
@@ -145,6 +150,9 @@ class Evaluations:
                     evaluation_id=evaluation_id,
                     sampling=plan.sampling,
                     keep_session=True,
+                    seed=None
+                    if self.sampling_seed is None or plan.sampling.temperature <= 0
+                    else eval_episode_seed(self.sampling_seed, task_id, k),
                 )
                 traj = await self.agent.run(spec)
                 result = await self._score(task, traj)

@@ -60,6 +60,16 @@ GROUPS_RELEASED = metrics.counter(
     "Admitted groups given back (fewer than 2 usable trajectories at hand-off or after the "
     "verifier's INFRA failures, or abandoned at shutdown).",
 )
+GROUPS_ZERO_VARIANCE = metrics.counter(
+    "shellrl_rollout_groups_zero_variance_total",
+    "Admitted groups given back by dynamic sampling: every usable member scored the same reward "
+    "(counted in groups_released too).",
+)
+TASKS_PASSED_OVER = metrics.counter(
+    "shellrl_rollout_tasks_passed_over_total",
+    "Tasks of the epoch order not run this epoch because pass-rate steering passed over them "
+    "(their template's recent success rate stayed at 0 or 1).",
+)
 POOL_TASKS = metrics.gauge("shellrl_rollout_pool_tasks", "Tasks in the training pool.")
 POLICY_VERSION = metrics.gauge(
     "shellrl_rollout_learner_version", "shellrl:policy:version as the gateway last read it."
@@ -73,4 +83,16 @@ STATS_RECORDED = metrics.counter(
 )
 EVALUATIONS = metrics.counter(
     "shellrl_rollout_evaluations_total", "Evaluations by final state.", ("state",)
+)
+ENGINES_ROUTABLE = metrics.gauge(
+    "shellrl_rollout_engines_routable",
+    "Engines the gateway routes to now (members in the learner's rotation, within the staleness "
+    "bound; engine_directory.py).",
+)
+ENGINE_FAILOVERS = metrics.counter(
+    "shellrl_rollout_engine_failovers_total",
+    "Requests of an episode moved to another engine, by reason: unreachable (failed, left or "
+    "no answer), not_routable (its engine takes no traffic now), stale (answer below the "
+    "staleness floor, discarded).",
+    ("reason",),
 )

@@ -6,15 +6,19 @@
   POST /v1/evaluations         eval split or task ids, fixed budget, greedy or fixed sampling -> 202
   GET  /v1/evaluations/{id}    success rate, mean reward, failure classes, version, per task
   GET  /v1/evaluations         the latest evaluations (summaries)
-  GET  /v1/status              admission, pool, in-flight, streams, infra state
+  GET  /v1/trajectories/{id}   one finished trajectory's transcript (transcripts.py)
+  GET  /v1/status              admission, pool, in-flight, streams, infra state, engines
 plus /healthz /readyz /metrics /v1/config from shellrl.service.app.create_app.
 
 Validation errors are 422 `{"error": {"code", "message", "field"}}` naming the field
-(`instruction`, `check.type`, `tasks[3].max_turns`); bodies over `MAX_BODY_BYTES` are 413.
+(`instruction`, `check.type`, `tasks[3].max_turns`; more than MAX_TASKS_PER_REQUEST tasks: `tasks`);
+bodies over `MAX_BODY_BYTES` are 413. Every route needs the stack's bearer token (401 without it).
 """
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from typing import Any, Literal
 
@@ -25,13 +29,15 @@ from fastapi.responses import JSONResponse
 from services.rollout import metrics as m
 from services.rollout.agent_loop import Sampling
 from services.rollout.evaluations import EvaluationPlan
-from services.rollout.schemas import EvaluationIn, SamplingIn, TaskJson
+from services.rollout.schemas import EvaluationIn, SamplingIn, tasks_body
 from services.rollout.settings import RolloutSettings
 from services.rollout.task_store import TaskConflict, TaskStore
+from services.rollout.transcripts import find_trajectory, transcript
 from services.rollout.worker import RolloutWorker
 from shellrl import streams
 from shellrl.contract import TaskValidationError, task_from_json
 from shellrl.service.app import ApiError
+from shellrl.service.openapi import error_responses, json_body
 
 MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_TASKS_PER_REQUEST = 10_000
@@ -46,21 +52,8 @@ def add_routes(app: FastAPI, state: dict[str, Any], settings: RolloutSettings) -
         status_code=201,
         tags=["tasks"],
         summary="Submit one task or a list of tasks",
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {
-                    "application/json": {
-                        "schema": {
-                            "oneOf": [
-                                TaskJson.model_json_schema(),
-                                {"type": "array", "items": TaskJson.model_json_schema()},
-                            ]
-                        }
-                    }
-                },
-            }
-        },
+        openapi_extra=json_body(tasks_body(MAX_TASKS_PER_REQUEST)),
+        responses=error_responses(409, 413, 422),
     )
     async def submit_tasks(request: Request) -> JSONResponse:
         """Validates every task first (all or nothing: a 422 names the first bad field, prefixed
@@ -73,9 +66,9 @@ def add_routes(app: FastAPI, state: dict[str, Any], settings: RolloutSettings) -
             raise ApiError(422, "invalid_task", "an empty list holds no task", "tasks")
         if len(items) > MAX_TASKS_PER_REQUEST:
             raise ApiError(
-                413,
-                "payload_too_large",
-                f"at most {MAX_TASKS_PER_REQUEST} tasks per request",
+                422,
+                "too_many_tasks",
+                f"tasks: at most {MAX_TASKS_PER_REQUEST} tasks per request",
                 "tasks",
             )
         tasks = []
@@ -105,14 +98,24 @@ def add_routes(app: FastAPI, state: dict[str, Any], settings: RolloutSettings) -
             payload["task_id"] = results[0]["task_id"]
         return JSONResponse(payload, status_code=201)
 
-    @app.get("/v1/tasks/{task_id}", tags=["tasks"], summary="One task and its statistics")
+    @app.get(
+        "/v1/tasks/{task_id}",
+        tags=["tasks"],
+        summary="One task and its statistics",
+        responses=error_responses(404),
+    )
     async def get_task(task_id: str) -> dict:
         view = await state["store"].describe(task_id)
         if view is None:
             raise ApiError(404, "not_found", f"no task {task_id!r}", "task_id")
         return view
 
-    @app.get("/v1/tasks", tags=["tasks"], summary="List tasks (filters, cursor pagination)")
+    @app.get(
+        "/v1/tasks",
+        tags=["tasks"],
+        summary="List tasks (filters, cursor pagination)",
+        responses=error_responses(422),
+    )
     async def list_tasks(
         split: Literal["train", "eval_id", "eval_ood", "eval"] | None = None,
         source: str | None = None,
@@ -130,7 +133,11 @@ def add_routes(app: FastAPI, state: dict[str, Any], settings: RolloutSettings) -
         }
 
     @app.post(
-        "/v1/evaluations", status_code=202, tags=["evaluations"], summary="Start an evaluation"
+        "/v1/evaluations",
+        status_code=202,
+        tags=["evaluations"],
+        summary="Start an evaluation",
+        responses=error_responses(422),
     )
     async def start_evaluation(body: EvaluationIn) -> dict:
         store: TaskStore = state["store"]
@@ -175,7 +182,10 @@ def add_routes(app: FastAPI, state: dict[str, Any], settings: RolloutSettings) -
         return await state["evaluations"].start(plan)
 
     @app.get(
-        "/v1/evaluations/{evaluation_id}", tags=["evaluations"], summary="Results of one evaluation"
+        "/v1/evaluations/{evaluation_id}",
+        tags=["evaluations"],
+        summary="Results of one evaluation",
+        responses=error_responses(404),
     )
     async def get_evaluation(evaluation_id: str) -> dict:
         view = await state["evaluations"].describe(evaluation_id)
@@ -183,9 +193,29 @@ def add_routes(app: FastAPI, state: dict[str, Any], settings: RolloutSettings) -
             raise ApiError(404, "not_found", f"no evaluation {evaluation_id!r}", "evaluation_id")
         return view
 
-    @app.get("/v1/evaluations", tags=["evaluations"], summary="Latest evaluations (summaries)")
+    @app.get(
+        "/v1/evaluations",
+        tags=["evaluations"],
+        summary="Latest evaluations (summaries)",
+        responses=error_responses(422),
+    )
     async def list_evaluations(limit: int = Query(20, ge=1, le=200)) -> dict:
         return {"evaluations": await state["evaluations"].recent(limit)}
+
+    @app.get(
+        "/v1/trajectories/{trajectory_id}",
+        tags=["trajectories"],
+        summary="One finished trajectory as the policy saw it",
+        responses=error_responses(404),
+    )
+    async def get_trajectory(trajectory_id: str) -> dict:
+        found = await find_trajectory(state["redis"], trajectory_id)
+        if found is None:
+            raise ApiError(
+                404, "not_found", f"no finished trajectory {trajectory_id!r}", "trajectory_id"
+            )
+        traj, stream, entry_id = found
+        return transcript(traj, state["chat"].decode, stream=stream, entry_id=entry_id)
 
     @app.get("/v1/status", tags=["status"], summary="Admission, pool, episodes in flight, streams")
     async def status() -> dict:
@@ -217,6 +247,7 @@ def add_routes(app: FastAPI, state: dict[str, Any], settings: RolloutSettings) -
             },
             "infra_down": sorted(state["gate"].down),
             "worker_enabled": settings.worker_enabled,
+            "engines": state["directory"].status() if "directory" in state else None,
         }
 
 
@@ -230,7 +261,17 @@ async def _read_json(request: Request) -> Any:
         if size > MAX_BODY_BYTES:
             raise ApiError(413, "payload_too_large", f"body over {MAX_BODY_BYTES} bytes", None)
         chunks.append(chunk)
+    raw = b"".join(chunks)
     try:
-        return orjson.loads(b"".join(chunks))
+        body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise ApiError(422, "invalid_json", f"body is not valid JSON: {exc}", None) from None
+    if _LONG_INTEGER.search(raw):  # orjson reads integers past 64 bits as (rounded) floats
+        try:
+            return json.loads(raw)  # valid JSON (orjson said so), integers exact
+        except RecursionError:
+            raise ApiError(422, "invalid_json", "body nests too deeply", None) from None
+    return body
+
+
+_LONG_INTEGER = re.compile(rb"\d{19}")

@@ -1,5 +1,5 @@
 """Request bodies of the rollout gateway's HTTP API (routes.py). FastAPI validates `EvaluationIn`
-before the route runs (422 naming the field); `TaskJson` only documents the body of
+before the route runs (422 naming the field); `tasks_body` only documents the body of
 POST /v1/tasks, which `shellrl.contract.task_from_json` validates."""
 
 from __future__ import annotations
@@ -10,33 +10,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from services.rollout.settings import check_top_k
 from shellrl.contract import LIMITS
+from shellrl.contract.task_schema import task_schema_components
+from shellrl.service.openapi import REF
 
 EVAL_SPLITS = ("eval_id", "eval_ood", "eval", "train")
 
 
-class TaskJson(BaseModel):
-    """A task in JSON form (documentation of the body; `shellrl.contract.task_from_json` validates)."""
-
-    task_id: str | None = Field(
-        None, max_length=LIMITS["task_id_chars"], description="Default: task-<content hash>."
-    )
-    instruction: str = Field(max_length=LIMITS["instruction_chars"])
-    setup: str = Field(
-        "", max_length=LIMITS["setup_chars"], description="bash script run in the empty workspace."
-    )
-    env: dict[str, str] = Field(
-        default_factory=dict, description='Extra environment; "<workspace>" is substituted.'
-    )
-    check: dict | list[dict] = Field(
-        description='{"type": "answer_integer_equals", "expected": 4} or a list.'
-    )
-    split: Literal["train", "eval_id", "eval_ood", "eval"] = "train"
-    tags: list[str] = Field(default_factory=list, max_length=LIMITS["tags"])
-    max_turns: int = Field(
-        0, ge=0, le=LIMITS["max_turns"], description="0 = the gateway's default."
-    )
-    source: str = ""
-    reference_solution: str = ""
+def tasks_body(max_tasks: int) -> dict:
+    """JSON Schema of the body of POST /v1/tasks: one task or a list of 1 to `max_tasks` (the
+    task schema of `shellrl.contract.task_schema`, whose parts go to the OpenAPI components)."""
+    task = {"$ref": REF.format(model="Task")}
+    return {
+        "$defs": task_schema_components(REF),
+        "oneOf": [task, {"type": "array", "items": task, "minItems": 1, "maxItems": max_tasks}],
+    }
 
 
 class SamplingIn(BaseModel):

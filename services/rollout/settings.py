@@ -40,6 +40,27 @@ class RolloutSettings(EngineFleetSettings):
         description="Also bound admission by the oldest in-flight group's version, so a long-tail group "
         "can never be overtaken by more than max_staleness steps (see admission.py).",
     )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO dynamic sampling: a group whose usable members all score the same "
+        "reward gives its admission back, so another is admitted in its place and each learner "
+        "step trains groups_per_step groups with reward variance (the learner's setting of the "
+        "same name must match; admission.py, shellrl/rl/dynamic_sampling.py).",
+    )
+    pass_rate_steering: bool = Field(
+        False,
+        description="Pass over (for the epoch) tasks whose template's recent training success "
+        "rate is outside [steering_low, steering_high], but for steering_keep_fraction of them "
+        "(steering.py).",
+    )
+    steering_window_episodes: int = Field(
+        32, ge=1, description="Training episodes a template's recent pass rate is taken over."
+    )
+    steering_low: float = Field(0.1, ge=0, le=1, description="Lower end of the band run in full.")
+    steering_high: float = Field(0.9, ge=0, le=1, description="Upper end of the band run in full.")
+    steering_keep_fraction: float = Field(
+        0.25, ge=0, le=1, description="Share of out-of-band tasks still run (exploration)."
+    )
     max_episodes_in_flight: int = Field(
         64, ge=1, description="Cap on training episodes running at once."
     )
@@ -54,12 +75,33 @@ class RolloutSettings(EngineFleetSettings):
         ge=1,
         description="shellrl:episodes is trimmed past this many entries, acknowledged ones only.",
     )
-    pool_seed: int = Field(0, description="Seed of the per-epoch shuffle of the training pool.")
+    pool_seed: int = Field(
+        0, description="Seed of the per-epoch shuffle of the training pool and of steering's draws."
+    )
+    sampling_seed: int | None = Field(
+        0,
+        description="Seed of every engine request of training and sampled eval episodes: each "
+        "request's sampling_seed is derived from it, the task, epoch, sample, turn and "
+        "continuation (seeding.py); None = unseeded (the engine's own random state). SGLang "
+        "honours it with --enable-deterministic-inference (and ignores it otherwise).",
+    )
     worker_enabled: bool = Field(
         True, description="Run the rollout worker (False: REST and evaluations only)."
     )
     consumer_name: str = Field(
         "rollout-0", description="Stable name of this replica (stream consumer, in-flight keys)."
+    )
+    claim_min_idle_ms: int = Field(
+        30_000,
+        ge=100,
+        description="Idle time after which another replica's entry of shellrl:tasks (the pool "
+        "feeder) or shellrl:trajectories (task stats) is re-claimed, ms. The rule (the "
+        "learner's too): longer than a live consumer holds an entry, so only a dead consumer's "
+        "entries are re-claimed. Both handle an entry with one or two Redis scripts (ms; a batch "
+        "of 256 within a second), so this bounds only a stalled loop or a Redis outage mid-batch "
+        "(then the next read re-reads this consumer's own pending entries anyway). A restart "
+        "under the same consumer_name re-reads its own pending entries at once; under another "
+        "name (a new pod) they come back after this idle time.",
     )
     heartbeat_s: float = Field(
         5.0, gt=0, description="Seconds between this replica's heartbeats (replicas.py)."
@@ -105,6 +147,23 @@ class RolloutSettings(EngineFleetSettings):
     )
     sandbox_policy: str = Field(
         "", description="Sandbox policy name for episode sessions ('' = its default)."
+    )
+    pin_episodes: bool = Field(
+        True,
+        description="Send every turn of an episode to the engine of its first turn, so its "
+        "prefix cache holds the history (agent_loop.py).",
+    )
+    max_engine_failovers: int = Field(
+        2,
+        ge=0,
+        description="Times one episode moves to another engine after its engine failed or left "
+        "(it continues from its exact tokens); past that the episode is an INFRA_ENGINE failure.",
+    )
+    engine_route_wait_s: float = Field(
+        30.0,
+        ge=0,
+        description="How long a generate waits for a routable engine (registered, updated by the "
+        "learner, within the staleness bound) when none is, seconds.",
     )
 
     # evaluations

@@ -14,7 +14,10 @@ verifier failed with FAILURE_INFRA_VERIFIER was usable when the gateway handed i
 is not usable for the learner (`shellrl.contract.is_infra`); `Admission.member_lost` counts it
 (idempotent by trajectory id) and gives the group's admission back when fewer than 2 usable
 members remain. The verifier passes every upstream failure through unchanged, so INFRA_VERIFIER
-is the only INFRA class on this stream that the gateway has not counted already.
+is the only INFRA class on this stream that the gateway has not counted already. Every other
+usable member goes to `Admission.member_scored` (dynamic sampling: a group whose usable members
+all scored the same gives its admission back), and, counted for the first time, to pass-rate
+steering's per-template outcomes (steering.py) when that is on.
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ import redis.asyncio as aioredis
 
 from services.rollout import metrics as m
 from services.rollout.admission import Admission
+from services.rollout.steering import Steering
 from services.rollout.task_store import TaskStore
-from shellrl.contract import ContractError, Failure, Trajectory
+from shellrl.contract import ContractError, Failure, Trajectory, is_infra
 from shellrl.streams import STREAM_TRAJECTORIES, StreamConsumer, StreamEntry
 
 GROUP_STATS = "rollout-stats"
@@ -41,8 +45,10 @@ class TaskStats:
         *,
         consumer: str,
         block_ms: int = 1000,
+        claim_min_idle_ms: int = 30_000,
+        steering: Steering | None = None,
     ) -> None:
-        self.store, self.admission = store, admission
+        self.store, self.admission, self.steering = store, admission, steering
         self.consumer = StreamConsumer(
             redis,
             STREAM_TRAJECTORIES,
@@ -50,7 +56,7 @@ class TaskStats:
             consumer,
             block_ms=block_ms,
             count=128,
-            claim_min_idle_ms=30_000,
+            claim_min_idle_ms=claim_min_idle_ms,
         )
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -75,4 +81,8 @@ class TaskStats:
             m.STATS_RECORDED.inc()
         if traj.failure == Failure.FAILURE_INFRA_VERIFIER and traj.group_id and not traj.eval:
             await self.admission.member_lost(traj.group_id, traj.trajectory_id)
+        elif traj.group_id and not traj.eval and not is_infra(traj.failure):
+            await self.admission.member_scored(traj)
+            if self.steering is not None and counted == 1 and traj.scored:
+                await self.steering.record(traj.task, traj.reward >= 1.0)
         await self.consumer.ack(entry.entry_id)

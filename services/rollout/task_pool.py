@@ -15,6 +15,11 @@ a live replica once its heartbeat stopped: replicas.py) moves them back to the h
 so every task of an epoch runs as often as without the kill. A task taken in an epoch that has
 ended since is run once more in the current one (it makes up the run it missed).
 
+With pass-rate steering (`steering`, steering.py), a task whose template the policy has solved
+always or never for a while may be passed over for the epoch (it leaves the taken list like a
+handed-off one); after a whole pool's worth of pass-overs in a row the next task runs anyway, so
+a pool that is all out of band never spins.
+
 Keys: shellrl:rollout:pool (set of task ids), shellrl:rollout:epoch (int),
 shellrl:rollout:epoch:order (list of task ids still to run in this epoch),
 shellrl:rollout:taken:{replica} (list of task ids taken, not yet handed off; oldest first).
@@ -32,6 +37,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from services.rollout import metrics as m
+from services.rollout.steering import Steering
 from services.rollout.task_store import STATE_POOLED, TaskStore
 from shellrl.contract import ContractError, Task, split_name
 from shellrl.streams import GROUP_ROLLOUT, STREAM_TASKS, StreamConsumer, StreamEntry, task_key
@@ -91,12 +97,26 @@ class TaskPool:
     """The training pool: `feed()` fills it from the stream, `next_task()` yields tasks in epochs."""
 
     def __init__(
-        self, redis: aioredis.Redis, store: TaskStore, *, consumer: str, seed: int = 0
+        self,
+        redis: aioredis.Redis,
+        store: TaskStore,
+        *,
+        consumer: str,
+        seed: int = 0,
+        claim_min_idle_ms: int = 30_000,
+        steering: Steering | None = None,
     ) -> None:
         self.redis, self.store, self.seed, self.replica = redis, store, seed, consumer
+        self.steering, self._passed_over_in_row = steering, 0
         self.taken = taken_key(consumer)
         self.consumer = StreamConsumer(
-            redis, STREAM_TASKS, GROUP_ROLLOUT, consumer, block_ms=1000, count=256
+            redis,
+            STREAM_TASKS,
+            GROUP_ROLLOUT,
+            consumer,
+            block_ms=1000,
+            count=256,
+            claim_min_idle_ms=claim_min_idle_ms,
         )
         self._join = redis.register_script(_JOIN)
         self._new_epoch = redis.register_script(_NEW_EPOCH)
@@ -142,14 +162,17 @@ class TaskPool:
     async def next_task(self, poll_s: float = 1.0) -> PooledTask:
         """The next task of the current epoch, taken by this replica until `done` or `put_back`;
         starts a new shuffled epoch when it is used up; waits while the pool is empty. Tasks whose
-        hash vanished are skipped."""
+        hash vanished, and tasks steering passes over, are skipped."""
         while True:
             raw = await self.redis.lmove(ORDER_KEY, self.taken, "LEFT", "RIGHT")
             if raw is not None:
                 try:
                     task = await self.store.get_task(raw.decode())
                     if task is not None:
-                        return PooledTask(task, await self.epoch())
+                        epoch = await self.epoch()
+                        if await self._steered_in(task, epoch):
+                            return PooledTask(task, epoch)
+                        m.TASKS_PASSED_OVER.inc()
                 except BaseException:  # cancelled (or Redis away) before the caller has it
                     with contextlib.suppress(RedisError, OSError):
                         await asyncio.shield(self.put_back(raw.decode()))
@@ -174,6 +197,16 @@ class TaskPool:
                     "new epoch over the training pool",
                     extra={"epoch": int(new_epoch), "tasks": len(members)},
                 )
+
+    async def _steered_in(self, task: Task, epoch: int) -> bool:
+        """Steering's verdict; a pool's worth of pass-overs in a row lets the next task run."""
+        if self.steering is None:
+            return True
+        keep = await self.steering.keep(task, epoch)
+        if not keep and self._passed_over_in_row + 1 >= max(await self.size(), 1):
+            keep = True
+        self._passed_over_in_row = 0 if keep else self._passed_over_in_row + 1
+        return keep
 
     async def done(self, task_id: str) -> None:
         """The group of a task this replica took was handed off (or deliberately finished)."""

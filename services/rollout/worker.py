@@ -25,16 +25,24 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_fixed
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    retry_if_exception_type,
+    wait_exponential,
+    wait_fixed,
+)
 
 from services.rollout import metrics as m
 from services.rollout.admission import Admission, Ticket
 from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling, is_setup_failure
 from services.rollout.gates import Capacity, GroupSlots, InfraGate
+from services.rollout.seeding import episode_seed
 from services.rollout.task_pool import TaskPool
 from services.rollout.task_store import TaskStore
 from shellrl.contract import Failure, Task, Trajectory, is_infra, min_policy_version
@@ -52,6 +60,7 @@ class RolloutConfig:
     retry_backoff_s: float = 1.0
     episodes_backlog_bound: int = 512
     episodes_stream_maxlen: int | None = None
+    sampling_seed: int | None = None  # None: unseeded engine sampling (seeding.py)
 
 
 class RolloutWorker:
@@ -105,7 +114,7 @@ class RolloutWorker:
             try:
                 await self._wait("capacity", self.capacity.acquire(self.config.group_size))
             except BaseException:
-                await _shielded(self.pool.put_back(pooled.task.task_id))
+                await _durable(lambda: self.pool.put_back(pooled.task.task_id))
                 raise
             try:
                 await self._wait(
@@ -118,27 +127,28 @@ class RolloutWorker:
                 ticket = await self.admission.admit(new_group_id())
             except BaseException:
                 await self.capacity.release(self.config.group_size)
-                await _shielded(self.pool.put_back(pooled.task.task_id))
+                await _durable(lambda: self.pool.put_back(pooled.task.task_id))
                 raise
-            group = asyncio.create_task(self._run_taken(pooled.task, ticket))
+            group = asyncio.create_task(self._run_taken(pooled.task, ticket, pooled.epoch))
             self._groups.add(group)
             group.add_done_callback(self._groups.discard)
 
-    async def _run_taken(self, task: Task, ticket: Ticket) -> None:
+    async def _run_taken(self, task: Task, ticket: Ticket, epoch: int) -> None:
         """`run_group` for a task taken from the pool: the pool forgets the task once its group
         was handed off (or failed); a cancelled group's task goes back to the epoch order."""
         try:
-            await self.run_group(task, ticket)
+            await self.run_group(task, ticket, epoch=epoch)
         except asyncio.CancelledError:
-            await _shielded(self.pool.put_back(task.task_id))
+            await _durable(lambda: self.pool.put_back(task.task_id))
             raise
         except Exception:
-            await _shielded(self.pool.done(task.task_id))
+            await _durable(lambda: self.pool.done(task.task_id))
             raise
-        await _shielded(self.pool.done(task.task_id))
+        await _durable(lambda: self.pool.done(task.task_id))
 
-    async def run_group(self, task: Task, ticket: Ticket) -> list[Trajectory]:
-        """G samples of `task`; gives the admission back when fewer than 2 are usable.
+    async def run_group(self, task: Task, ticket: Ticket, *, epoch: int = 0) -> list[Trajectory]:
+        """G samples of `task` (its run of epoch `epoch`: part of the samples' seeds); gives the
+        admission back when fewer than 2 are usable.
         Owns the G capacity slots the main loop took: each sample frees its own as it ends, and
         whatever a cancellation left (samples that never started) is freed here."""
         slots = GroupSlots(self.capacity, self.config.group_size)
@@ -148,18 +158,19 @@ class RolloutWorker:
             results = list(
                 await asyncio.gather(
                     *(
-                        self.run_sample(task, ticket, i, slots)
+                        self.run_sample(task, ticket, i, slots, epoch)
                         for i in range(self.config.group_size)
                     )
                 )
             )
         finally:
             await _shielded(slots.release_rest())
-            await _shielded(self.admission.finish(ticket, usable=usable_members(results)))
+            usable = usable_members(results)
+            await _durable(lambda: self.admission.finish(ticket, usable=usable))
         return [t for t in results if t is not None]
 
     async def run_sample(
-        self, task: Task, ticket: Ticket, index: int, slots: GroupSlots
+        self, task: Task, ticket: Ticket, index: int, slots: GroupSlots, epoch: int = 0
     ) -> Trajectory | None:
         """One sample of a group, retried with attempt+1 on INFRA failures. Holds one capacity slot."""
         traj = None
@@ -179,6 +190,9 @@ class RolloutWorker:
                     attempt=attempt,
                     sampling=self.config.sampling,
                     admitted_at=ticket.admitted_at,
+                    seed=None
+                    if self.config.sampling_seed is None
+                    else episode_seed(self.config.sampling_seed, task.task_id, epoch, index),
                 )
                 traj = await self.agent.run(spec)
                 final = (
@@ -268,6 +282,51 @@ async def _shielded(awaitable) -> None:
         pass
     except Exception as exc:
         log.warning("bookkeeping failed: %s", exc)
+
+
+_BOOKKEEPING: set[asyncio.Future] = set()
+
+
+async def _durable(call: Callable[[], Awaitable]) -> None:
+    """`_shielded` for bookkeeping that must reach Redis: the admission of a finished group, the
+    taken list of the task pool. `call()` is retried on Redis errors (0.2 s doubling to 5 s,
+    tenacity) until it succeeds, also after the caller was cancelled; a Redis restart during a
+    group's hand-off used to leave the group in flight for good, and with strict admission the
+    bound stops at its version: no group admitted again (found by tests/e2e/test_chaos.py). Each
+    call is idempotent (a retry after a lost reply changes nothing). A caller that is being
+    cancelled does not wait for it (the retries go on in the background), so a drain or a kill
+    is not held up by a Redis outage."""
+
+    async def until_done() -> None:
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception_type((RedisError, OSError)),
+            wait=wait_exponential(multiplier=0.2, max=5.0),
+            before_sleep=_bookkeeping_failed,
+            reraise=True,
+        ):
+            with attempt:
+                await call()
+
+    task = asyncio.ensure_future(until_done())
+    _BOOKKEEPING.add(task)  # a strong reference while it runs on its own
+    task.add_done_callback(_bookkeeping_done)
+    current = asyncio.current_task()
+    if current is None or not current.cancelling():
+        await _shielded(task)
+
+
+def _bookkeeping_done(task: asyncio.Future) -> None:
+    _BOOKKEEPING.discard(task)
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("bookkeeping failed: %s", task.exception())
+
+
+def _bookkeeping_failed(state: RetryCallState) -> None:
+    log.warning(
+        "bookkeeping failed (%r); retrying in %.1f s",
+        state.outcome.exception(),
+        state.upcoming_sleep,
+    )
 
 
 async def _uncancellable(awaitable) -> None:

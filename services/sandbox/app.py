@@ -1,6 +1,7 @@
 """HTTP API of the sandbox executor (DESIGN.md section 2).
 
     POST   /v1/sessions                      {"setup", "env", "limits"?, "policy"?} → 201 session + setup result
+                                             (a `network: true` policy only when allow_network_policies)
     POST   /v1/sessions/{id}/exec            {"command", "timeout_s"?, "fresh_state"?} → 200 exec result
     POST   /v1/sessions/{id}/kill            → every process of the session killed (workspace kept)
     GET    /v1/sessions/{id}/files/{path}    ?max_bytes=N → raw bytes
@@ -22,13 +23,13 @@ import os
 
 from fastapi import Query
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from services.sandbox import metrics, mounts
-from services.sandbox.cgroups import CgroupSupport
 from services.sandbox.isolation_probe import detect
 from services.sandbox.limits import Limits, LimitsRequest
 from services.sandbox.policy import PolicySet
+from services.sandbox.resources import setup_resources
 from services.sandbox.session import SessionError
 from services.sandbox.sessions import SessionManager
 from services.sandbox.settings import SandboxSettings
@@ -36,16 +37,22 @@ from services.sandbox.uids import UidPool
 from services.sandbox.workspace import FileReadError
 from shellrl.service.aio import cancel_and_wait
 from shellrl.service.app import ApiError, create_app, error_body
+from shellrl.service.openapi import REF, error_responses
 
 log = logging.getLogger("services.sandbox")
 DEFAULT_FILE_MAX_BYTES = 10 << 20
+
+
+_NO_NUL = {"pattern": "^[^\\x00]*$"}  # documented only: the session manager answers 400 naming it
 
 
 class CreateSessionRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     setup: str = Field(
-        "", description="Bash script run in the empty workspace; non-zero exit → 422 setup_failed."
+        "",
+        description="Bash script run in the empty workspace; non-zero exit → 422 setup_failed.",
+        json_schema_extra=_NO_NUL,
     )
     env: dict[str, str] = Field(
         default_factory=dict, description="Task environment; '<workspace>' is substituted."
@@ -59,11 +66,15 @@ class CreateSessionRequest(BaseModel):
 class ExecRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    command: str = Field(..., description="Bash source, run like `bash -c` in the session.")
+    command: str = Field(
+        ...,
+        description="Bash source, run like `bash -c` in the session.",
+        json_schema_extra=_NO_NUL,
+    )
     timeout_s: float | None = Field(
         None, gt=0, description="Wall-clock limit; default: the session's timeout_s."
     )
-    fresh_state: bool = Field(
+    fresh_state: StrictBool = Field(
         False,
         description=(
             "Run without the session's saved shell state: `bash --noprofile --norc`, the environment "
@@ -77,11 +88,28 @@ class ExecRequest(BaseModel):
     )
 
 
+def _request_schemas(manager: SessionManager, allow_network_policies: bool) -> dict:
+    """The request bodies' schemas with what this instance accepts: its policies (those sharing
+    the host network only when allowed), its largest timeout_s, shell variable names in env."""
+    create = CreateSessionRequest.model_json_schema(ref_template=REF)
+    create.pop("$defs", None)
+    policies = sorted(
+        name for name, p in manager.policies.items() if allow_network_policies or not p.network
+    )
+    create["properties"]["policy"]["anyOf"] = [{"enum": policies}, {"type": "null"}]
+    create["properties"]["env"]["propertyNames"] = {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}
+    exec_ = ExecRequest.model_json_schema(ref_template=REF)
+    exec_["properties"]["timeout_s"]["anyOf"][0]["maximum"] = manager.max_timeout_s
+    return {"CreateSessionRequest": create, "ExecRequest": exec_}
+
+
 def _api_error(exc: SessionError) -> ApiError | JSONResponse:
-    if exc.details is not None:
+    if exc.details is not None or exc.retry_after_s is not None:
         body = error_body(exc.code, exc.message, exc.field)
-        body["error"]["details"] = exc.details
-        return JSONResponse(body, status_code=exc.status)
+        if exc.details is not None:
+            body["error"]["details"] = exc.details
+        headers = {"Retry-After": str(exc.retry_after_s)} if exc.retry_after_s else None
+        return JSONResponse(body, status_code=exc.status, headers=headers)
     return ApiError(exc.status, exc.code, exc.message, exc.field)
 
 
@@ -104,6 +132,11 @@ def build_app(settings: SandboxSettings):
     policies = PolicySet.load(settings.policy_file)
     if settings.default_policy not in policies.policies:
         raise ValueError(f"default_policy {settings.default_policy!r} is not in the policy file")
+    if policies.policies[settings.default_policy].network and not settings.allow_network_policies:
+        raise ValueError(
+            f"default_policy {settings.default_policy!r} shares the host network: set "
+            "SHELLRL_ALLOW_NETWORK_POLICIES=true to allow it"
+        )
     exec_mode = settings.exec_mode
     if exec_mode == "session" and not os.access("/usr/bin/python3", os.X_OK):
         log.warning(
@@ -112,7 +145,8 @@ def build_app(settings: SandboxSettings):
         exec_mode = "per_command"
     uids = UidPool(settings.uid_base, settings.uid_block_size)
     isolation, probes = detect(settings.isolation, uids.probe_uid)
-    cgroups = CgroupSupport(settings.cgroup_root)
+    resources = setup_resources(settings, uids, isolation, private_mounts)
+    cgroups = resources.cgroups
     root = settings.workspace_root / f"block-{uids.block}"
     defaults = Limits(
         timeout_s=settings.default_timeout_s,
@@ -124,6 +158,7 @@ def build_app(settings: SandboxSettings):
         workspace_bytes=settings.workspace_bytes,
         max_output_bytes=settings.max_output_bytes,
         nofile=settings.nofile,
+        cpus=settings.cpus,
     )
     manager = SessionManager(
         root=root,
@@ -139,6 +174,7 @@ def build_app(settings: SandboxSettings):
         max_timeout_s=settings.max_timeout_s,
         max_command_bytes=settings.max_command_bytes,
         max_concurrent_execs=settings.max_concurrent_execs,
+        admission=resources.admission,
         exec_mode=exec_mode,
     )
     manager.clean_stale()
@@ -146,7 +182,7 @@ def build_app(settings: SandboxSettings):
         "isolation": isolation.layer,
         "exec_mode": exec_mode,
         "network_isolated": isolation.network_isolated,
-        "cgroups": cgroups.available,
+        **resources.details(),
         "seccomp": isolation.seccomp_path is not None,
         "private_mount_namespace": private_mounts,
         "uid_block": [uids.first, uids.probe_uid],
@@ -172,15 +208,30 @@ def build_app(settings: SandboxSettings):
         "sandbox configured",
         extra={"host": settings.host, "port": settings.listen_port, "config": config},
     )
-    return create_sandbox_app(manager, config, details, settings.ttl_sweep_interval_s)
+    return create_sandbox_app(
+        manager,
+        config,
+        details,
+        settings.ttl_sweep_interval_s,
+        api_token=settings.api_token_value(),
+        allow_network_policies=settings.allow_network_policies,
+    )
 
 
 def create_sandbox_app(
-    manager: SessionManager, config: dict, ready_details: dict, ttl_sweep_interval_s: float
+    manager: SessionManager,
+    config: dict,
+    ready_details: dict,
+    ttl_sweep_interval_s: float,
+    *,
+    api_token: str | None = None,
+    allow_network_policies: bool = False,
 ):
     """The HTTP API (module doc) around `manager`: `config` is served at GET /v1/config,
     `ready_details` (plus the live session count) at /readyz; expired sessions are looked for every
-    `ttl_sweep_interval_s` seconds and every session is deleted at shutdown."""
+    `ttl_sweep_interval_s` seconds and every session is deleted at shutdown. Every route but the
+    probes needs `api_token` (None: no auth); a session may name a policy with `network: true`
+    only with `allow_network_policies` (else 403 network_policy_disabled naming `policy`)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
@@ -192,9 +243,21 @@ def create_sandbox_app(
             await manager.close()
 
     async def ready_check() -> dict:
-        return {"ready": True, **ready_details, "sessions": len(manager.sessions)}
+        return {
+            "ready": True,
+            **ready_details,
+            "sessions": len(manager.sessions),
+            "headroom": manager.headroom(),
+        }
 
-    app = create_app("sandbox", config, ready_check=ready_check, lifespan=lifespan)
+    app = create_app(
+        "sandbox",
+        config,
+        ready_check=ready_check,
+        lifespan=lifespan,
+        api_token=api_token,
+        openapi_components=_request_schemas(manager, allow_network_policies),
+    )
     layer = manager.isolation.layer
 
     async def call(coro):
@@ -206,8 +269,22 @@ def create_sandbox_app(
                 return err
             raise err from None
 
-    @app.post("/v1/sessions", status_code=201, tags=["sessions"])
+    @app.post(
+        "/v1/sessions",
+        status_code=201,
+        tags=["sessions"],
+        responses=error_responses(400, 403, 422, 429, 503),
+    )
     async def create_session(req: CreateSessionRequest):
+        policy = manager.policies.get(req.policy or manager.default_policy)
+        if policy is not None and policy.network and not allow_network_policies:
+            raise ApiError(
+                403,
+                "network_policy_disabled",
+                f"policy {policy.name!r} shares the host network; the sandbox's operator has not "
+                "enabled such policies (SHELLRL_ALLOW_NETWORK_POLICIES)",
+                "policy",
+            )
         limits = manager.default_limits.merged(req.limits)
         result = await call(manager.create(req.setup, req.env, limits, req.policy))
         if isinstance(result, JSONResponse):
@@ -222,19 +299,36 @@ def create_sandbox_app(
             "setup": setup.as_dict(),
         }
 
-    @app.post("/v1/sessions/{session_id}/exec", tags=["sessions"])
+    @app.post(
+        "/v1/sessions/{session_id}/exec",
+        tags=["sessions"],
+        responses=error_responses(400, 404, 422, 503),
+    )
     async def exec_command(session_id: str, req: ExecRequest):
         result = await call(manager.exec(session_id, req.command, req.timeout_s, req.fresh_state))
-        return result.as_dict()
+        return result if isinstance(result, JSONResponse) else result.as_dict()  # 429: headers
 
-    @app.post("/v1/sessions/{session_id}/kill", tags=["sessions"])
+    @app.post(
+        "/v1/sessions/{session_id}/kill", tags=["sessions"], responses=error_responses(404, 503)
+    )
     async def kill_processes(session_id: str):
         """Kill every process of the session (background, setsid and double-forked ones included);
         the workspace, /tmp and the saved shell state stay. The verifier calls it before its checks."""
         duration_ms = await call(manager.kill_processes(session_id))
         return {"session_id": session_id, "killed": True, "duration_ms": round(duration_ms, 3)}
 
-    @app.get("/v1/sessions/{session_id}/files/{path:path}", tags=["sessions"])
+    @app.get(
+        "/v1/sessions/{session_id}/files/{path:path}",
+        tags=["sessions"],
+        response_class=Response,
+        responses={
+            200: {
+                "description": "The file's bytes",
+                "content": {"application/octet-stream": {"schema": {"type": "string"}}},
+            },
+            **error_responses(400, 403, 404, 413, 422),
+        },
+    )
     async def read_file(
         session_id: str, path: str, max_bytes: int = Query(DEFAULT_FILE_MAX_BYTES, ge=0)
     ):
@@ -261,17 +355,19 @@ def create_sandbox_app(
     async def _get(session_id: str):
         return manager.get(session_id)
 
-    @app.get("/v1/sessions/{session_id}", tags=["sessions"])
+    @app.get("/v1/sessions/{session_id}", tags=["sessions"], responses=error_responses(404))
     async def session_info(session_id: str):
         session = await call(_get(session_id))
         return session.info(layer)
 
-    @app.post("/v1/sessions/{session_id}/reset", tags=["sessions"])
+    @app.post(
+        "/v1/sessions/{session_id}/reset", tags=["sessions"], responses=error_responses(404, 503)
+    )
     async def reset_session(session_id: str):
         duration_ms = await call(manager.reset(session_id))
         return {"session_id": session_id, "reset": True, "duration_ms": round(duration_ms, 3)}
 
-    @app.delete("/v1/sessions/{session_id}", tags=["sessions"])
+    @app.delete("/v1/sessions/{session_id}", tags=["sessions"], responses=error_responses(404))
     async def delete_session(session_id: str):
         await call(manager.delete(session_id))
         return {"session_id": session_id, "deleted": True}

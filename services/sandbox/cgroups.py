@@ -1,163 +1,125 @@
-"""Per-session cgroups (v1: pids, memory, freezer) — process cap, memory cap, whole-tree kill.
+"""Cgroups of the sandbox: one parent per instance bounding all its sessions, one group per session.
 
-A session's commands join its cgroup as their first act (see `preludes.py`), so every process
-they start, including `setsid`/double-fork escapes, stays countable and killable: a process
-cannot leave a v1 cgroup whose parent's `cgroup.procs` it cannot write.
+    <cgroup root>/shellrl-sandbox/block-<first uid>/       memory, pids and CPU of all sessions
+                                                  u<uid>/  one session: memory, pids, CPU quota
+
+The parent's limits are sized from the host (`HostCapacity` times the `sessions_*_fraction`
+settings), so sessions together can never take the host's memory, process table or every core;
+each session's limits sit below it. cgroup v2 is used where the root is a v2 mount with the
+memory and pids controllers available (cgroup_v2.py), else v1 (cgroup_v1.py: pids, memory,
+freezer, and cpu where mounted). Where neither is writable, `CgroupSupport.available` is False,
+`reason` says why (logged, in /readyz, metric `shellrl_sandbox_cgroup_limits_enforced` 0): sessions
+then run without a memory or CPU bound, processes capped by RLIMIT_NPROC of their uid only.
+A session's commands join its group as their first act (preludes.py); a process cannot leave it.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
-import os
-import signal
 from pathlib import Path
+from typing import Protocol
 
-from tenacity import (
-    Retrying,
-    retry,
-    retry_if_exception,
-    retry_if_result,
-    stop_after_attempt,
-    stop_after_delay,
-    wait_fixed,
-)
+from services.sandbox.cgroup_base import GROUP_DIR, CgroupLimits, Usage
+from services.sandbox.cgroup_v1 import V1Hierarchy
+from services.sandbox.cgroup_v2 import V2Hierarchy
 
 log = logging.getLogger(__name__)
 
-CONTROLLERS = ("pids", "memory", "freezer")
-GROUP_DIR = "shellrl-sandbox"
+
+class SessionCgroup(Protocol):
+    """One session's cgroup(s); both versions implement it."""
+
+    procs_files: tuple[Path, ...]  # a command writes "0" into each to join (session uid may)
+    launcher_procs: Path | None  # root writes the launcher's pid here before it execs (v2)
+
+    def exists(self) -> bool: ...
+    def create(self, uid: int, limits: CgroupLimits) -> None: ...
+    def pids(self) -> list[int]: ...
+    def kill_all(self, deadline_s: float = 2.0) -> int: ...
+    def remove(self) -> None: ...
 
 
-def _write(path: Path, value: str) -> None:
-    with open(path, "w") as f:
-        f.write(value)
+class Hierarchy(Protocol):
+    """One cgroup version's layout under `root` (cgroup_v1.V1Hierarchy, cgroup_v2.V2Hierarchy)."""
 
+    version: str
+    root: Path
+    note: str | None  # what works only in part (a missing cpu controller), once probed
 
-@retry(
-    retry=retry_if_exception(lambda exc: isinstance(exc, OSError) and exc.errno == errno.EBUSY),
-    stop=stop_after_attempt(100),
-    wait=wait_fixed(0.01),
-    retry_error_callback=lambda _state: None,
-)
-def _rmdir(group_dir: Path) -> None:
-    """rmdir one cgroup; EBUSY (its last processes still exiting) is retried every 10 ms, 100 times
-    at most, then the directory is left. A missing directory is fine; other OSErrors raise."""
-    try:
-        group_dir.rmdir()
-    except FileNotFoundError:
-        pass
+    def problem(self) -> str | None: ...
+    def setup_parent(self, instance: str, limits: CgroupLimits) -> None: ...
+    def session(self, instance: str, name: str) -> SessionCgroup: ...
+    def usage(self, instance: str) -> Usage: ...
+    def legacy_session(self, name: str) -> SessionCgroup | None: ...
+    def remove_parent(self, instance: str) -> None: ...
 
 
 class CgroupSupport:
-    """What the start-up probe found: usable v1 controllers under `root`."""
+    """The cgroups of one instance (`instance` names its parent), probed and set up at start-up
+    with the parent `limits`; `available`, `version` ("v1"/"v2"/None) and `reason` (why not, or
+    which controller is missing) say what works."""
 
-    def __init__(self, root: Path) -> None:
-        self.root = Path(root)
-        self.available = self._probe()
-
-    def _probe(self) -> bool:
-        try:
-            for controller in CONTROLLERS:
-                parent = self.root / controller / GROUP_DIR
-                parent.mkdir(exist_ok=True)
-                probe = parent / f"probe-{os.getpid()}"
-                probe.mkdir(exist_ok=True)
-                probe.rmdir()
-            return True
-        except OSError as exc:
+    def __init__(self, root: Path, instance: str, limits: CgroupLimits) -> None:
+        self.root, self.instance, self.limits = Path(root), instance, limits
+        self.version: str | None = None
+        self.reason: str | None = None
+        self.hierarchy: Hierarchy | None = None
+        candidates = [V2Hierarchy(self.root)] if V2Hierarchy.mounted(self.root) else []
+        candidates.append(V1Hierarchy(self.root))
+        problems = []
+        for hierarchy in candidates:
+            try:
+                if (problem := hierarchy.problem()) is None:
+                    hierarchy.setup_parent(instance, limits)
+            except OSError as exc:
+                problem = f"cannot set up {hierarchy.root / GROUP_DIR / instance}: {exc}"
+            if problem is None:
+                self.hierarchy, self.version = hierarchy, hierarchy.version
+                self.reason = hierarchy.note
+                break
+            problems.append(f"{hierarchy.version}: {problem}")
+        if self.hierarchy is None:
+            self.reason = "; ".join(problems)
             log.warning(
-                "cgroups v1 unavailable; process cap falls back to RLIMIT_NPROC",
-                extra={"error": str(exc)},
+                "cgroups unavailable: sessions run without memory or CPU limits and without a "
+                "bound on all sessions together (processes: RLIMIT_NPROC per session uid only)",
+                extra={"reason": self.reason},
             )
-            return False
-
-    def group(self, name: str) -> SessionCgroup | None:
-        return SessionCgroup(self.root, name) if self.available else None
-
-
-class SessionCgroup:
-    """The cgroups of one session, named by its uid (unique per instance through the uid block lock)."""
-
-    def __init__(self, root: Path, name: str) -> None:
-        self.dirs = {c: root / c / GROUP_DIR / name for c in CONTROLLERS}
+        else:
+            log.info(
+                "session cgroups ready",
+                extra={"version": self.version, "parent": limits.as_dict(), "note": self.reason},
+            )
 
     @property
-    def procs_files(self) -> list[Path]:
-        return [d / "cgroup.procs" for d in self.dirs.values()]
+    def available(self) -> bool:
+        return self.hierarchy is not None
 
-    def create(self, uid: int, pids_max: int, memory_bytes: int) -> None:
-        """mkdir the groups, set limits, let `uid` move its own processes in (write on cgroup.procs)."""
-        if any(d.exists() for d in self.dirs.values()):
-            self.remove()
-        for d in self.dirs.values():
-            d.mkdir()
-            os.chown(d / "cgroup.procs", uid, uid)
-        _write(self.dirs["pids"] / "pids.max", str(pids_max))
-        _write(self.dirs["memory"] / "memory.limit_in_bytes", str(memory_bytes))
-        try:  # no swap here, but limit memory+swap where swap accounting exists
-            _write(self.dirs["memory"] / "memory.memsw.limit_in_bytes", str(memory_bytes))
-        except OSError:
-            pass
+    def group(self, name: str) -> SessionCgroup | None:
+        return self.hierarchy.session(self.instance, name) if self.hierarchy else None
 
-    def pids(self) -> list[int]:
-        try:
-            text = (self.dirs["pids"] / "cgroup.procs").read_text()
-        except FileNotFoundError:
-            return []
-        return [int(p) for p in text.split()]
+    def legacy_group(self, name: str) -> SessionCgroup | None:
+        """The group a session named `name` had in the layout without a parent (clean-up)."""
+        return self.hierarchy.legacy_session(name) if self.hierarchy else None
 
-    def oom_killed(self) -> int:
-        try:
-            for line in (self.dirs["memory"] / "memory.oom_control").read_text().splitlines():
-                if line.startswith("oom_kill "):
-                    return int(line.split()[1])
-        except (OSError, ValueError):
-            pass
-        return 0
-
-    def kill_all(self, deadline_s: float = 2.0) -> int:
-        """Freeze, SIGKILL every member, thaw; repeat until empty. Returns the number of kills sent.
-
-        Freezing first makes the kill atomic against forks (cgroup v1 has no `cgroup.kill`).
-        """
-        freezer = self.dirs["freezer"] / "freezer.state"
-        sent = 0
-
-        def kill_round() -> bool:
-            """One freeze-kill-thaw pass; True when the group was already empty."""
-            nonlocal sent
-            pids = self.pids()
-            if not pids:
-                return True
-            try:
-                _write(freezer, "FROZEN")
-            except OSError:
-                pass
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    sent += 1
-                except ProcessLookupError:
-                    pass
-            try:
-                _write(freezer, "THAWED")
-            except OSError:
-                pass
-            return False
-
-        # a pass repeats every 2 ms until one finds the group empty, for `deadline_s` at most
-        empty = Retrying(
-            retry=retry_if_result(lambda was_empty: not was_empty),
-            stop=stop_after_delay(deadline_s),
-            wait=wait_fixed(0.002),
-            retry_error_callback=lambda _state: False,
-        )(kill_round)
-        if not empty:
-            log.error("processes survived the cgroup kill", extra={"pids": self.pids()})
-        return sent
+    def usage(self) -> Usage | None:
+        """What all sessions of this instance use now (None without cgroups)."""
+        return self.hierarchy.usage(self.instance) if self.hierarchy else None
 
     def remove(self) -> None:
-        self.kill_all()
-        for d in self.dirs.values():
-            _rmdir(d)
+        """Remove the instance's parent and every session group below it (at shutdown)."""
+        if self.hierarchy is not None:
+            self.hierarchy.remove_parent(self.instance)
+
+    def session_limits(self, memory_bytes: int, pids: int, cpus: float) -> CgroupLimits:
+        """A session's limits, its CPU quota at most the parent's (v1 refuses a larger one)."""
+        return CgroupLimits(memory_bytes, pids, min(cpus, self.limits.cpus))
+
+    def details(self) -> dict:
+        """For /readyz: version, the parent's limits, and why not / what is missing."""
+        limits = self.limits.as_dict() if self.available else None
+        return {
+            "cgroup_version": self.version,
+            "cgroup_parent": limits,
+            "cgroup_reason": self.reason,
+        }

@@ -4,16 +4,20 @@ Ladder, best first, chosen by a start-up probe that really runs `true` in the la
 
 * `bubblewrap`: bwrap run as the session's unprivileged uid with new user (nested ones disabled),
   a seccomp denylist (seccomp.py),
-  pid, net, ipc, uts and cgroup namespaces; read-only /usr and a curated /etc, a private /proc and
-  a read-only private /dev, the workspace at /workspace, the session's /tmp and /dev/shm (capped:
-  workspace.py), `--remount-ro /`, `--die-with-parent`, `--new-session`, all capabilities dropped,
-  bwrap itself started with a minimal environment.
-* `unshare`: util-linux unshare (root) with pid/net/ipc/uts/mount namespaces, a private /proc and
-  the session's /dev/shm, then setpriv to the session uid with no capabilities and no_new_privs.
+  pid, net, ipc, uts and cgroup namespaces; read-only /usr and a curated /etc, a private /proc
+  (host details masked: proc_view.py) and a read-only private /dev, the workspace at /workspace,
+  the session's /tmp and /dev/shm (capped: workspace.py), `--remount-ro /`, `--die-with-parent`,
+  `--new-session`, all capabilities dropped, bwrap itself started with a minimal environment.
+* `unshare`: util-linux unshare (root) with pid/net/ipc/uts/mount namespaces, a private /proc
+  (host details masked: proc_view.py) and the session's /dev/shm, then setpriv to the session uid
+  with no capabilities and no_new_privs.
   The host file tree stays visible (read-only to the session uid by permissions, except the
   world-writable /tmp and /var/tmp: `host_shared_dirs`); the workspace keeps its host path.
 * `fallback`: no namespaces: a new session/process group as the session uid. No network or
   file-view isolation; the host's /tmp, /var/tmp and /dev/shm are shared (see README, Security).
+
+Where cgroup v2 needs it (`LaunchSpec.launcher_procs`), the launcher first moves itself, as root,
+into the session's cgroup, so the whole sandbox starts inside it.
 
 The launch itself (`LaunchSpec`, `Launch`, the host programs run as root) is launch.py; the bash
 preludes and environments are preludes.py; probing which layer works is isolation_probe.py.
@@ -21,11 +25,12 @@ preludes and environments are preludes.py; probing which layer works is isolatio
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import replace
 from pathlib import Path
 
-from services.sandbox import mounts
+from services.sandbox import mounts, proc_view
 from services.sandbox.launch import (
     BWRAP,
     ENV_BIN,
@@ -86,6 +91,25 @@ class Isolation:
             raise ValueError(f"isolation layer must be one of {LAYERS}, got {layer!r}")
         self.layer = layer
         self.seccomp_path: Path | None = None  # set once the program is written (bubblewrap only)
+        self.runtime: Path | None = None  # set by `install_proc_files`
+        self.proc_masks = proc_view.masks()
+
+    def install_proc_files(self, runtime: Path) -> None:
+        """Write the /proc files all sessions share (proc_view.install) into `runtime`."""
+        proc_view.install(runtime)
+        self.runtime = runtime
+
+    def prepare_session(self, paths: WorkspacePaths, memory_bytes: int) -> None:
+        """Write the session's own /proc files into its ctl/ (bubblewrap, unshare): a meminfo
+        sized to `memory_bytes`, and for unshare the fstab that mounts them and the masks."""
+        if self.layer == "fallback":
+            return
+        meminfo = paths.ctl / "meminfo"
+        meminfo.write_text(proc_view.session_meminfo(memory_bytes))
+        os.chmod(meminfo, 0o644)
+        if self.layer == "unshare":
+            table = proc_view.fstab(meminfo, self.runtime, *self.proc_masks)
+            (paths.ctl / "fstab").write_text(table)
 
     @property
     def network_isolated(self) -> bool:
@@ -198,6 +222,7 @@ class Isolation:
                 "/etc",
                 "--proc",
                 "/proc",
+                *proc_view.bwrap_args(p.ctl / "meminfo", self.runtime, *self.proc_masks),
                 "--dev",
                 "/dev",
                 "--bind",
@@ -227,6 +252,7 @@ class Isolation:
                 argv += ["--seccomp", SECCOMP_FD]
             for key, value in spec.env.items():
                 argv += ["--setenv", key, value]
+            argv = _join_cgroup(spec) + argv
             return Launch(argv + ["--", *program], dict(LAUNCHER_ENV), "/", self.seccomp_path)
         env = {**spec.env, "TMPDIR": str(p.tmp)}
         # the task environment only after the drop to the session uid (module doc)
@@ -235,8 +261,12 @@ class Isolation:
         if self.layer == "unshare":
             net = [] if spec.network else ["--net"]
             # as root in the new namespaces: loopback up (a new network namespace starts with it
-            # down; bwrap brings it up itself), the session's capped /dev/shm over the host's
-            script = f'{shlex.quote(MOUNT)} --bind "$1" /dev/shm || exit 125; shift; exec "$@"'
+            # down; bwrap brings it up itself), the session's capped /dev/shm over the host's, the
+            # /proc masks and the session's meminfo/loadavg (one `mount -a`: proc_view.fstab)
+            script = (
+                f'{shlex.quote(MOUNT)} --bind "$1" /dev/shm || exit 125; '
+                f'{shlex.quote(MOUNT)} -a --fstab "$2" || exit 125; shift 2; exec "$@"'
+            )
             if net:
                 script = f"{shlex.quote(IP)} link set lo up 2>/dev/null; {script}"
             argv = [
@@ -255,18 +285,29 @@ class Isolation:
                 script,
                 "sh",
                 str(p.shm),
+                str(p.ctl / "fstab"),
                 *dropped,
             ]
-            return Launch(argv, dict(LAUNCHER_ENV), str(p.ctl))
-        return Launch(dropped, dict(LAUNCHER_ENV), str(p.ctl))
+            return Launch(_join_cgroup(spec) + argv, dict(LAUNCHER_ENV), str(p.ctl))
+        return Launch(_join_cgroup(spec) + dropped, dict(LAUNCHER_ENV), str(p.ctl))
+
+
+def _join_cgroup(spec: LaunchSpec) -> list[str]:
+    """argv prefix (run as root) moving the launcher into `spec.launcher_procs`, if any."""
+    if spec.launcher_procs is None:
+        return []
+    script = 'echo $$ > "$1" || exit 125; shift; exec "$@"'
+    return [SH, "-c", script, "sh", str(spec.launcher_procs)]
 
 
 def prepare_etc(root: Path, uids: range) -> Path:
-    """Build `<root>/etc`: read-only bind mounts of the allowlisted host /etc entries, plus a
-    passwd/group naming every session uid "sandbox" (home /workspace). One bind per sandbox
+    """Build `<root>/etc` (a tmpfs): read-only bind mounts of the allowlisted host /etc entries,
+    plus a passwd/group naming every session uid "sandbox" (home /workspace). One bind per sandbox
     start instead of one per entry."""
     etc = Path(root) / ETC_DIR
     etc.mkdir(mode=0o755)
+    # its own small tmpfs: bound at /etc, it names no host path in the sandbox's mountinfo
+    mounts.mount("tmpfs", etc, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=16m,mode=0755")
     for name in ETC_ALLOWLIST:
         source = Path("/etc") / name
         if not source.exists():

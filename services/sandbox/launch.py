@@ -44,6 +44,7 @@ class LaunchSpec:
     network: bool
     cgroup_procs: tuple[Path, ...]  # host paths of the session's cgroup.procs files
     runner_file: Path | None = None  # host path of runner.py (session mode)
+    launcher_procs: Path | None = None  # cgroup.procs the launcher joins as root first (v2)
 
 
 SECCOMP_FD = "{seccomp_fd}"  # placeholder in argv, replaced by `spawn_args`

@@ -30,6 +30,13 @@ class LimitsRequest(BaseModel):
     max_output_bytes: int | None = Field(
         None, ge=1024, le=16 << 20, description="Kept bytes per stream."
     )
+    cpus: float | None = Field(
+        None,
+        ge=0.01,
+        le=1024,
+        description="CPU quota of the session (cgroup cpu.max), in CPUs; at most all sessions' "
+        "share (the parent cgroup's quota).",
+    )
 
 
 @dataclass(frozen=True)
@@ -39,7 +46,10 @@ class Limits:
     Enforcement: `timeout_s` by the executor (tree kill), `cpu_s`/`address_space_bytes`/
     `file_size_bytes`/`nofile` as hard rlimits set before the command runs, `pids` by the cgroup
     pids controller and RLIMIT_NPROC of the session's own uid, `memory_bytes` by the memory cgroup,
-    `workspace_bytes` by the size of the workspace tmpfs, `max_output_bytes` by the output reader.
+    `cpus` by the cpu cgroup's quota (CPU seconds per wall-clock second, all the session's processes
+    together; where cgroups are missing it is not enforced), `workspace_bytes` by the size of the
+    workspace tmpfs, `max_output_bytes` by the output reader. All sessions together stay under
+    their parent cgroup's limits (cgroups.py).
     """
 
     timeout_s: float
@@ -51,6 +61,7 @@ class Limits:
     workspace_bytes: int
     max_output_bytes: int
     nofile: int
+    cpus: float = 1.0
 
     def merged(self, request: LimitsRequest | None) -> Limits:
         if request is None:

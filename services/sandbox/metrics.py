@@ -33,6 +33,27 @@ POLICY_VERDICTS = counter(
 OUTPUT_TRUNCATED_BYTES = counter(
     "shellrl_sandbox_output_truncated_bytes_total", "Output bytes dropped by caps."
 )
+ADMISSION_REFUSALS = counter(
+    "shellrl_sandbox_admission_refusals_total",
+    "Sessions (what=session) and commands (what=exec) refused with 429, by the resource short.",
+    ("what", "reason"),
+)
+HEADROOM_MEMORY_BYTES = gauge(
+    "shellrl_sandbox_headroom_memory_bytes",
+    "Memory free for sessions at the last admission check: the parent cgroup's and the host's.",
+)
+HEADROOM_PIDS = gauge(
+    "shellrl_sandbox_headroom_pids",
+    "Processes that can still start in sessions at the last admission check.",
+)
+CGROUP_LIMITS_ENFORCED = gauge(
+    "shellrl_sandbox_cgroup_limits_enforced",
+    "1: sessions run in cgroups under a parent bounding them all; 0: degraded (see /readyz).",
+)
+PROC_MASKED = gauge(
+    "shellrl_sandbox_proc_masked",
+    "1: host /proc information is masked in this layer (see /readyz proc_view); 0: not.",
+)
 ISOLATION = info(
     "shellrl_sandbox_isolation", "Isolation layer this instance runs (probed at start-up)."
 )
@@ -45,3 +66,6 @@ def init_series(layer: str) -> None:
     EXEC_QUEUE_SECONDS.labels(layer)
     for outcome in ("ok", "setup_failed", "error"):  # as sessions.SessionManager.create counts them
         SESSIONS_CREATED.labels(outcome)
+    for what in ("session", "exec"):  # as admission.Admission refuses
+        for reason in ("sessions", "memory", "pids") if what == "session" else ("memory", "pids"):
+            ADMISSION_REFUSALS.labels(what, reason)

@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from services.sandbox import metrics, seccomp
+from services.sandbox import metrics, mounts, seccomp
 from services.sandbox.executor import RawExec, kill_process_group, run_launch
 from services.sandbox.isolation import Isolation
 from services.sandbox.launch import LaunchSpec
@@ -40,9 +40,14 @@ class SessionProcesses:
         self.runner_file: Path | None = None
 
     def install_runtime(self, runtime: Path) -> None:
-        """Create `runtime` (0755) with a copy of the runner and, for bubblewrap, the seccomp
+        """Create `runtime` (a small tmpfs, 0755: bound into sandboxes, it names no host path)
+        with a copy of the runner, the neutral /proc/loadavg and, for bubblewrap, the seccomp
         filter (`isolation.seccomp_path` set to it)."""
         runtime.mkdir(mode=0o755)
+        mounts.mount(
+            "tmpfs", runtime, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "size=1m,mode=0755"
+        )
+        self.isolation.install_proc_files(runtime)
         self.runner_file = runtime / "runner.py"
         shutil.copyfile(RUNNER_SOURCE, self.runner_file)
         os.chmod(self.runner_file, 0o644)
@@ -63,6 +68,7 @@ class SessionProcesses:
             session.policy.network,
             cgroup_procs,
             self.runner_file,
+            session.cgroup.launcher_procs if session.cgroup else None,
         )
 
     # ---- commands --------------------------------------------------------------------------
@@ -171,7 +177,7 @@ class SessionProcesses:
             except RunnerFailed:
                 await self.stop_runner(session)
         if session.cgroup is not None:
-            self.kill_all(session, reason)  # the runner is not in the cgroup
+            self.kill_all(session, reason)  # the runner is outside the commands' cgroup
         elif session.runner is None:
             self.kill_all(session, reason)
 

@@ -15,7 +15,8 @@ from services.sandbox.workspace import Workspace
 
 
 class SessionError(Exception):
-    """A request about sessions that cannot be served; mapped to an HTTP error by app.py."""
+    """A request about sessions that cannot be served; mapped to an HTTP error by app.py
+    (`details` into the error body, `retry_after_s` into a Retry-After header)."""
 
     def __init__(
         self,
@@ -24,10 +25,11 @@ class SessionError(Exception):
         message: str,
         field: str | None = None,
         details: dict | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.message = status, code, message
-        self.field, self.details = field, details
+        self.field, self.details, self.retry_after_s = field, details, retry_after_s
 
 
 @dataclass

@@ -5,8 +5,10 @@ cgroup, one policy, one task environment. Commands of a session run one at a tim
 commands of different sessions run concurrently up to `max_concurrent_execs`, slots handed out
 fairly (slots.py). Text fields (command, setup, env) must be valid Unicode without NUL bytes, and
 the task environment at most `MAX_ENV_BYTES` (shellrl/contract/tasks.py): else 400 naming the field.
-How commands run and processes die: processes.py; the session record: session.py; the uid block:
-uids.py.
+New sessions and commands are admitted by the host's headroom (admission.py: 429 with
+Retry-After). How commands run and processes die: processes.py; the session record: session.py;
+the uid block: uids.py. A session's host directory is named by its uid, not its id, so the id
+never shows in a path a command can see (the workspace path of unshare/fallback, mountinfo).
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ import os
 import secrets
 import time
 from collections.abc import Collection
+from dataclasses import replace
 from pathlib import Path
 
 from services.sandbox import metrics
+from services.sandbox.admission import Admission
 from services.sandbox.cgroups import CgroupSupport
 from services.sandbox.executor import RawExec
 from services.sandbox.isolation import Isolation, prepare_etc
@@ -94,12 +98,14 @@ class SessionManager:
         max_timeout_s: float,
         max_command_bytes: int,
         max_concurrent_execs: int,
+        admission: Admission,
         exec_mode: str = "session",
     ) -> None:
         if exec_mode not in EXEC_MODES:
             raise ValueError(f"exec_mode must be one of {EXEC_MODES}, got {exec_mode!r}")
         self.root = Path(root)
         self.isolation, self.cgroups, self.uids = isolation, cgroups, uids
+        self.admission = admission
         self.policies, self.default_policy = policies, default_policy
         self.default_limits = default_limits
         self.max_sessions, self.session_ttl_s = max_sessions, session_ttl_s
@@ -112,10 +118,10 @@ class SessionManager:
     # ---- lifecycle -------------------------------------------------------------------------
     def clean_stale(self) -> None:
         """Remove what a crashed instance with this uid block left: processes, cgroups, mounts."""
-        for uid in self.uids.uids:
-            group = self.cgroups.group(f"u{uid}")
-            if group is not None and any(d.exists() for d in group.dirs.values()):
-                group.remove()
+        for uid in self.uids.uids:  # the current layout was swept when the parent was set up
+            for group in (self.cgroups.group(f"u{uid}"), self.cgroups.legacy_group(f"u{uid}")):
+                if group is not None and group.exists():
+                    group.remove()
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)
         for (
@@ -133,8 +139,10 @@ class SessionManager:
         self.processes.install_runtime(self.root / "runtime")
 
     async def close(self) -> None:
+        """Delete every session, then the instance's parent cgroup (at shutdown)."""
         for session_id in list(self.sessions):
             await self.delete(session_id)
+        await asyncio.to_thread(self.cgroups.remove)
 
     async def expire_loop(self, interval_s: float) -> None:
         while True:
@@ -145,6 +153,10 @@ class SessionManager:
                     log.info("session expired", extra={"session_id": s.session_id})
                     metrics.SESSIONS_EXPIRED.inc()
                     await self.delete(s.session_id)
+
+    def headroom(self) -> dict:
+        """What is free for sessions now (admission.py), for /readyz."""
+        return self.admission.headroom(len(self.sessions) + self._creating).as_dict()
 
     # ---- requests --------------------------------------------------------------------------
     def get(self, session_id: str) -> Session:
@@ -206,7 +218,8 @@ class SessionManager:
     async def create(
         self, setup: str, env: dict[str, str], limits: Limits, policy_name: str | None
     ) -> tuple[Session, ExecResult]:
-        """New session with its setup script run; SessionError 400/429/422(setup_failed)."""
+        """New session with its setup script run; SessionError 400/429/422(setup_failed). Its
+        CPU quota is at most that of all sessions together (`limits.cpus` lowered to it)."""
         policy = self.policies.get(policy_name or self.default_policy)
         if policy is None:
             raise SessionError(
@@ -216,21 +229,23 @@ class SessionManager:
                 "policy",
             )
         check_text(setup, "setup", "invalid_setup")
-        if len(self.sessions) + self._creating >= self.max_sessions:
+        self.admission.admit_session(len(self.sessions) + self._creating, limits.pids)
+        if self.cgroups.available:
+            limits = replace(limits, cpus=min(limits.cpus, self.cgroups.limits.cpus))
+        uid = self.uids.take()
+        if uid is None:
             raise SessionError(
                 429,
                 "too_many_sessions",
-                f"{self.max_sessions} sessions are live (the cap); delete one or retry later",
+                "no free sandbox uid; retry later",
+                retry_after_s=self.admission.retry_after_s,
             )
-        uid = self.uids.take()
-        if uid is None:
-            raise SessionError(429, "too_many_sessions", "no free sandbox uid; retry later")
         self._creating += 1
         start = time.perf_counter()
         session = None
         try:
             session_id = secrets.token_hex(8)
-            workspace = Workspace(self.root / session_id, uid, limits.workspace_bytes)
+            workspace = Workspace(self.root / f"u{uid}", uid, limits.workspace_bytes)
             workspace_path = self.isolation.workspace_path(workspace.paths)
             session = Session(
                 session_id,
@@ -284,8 +299,13 @@ class SessionManager:
 
     def _prepare(self, session: Session) -> None:
         session.workspace.create()
+        self.isolation.prepare_session(session.workspace.paths, session.limits.memory_bytes)
         if session.cgroup is not None:
-            session.cgroup.create(session.uid, session.limits.pids, session.limits.memory_bytes)
+            limits = session.limits
+            session.cgroup.create(
+                session.uid,
+                self.cgroups.session_limits(limits.memory_bytes, limits.pids, limits.cpus),
+            )
 
     def _snapshot(self, session: Session) -> None:
         self.processes.kill_all(session, "setup_leftover")
@@ -321,6 +341,7 @@ class SessionManager:
             raise SessionError(
                 400, "invalid_timeout", f"timeout_s must be <= {self.max_timeout_s}", "timeout_s"
             )
+        self.admission.admit_exec(len(self.sessions))
         # off the event loop, always (linear, ~1 ms per rule for 64 KiB; RE2 releases the GIL)
         verdict = await asyncio.to_thread(session.policy.evaluate, command)
         metrics.POLICY_VERDICTS.labels(verdict.verdict, verdict.rule or "").inc()

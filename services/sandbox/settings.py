@@ -73,6 +73,11 @@ class SandboxSettings(ServiceSettings):
     default_policy: str = Field(
         "default", description="Policy name used when a session names none."
     )
+    allow_network_policies: bool = Field(
+        False,
+        description="Let sessions use policies with `network: true` (the host network, loopback "
+        "services included); off: asking for one is a 403 naming `policy`.",
+    )
     uid_base: int = Field(
         200000,
         ge=1000,
@@ -80,7 +85,43 @@ class SandboxSettings(ServiceSettings):
     )
     uid_block_size: int = Field(1024, ge=1, description="Uids per block; must be >= max_sessions.")
     cgroup_root: Path = Field(
-        Path("/sys/fs/cgroup"), description="cgroup v1 mount root (pids, memory, freezer)."
+        Path("/sys/fs/cgroup"),
+        description="cgroup mount root: a v2 mount (memory, pids, cpu delegated) or the directory "
+        "of the v1 hierarchies (pids, memory, freezer; cpu optional).",
+    )
+    # All sessions of this instance together (the parent cgroup), as fractions of the host.
+    sessions_memory_fraction: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Memory of all sessions together: this fraction of the host's (MemTotal, or "
+        "the service's own cgroup limit where lower).",
+    )
+    sessions_pids_fraction: float = Field(
+        0.5,
+        gt=0,
+        le=1,
+        description="Processes of all sessions together: this fraction of min(pid_max, "
+        "threads-max).",
+    )
+    sessions_cpu_fraction: float = Field(
+        0.75,
+        gt=0,
+        le=1,
+        description="CPU time of all sessions together: this fraction of the host's CPUs (or of "
+        "the service's own CPU quota).",
+    )
+    admission_session_memory_bytes: int = Field(
+        256 << 20,
+        ge=0,
+        description="A new session gets 429 (Retry-After) while less memory than this is free for "
+        "sessions (the parent cgroup's and the host's MemAvailable, the lower).",
+    )
+    admission_exec_memory_bytes: int = Field(
+        32 << 20, ge=0, description="A command gets 429 (Retry-After) below this much free memory."
+    )
+    admission_retry_after_s: int = Field(
+        2, ge=1, le=600, description="Retry-After (seconds) of a 429 for lack of headroom."
     )
     # Default per-session limits (a session may ask for others within the bounds of `Limits`).
     cpu_s: int = Field(60, ge=1, description="RLIMIT_CPU per process, seconds.")
@@ -96,3 +137,6 @@ class SandboxSettings(ServiceSettings):
         256 << 20, ge=1 << 20, description="Size of the workspace (+ /tmp) tmpfs."
     )
     nofile: int = Field(1024, ge=64, description="RLIMIT_NOFILE.")
+    cpus: float = Field(
+        1.0, gt=0, le=1024, description="CPU quota per session (cgroup cpu.max), in CPUs."
+    )

@@ -1,10 +1,12 @@
 """Session workspaces on the host: size-capped tmpfs mounts, a snapshot for reset, safe reads.
 
-Layout of one session (`<root>/<session_id>/`, owner root, group = the session uid, mode 0750, so
+Layout of one session (`<root>/u<uid>/`, owner root, group = the session uid, mode 0750, so
 no other session uid can enter it):
 
-    ctl/command   the command being run (per-command mode; root-owned, read-only to the sandbox)
-    base/         tmpfs the setup script writes into (through ws/); read-only afterwards: the snapshot
+    ctl/          small tmpfs (root's): command, the command being run (per-command mode;
+                  read-only to the sandbox), meminfo (the session's /proc/meminfo, bubblewrap)
+    base/         tmpfs the setup script writes into (through ws/); read-only afterwards: the
+                  snapshot
     ws/           the workspace: a bind of base/ during setup, then its own tmpfs holding a copy
     upper/        tmpfs: tmp/ (the sandbox's /tmp), shm/ (its /dev/shm: bubblewrap, unshare)
     state/        tmpfs of STATE_BYTES, root-owned: the files cwd and env (the shell state
@@ -12,11 +14,13 @@ no other session uid can enter it):
 
 Each tmpfs of the session's files has `size=workspace_bytes`, so writes stop with ENOSPC at the
 cap (RLIMIT_FSIZE alone is per file); a full /tmp or /dev/shm cannot cost the shell state its
-room. Reset, with no process of the session alive, wipes ws/, tmp/, shm/ and state/ in place
-(the long-lived sandbox keeps its bind of the same mounts) and copies base/ back
-(`copy_tree`: ownership, modes, times, symlinks, FIFOs kept; nothing followed): O(workspace size), a few ms
-for 100 small files. Host-side reads go through `read_file`, which resolves the path beneath
-the workspace with openat2(RESOLVE_BENEATH), so planted symlinks cannot escape.
+room. Every file the sandbox sees is on one of these tmpfs mounts and they are mounted without
+`uid=` (chowned after): its mountinfo names no host path and no session. Reset, with no process
+of the session alive, wipes ws/, tmp/, shm/ and state/ in place (the long-lived sandbox keeps its
+bind of the same mounts) and copies base/ back (`copy_tree`: ownership, modes, times, symlinks,
+FIFOs kept; nothing followed): O(workspace size), a few ms for 100 small files. Host-side reads
+go through `read_file`, which resolves the path beneath the workspace with
+openat2(RESOLVE_BENEATH), so planted symlinks cannot escape.
 """
 
 from __future__ import annotations
@@ -99,8 +103,9 @@ class Workspace:
             target,
             "tmpfs",
             mounts.MS_NOSUID | mounts.MS_NODEV,
-            f"size={self.size_bytes},nr_inodes={self.nr_inodes},mode=0755,uid={owner_uid},gid={owner_uid}",
+            f"size={self.size_bytes},nr_inodes={self.nr_inodes},mode=0755",
         )
+        os.chown(target, owner_uid, owner_uid)
 
     def _fresh_upper(self) -> None:
         p = self.paths
@@ -128,12 +133,18 @@ class Workspace:
             os.close(fd)
 
     def create(self) -> None:
-        """Empty workspace, ready for the setup script (ws/ is base/ until `snapshot`)."""
+        """Empty workspace, ready for the setup script (ws/ is base/ until `snapshot`); what an
+        earlier session of the same uid left (a failed clean-up) is removed first."""
         p = self.paths
+        if p.session_dir.exists():
+            self.destroy()
         p.session_dir.mkdir(mode=0o750)
         os.chown(p.session_dir, 0, self.uid)
         for d in (p.ctl, p.base, p.upper, p.ws, p.state):
             d.mkdir(mode=0o755)
+        mounts.mount(
+            "tmpfs", p.ctl, "tmpfs", mounts.MS_NOSUID | mounts.MS_NODEV, "nr_inodes=16,mode=0755"
+        )
         p.command_file.write_bytes(b"")
         os.chmod(p.command_file, 0o644)
         self._tmpfs(p.base, self.uid)

@@ -20,7 +20,7 @@ import socket
 
 import httpx
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from services.verifier import metrics
 from services.verifier.checks import CHECK_PARAMETERS, VERIFIER_VERSION, CheckLimits
@@ -32,8 +32,10 @@ from services.verifier.worker import VerifierWorker, release_session
 from shellrl import streams
 from shellrl.clients.sandbox import SandboxClient
 from shellrl.contract import TaskValidationError, ToolEvent, task_from_json
+from shellrl.contract.task_schema import task_schema_components
 from shellrl.service.aio import cancel_and_wait
 from shellrl.service.app import ApiError, create_app
+from shellrl.service.openapi import REF, error_responses
 from shellrl.streams import export_stream_stats
 from shellrl.streams.keys import STREAM_EVALUATIONS
 
@@ -44,10 +46,13 @@ class ToolEventIn(BaseModel):
     """One command of the episode, as the sandbox answered it (for the shaping components)."""
 
     model_config = ConfigDict(extra="forbid")
-    exit_code: int | None = Field(
-        None, description="null: the command did not exit (timeout, denied)."
+    exit_code: StrictInt | None = Field(
+        None,
+        ge=-(2**31),
+        le=2**31 - 1,
+        description="null: the command did not exit (timeout, denied).",
     )
-    timed_out: bool = False
+    timed_out: StrictBool = False
     policy_verdict: str = Field("allow", pattern="^(allow|flag|deny)$")
     policy_rule: str | None = None
     command: str = ""
@@ -55,13 +60,16 @@ class ToolEventIn(BaseModel):
 
 class VerifyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    task: dict = Field(description="A task in JSON form (the format of ../shared/tasks/*.jsonl).")
+    task: dict = Field(
+        description="A task in JSON form (the format of ../shared/tasks/*.jsonl).",
+        json_schema_extra={"allOf": [{"$ref": REF.format(model="Task")}]},
+    )
     answer: str | None = Field(None, description="The agent's final answer; null = none given.")
     session_id: str | None = Field(
         None, description="Sandbox session of the episode (needed by workspace checks)."
     )
     tool_events: list[ToolEventIn] = Field(default_factory=list, max_length=10_000)
-    release_session: bool = Field(False, description="DELETE the session after verifying.")
+    release_session: StrictBool = Field(False, description="DELETE the session after verifying.")
 
 
 def build_verifier(settings: VerifierSettings, sandbox: SandboxClient | None) -> Verifier:
@@ -87,10 +95,11 @@ def consumer_name(settings: VerifierSettings) -> str:
 
 def build_app(settings: VerifierSettings) -> FastAPI:
     state: dict = {}
+    api_token = settings.api_token_value()  # required by this app and sent to the sandbox
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        sandbox = SandboxClient(settings.sandbox_url)
+        sandbox = SandboxClient(settings.sandbox_url, api_token=api_token)
         state["sandbox"], state["verifier"] = sandbox, build_verifier(settings, sandbox)
         state["http"] = httpx.AsyncClient(timeout=2.0)
         stop, worker, worker_task, stats_task = asyncio.Event(), None, None, None
@@ -152,9 +161,16 @@ def build_app(settings: VerifierSettings) -> FastAPI:
         details["ready"] = details["sandbox"] and details.get("redis", True)
         return details
 
-    app = create_app("verifier", settings.public_dict(), ready_check, lifespan)
+    app = create_app(
+        "verifier",
+        settings.public_dict(),
+        ready_check,
+        lifespan,
+        api_token=api_token,
+        openapi_components=task_schema_components(REF),
+    )
 
-    @app.post("/v1/verify", tags=["verifier"])
+    @app.post("/v1/verify", tags=["verifier"], responses=error_responses(422))
     async def verify(request: VerifyRequest) -> dict:
         try:
             task = task_from_json(request.task)

@@ -32,9 +32,17 @@ class VerifierSettings(ServiceSettings):
         1000, gt=0, lt=5000, description="Blocking read time of the stream consumer, ms."
     )
     claim_min_idle_ms: int = Field(
-        60_000,
+        20_000,
         ge=100,
-        description="Idle time after which another replica's entry is re-claimed, ms.",
+        description="Idle time after which another replica's entry is re-claimed, ms. The rule "
+        "(the learner's too): longer than a live consumer holds an entry unrenewed, so only a dead "
+        "consumer's entries are re-claimed. One verification can run for hours (up to "
+        "LIMITS['checks'] checks of up to 3600 s each), so the worker renews the entries it is "
+        "verifying every claim_min_idle_ms / 4 (StreamConsumer.keep_renewed) and this bounds only "
+        "a stalled event loop; short, because a killed verifier's entries (a restart has a new "
+        "consumer name) wait this long: 20 s tolerates a 15 s stall, and recovery stays well "
+        "inside the 60 s a fault may pause training. A read whose reply the client lost needs no "
+        "re-claim: the next read re-reads this consumer's own pending entries.",
     )
     max_deliveries: int = Field(
         5, ge=1, description="Deliveries after which a failing entry goes to shellrl:dead."

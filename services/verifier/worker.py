@@ -11,13 +11,18 @@ one atomic step (`StreamConsumer.forward`, idempotent by `trajectory_id`). Guara
 * eval trajectories (`eval`) go to `shellrl:evaluations`, never to the training stream;
 * an undecodable entry is retried (`consumer.fail`) and dead-lettered after `max_deliveries`;
 * on stop no new verification starts (entries taken but not started stay pending); `drain`
-  lets the running ones finish within the grace period and cancels the rest (left pending).
+  lets the running ones finish within the grace period and cancels the rest (left pending);
+* an entry being verified is renewed (`StreamConsumer.keep_renewed`) until it is forwarded, so
+  another replica re-claims it only once this one died, however long its checks run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+
+from redis.exceptions import RedisError
 
 from services.verifier import metrics
 from services.verifier.verification import Verification, Verifier
@@ -69,11 +74,13 @@ class VerifierWorker:
         self.verifier, self.sandbox = verifier, sandbox
         self.concurrency, self.release_sessions = concurrency, release_sessions
         self._in_flight: set[asyncio.Task] = set()
+        self._renewing: asyncio.Task | None = None  # keeps in-flight entries ours (until drained)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Take work, verify `concurrency` at a time (each: verify, hand on, acknowledge, in
         `handle`); until `stop`. Redis outages are waited out by `StreamConsumer.take`."""
         await self.consumer.ensure_group()
+        self._renewing = self._renewing or asyncio.create_task(self.consumer.keep_renewed())
         slots = asyncio.Semaphore(self.concurrency)
         while not stop.is_set():
             free = self.concurrency - len(self._in_flight)
@@ -93,11 +100,11 @@ class VerifierWorker:
     async def drain(self, grace_s: float) -> None:
         """Let running verifications finish for `grace_s` seconds, then cancel the rest: their
         entries stay pending in Redis (re-claimed by another replica or after a restart)."""
-        if not self._in_flight:
-            return
-        done, pending = await asyncio.wait(set(self._in_flight), timeout=grace_s)
-        await cancel_and_wait(*pending, timeout_s=5.0)
-        log.info("worker drained", extra={"finished": len(done), "left_pending": len(pending)})
+        if self._in_flight:
+            done, pending = await asyncio.wait(set(self._in_flight), timeout=grace_s)
+            await cancel_and_wait(*pending, timeout_s=5.0)
+            log.info("worker drained", extra={"finished": len(done), "left_pending": len(pending)})
+        await cancel_and_wait(self._renewing, timeout_s=5.0)
 
     async def handle(self, entry: StreamEntry) -> None:
         """Verify and forward one entry; failures leave it pending for a retry (never lost)."""
@@ -136,12 +143,18 @@ class VerifierWorker:
                 "handling an episode failed; it stays pending",
                 extra={"trajectory_id": traj.trajectory_id, "entry_id": entry.entry_id},
             )
-            await self.consumer.fail(entry, f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(RedisError, OSError):  # Redis away: pending anyway
+                await self.consumer.fail(entry, f"{type(exc).__name__}: {exc}")
         finally:
             metrics.IN_FLIGHT.dec()
 
     async def already_forwarded(self, out: StreamProducer, trajectory_id: str) -> bool:
-        return bool(await out.redis.exists(idempotency_key(out.stream, trajectory_id)))
+        """Whether a result of `trajectory_id` was appended already (an optimisation: when Redis
+        does not answer, False, and `forward`'s idempotency key keeps the stream to one)."""
+        try:
+            return bool(await out.redis.exists(idempotency_key(out.stream, trajectory_id)))
+        except (RedisError, OSError):
+            return False
 
     async def score(self, traj: Trajectory) -> str:
         """Verify `traj` in place. Returns the metrics outcome: scored / unscored / passed_through."""

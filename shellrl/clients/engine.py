@@ -3,11 +3,14 @@
 Used by the rollout service (`generate`) and the learner (weight sync, pause/continue). Field names
 and formats follow SGLang 0.5.23; see docs/sglang.md for each field and its source path.
 
-Routing: `generate` goes to the available engine with the fewest requests in flight from this
-client (ties broken round-robin), or to `url=` when given (e.g. to keep an episode on the engine
-that holds its prefix in cache). Control calls (weight updates, pause, abort, flush, info) fan out
-to every configured engine (or `urls=`) concurrently, because in SGLang deployments they go to each
-engine directly, never through a router, and return `{url: result}`.
+Routing (`engine_routing.EngineRouting`): `generate` goes to the routable engine with the fewest
+requests in flight from this client (ties broken round-robin), or to `url=` when given (the agent
+loop pins each episode to the engine that holds its prefix in cache); a pinned engine that takes
+no traffic now raises `EngineNotRoutable` without sending anything. An answer sampled with weights
+below the staleness floor raises `StaleEngine` (its tokens are discarded). Control calls (weight
+updates, pause, abort, flush, info) fan out to every member engine (or `urls=`) concurrently,
+because in SGLang deployments they go to each engine directly, never through a router, and return
+`{url: result}`.
 
 Retries: only on errors where the request provably never ran (connect errors, connect timeouts,
 and shellrl's engine answering 503 `shutting_down` while it drains), at most `connect_retries`
@@ -15,13 +18,15 @@ extra attempts with a growing pause; a `generate` retry may go to another engine
 may have run (read timeout, dropped connection, any other HTTP status) is never re-sent: the caller
 gets `EngineUnavailable` or `EngineError`.
 
-Errors: `EngineUnavailable` (cannot connect, or no answer within the timeout), `EngineError`
-(HTTP 4xx/5xx, or a response that breaks the contract; carries `status`, `body`, `url`).
+Errors: `EngineUnavailable` (cannot connect, or no answer within the timeout; its kinds
+`EngineNotRoutable` and `StaleEngine` above), `EngineError` (HTTP 4xx/5xx, or a response that
+breaks the contract; carries `status`, `body`, `url`).
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 
 from shellrl.clients.engine_fleet import EngineFleet
 from shellrl.clients.engine_responses import (
@@ -33,6 +38,9 @@ from shellrl.clients.engine_responses import (
     parse_generate_response,
 )
 from shellrl.clients.engine_retry import Resend, resends, send_once
+from shellrl.clients.engine_routing import EngineNotRoutable, StaleEngine
+
+__all__ = ["EngineClient", "EngineNotRoutable", "StaleEngine"]
 
 
 class EngineClient(EngineFleet):
@@ -47,13 +55,16 @@ class EngineClient(EngineFleet):
         return_logprob: bool = True,
         rid: str | None = None,
         url: str | None = None,
+        avoid: Iterable[str] = (),
     ) -> GenerateResult:
         """POST /generate for one token-in/token-out request.
 
         input_ids: prompt token ids (non-empty). sampling_params: SGLang names (temperature, top_p,
         top_k, max_new_tokens, stop, stop_token_ids, no_stop_trim, skip_special_tokens, ...).
-        rid: request id for `abort_request` (a uuid4 hex when None). url: pin to one engine.
-        Raises EngineUnavailable, EngineError (including 400 for bad input).
+        rid: request id for `abort_request` (a uuid4 hex when None). url: pin to one engine
+        (EngineNotRoutable when it takes no traffic now). avoid: engines not to pick while another
+        one is routable (e.g. the one an episode's last request failed on).
+        Raises EngineUnavailable (EngineNotRoutable, StaleEngine), EngineError (400: bad input).
         """
         rid = rid or uuid.uuid4().hex
         body = {
@@ -62,31 +73,37 @@ class EngineClient(EngineFleet):
             "return_logprob": return_logprob,
             "rid": rid,
         }
-        tried: set[str] = set()
-        async for attempt in resends(
-            self.connect_retries, self.retry_backoff_s
-        ):  # engine may change
-            with attempt:
-                target = url.rstrip("/") if url else self._pick(tried)
+        routing = self.routing
+        tried: set[str] = {u.rstrip("/") for u in avoid}
+        async for attempt in resends(self.connect_retries, self.retry_backoff_s):
+            with attempt:  # a re-send may go to another engine
+                target = routing.require(url) if url else await routing.pick_when_routable(tried)
                 tried.add(target)
-                self._in_flight[target] += 1
+                routing.in_flight[target] += 1
                 try:
                     response = await send_once(self._http, "POST", target, "/generate", json=body)
+                except (Resend, EngineUnavailable):
+                    routing.mark_suspect(target)
+                    raise
                 finally:
-                    self._in_flight[target] -= 1
+                    routing.in_flight[target] -= 1
                 if response.status_code == 503 and error_code(body_of(response)) == "shutting_down":
-                    # shellrl's engine refused it while draining for SIGTERM: it never ran, so it goes to
-                    # another engine (or, pinned, is reported like an engine that cannot be reached)
+                    # shellrl's engine refused it while draining for SIGTERM: it never ran, so it goes
+                    # to another engine (or, pinned, is reported like an engine that cannot be reached)
+                    routing.mark_suspect(target)
                     refused = EngineUnavailable(target, "engine is shutting down")
-                    if url or len(tried) >= len(self.urls):
+                    if url or len(tried) >= len(routing.urls):
                         raise refused
                     raise Resend(refused, backoff=False)
                 if response.status_code >= 400:
                     raise EngineError(target, response.status_code, body_of(response))
-                return parse_generate_response(
+                result = parse_generate_response(
                     response.json(),
                     engine_url=target,
                     return_logprob=return_logprob,
                     prompt_tokens=len(input_ids),
                 )
+                routing.check_version(result)
+                routing.clear_suspect(target)
+                return result
         raise AssertionError("unreachable")

@@ -1,6 +1,8 @@
-"""A fleet of engines: connections, which engines are in `generate` rotation and how loaded, one
-HTTP call with the retry rule (`engine_retry`), and the control calls (weight sync, pause/continue,
-abort, flush, info, health) that fan out to every engine concurrently and return `{url: result}`.
+"""A fleet of engines: connections, its members and which of them take `generate` traffic
+(`engine_routing.EngineRouting`: membership changes at run time, load, stale and suspect marks),
+one HTTP call with the retry rule (`engine_retry`), and the control calls (weight sync,
+pause/continue, abort, flush, info, health) that fan out to every member concurrently and return
+`{url: result}`.
 
 `EngineFleet` is the base of `shellrl.clients.engine.EngineClient`, which adds the routed
 `generate`; that module's docstring describes routing, retries and errors.
@@ -9,7 +11,6 @@ abort, flush, info, health) that fan out to every engine concurrently and return
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any, Self
 
@@ -23,7 +24,8 @@ from shellrl.clients.engine_responses import (
     raise_on_failure,
 )
 from shellrl.clients.engine_retry import resends, send_once
-from shellrl.clients.transport import AiohttpTransport
+from shellrl.clients.engine_routing import EngineRouting
+from shellrl.clients.transport import AiohttpTransport, auth_headers
 
 DEFAULT_TIMEOUT_S = 600.0  # a long CPU generation or a whole-model weight update
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
@@ -42,23 +44,28 @@ class EngineFleet:
         retry_backoff_s: float = 0.25,
         max_connections: int = 256,
         transport: httpx.AsyncBaseTransport | None = None,
+        api_token: str | None = None,
+        route_wait_s: float = 0.0,
+        allow_empty: bool = False,
     ) -> None:
+        """urls: the seed members. route_wait_s: how long a `generate` waits for a routable
+        engine when none is (EngineRouting). allow_empty: start with no member (the gateway's
+        directory adds registered engines); else ValueError for an empty list."""
         urls = [urls] if isinstance(urls, str) else list(urls)
-        if not urls:
+        if not urls and not allow_empty:
             raise ValueError("EngineClient needs at least one engine URL")
         if connect_retries < 0:
             raise ValueError("connect_retries must be >= 0")
-        self.urls: list[str] = [u.rstrip("/") for u in urls]
+        self.routing = EngineRouting(urls, route_wait_s=route_wait_s)
         self.connect_retries, self.retry_backoff_s = connect_retries, retry_backoff_s
-        self._in_flight = {u: 0 for u in self.urls}
-        self._available = {u: True for u in self.urls}
-        self._tie_break = itertools.count()
         self._session_supported: dict[str, bool] = {}
         # HTTP/1.1 through aiohttp under httpx's API: ~3x less client CPU per call than httpx's own
         # transport, with httpx's exception meanings kept (shellrl/clients/transport.py). A `transport`
         # given by the caller brings its own connection limit (max_connections is not used then).
+        # api_token: the stack's bearer token on every call (SGLang's `--api-key` header as well)
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
+            headers=auth_headers(api_token),
             transport=transport if transport is not None else AiohttpTransport(max_connections),
         )
 
@@ -73,28 +80,34 @@ class EngineFleet:
 
     # ----- routing -----------------------------------------------------------------------------
 
+    @property
+    def urls(self) -> list[str]:
+        """The members now (control calls without `urls=` fan out to these)."""
+        return list(self.routing.urls)
+
+    @property
+    def _in_flight(self):
+        return self.routing.in_flight
+
+    def add_url(self, url: str, *, available: bool = True) -> None:
+        """A new member (an engine that joined); `available`: whether it takes traffic yet."""
+        self.routing.add(url, available=available)
+
+    def remove_url(self, url: str) -> None:
+        """Drop a member (an engine that left): no new call goes there."""
+        self.routing.remove(url)
+        self._session_supported.pop(url.rstrip("/"), None)
+
     def set_available(self, url: str, available: bool) -> None:
         """Take an engine out of `generate` rotation (e.g. while it loads weights) or put it back."""
-        url = url.rstrip("/")
-        if url not in self._available:
-            raise KeyError(f"unknown engine URL {url!r}; known: {self.urls}")
-        self._available[url] = available
+        self.routing.set_available(url, available)
 
     def in_flight(self) -> dict[str, int]:
-        """Requests in flight from this client, per engine URL."""
-        return dict(self._in_flight)
+        """Requests in flight from this client, per member URL."""
+        return {u: self.routing.in_flight[u] for u in self.routing.urls}
 
     def _pick(self, exclude: set[str]) -> str:
-        candidates = [u for u in self.urls if self._available[u] and u not in exclude]
-        if not candidates:
-            candidates = [u for u in self.urls if self._available[u]]
-        if not candidates:
-            raise EngineUnavailable(
-                ",".join(self.urls), "no engine is available (all marked out of rotation)"
-            )
-        low = min(self._in_flight[u] for u in candidates)
-        tied = [u for u in candidates if self._in_flight[u] == low]
-        return tied[next(self._tie_break) % len(tied)]
+        return self.routing.pick(exclude)
 
     # ----- transport -----------------------------------------------------------------------------
 

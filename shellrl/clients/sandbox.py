@@ -28,7 +28,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from shellrl.clients.transport import AiohttpTransport
+from shellrl.clients.transport import AiohttpTransport, auth_headers
 from shellrl.contract.errors import ContractError
 from shellrl.contract.exec import ExecResult
 
@@ -71,19 +71,22 @@ class SandboxSetupFailed(SandboxBadRequest):
 
 class SandboxClient:
     """HTTP client of one sandbox service. `timeout_s` bounds each call on top of the command's
-    own timeout (an exec waits up to its `timeout_s` + `timeout_s` of this client)."""
+    own timeout (an exec waits up to its `timeout_s` + `timeout_s` of this client). `api_token`:
+    the stack's bearer token, sent with every call (None: the sandbox runs without auth)."""
 
     def __init__(
         self,
         base_url: str,
         timeout_s: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        api_token: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self._http = httpx.AsyncClient(
             base_url=self.base_url,
             timeout=timeout_s,
+            headers=auth_headers(api_token),
             transport=transport if transport is not None else AiohttpTransport(256),
         )
 

@@ -31,6 +31,9 @@ pooled connection and opening one), connect -> `sock_connect`, read -> `sock_rea
 has no aiohttp counterpart, and a timeout of 0 means none to aiohttp. Responses are read whole (no
 streaming), not decompressed by aiohttp (httpx decodes per Content-Encoding); redirects and cookies
 are left to httpx.
+
+`auth_headers(api_token)` is the header every client sends to every service of its stack
+(shellrl/service/auth.py): `Authorization: Bearer <token>`, SGLang's `--api-key` header too.
 """
 
 from __future__ import annotations
@@ -45,6 +48,12 @@ import httpx
 # as RemoteProtocolError, "may have run", and is not re-sent).
 KEEPALIVE_TIMEOUT_S = 4.0
 _SKIP_HEADERS = frozenset({"content-length", "transfer-encoding", "host"})
+
+
+def auth_headers(api_token: str | None) -> dict[str, str]:
+    """`{"Authorization": "Bearer <api_token>"}` for a client's default headers; `{}` when
+    `api_token` is None or empty (the service runs with auth disabled)."""
+    return {"Authorization": f"Bearer {api_token}"} if api_token else {}
 
 
 class AiohttpTransport(httpx.AsyncBaseTransport):

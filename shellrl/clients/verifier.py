@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import httpx
 
+from shellrl.clients.transport import auth_headers
 from shellrl.contract import Task, Trajectory, task_to_json
 
 
 class VerifierClient:
     """`POST {url}/v1/verify` (see services/verifier/app.py for the body). `timeout_s` bounds one
-    verification (every check of the task plus the reward), seconds."""
+    verification (every check of the task plus the reward), seconds. `api_token`: the stack's
+    bearer token (None: the verifier runs without auth)."""
 
-    def __init__(self, url: str, timeout_s: float) -> None:
+    def __init__(self, url: str, timeout_s: float, api_token: str | None = None) -> None:
         self.url = url.rstrip("/")
-        self._http = httpx.AsyncClient(timeout=timeout_s)
+        self._http = httpx.AsyncClient(timeout=timeout_s, headers=auth_headers(api_token))
 
     async def verify(
         self, task: Task, answer: str | None, session_id: str | None, traj: Trajectory

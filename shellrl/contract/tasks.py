@@ -102,7 +102,7 @@ def check_from_json(obj: Any, field: str = "check") -> Check:
     if not isinstance(obj, Mapping):
         raise TaskValidationError(field, "must be an object with a 'type'")
     kind = obj.get("type")
-    if kind not in CHECK_TYPES:
+    if not isinstance(kind, str) or kind not in CHECK_TYPES:
         raise TaskValidationError(
             f"{field}.type", f"unknown check type {kind!r}; one of {sorted(CHECK_TYPES)}"
         )
@@ -114,12 +114,20 @@ def check_from_json(obj: Any, field: str = "check") -> Check:
             raise TaskValidationError(
                 f"{field}.{name}", f"unknown field for {kind}; fields: {sorted(known)}"
             )
+        if value is None:  # protobuf's JSON reads null as the default ("" or 0): never meant
+            raise TaskValidationError(f"{field}.{name}", f"{kind}: must not be null")
         try:
             json_format.ParseDict({name: value}, message_type(), ignore_unknown_fields=False)
         except json_format.ParseError as exc:
             raise TaskValidationError(
                 f"{field}.{name}", f"{kind}: invalid value {value!r} ({exc})"
             ) from None
+    for oneof in message_type.DESCRIPTOR.oneofs:  # ParseDict raises a bare ParseError for these
+        given = [f.name for f in oneof.fields if f.name in params]
+        if len(given) > 1:
+            raise TaskValidationError(
+                f"{field}.{given[1]}", f"{kind}: give one of {' or '.join(given)}, not both"
+            )
     inner = json_format.ParseDict(params, message_type(), ignore_unknown_fields=False)
     timeout_s = obj.get("timeout_s", 0)
     if timeout_s is None:
@@ -136,19 +144,23 @@ def check_from_json(obj: Any, field: str = "check") -> Check:
     return check
 
 
+REQUIRED_CHECK_FIELDS = {
+    "answer_equals": ("expected",),
+    "answer_integer_equals": ("expected",),
+    "answer_matches": ("pattern",),
+    "file_exists": ("path",),
+    "file_contains": ("path",),
+    "file_sha256": ("path", "sha256"),
+    "command_output_equals": ("command",),
+    "command_exit_code": ("command",),
+}
+"""Parameters each check type needs (besides one field of each oneof: file_contains `substring` or
+`regex`, command_output_equals `expected` or `reference_command`)."""
+
+
 def _validate_check(check: Check, kind: str, params: Mapping, field: str) -> None:
     inner = getattr(check, kind)
-    required = {
-        "answer_equals": ("expected",),
-        "answer_integer_equals": ("expected",),
-        "answer_matches": ("pattern",),
-        "file_exists": ("path",),
-        "file_contains": ("path",),
-        "file_sha256": ("path", "sha256"),
-        "command_output_equals": ("command",),
-        "command_exit_code": ("command",),
-    }[kind]
-    for name in required:
+    for name in REQUIRED_CHECK_FIELDS[kind]:
         if name not in params:
             raise TaskValidationError(f"{field}.{name}", f"{kind} needs '{name}'")
     if kind == "answer_matches" or (
@@ -250,15 +262,15 @@ def task_from_json(obj: Any, *, default_split: str = "train") -> Task:
         raise TaskValidationError(
             "setup", f"lone UTF-16 surrogate at character {at} (not valid Unicode)"
         )
-    task_id = obj.get("task_id", "")
-    if task_id and (
-        not isinstance(task_id, str)
-        or len(task_id) > LIMITS["task_id_chars"]
-        or not _TASK_ID.match(task_id)
+    task_id = _given(obj, "task_id", "")
+    if not isinstance(task_id, str) or (
+        task_id and (len(task_id) > LIMITS["task_id_chars"] or not _TASK_ID.match(task_id))
     ):
         raise TaskValidationError(
             "task_id", "must match [A-Za-z0-9][A-Za-z0-9._:-]* (at most 128 characters)"
         )
+    if "check" in obj and "checks" in obj:  # one would be ignored
+        raise TaskValidationError("checks", "give 'check' or 'checks', not both")
     raw_checks = obj.get("checks", obj.get("check"))
     if raw_checks is None:
         raise TaskValidationError("check", "a task needs at least one check")
@@ -269,7 +281,7 @@ def task_from_json(obj: Any, *, default_split: str = "train") -> Task:
         check_from_json(c, "check" if not isinstance(raw_checks, list) else f"check[{i}]")
         for i, c in enumerate(raw_list)
     ]
-    env = obj.get("env", {}) or {}
+    env = _given(obj, "env", {})
     if not isinstance(env, Mapping) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
@@ -286,27 +298,32 @@ def task_from_json(obj: Any, *, default_split: str = "train") -> Task:
         raise TaskValidationError(
             "env", f"{env_bytes(env)} bytes (NAME=value plus a NUL each); at most {MAX_ENV_BYTES}"
         )
-    tags = obj.get("tags", []) or []
+    tags = _given(obj, "tags", [])
     if (
         not isinstance(tags, list)
         or not all(isinstance(t, str) for t in tags)
         or len(tags) > LIMITS["tags"]
     ):
         raise TaskValidationError("tags", f"must be a list of at most {LIMITS['tags']} strings")
-    max_turns = obj.get("max_turns", 0) or 0
+    for i, tag in enumerate(tags):
+        if first_surrogate(tag) is not None:
+            raise TaskValidationError(f"tags[{i}]", "contains a lone UTF-16 surrogate")
+    max_turns = _given(obj, "max_turns", 0)
     if (
         isinstance(max_turns, bool)
         or not isinstance(max_turns, int)
         or not 0 <= max_turns <= LIMITS["max_turns"]
     ):
         raise TaskValidationError("max_turns", f"must be an integer in [0, {LIMITS['max_turns']}]")
-    split_value = obj.get("split") or default_split
+    split_value = _given(obj, "split", default_split)
     if not isinstance(split_value, str):
         raise TaskValidationError("split", f"must be one of {sorted(SPLIT_NAMES)}")
     split = split_from_name(split_value)
     for name in ("source", "reference_solution", "template"):
         if not isinstance(obj.get(name, ""), str):
             raise TaskValidationError(name, "must be a string")
+        if first_surrogate(obj.get(name, "")) is not None:
+            raise TaskValidationError(name, "contains a lone UTF-16 surrogate")
     return Task(
         task_id=task_id,
         instruction=instruction,
@@ -320,6 +337,13 @@ def task_from_json(obj: Any, *, default_split: str = "train") -> Task:
         reference_solution=obj.get("reference_solution", ""),
         template=obj.get("template", ""),
     )
+
+
+def _given(obj: Mapping, name: str, default: Any) -> Any:
+    """obj[name], or `default` when it is absent or null; a falsy value of the wrong type ({} for
+    `max_turns`) stays, so that the type check refuses it."""
+    value = obj.get(name)
+    return default if value is None else value
 
 
 def task_to_json(task: Task) -> dict:

@@ -74,20 +74,29 @@ class PPOConfig:
             )
 
 
-def loss_weights(loss_mask: torch.Tensor, aggregation: Aggregation = "token_mean") -> torch.Tensor:
-    """Per-token aggregation weights of the WHOLE batch.
+def loss_weights(
+    loss_mask: torch.Tensor,
+    aggregation: Aggregation = "token_mean",
+    *,
+    loss_tokens: int | None = None,
+    loss_rows: int | None = None,
+) -> torch.Tensor:
+    """Per-token aggregation weights of the WHOLE batch (or of one rank's share of it).
 
     loss_mask: [B, T] 0/1. Returns [B, T] float32: token_mean -> mask / (total scored tokens);
     seq_mean_token_mean -> mask / (tokens of the row * rows with at least one token). All zero
-    when nothing is scored.
+    when nothing is scored. loss_tokens, loss_rows: those totals over the whole step when
+    `loss_mask` is one rank's share (data parallel: the weights of all ranks then sum to 1, so
+    the summed gradients are the whole step's); None: counted from `loss_mask`.
     """
     mask = loss_mask.float()
     if aggregation == "token_mean":
-        return mask / mask.sum().clamp(min=1.0)
+        total = mask.sum() if loss_tokens is None else mask.new_tensor(float(loss_tokens))
+        return mask / total.clamp(min=1.0)
     if aggregation == "seq_mean_token_mean":
         per_row = mask.sum(-1, keepdim=True)
-        rows = (per_row > 0).sum().clamp(min=1).float()
-        return mask / (per_row.clamp(min=1.0) * rows)
+        rows = (per_row > 0).sum() if loss_rows is None else mask.new_tensor(loss_rows).long()
+        return mask / (per_row.clamp(min=1.0) * rows.clamp(min=1).float())
     raise ValueError(f"unknown aggregation {aggregation!r}")
 
 

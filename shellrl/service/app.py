@@ -14,10 +14,13 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
+from shellrl.service.auth import BearerAuth
 from shellrl.service.metrics import metrics_response
+from shellrl.service.openapi import finish_openapi
 
 log = logging.getLogger(__name__)
 
@@ -89,15 +92,33 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(body, status_code=422)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == _FASTAPI_PARSE_ERROR:
+            # a body FastAPI could not decode (e.g. not UTF-8): an invalid request, as bad JSON is
+            message = "body is not valid JSON (not UTF-8 text)"
+            return JSONResponse(error_body("invalid_json", message), status_code=422)
         code = _STATUS_CODES.get(exc.status_code, "http_error")
+        headers = dict(getattr(exc, "headers", None) or {})
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed_methods(request))
         return JSONResponse(
-            error_body(code, str(exc.detail)),
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
+            error_body(code, str(exc.detail)), status_code=exc.status_code, headers=headers
         )
 
     app.add_middleware(UnhandledErrors)
+
+
+_FASTAPI_PARSE_ERROR = "There was an error parsing the body"
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route serves at the request's path (Starlette's 405 names those of the
+    first route that matched the path only: `Allow: POST` for GET+POST /v1/tasks)."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if route.matches({**request.scope, "method": "GET"})[0] != Match.NONE:
+            methods |= set(getattr(route, "methods", None) or ())
+    return sorted(methods)
 
 
 class UnhandledErrors:
@@ -136,20 +157,38 @@ def create_app(
     ready_check: ReadyCheck | None = None,
     lifespan=None,
     version: str = "0.1.0",
+    api_token: str | None = None,
+    openapi_components: dict[str, Any] | None = None,
 ) -> FastAPI:
     """FastAPI app with the probes every shellrl service has.
 
     `/healthz`: the process answers. `/readyz`: 200 when `ready_check` says ready, else 503 with
-    its details. `/metrics`: Prometheus text. `/v1/config`: the resolved settings.
+    its details. `/metrics`: Prometheus text. `/v1/config`: the resolved settings. With
+    `api_token`, every other route needs `Authorization: Bearer <api_token>` (401 without it:
+    shellrl/service/auth.py); None serves every route to anyone (auth disabled).
+    `openapi_components`: schemas the routes' models refer to (shellrl/service/openapi.py).
     """
     app = FastAPI(title=f"shellrl {service}", version=version, lifespan=lifespan)
     install_error_handlers(app)
+    if api_token is not None:
+        app.add_middleware(BearerAuth, token=api_token)  # outermost: refused before anything
+    finish_openapi(app, auth=api_token is not None, components=openapi_components)
 
     @app.get("/healthz", tags=["probes"])
     async def healthz() -> dict:
         return {"status": "ok", "service": service}
 
-    @app.get("/readyz", tags=["probes"])
+    @app.get(
+        "/readyz",
+        tags=["probes"],
+        responses={
+            200: {"content": {"application/json": {"schema": {"type": "object"}}}},
+            503: {
+                "description": "Not ready (the details say why)",
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            },
+        },
+    )
     async def readyz() -> JSONResponse:
         if ready_check is None:
             return JSONResponse({"ready": True, "service": service})
@@ -164,7 +203,17 @@ def create_app(
             {"service": service, **details, "ready": ready}, status_code=200 if ready else 503
         )
 
-    @app.get("/metrics", tags=["probes"])
+    @app.get(
+        "/metrics",
+        tags=["probes"],
+        response_class=PlainTextResponse,
+        responses={
+            200: {
+                "description": "Prometheus text exposition format 0.0.4",
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
+    )
     async def metrics():
         return metrics_response()
 

@@ -10,8 +10,9 @@ A service's `__main__.py` is a few lines:
         run_service("rollout", RolloutSettings, build_app, argv)
 
 `run_service` parses `--host`/`--port` (plus the service's own `flags`), builds the settings from
-the environment and the flags (flags win; bad settings exit with one line per setting), sets up
-JSON logging, calls `build_app(settings)` and serves it until SIGTERM/SIGINT with the settings'
+the environment and the flags (flags win; bad settings exit with one line per setting), refuses
+to start without an API token unless auth is disabled (shellrl/service/auth.py), sets up JSON
+logging, calls `build_app(settings)` and serves it until SIGTERM/SIGINT with the settings'
 `shutdown_grace_s` for in-flight work.
 """
 
@@ -63,7 +64,8 @@ def run_service(
     description: str | None = None,
 ) -> None:
     """Parse flags, build settings, log, build the app, serve until SIGTERM/SIGINT (see module doc).
-    SystemExit with one line per bad setting; nothing returns before the server has stopped."""
+    SystemExit with one line per bad setting, or when neither an API token nor auth_disabled is set;
+    nothing returns before the server has stopped."""
     parser = argparse.ArgumentParser(
         prog=f"python -m services.{service}",
         description=description,
@@ -87,11 +89,24 @@ def run_service(
             continue
         overrides.update(translate[dest](value) if dest in translate else {dest: value})
     settings = settings_cls.from_env_or_exit(**overrides)
+    try:
+        api_token = settings.api_token_value()
+    except ValueError as exc:
+        raise SystemExit(f"{settings_cls.__name__}: invalid settings\n  {exc}") from None
+    if api_token is None and not settings.auth_disabled:
+        raise SystemExit(
+            f"{settings_cls.__name__}: no API token: set SHELLRL_API_TOKEN or "
+            "SHELLRL_API_TOKEN_FILE (what every caller must send as 'Authorization: Bearer "
+            "<token>'), or SHELLRL_AUTH_DISABLED=true for local development"
+        )
     setup_logging(service, settings.log_level)
-    logging.getLogger(f"services.{service}").info(
+    logger = logging.getLogger(f"services.{service}")
+    logger.info(
         f"starting {service}",
         extra={"config": settings.public_dict(), "port": settings.listen_port},
     )
+    if settings.auth_disabled:
+        logger.warning(f"{service}: auth disabled: any caller may use every endpoint")
     built = build_app(settings)
     served = built if isinstance(built, Served) else Served(built)
     grace_s = settings.shutdown_grace_s if served.grace_s is None else served.grace_s

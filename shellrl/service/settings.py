@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import os
 from functools import cache
+from pathlib import Path
 from typing import ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shellrl.service.auth import check_token
 
 ENV_PREFIX = "SHELLRL_"
 
@@ -30,6 +33,22 @@ class ServiceSettings(BaseSettings):
     log_level: str = Field("INFO", description="stdlib logging level name.")
     shutdown_grace_s: float = Field(
         10.0, ge=0, description="Drain time for in-flight work on SIGTERM."
+    )
+    api_token: SecretStr | None = Field(
+        None,
+        description="The stack's shared bearer token (shellrl/service/auth.py): callers send "
+        "`Authorization: Bearer <token>`, this service's clients send it to the others. "
+        "Served as '**********' in /v1/config.",
+    )
+    api_token_file: Path | None = Field(
+        None,
+        description="File holding the token instead (a mounted Kubernetes or compose secret); "
+        "read at start-up, surrounding whitespace dropped.",
+    )
+    auth_disabled: bool = Field(
+        False,
+        description="Serve without a token: local development only. Start-up refuses to run "
+        "with neither a token nor this.",
     )
 
     @model_validator(mode="after")
@@ -54,6 +73,41 @@ class ServiceSettings(BaseSettings):
                     f"{ENV_PREFIX}{close.upper()}?"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _one_token_source(self):
+        """At most one of api_token, api_token_file, auth_disabled; `api_token` must be a token
+        (`check_token`). The file is read by `api_token_value`, at start-up."""
+        given = [
+            name
+            for name, value in (
+                ("api_token", self.api_token),
+                ("api_token_file", self.api_token_file),
+                ("auth_disabled", self.auth_disabled or None),
+            )
+            if value is not None
+        ]
+        if len(given) > 1:
+            raise ValueError(f"{' and '.join(given)}: give one of them, not both")
+        if self.api_token is not None:
+            self.api_token_value()
+        return self
+
+    def api_token_value(self) -> str | None:
+        """The token this service requires and sends (None when auth is disabled or not set up).
+        Reads `api_token_file` on every call. ValueError naming the setting when the file cannot
+        be read or the token is no valid one."""
+        if self.api_token is not None:
+            try:
+                return check_token(self.api_token.get_secret_value())
+            except ValueError as exc:
+                raise ValueError(f"api_token: {exc}") from None
+        if self.api_token_file is None:
+            return None
+        try:
+            return check_token(self.api_token_file.read_text().strip())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise ValueError(f"api_token_file {str(self.api_token_file)!r}: {exc}") from None
 
     @property
     def listen_port(self) -> int:
@@ -121,16 +175,16 @@ class EngineFleetSettings(ServiceSettings):
 
     engine_urls: str = Field(
         "http://127.0.0.1:30000",
-        description="Comma-separated engine base URLs (SGLang API); "
-        "the learner pushes weights to every one.",
+        description="Comma-separated seed engine base URLs (SGLang API); the learner pushes "
+        "weights to every one. Engines that register themselves in shellrl:engines join at run "
+        "time ('' = registered engines only; shellrl.clients.engine_registry).",
     )
-
-    @field_validator("engine_urls")
-    @classmethod
-    def _urls(cls, value: str) -> str:
-        if not [u for u in value.split(",") if u.strip()]:
-            raise ValueError("engine_urls: at least one URL")
-        return value
+    engine_refresh_s: float = Field(
+        1.0,
+        gt=0,
+        description="How often the engine registry (shellrl:engines, shellrl:engines:sync) is "
+        "read again, seconds: joins, leaves and restarts take effect within about this.",
+    )
 
     @property
     def engine_url_list(self) -> list[str]:

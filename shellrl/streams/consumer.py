@@ -25,9 +25,12 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, wait_exponential
 
 from shellrl.streams import consumer_groups
@@ -41,6 +44,10 @@ from shellrl.streams.stats import stream_stats
 
 log = logging.getLogger("shellrl.streams")
 
+_REDIS_AWAY = (RedisConnectionError, RedisTimeoutError, ConnectionError)  # retried, unlike others
+T = TypeVar("T")
+RENEWALS_PER_CLAIM_IDLE = 4  # keep_renewed renews held entries this often per claim_min_idle_ms
+
 
 class StreamConsumer:
     """Reads one stream as consumer `consumer` of group `group`.
@@ -51,7 +58,11 @@ class StreamConsumer:
 
     block_ms: blocking read time, ms (0 < block_ms < MAX_BLOCK_MS and below half the client's
     socket timeout; ValueError otherwise). count: entries per read (XREADGROUP COUNT).
-    claim_min_idle_ms: an entry unacknowledged this long is re-claimed from its consumer.
+    claim_min_idle_ms: an entry unacknowledged this long is re-claimed from its consumer. It
+    must exceed the longest time a live consumer holds an entry without renewing it (the rule
+    every service's setting follows): then only the entries of a dead consumer are re-claimed.
+    A consumer whose handling can take long runs `keep_renewed` beside its loop, which bounds
+    that time by claim_min_idle_ms / RENEWALS_PER_CLAIM_IDLE however long handling takes.
     max_deliveries: deliveries after which an entry that fails (or whose consumers keep
     crashing) goes to `shellrl:dead`.
 
@@ -109,13 +120,19 @@ class StreamConsumer:
         self, stop: asyncio.Event, handle: Callable[[StreamEntry], Awaitable[None]], what: str
     ) -> None:
         """A one-at-a-time worker's loop until `stop`: take entries and `handle` each (it
-        acknowledges, forwards or dead-letters). An exception from `handle` fails the entry: it
-        stays pending, is re-claimed, and goes to the dead letters after max_deliveries; with
-        Redis away it is pending anyway. `what` names the worker in the failure reason."""
+        acknowledges, forwards or dead-letters; it must be idempotent). An exception from `handle`
+        fails the entry: it stays pending, is re-claimed, and goes to the dead letters after
+        max_deliveries. Redis away (connection errors, timeouts: a restart) is no failure of the
+        entry: `handle` is called again once Redis answers, so that Redis restarts never push a
+        healthy entry into the dead letters. `what` names the worker in the failure reason."""
         while not stop.is_set():
             for entry in await self.take(stop):
-                try:
-                    await handle(entry)
+                try:  # Redis away is no fault of the entry: retried, never counted as a failure
+                    await _while_redis_away(
+                        lambda e=entry: handle(e), f"{what} ({entry.entry_id})", stop
+                    )
+                except _REDIS_AWAY:
+                    return  # stopping while Redis is away: the entry stays pending
                 except Exception as exc:
                     with contextlib.suppress(RedisError, OSError):
                         await self.fail(entry, f"{what}: {exc!r}")
@@ -190,8 +207,7 @@ class StreamConsumer:
         entries = [(_s(eid), f) for _, es in resp or [] for eid, f in es]
         deleted = [eid for eid, f in entries if not f]
         if deleted:  # trimmed while pending (cannot happen through trim_acknowledged): drop refs
-            await self.redis.xack(self.stream, self.group, *deleted)
-            self._ledger.lost(deleted)
+            await self._ledger.lost(deleted, ack=True)
         return await self._ledger.hand_out([(eid, f) for eid, f in entries if f])
 
     async def claim_idle(self, count: int | None = None) -> list[StreamEntry]:
@@ -211,7 +227,7 @@ class StreamConsumer:
             )
             cursor, claimed = _s(resp[0]), resp[1]
             if len(resp) > 2 and resp[2]:  # Redis >= 7: ids trimmed away, already out of the PEL
-                self._ledger.lost([_s(eid) for eid in resp[2]])
+                await self._ledger.lost([_s(eid) for eid in resp[2]], ack=False)
             live = [(_s(eid), f) for eid, f in claimed if f]
             out += await self._ledger.hand_out(live)
             if cursor == "0-0":
@@ -225,21 +241,50 @@ class StreamConsumer:
         return out
 
     async def ack(self, *entry_ids: str) -> int:
-        """XACK `entry_ids` (one round trip for any number). Returns how many were pending."""
+        """XACK `entry_ids` (one round trip for any number). Returns how many were pending (0 for
+        those a retry after a lost reply finds acknowledged already). While Redis is away
+        (connection errors, timeouts) it retries, 0.2 s doubling to 5 s (tenacity), until it
+        succeeds; cancel the caller to give up. Why: the effect of the entries is durable by now
+        (a learner's checkpoint), and a Redis restart at this moment must not fail the worker."""
         if not entry_ids:
             return 0
         self._ledger.done(*entry_ids)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xack(self.stream, self.group, *entry_ids)
-            pipe.hdel(self._ledger.error_key, *entry_ids)
-            pipe.hdel(self._ledger.attempts_key, *entry_ids)
-            acked, _, _ = await pipe.execute()
-        return int(acked)
+
+        async def ack_once() -> int:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                pipe.xack(self.stream, self.group, *entry_ids)
+                pipe.hdel(self._ledger.error_key, *entry_ids)
+                pipe.hdel(self._ledger.attempts_key, *entry_ids)
+                acked, _, _ = await pipe.execute()
+            return int(acked)
+
+        return await _while_redis_away(ack_once, f"acknowledging on {self.stream}")
 
     async def fail(self, entry: StreamEntry, reason: str) -> None:
         """Handling `entry` failed: leave it pending for a retry (re-claimed after
         `claim_min_idle_ms`), or dead-letter it when it has had `max_deliveries` deliveries."""
         await self._ledger.fail(entry, reason)
+
+    async def renew(self) -> int:
+        """Reset the idle time of every entry this consumer holds (handed out by `read`, not yet
+        acknowledged, forwarded, failed or dead-lettered) and still owns, so that no other
+        consumer's `claim_idle` takes it; counts no delivery. Returns how many were renewed."""
+        return await self._ledger.renew(self.consumer)
+
+    async def keep_renewed(self) -> None:
+        """Run until cancelled: `renew` every claim_min_idle_ms / RENEWALS_PER_CLAIM_IDLE. A Redis
+        error is logged and the next round tries again (a live consumer whose renewals fail for
+        most of claim_min_idle_ms may see an entry re-claimed: handled twice, never lost)."""
+        interval_s = self.claim_min_idle_ms / 1000 / RENEWALS_PER_CLAIM_IDLE
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.renew()
+            except (RedisError, OSError) as exc:
+                log.warning(
+                    "renewing held entries failed",
+                    extra={"stream": self.stream, "group": self.group, "error": repr(exc)},
+                )
 
     async def dead_letter(self, entry: StreamEntry, reason: str) -> None:
         """Move `entry` to the dead-letter stream with `reason`, and acknowledge it (atomically).
@@ -257,17 +302,23 @@ class StreamConsumer:
         """Append `pb` to `to.stream` and acknowledge `entry`, atomically (one Lua script).
 
         Returns (downstream entry_id, duplicate). A re-delivered entry whose result was already
-        appended under `idempotency_key` is only acknowledged.
+        appended under `idempotency_key` is only acknowledged. While Redis is away it retries as
+        `ack` does (the key makes a retry after a lost reply append nothing twice), so a Redis
+        restart never fails a handled entry (a failure would count toward the dead letters).
         """
         self._ledger.done(entry.entry_id)
-        result = await to._add_one(
-            OutgoingEntry(pb, idempotency_key, fields),
-            ack=(self.stream, self.group, entry.entry_id),
-        )
-        await self.redis.hdel(self._ledger.error_key, entry.entry_id)
-        await self.redis.hdel(self._ledger.attempts_key, entry.entry_id)
-        await to._after_adds(1)
-        return result
+
+        async def forward_once() -> tuple[str, bool]:
+            result = await to._add_one(
+                OutgoingEntry(pb, idempotency_key, fields),
+                ack=(self.stream, self.group, entry.entry_id),
+            )
+            await self.redis.hdel(self._ledger.error_key, entry.entry_id)
+            await self.redis.hdel(self._ledger.attempts_key, entry.entry_id)
+            await to._after_adds(1)
+            return result
+
+        return await _while_redis_away(forward_once, f"forwarding to {to.stream}")
 
     async def delete_idle_consumers(self, min_idle_ms: int) -> list[str]:
         """Remove consumers of this group idle >= `min_idle_ms` that hold no pending entries.
@@ -282,3 +333,29 @@ class StreamConsumer:
     async def stats(self) -> dict[str, int]:
         """{"length", "pending", "lag"} of this stream/group; also sets the stream gauges."""
         return await stream_stats(self.redis, self.stream, self.group)
+
+
+async def _while_redis_away(
+    call: Callable[[], Awaitable[T]], what: str, stop: asyncio.Event | None = None
+) -> T:
+    """`call()`, retried while Redis is away (`_REDIS_AWAY`: connection errors and timeouts, as
+    in a restart) with backoff 0.2 s doubling to 5 s (tenacity), until it succeeds or `stop` is
+    set (then its last error is raised). `call` must be idempotent: a retry may follow a call
+    whose effect happened and whose reply was lost. Other errors are raised at once."""
+
+    def failed(state: RetryCallState) -> None:
+        log.warning(
+            f"{what} failed, Redis away; retrying in {state.upcoming_sleep:.1f} s",
+            extra={"error": repr(state.outcome.exception()), "attempt": state.attempt_number},
+        )
+
+    async for attempt in AsyncRetrying(
+        retry=retry_if_exception_type(_REDIS_AWAY),
+        wait=wait_exponential(multiplier=0.2, max=5.0),
+        stop=lambda _state: stop is not None and stop.is_set(),
+        before_sleep=failed,
+        reraise=True,
+    ):
+        with attempt:
+            return await call()
+    raise AssertionError("unreachable: tenacity either returns or re-raises")

@@ -4,7 +4,10 @@ every entry it reads through `hand_out`.
 
 Redis keys (keys.py): `attempts_key(stream, group)` (hash: entry id -> handling attempts) and
 `errors_key(stream, group)` (hash: entry id -> last error), both cleared when an entry is
-acknowledged, forwarded or dead-lettered; dead letters go to `shellrl:dead`.
+acknowledged, forwarded or dead-lettered; dead letters go to `shellrl:dead`; `lost_key(stream)`
+(hash: group -> pending entries trimmed away before they were handled; read by `shellrl status`).
+Entries held (handed out, not yet done) can be renewed: their idle time is reset so another
+consumer's XAUTOCLAIM leaves them alone however long handling takes.
 """
 
 from __future__ import annotations
@@ -14,12 +17,26 @@ import logging
 import redis.asyncio as aioredis
 
 from shellrl.streams.entry import StreamEntry, _fields, _s
-from shellrl.streams.keys import attempts_key, errors_key
+from shellrl.streams.keys import attempts_key, errors_key, lost_key
 from shellrl.streams.metrics import DEAD_LETTERS, LOST
 
 log = logging.getLogger("shellrl.streams")
 
 DEAD_LETTERS_KEPT = 10_000  # newest entries kept in shellrl:dead
+
+# KEYS[1] stream; ARGV[1] group, ARGV[2] consumer, ARGV[3..] entry ids. Each id still pending to
+# this consumer is claimed again by it (XCLAIM JUSTID: idle time 0, no delivery counted); an id
+# another consumer re-claimed meanwhile stays with that one. Returns how many were renewed.
+_RENEW = """
+local n = 0
+for i = 3, #ARGV do
+  if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2]) > 0 then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    n = n + 1
+  end
+end
+return n
+"""
 
 
 class DeliveryLedger:
@@ -47,6 +64,7 @@ class DeliveryLedger:
         )
         self._errors: dict[str, str] = {}
         self._in_flight: set[str] = set()  # handed out by this object, not yet acked/failed
+        self._renew = redis.register_script(_RENEW)
 
     @property
     def error_key(self) -> str:
@@ -73,9 +91,24 @@ class DeliveryLedger:
         self._in_flight.update(e.entry_id for e in entries)
         return entries
 
-    def lost(self, entry_ids: list[str]) -> None:
+    async def renew(self, consumer: str) -> int:
+        """Reset the idle time of the held entries still pending to `consumer` (one script call;
+        see _RENEW). Returns how many were renewed."""
+        held = sorted(self._in_flight)
+        if not held:
+            return 0
+        return int(await self._renew(keys=[self.stream], args=[self.group, consumer, *held]))
+
+    async def lost(self, entry_ids: list[str], *, ack: bool) -> None:
         """Entries that were pending here but trimmed from the stream: never handled, counted and
-        logged by id (shellrl_stream_lost_total{stream,group})."""
+        logged by id (shellrl_stream_lost_total{stream,group}, and in `lost_key(stream)`, which
+        outlives this process: `shellrl status` shows it). ack: also drop their references from
+        the pending list, in the same transaction as the count (XAUTOCLAIM has dropped them)."""
+        async with self.redis.pipeline(transaction=True) as pipe:
+            if ack:
+                pipe.xack(self.stream, self.group, *entry_ids)
+            pipe.hincrby(lost_key(self.stream), self.group, len(entry_ids))
+            await pipe.execute()
         LOST.labels(self.stream, self.group).inc(len(entry_ids))
         log.error(
             "pending entries were trimmed before they were handled (lost)",

@@ -28,8 +28,10 @@ INFLIGHT_KEY = "shellrl:rollout:inflight"  # sorted set: admitted groups not yet
 REPLICAS_KEY = "shellrl:rollout:replicas"  # sorted set: replica name -> last heartbeat (unix s)
 EVALUATION_INDEX_KEY = "shellrl:evaluations:index"  # evaluations by start time
 
-# the learner's state
-ENGINES_KEY = "shellrl:engines"  # hash: engine url -> JSON EngineState
+# engines: each registers itself (shellrl.clients.engine_registry); the learner says what it did
+ENGINES_KEY = "shellrl:engines"  # hash: engine url -> JSON EngineRegistration (by the engine)
+ENGINE_SYNC_KEY = "shellrl:engines:sync"  # hash: engine url -> JSON EngineState (by the learner)
+LEARNER_LOCK_KEY = "shellrl:learner:lock"  # string: JSON of the one learner running (its rank 0)
 
 
 def task_key(task_id: str) -> str:
@@ -55,13 +57,26 @@ def attempts_key(stream: str, group: str) -> str:
     return f"shellrl:attempts:{stream}:{group}"
 
 
+def lost_key(stream: str) -> str:
+    """Hash of `stream`: group -> pending entries of that group trimmed away before they were
+    handled (StreamConsumer; shown by `shellrl status`)."""
+    return f"shellrl:lost:{stream}"
+
+
 def taken_key(replica: str) -> str:
     """List of the task ids rollout replica `replica` took from the epoch order and has not yet
     handed off as a group (oldest first; task_pool.TaskPool)."""
     return f"shellrl:rollout:taken:{replica}"
 
 
+def template_outcomes_key(template: str) -> str:
+    """List of one template's latest training outcomes ("1" success, "0" not; newest first,
+    capped), by the rollout gateway's pass-rate steering (services/rollout/steering.py)."""
+    return f"shellrl:rollout:template:{template}:outcomes"
+
+
 def group_accounting_key(group_id: str) -> str:
     """Hash of one admitted group, by the rollout gateway: `usable` (members not INFRA at hand-off),
-    `lost` (members the verifier then failed with INFRA), `given_back` (admission returned)."""
+    `lost` (members the verifier then failed with INFRA), `given_back` (admission returned), and
+    the reward keys of its scored members for dynamic sampling (`arrived`, `key`, `varied`)."""
     return f"shellrl:rollout:group:{group_id}"

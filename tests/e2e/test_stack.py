@@ -98,10 +98,17 @@ def stack(tmp_path_factory):
 _wait = functools.partial(wait_until, poll_s=1.0)  # the whole stack runs on 2 cores: poll gently
 
 
+def _auth(stack: Stack) -> dict:
+    return stack.config.auth_headers()
+
+
 def _learner_step(stack: Stack) -> int:
     try:
         return int(
-            httpx.get(f"{stack.config.url('learner')}/v1/status", timeout=5).json().get("step") or 0
+            httpx.get(f"{stack.config.url('learner')}/v1/status", timeout=5, headers=_auth(stack))
+            .json()
+            .get("step")
+            or 0
         )
     except (httpx.HTTPError, ValueError):
         return -1
@@ -113,16 +120,22 @@ def _trajectories(r: redis.Redis, stream: str) -> list:
 
 def test_tasks_posted_over_rest_lead_to_learner_steps_weight_pushes_and_version_bumps(stack):
     rollout = stack.config.url("rollout")
-    resp = httpx.post(f"{rollout}/v1/tasks", json=TASKS, timeout=30)
+    refused = httpx.post(f"{rollout}/v1/tasks", json=TASKS, timeout=30)  # the stack's token only
+    assert refused.status_code == 401 and refused.json()["error"]["field"] == "Authorization"
+    resp = httpx.post(f"{rollout}/v1/tasks", json=TASKS, timeout=30, headers=_auth(stack))
     assert resp.status_code == 201, resp.text
     assert resp.json()["created"] == 4
     _wait(lambda: _learner_step(stack) >= 2, 420, "2 learner steps")
     r = redis.Redis.from_url(stack.config.redis_url)
     # the step counts once the optimizer stepped; its version is published after the weight push
     _wait(lambda: int(r.get(streams.POLICY_VERSION_KEY) or 0) >= 2, 60, "version 2 published")
-    engine_version = httpx.get(f"{stack.config.url('engine')}/get_weight_version", timeout=5).json()
+    engine_version = httpx.get(
+        f"{stack.config.url('engine')}/get_weight_version", timeout=5, headers=_auth(stack)
+    ).json()
     assert int(engine_version["weight_version"]) >= 2
-    status = httpx.get(f"{stack.config.url('learner')}/v1/status", timeout=5).json()
+    status = httpx.get(
+        f"{stack.config.url('learner')}/v1/status", timeout=5, headers=_auth(stack)
+    ).json()
     assert status["last_step"]["trajectories"] >= 2
 
 
@@ -165,7 +178,7 @@ def test_kill_9_of_verifier_and_learner_loses_and_duplicates_nothing(stack):
         420,
         "2 more learner steps after the restart",
     )
-    httpx.post(f"{stack.config.url('learner')}/v1/pause", timeout=30)
+    httpx.post(f"{stack.config.url('learner')}/v1/pause", timeout=30, headers=_auth(stack))
 
     # every published episode is scored exactly once (or still on its way: wait for the verifier)
     def drained():
@@ -189,7 +202,7 @@ def test_kill_9_of_verifier_and_learner_loses_and_duplicates_nothing(stack):
     trained = [tid for rec in records.values() for tid in rec.get("trajectory_ids", [])]
     assert len(trained) == len(set(trained)), "a trajectory was trained twice"
     assert set(trained) <= set(scored)
-    httpx.post(f"{stack.config.url('learner')}/v1/resume", timeout=30)
+    httpx.post(f"{stack.config.url('learner')}/v1/resume", timeout=30, headers=_auth(stack))
 
 
 @pytest.mark.skipif(

@@ -24,6 +24,9 @@ class ServiceProcess:
     ) -> None:
         self.name, self.port, self.log_path = name, port, Path(log_dir) / f"{name}-{port}.log"
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "SHELLRL_PORT": str(port), **env}
+        if not {"SHELLRL_API_TOKEN", "SHELLRL_API_TOKEN_FILE"} & set(self.env):
+            # services refuse to start without a token; a test of auth gives one
+            self.env.setdefault("SHELLRL_AUTH_DISABLED", "true")
         self.args = args or []
         self.proc: subprocess.Popen | None = None
 

@@ -5,6 +5,7 @@ real command in its own process."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -72,3 +73,58 @@ def test_status_exits_1_when_every_service_is_down(tmp_path):
 def test_status_exits_1_when_no_stack_runs(tmp_path):
     done = status(tmp_path / "nothing")
     assert done.returncode == 1 and "no stack running" in done.stderr
+
+
+async def test_status_shows_per_group_the_pending_entries_trimmed_away_before_they_were_handled(
+    tmp_path,
+):
+    """Issue 15, fault 7: the consumers that found them gone (own pending list, XAUTOCLAIM) count
+    them in Redis, so `shellrl status` shows them after those processes are gone."""
+    from shellrl.contract import Trajectory
+    from shellrl.streams import (
+        GROUP_LEARNER,
+        STREAM_TRAJECTORIES,
+        OutgoingEntry,
+        StreamConsumer,
+        StreamProducer,
+        connect,
+    )
+
+    redis_server = RedisServer(tmp_path / "redis").start()
+    state = tmp_path / "state"
+    redis = connect(redis_server.url)
+    try:
+        owner = StreamConsumer(redis, STREAM_TRAJECTORIES, GROUP_LEARNER, "learner-0")
+        stats = StreamConsumer(redis, STREAM_TRAJECTORIES, "rollout-stats", "rollout-0")
+        for consumer in (owner, stats):
+            await consumer.ensure_group()
+        entries = [
+            OutgoingEntry(Trajectory(trajectory_id=f"t{i}").SerializeToString()) for i in range(5)
+        ]
+        await StreamProducer(redis, STREAM_TRAJECTORIES).add_many(entries)
+        assert len(await owner.read(count=3, block_ms=0)) == 3
+        assert len(await stats.read(count=2, block_ms=0)) == 2
+        await redis.xtrim(STREAM_TRAJECTORIES, maxlen=0)  # ignores the groups: a faulty trim
+        claimer = StreamConsumer(
+            redis, STREAM_TRAJECTORIES, GROUP_LEARNER, "learner-1", claim_min_idle_ms=0
+        )
+        assert await claimer.claim_idle(10) == []  # XAUTOCLAIM: 3 ids deleted
+        stats._recovered = False  # as after a failed read: re-read own pending, 2 ids empty
+        assert await stats.read(count=10, block_ms=0) == []
+        write_stack(state, {}, redis_server.url)
+        shown = subprocess.run(
+            [sys.executable, "-m", "cli.main", "status", "--state-dir", str(state)],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        assert shown.returncode == 0, shown.stdout + shown.stderr
+        (row,) = [line for line in shown.stdout.splitlines() if STREAM_TRAJECTORIES in line]
+        assert "lost to trimming: learner 3, rollout-stats 2" in row
+        (row,) = [line for line in shown.stdout.splitlines() if "shellrl:episodes" in line]
+        assert "lost" not in row
+    finally:
+        await redis.aclose()
+        redis_server.stop()

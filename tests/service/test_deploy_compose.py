@@ -119,7 +119,9 @@ def test_engine_is_the_official_sglang_image_on_its_own_gpu(no_env):
     engine_gpus = engine["deploy"]["resources"]["reservations"]["devices"]
     learner_gpus = learner["deploy"]["resources"]["reservations"]["devices"]
     assert engine_gpus == [{"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}]
-    assert learner_gpus == [{"driver": "nvidia", "device_ids": ["1"], "capabilities": ["gpu"]}]
+    assert learner_gpus == [  # its own GPU and the engine's: CUDA IPC stages the weights there
+        {"driver": "nvidia", "device_ids": ["0", "1"], "capabilities": ["gpu"]}
+    ]
     for name in ("rollout", "sandbox", "verifier"):
         assert not services[name].get("deploy", {}).get("resources", {}).get("reservations"), name
 
@@ -196,7 +198,7 @@ def test_env_file_values_reach_the_services(tmp_path):
     ] == ["3"]
     assert services["learner"]["deploy"]["resources"]["reservations"]["devices"][0][
         "device_ids"
-    ] == ["5"]
+    ] == ["3", "5"]  # its own GPU and the engine's (CUDA IPC)
     assert services["rollout"]["environment"]["SHELLRL_MAX_STALENESS"] == "7"
     assert (
         services["learner"]["environment"]["SHELLRL_MODEL_PATH"] == "/models/Qwen2.5-0.5B-Instruct"
@@ -274,3 +276,23 @@ def test_grafana_and_prometheus_mount_the_generated_files(no_env):
         str(REPO / "deploy/grafana/dashboards"): "/var/lib/grafana/dashboards/shellrl",
     }
     assert services["grafana"]["image"] == "grafana/grafana:11.6.0"
+
+
+def test_the_learner_can_push_by_cuda_ipc_into_the_sglang_container(tmp_path):
+    """What CUDA IPC into another container needs (../shared/reference/sglang_conformance.md
+    section 2, item 4): the engine's GPU visible to the learner, one PID namespace, `ipc: host`
+    on both; and the transport is cuda_ipc (SGLang's envelope), staged on the engine's GPU."""
+    env_file = tmp_path / ".env"
+    env_file.write_text("")
+    services = rendered(env_file)["services"]
+    learner, engine = services["learner"], services["engine"]
+    assert learner["pid"] == "service:engine" and learner["ipc"] == engine["ipc"] == "host"
+    reserved = learner["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+    assert engine["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"][0] in reserved
+    environment = learner["environment"]
+    assert environment["SHELLRL_WEIGHT_TRANSPORT"] == "cuda_ipc"
+    assert environment["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert (environment["SHELLRL_ENGINE_CUDA_DEVICE"], environment["SHELLRL_DEVICE"]) == (
+        "cuda:0",
+        "cuda:1",
+    )  # engine GPU 0 < learner GPU 1: host order

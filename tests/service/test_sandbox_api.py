@@ -256,6 +256,7 @@ async def test_session_cap_gives_429_and_idle_sessions_expire(sandbox_services):
         with pytest.raises(SandboxBusy) as info:
             await c.create_session()
         assert info.value.status == 429 and info.value.code == "too_many_sessions"
+        assert info.value.body["error"]["details"]["reason"] == "sessions"
         for _ in range(3):  # keep the first one in use
             await asyncio.sleep(0.5)
             await c.exec(first["session_id"], "true")
@@ -264,6 +265,9 @@ async def test_session_cap_gives_429_and_idle_sessions_expire(sandbox_services):
             await c.exec(first["session_id"], "true")
         assert (await c.ready())["sessions"] == 0
         await c.create_session()
+        await c.create_session()  # the cap again
+        async with httpx.AsyncClient(base_url=service.url) as http:  # the client's poll hint
+            assert (await http.post("/v1/sessions", json={})).headers["retry-after"] == "2"
 
 
 @pytest.mark.parametrize(
@@ -290,19 +294,18 @@ async def test_other_layers_and_modes_run_commands_with_limits(sandbox_services,
 
 async def test_readyz_and_metrics_report_the_isolation_layer(client, sandbox_services):
     ready = await client.ready()
-    assert (
-        ready["isolation"] == "bubblewrap"
-        and ready["network_isolated"] is True
-        and ready["cgroups"] is True
-    )
+    assert ready["isolation"] == "bubblewrap" and ready["network_isolated"] is True
+    # cgroups where the host lets the service make them, else said why (test_sandbox_resources.py)
+    cgroups = str(ready["cgroups"]).lower()
+    assert ready["cgroups"] or ready["cgroup_reason"]
     session = await client.create_session()
     await client.exec(session["session_id"], "true")
     await client.exec(session["session_id"], "mkfs.ext4 /dev/sda")
     async with httpx.AsyncClient(base_url=sandbox_services.get("bubblewrap").url) as http:
         text = (await http.get("/metrics")).text
     assert (
-        'shellrl_sandbox_isolation_info{cgroups="true",layer="bubblewrap",network_isolated="true"} 1.0'
-        in text
+        f'shellrl_sandbox_isolation_info{{cgroups="{cgroups}",layer="bubblewrap",'
+        'network_isolated="true"} 1.0' in text
     )
     assert "shellrl_sandbox_exec_seconds_bucket" in text and "shellrl_sandbox_sessions " in text
     assert 'shellrl_sandbox_policy_verdicts_total{rule="mkfs",verdict="deny"}' in text

@@ -12,6 +12,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from shellrl.contract import Trajectory
 from shellrl.streams import STREAM_DEAD, OutgoingEntry, StreamConsumer, StreamProducer, connect
+from tests.fakes.lossy_redis import LosesDeliveredBatches
 
 STREAM, GROUP = "shellrl:episodes", "verifier"
 DAY_MS = 86_400_000
@@ -25,25 +26,6 @@ def _entries(n: int, payload_bytes: int = 0) -> list[OutgoingEntry]:
         )
         for i in range(n)
     ]
-
-
-class LosesDeliveredBatches:
-    """Fault injector around the real client: the first `failures` new-entry reads run on the
-    server (so Redis delivers the batch and records it pending) and then raise a client-side
-    timeout, as redis-py does when a large reply arrives late."""
-
-    def __init__(self, redis, failures: int) -> None:
-        self.redis, self.failures = redis, failures
-
-    def __getattr__(self, name):
-        return getattr(self.redis, name)
-
-    async def xreadgroup(self, group, consumer, streams, **kwargs):
-        reply = await self.redis.xreadgroup(group, consumer, streams, **kwargs)
-        if self.failures > 0 and list(streams.values()) == [">"]:
-            self.failures -= 1
-            raise RedisTimeoutError("Timeout reading from socket")
-        return reply
 
 
 async def test_a_delivered_batch_lost_by_the_client_is_handled_by_the_next_take(redis_server):
@@ -127,6 +109,7 @@ async def test_take_returns_empty_once_stop_is_set_while_redis_is_down(redis_ser
 
 
 async def test_pending_entries_trimmed_away_are_counted_and_logged_as_lost(redis_server, caplog):
+    from shellrl.streams.keys import lost_key
     from shellrl.streams.metrics import LOST
 
     stream = "shellrl:test-lost"
@@ -142,6 +125,7 @@ async def test_pending_entries_trimmed_away_are_counted_and_logged_as_lost(redis
     claimer = StreamConsumer(redis, stream, GROUP, "claimer", claim_min_idle_ms=0)
     assert await claimer.claim_idle(10) == []  # XAUTOCLAIM reports the 5 ids as deleted
     assert LOST.labels(stream, GROUP)._value.get() - before == 5
+    assert await redis.hget(lost_key(stream), GROUP) == b"5"  # what `shellrl status` shows
     assert "trimmed before they were handled" in caplog.text
     assert (await redis.xpending(stream, GROUP))["pending"] == 0
     await redis.aclose()

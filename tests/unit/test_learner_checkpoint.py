@@ -23,17 +23,14 @@ def test_resume_at_step_5_continues_lr_and_update_like_an_uninterrupted_run(tmp_
     for b in data[:5]:
         trainer.step(b, learner_version=trainer.step_count)
     store = CheckpointStore(tmp_path, keep=2)
-    path = store.save(
-        model, trainer.state_dict(), LearnerState(step=5, version=5, consumed_ids=["a", "b"])
-    )
+    path = store.save(trainer, LearnerState(step=5, version=5, consumed_ids=["a", "b"]))
     before = {k: v.clone() for k, v in model.state_dict().items()}
     uninterrupted = trainer.step(data[5], learner_version=5)
     expected = {k: v.clone() for k, v in model.state_dict().items()}
 
     fresh = load_model("tiny")
     resumed = Trainer(fresh, config)
-    trainer_state, state = store.load(store.latest(), fresh)
-    resumed.load_state_dict(trainer_state)
+    state = store.load(store.latest(), resumed)
     assert path == store.latest() and state.step == 5 and state.consumed_ids == ["a", "b"]
     assert all(torch.equal(before[k], v) for k, v in fresh.state_dict().items())
     assert resumed.lr == pytest.approx(6e-7)  # not 1e-7 (warmup restarted) nor 7e-7 (stepped twice)
@@ -55,7 +52,7 @@ def test_only_complete_checkpoints_are_listed_and_old_ones_are_pruned(tmp_path):
     store = CheckpointStore(tmp_path, keep=2)
     (tmp_path / ".tmp-step-000009-123").mkdir()  # a crash in the middle of a save
     for step in (1, 2, 3):
-        store.save(model, trainer.state_dict(), LearnerState(step=step, version=step))
+        store.save(trainer, LearnerState(step=step, version=step))
     assert [p.name for p in store.checkpoints()] == ["step-000002", "step-000003"]
     assert (store.latest() / "model.safetensors").exists() and (
         store.latest() / "config.json"

@@ -1,0 +1,138 @@
+"""Evaluate the running stack's current policy on the main job's fixed eval sets (or a task file)
+and print each set's success with its 95% interval and a per-template table.
+
+    shellrl eval [--url http://127.0.0.1:8100] [--sets eval_id,eval_ood,seeds,agentbench]
+                 [--tasks FILE.jsonl] [--episodes K] [--temperature T] [--out results.json]
+
+The sets are the ones `shellrl run` evaluates before and after training (cli/main_job.py
+`eval_sets`, default JobConfig: the same task seed, so the same instances); `--tasks` evaluates one
+JSONL task file instead (set name: the file's stem). Tasks are submitted as `eval` copies (never
+added to the training pool), then evaluated through the gateway (`POST /v1/evaluations`, as the
+main job: cli/job_evaluations.py): greedy with one episode per task at temperature 0, else
+`--episodes` seeded samples per task. To evaluate a checkpoint, start a stack on it first
+(`shellrl up --model-path DIR`). The gateway's token is sent as by `shellrl submit`.
+Exit status: 0 done, 2 the gateway cannot be reached or refuses the tasks.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from cli.errors import CliError
+
+NAME = "eval"
+HELP = "evaluate the running stack's policy on the fixed eval sets; per-template tables"
+SETS = ("eval_id", "eval_ood", "seeds", "agentbench")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("SHELLRL_ROLLOUT_URL", "http://127.0.0.1:8100"),
+        help="rollout gateway base URL (SHELLRL_ROLLOUT_URL, else port 8100)",
+    )
+    parser.add_argument(
+        "--sets", default=",".join(SETS), help=f"comma-separated eval sets of {', '.join(SETS)}"
+    )
+    parser.add_argument("--tasks", type=Path, help="evaluate this JSONL task file instead")
+    parser.add_argument("--episodes", type=int, default=4, help="episodes per task when T > 0")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy, 1 episode")
+    parser.add_argument("--out", type=Path, help="write the evaluations' JSON views here")
+
+
+def load_sets(names: str, tasks_file: Path | None) -> dict[str, list]:
+    """{set name: [Task]}: the file's tasks, or the named sets of the main job. Raises CliError
+    for an unknown set name or a task file that cannot be read or parsed."""
+    from shellrl.contract import iter_tasks_jsonl
+
+    if tasks_file is not None:
+        try:
+            with tasks_file.open() as f:
+                return {tasks_file.stem: list(iter_tasks_jsonl(f, default_split="eval"))}
+        except (OSError, ValueError) as exc:
+            raise CliError(f"{tasks_file}: {exc}") from None
+    wanted = [s.strip() for s in names.split(",") if s.strip()]
+    if unknown := [s for s in wanted if s not in SETS]:
+        raise CliError(f"--sets: unknown set(s) {', '.join(unknown)}; choose from {SETS}")
+    from cli.main_job import JobConfig, eval_sets
+
+    sets = eval_sets(JobConfig())
+    return {name: sets[name] for name in wanted}
+
+
+def template_rows(view: dict, tasks_by_id: dict) -> list[tuple[str, int, int, int, float]]:
+    """[(template, tasks, successes, scored episodes, success rate)] of an evaluation view, by
+    template name; the rate is the mean of the tasks' pass rates (cli/eval_stats.py). Episodes
+    that failed for infrastructure are not scored and count nowhere."""
+    from cli.eval_stats import task_outcomes, template_of
+
+    per: dict[str, list] = {}
+    for task_id, (successes, n) in task_outcomes(view).items():
+        if n:
+            row = per.setdefault(template_of(task_id, tasks_by_id), [0, 0, 0, 0.0])
+            row[0] += 1
+            row[1] += successes
+            row[2] += n
+            row[3] += successes / n
+    return [(t, k, s, n, rates / k) for t, (k, s, n, rates) in sorted(per.items())]
+
+
+def render(name: str, view: dict, tasks_by_id: dict):
+    """rich renderables: the set's success with n and its 95% interval (one line), then a table
+    with a row per template."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    from cli.eval_stats import set_score
+
+    score = set_score(view)
+    line = Text(
+        f"{name}: success {score.rate:.3f} [{score.low:.3f}, {score.high:.3f}] "
+        f"(n={score.tasks} tasks, {score.episodes} episodes, {score.estimator}; "
+        f"policy versions {view.get('policy_versions_seen')})",
+        style="bold",
+    )
+    table = Table()
+    for column in ("template", "tasks", "successes", "episodes", "success rate"):
+        table.add_column(column, justify="left" if column == "template" else "right")
+    for template, k, s, n, rate in template_rows(view, tasks_by_id):
+        table.add_row(template, str(k), str(s), str(n), f"{rate:.3f}")
+    return Group(line, table)
+
+
+def run(args) -> int:
+    import json
+
+    import httpx
+    from rich.console import Console
+
+    from cli.job_evaluations import evaluate
+    from cli.main_job import submit
+    from cli.stack_config import api_headers
+
+    sets = load_sets(args.sets, args.tasks)
+    tasks_by_id, id_sets = {}, {}
+    client = httpx.Client(base_url=args.url.rstrip("/"), headers=api_headers(), timeout=60)
+    try:
+        for name, tasks in sets.items():
+            ids = submit(client, tasks, eval_copy=True)
+            tasks_by_id.update(zip(ids, tasks, strict=True))
+            id_sets[name] = ids
+        results = evaluate(client, id_sets, "now", args.episodes, args.temperature)
+    except httpx.HTTPStatusError as exc:
+        raise CliError(
+            f"{exc.request.url} answered {exc.response.status_code}: {exc.response.text[:300]}"
+        ) from None
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach the rollout gateway at {args.url}: {exc}") from None
+    finally:
+        client.close()
+    console = Console()
+    for name, view in results.items():
+        console.print(render(name, view, tasks_by_id))
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=2))
+        console.print(f"wrote {args.out}")
+    return 0

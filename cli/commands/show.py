@@ -1,0 +1,155 @@
+"""Print one finished episode as the policy saw it: the task, the prompt, each turn's action and
+the command output that came back, the reward and its components, the failure class, and the
+policy version of every action.
+
+    shellrl show <trajectory_id> [--url http://127.0.0.1:8100] [--json] [--tokens]
+
+Reads the rollout gateway's `GET /v1/trajectories/{id}` with the stack's token (SHELLRL_API_TOKEN,
+SHELLRL_API_TOKEN_FILE or `.shellrl/api_token`, as `shellrl submit`). Exit status: 0 shown, 1 no
+such trajectory (trimmed from its stream, or never finished), 2 the gateway cannot be reached.
+"""
+
+from __future__ import annotations
+
+import os
+
+from cli.errors import CliError
+
+NAME = "show"
+HELP = (
+    "print one finished trajectory: prompt, actions, command outputs, reward (GET /v1/trajectories)"
+)
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("trajectory_id", help="id of a finished trajectory")
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("SHELLRL_ROLLOUT_URL", "http://127.0.0.1:8100"),
+        help="rollout gateway base URL (SHELLRL_ROLLOUT_URL, else port 8100)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the gateway's JSON as it is")
+    parser.add_argument(
+        "--tokens", action="store_true", help="also print every segment's token ids"
+    )
+    parser.add_argument("--timeout-s", type=float, default=30.0, help="HTTP timeout")
+
+
+def fetch(url: str, trajectory_id: str, *, timeout_s: float = 30.0) -> dict:
+    """The transcript JSON of `trajectory_id` from the gateway at `url`. Raises CliError: exit
+    status 1 when the gateway answers 404, 2 when it cannot be reached or answers another error."""
+    import httpx
+
+    from cli.stack_config import api_headers
+
+    try:
+        r = httpx.get(
+            f"{url.rstrip('/')}/v1/trajectories/{trajectory_id}",
+            headers=api_headers(),
+            timeout=timeout_s,
+        )
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach the rollout gateway at {url}: {exc}") from None
+    if r.status_code == 404:
+        raise CliError(f"no finished trajectory {trajectory_id!r} at {url}", exit_status=1)
+    if r.status_code != 200:
+        raise CliError(f"{url} answered {r.status_code}: {r.text[:500]}")
+    return r.json()
+
+
+def run(args) -> int:
+    import json
+
+    from rich.console import Console
+
+    view = fetch(args.url, args.trajectory_id, timeout_s=args.timeout_s)
+    if args.json:
+        print(json.dumps(view, indent=2))
+        return 0
+    Console().print(*render(view, tokens=args.tokens))
+    return 0
+
+
+def render(view: dict, *, tokens: bool = False) -> list:
+    """rich renderables of a transcript (the JSON of `GET /v1/trajectories/{id}`): a summary
+    table, the task instruction, the prompt, one panel per segment, the reward components.
+    Model and command text is printed literally (never read as rich markup)."""
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    head = Table.grid(padding=(0, 2))
+    head.add_column(style="bold")
+    head.add_column()
+    reward = view.get("reward")
+    rows = [
+        ("trajectory", view["trajectory_id"]),
+        ("task", view["task_id"]),
+        ("group / attempt", f"{view.get('group_id') or '-'} / {view.get('attempt', 0)}"),
+        ("split", ("eval " + view["evaluation_id"]) if view.get("eval") else view.get("split")),
+        ("end", f"{view.get('end')} after {view.get('num_turns', 0)} turns"),
+        ("answer", repr(view.get("answer") or "")),
+        ("reward", "unscored" if reward is None else f"{reward:g}"),
+        ("failure", view.get("failure", "none")),
+        ("policy versions", ", ".join(map(str, view.get("policy_versions", []))) or "-"),
+    ]
+    if view.get("failure_detail"):
+        rows.append(("failure detail", view["failure_detail"]))
+    if view.get("safety_events"):
+        rows.append(("safety events", ", ".join(view["safety_events"])))
+    for key, value in rows:
+        head.add_row(key, Text(str(value)))
+    out: list = [head]
+    task = view.get("task") or {}
+    if task.get("instruction"):
+        out.append(Panel(Text(task["instruction"]), title="task", title_align="left"))
+    prompt = view["prompt"]
+    out.append(_panel(Text(prompt["text"]), f"prompt · {len(prompt['token_ids'])} tokens", "dim"))
+    if tokens:
+        out.append(Text(str(prompt["token_ids"]), style="dim"))
+    for turn in view["turns"]:
+        for seg in turn["segments"]:
+            out.append(_panel(Text(seg["text"]), _title(turn["turn"], seg), _style(seg)))
+            if tokens:
+                out.append(Text(str(seg["token_ids"]), style="dim"))
+    if view.get("reward_components"):
+        table = Table(title="reward components", title_justify="left")
+        table.add_column("component")
+        table.add_column("value", justify="right")
+        for name, value in view["reward_components"].items():
+            table.add_row(name, "-" if value is None else f"{value:g}")
+        out.append(table)
+    return out
+
+
+def _panel(body, title: str, style: str):
+    from rich.panel import Panel
+
+    return Panel(body, title=title, title_align="left", border_style=style)
+
+
+def _title(turn: int, seg: dict) -> str:
+    n = len(seg["token_ids"])
+    if seg["kind"] == "action":
+        return (
+            f"turn {turn} · action · policy v{seg['policy_version']} · {n} tokens"
+            f" · {seg['finish_reason']}"
+        )
+    tool = seg.get("tool") or {}
+    parts = [f"turn {turn} · observation · {n} tokens"]
+    if tool.get("command"):
+        parts.append(f"$ {tool['command'][:80]}")
+    if tool:
+        parts.append("timed out" if tool.get("timed_out") else f"exit {tool.get('exit_code')}")
+    if tool.get("policy_verdict") and tool["policy_verdict"] != "allow":
+        parts.append(f"{tool['policy_verdict']} ({tool.get('policy_rule')})")
+    if tool.get("parse_error"):
+        parts.append("parse error")
+    return " · ".join(parts)
+
+
+def _style(seg: dict) -> str:
+    if seg["kind"] == "action":
+        return "green"
+    tool = seg.get("tool") or {}
+    return "red" if tool.get("timed_out") or tool.get("exit_code", 0) != 0 else "blue"

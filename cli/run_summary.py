@@ -1,0 +1,127 @@
+"""One run's outcome as data (`summary.json` of the report) and as the job's summary line.
+
+The target (issue 20, item 4): `eval_id` at least doubles and gains >= 10 points, no template of
+eval_id or eval_ood loses more than 1 of its instances (in solved instances: the sum of its tasks'
+pass rates, cli/eval_stats.py), and `eval_ood` does not fall. Regressions are reported per
+template, flagged when a template the base policy solves (before > 0) drops at all, and marked
+beyond tolerance when it drops by more than `MAX_TEMPLATE_LOSS` instances.
+
+    eval_id 18.8% -> 43.8% (2.33x, +25.0 pts) | eval_ood 6.2% -> 6.2% | target met |
+    regressions: count_lines 4/10 -> 3/10
+
+`cli/compare.py` aggregates the summaries of several runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict
+
+from cli.eval_stats import set_score, template_scores
+
+MIN_FACTOR = 2.0  # eval_id after >= 2 x before
+MIN_GAIN = 0.10  # and >= +10 points
+MAX_TEMPLATE_LOSS = 1.0  # instances a template may lose
+TEMPLATE_SETS = ("eval_id", "eval_ood")
+
+
+def summarize(before: dict, after: dict, tasks_by_id: dict | None, meta: dict) -> dict:
+    """summary.json: per eval set before/after scores, per template solved instances, the
+    regressions, the target verdict, and `meta` (seed, steps, settings) as given."""
+    sets = {
+        name: {"before": asdict(set_score(view)), "after": asdict(set_score(after.get(name)))}
+        for name, view in before.items()
+    }
+    templates = {}
+    for name in TEMPLATE_SETS:
+        if name not in before:
+            continue
+        b = template_scores(before[name], tasks_by_id)
+        a = template_scores(after.get(name), tasks_by_id)
+        templates[name] = {
+            key: {
+                "instances": max(
+                    b.get(key, {}).get("instances", 0), a.get(key, {}).get("instances", 0)
+                ),
+                "before": b.get(key, {}).get("solved", 0.0),
+                "after": a.get(key, {}).get("solved", 0.0),
+            }
+            for key in sorted(set(b) | set(a))
+        }
+    found = regressions(templates)
+    return {
+        **meta,
+        "sets": sets,
+        "templates": templates,
+        "regressions": found,
+        "target": target(sets, found),
+    }
+
+
+def regressions(templates: dict[str, dict[str, dict]]) -> list[dict]:
+    """Templates the base policy solved (before > 0) that solve fewer instances after."""
+    out = []
+    for name, by_template in templates.items():
+        for key, t in by_template.items():
+            loss = t["before"] - t["after"]
+            if t["before"] > 0 and loss > 1e-9:
+                out.append(
+                    {
+                        "set": name,
+                        "template": key,
+                        **t,
+                        "beyond_tolerance": loss > MAX_TEMPLATE_LOSS + 1e-9,
+                    }
+                )
+    return out
+
+
+def target(sets: dict, found: list[dict]) -> dict:
+    """The target's four checks and whether all hold (False when eval_id or eval_ood is absent)."""
+
+    def rate(name: str, when: str) -> float:
+        return (sets.get(name) or {}).get(when, {}).get("rate", math.nan)
+
+    b_id, a_id = rate("eval_id", "before"), rate("eval_id", "after")
+    b_ood, a_ood = rate("eval_ood", "before"), rate("eval_ood", "after")
+    checks = {
+        "eval_id_doubles": a_id >= MIN_FACTOR * b_id,
+        "eval_id_gains_10_points": a_id - b_id >= MIN_GAIN - 1e-9,
+        "no_template_loses_more_than_1": not any(r["beyond_tolerance"] for r in found),
+        "eval_ood_does_not_fall": a_ood >= b_ood - 1e-9,
+    }
+    return {"met": all(checks.values()), **checks}
+
+
+def summary_line(summary: dict) -> str:
+    """The job's last line: eval_id and eval_ood before -> after, the verdict, the regressions
+    ('!' marks one beyond tolerance)."""
+    parts = []
+    for name in TEMPLATE_SETS:
+        s = summary["sets"].get(name)
+        if s is None:
+            continue
+        b, a = s["before"]["rate"], s["after"]["rate"]
+        text = f"{name} {_pct(b)} -> {_pct(a)}"
+        if name == "eval_id" and math.isfinite(a - b):
+            factor = f"{a / b:.2f}x" if b > 0 else "inf x" if a > 0 else "1.00x"
+            text += f" ({factor}, {100 * (a - b):+.1f} pts)"
+        parts.append(text)
+    verdict = summary["target"]
+    failed = [k for k, v in verdict.items() if k != "met" and not v]
+    parts.append("target met" if verdict["met"] else "target missed: " + ", ".join(failed))
+    regressed = [
+        f"{r['template']} {_n(r['before'])}/{r['instances']} -> {_n(r['after'])}/{r['instances']}"
+        + (" !" if r["beyond_tolerance"] else "")
+        for r in summary["regressions"]
+    ]
+    parts.append("regressions: " + (", ".join(regressed) if regressed else "none"))
+    return " | ".join(parts)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.1f}%" if math.isfinite(x) else "n/a"
+
+
+def _n(x: float) -> str:
+    return f"{x:.0f}" if abs(x - round(x)) < 1e-9 else f"{x:.2f}"

@@ -1,0 +1,160 @@
+"""Transcripts: one finished trajectory as the policy saw it, for `GET /v1/trajectories/{id}`.
+
+Where a finished trajectory is kept: the verifier appends each one it handled to
+shellrl:trajectories (training episodes, scored or passed through with a failure) or
+shellrl:evaluations (`Trajectory.eval`), under the idempotency key
+`shellrl:idem:<stream>:<trajectory_id>` whose value is the entry id (kept 7 days,
+shellrl.streams.producer). A lookup reads that key and then the one entry (XRANGE id id); when the
+key is gone or empty, the newest `SCAN_LIMIT` entries of each stream are searched instead. A
+trajectory trimmed from its stream is unknown (None).
+
+The view decodes every segment's int32 token ids with the gateway's tokenizer (special tokens
+kept, as the policy saw them); non-finite floats (reward and training_reward of an unscored
+trajectory are NaN) become null.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import redis.asyncio as aioredis
+
+from shellrl.contract import ContractError, parse_trajectory, task_to_json
+from shellrl.contract.trajectory import ACTION, decode_token_ids
+from shellrl.streams import STREAM_EVALUATIONS, STREAM_TRAJECTORIES, idempotency_key
+from shellrl.v1.trajectory_pb2 import EpisodeEnd, Failure, FinishReason, Segment, Trajectory
+
+STREAMS = (STREAM_TRAJECTORIES, STREAM_EVALUATIONS)
+# entries per stream searched, newest first, when the idempotency key is gone (past its 7 days):
+# an unknown id reads up to this many whole trajectories (tens of kB each), so it stays small
+SCAN_LIMIT = 1_000
+SCAN_PAGE = 200
+
+
+async def find_trajectory(
+    redis: aioredis.Redis, trajectory_id: str
+) -> tuple[Trajectory, str, str] | None:
+    """(trajectory, stream, entry id) of the finished trajectory `trajectory_id`, or None when no
+    kept stream holds it. Raises redis.RedisError when Redis does not answer."""
+    for stream in STREAMS:
+        entry_id = await redis.get(idempotency_key(stream, trajectory_id))
+        if entry_id:
+            for eid, fields in await redis.xrange(stream, entry_id, entry_id, count=1):
+                traj = _parse(fields.get(b"pb", b""), trajectory_id)
+                if traj is not None:
+                    return traj, stream, _s(eid)
+    needle = trajectory_id.encode()
+    for stream in STREAMS:
+        last, seen = "+", 0
+        while seen < SCAN_LIMIT:
+            rows = await redis.xrevrange(stream, last, "-", count=SCAN_PAGE)
+            for eid, fields in rows:
+                pb = fields.get(b"pb", b"")
+                if needle in pb and (traj := _parse(pb, trajectory_id)) is not None:
+                    return traj, stream, _s(eid)
+            if len(rows) < SCAN_PAGE:
+                break
+            seen += len(rows)
+            last = f"({_s(rows[-1][0])}"
+    return None
+
+
+def transcript(
+    traj: Trajectory, decode: Callable[[list[int]], str], *, stream: str = "", entry_id: str = ""
+) -> dict:
+    """The JSON view of one trajectory. `decode`: token ids -> text (ChatFormat.decode).
+
+    Keys: ids and provenance (`stream`, `entry_id`, versions of env/harness/verifier), `task`
+    (the task JSON as the gateway ran it), `prompt` {text, token_ids}, `turns`: a list of
+    {turn, segments}, each segment {kind action|observation, text, token_ids, policy_version
+    (-1 for observations), finish_reason, and for an observation `tool` (command, exit_code,
+    duration_ms, timed_out, truncated bytes, policy verdict/rule, parse_error)}, then `answer`,
+    `end`, `reward`, `training_reward`, `reward_components`, `scored`, `failure` (lower-case class
+    without FAILURE_, "none" when none), `failure_detail`, `policy_versions` (distinct ACTION
+    versions, ascending), timestamps (unix s)."""
+    turns: dict[int, list[dict]] = {}
+    for seg in traj.segments:
+        turns.setdefault(seg.turn, []).append(_segment(seg, decode))
+    prompt_ids = decode_token_ids(traj.prompt_ids).tolist()
+    return {
+        "trajectory_id": traj.trajectory_id,
+        "task_id": traj.task_id,
+        "group_id": traj.group_id,
+        "attempt": traj.attempt,
+        "eval": traj.eval,
+        "evaluation_id": traj.evaluation_id,
+        "split": traj.split,
+        "source": traj.source,
+        "stream": stream,
+        "entry_id": entry_id,
+        "versions": {
+            "env": traj.env_version,
+            "harness": traj.harness_version,
+            "verifier": traj.verifier_version,
+        },
+        "task": task_to_json(traj.task) if traj.HasField("task") else None,
+        "prompt": {"text": decode(prompt_ids), "token_ids": prompt_ids},
+        "turns": [{"turn": t, "segments": segs} for t, segs in sorted(turns.items())],
+        "num_turns": traj.num_turns,
+        "answer": traj.answer,
+        "end": EpisodeEnd.Name(traj.end).removeprefix("EPISODE_END_").lower(),
+        "terminated": traj.terminated,
+        "truncated": traj.truncated,
+        "scored": traj.scored,
+        "reward": _finite(traj.reward),
+        "training_reward": _finite(traj.training_reward),
+        "reward_components": {k: _finite(v) for k, v in sorted(traj.reward_components.items())},
+        "failure": Failure.Name(traj.failure).removeprefix("FAILURE_").lower(),
+        "failure_detail": traj.failure_detail,
+        "safety_events": list(traj.safety_events),
+        "policy_versions": sorted(
+            {s.policy_version for s in traj.segments if s.kind == ACTION and s.token_ids}
+        ),
+        "created_at": traj.created_at,
+        "finished_at": traj.finished_at,
+        "scored_at": traj.scored_at,
+    }
+
+
+def _segment(seg: Segment, decode: Callable[[list[int]], str]) -> dict:
+    ids = decode_token_ids(seg.token_ids).tolist()
+    out = {
+        "kind": "action" if seg.kind == ACTION else "observation",
+        "text": decode(ids),
+        "token_ids": ids,
+        "policy_version": seg.policy_version,
+        "finish_reason": FinishReason.Name(seg.finish_reason)
+        .removeprefix("FINISH_REASON_")
+        .lower(),
+    }
+    if seg.kind != ACTION and seg.HasField("tool_event"):
+        ev = seg.tool_event
+        out["tool"] = {
+            "command": ev.command,
+            "exit_code": ev.exit_code,
+            "duration_ms": ev.duration_ms,
+            "timed_out": ev.timed_out,
+            "stdout_truncated_bytes": ev.stdout_truncated_bytes,
+            "stderr_truncated_bytes": ev.stderr_truncated_bytes,
+            "policy_verdict": ev.policy_verdict,
+            "policy_rule": ev.policy_rule,
+            "parse_error": ev.parse_error,
+        }
+    return out
+
+
+def _parse(pb: bytes, trajectory_id: str) -> Trajectory | None:
+    try:
+        traj = parse_trajectory(pb)
+    except ContractError:
+        return None
+    return traj if traj.trajectory_id == trajectory_id else None
+
+
+def _finite(x: float) -> float | None:
+    return x if math.isfinite(x) else None
+
+
+def _s(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

@@ -1,0 +1,161 @@
+"""cgroup v1 layout: pids, memory and freezer (required) and cpu (where mounted), one hierarchy
+each under `<root>/<controller>/`.
+
+The session's runner stays outside the session groups; each command joins them by writing its
+pid into their `cgroup.procs` (chowned to the session uid). Kill = freeze, SIGKILL every member,
+thaw, until empty (v1 has no `cgroup.kill`; freezing makes it atomic against forks). A child's
+CPU quota may not exceed its parent's in v1: `CgroupSupport.session_limits` clamps it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from pathlib import Path
+
+from services.sandbox.cgroup_base import (
+    CPU_PERIOD_US,
+    GROUP_DIR,
+    CgroupLimits,
+    Usage,
+    read_pids,
+    rmdir,
+    until_empty,
+    write,
+)
+from services.sandbox.host import read_int, working_set
+
+log = logging.getLogger(__name__)
+REQUIRED = ("pids", "memory", "freezer")
+OPTIONAL = ("cpu",)
+
+
+class V1SessionCgroup:
+    """The groups of one session (one per controller) below `parents` {controller: dir}."""
+
+    launcher_procs: Path | None = None
+
+    def __init__(self, parents: dict[str, Path], name: str) -> None:
+        self.dirs = {c: parent / name for c, parent in parents.items()}
+        self.procs_files = tuple(d / "cgroup.procs" for d in self.dirs.values())
+
+    def exists(self) -> bool:
+        return any(d.exists() for d in self.dirs.values())
+
+    def create(self, uid: int, limits: CgroupLimits) -> None:
+        """mkdir the groups, set `limits`, let `uid` move its own processes in."""
+        if self.exists():
+            self.remove()
+        for d in self.dirs.values():
+            d.mkdir()
+            os.chown(d / "cgroup.procs", uid, uid)
+        write(self.dirs["pids"] / "pids.max", str(limits.pids))
+        write(self.dirs["memory"] / "memory.limit_in_bytes", str(limits.memory_bytes))
+        try:  # limit memory+swap too where swap accounting exists
+            write(self.dirs["memory"] / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
+        except OSError:
+            pass
+        if "cpu" in self.dirs:
+            write(self.dirs["cpu"] / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            write(self.dirs["cpu"] / "cpu.cfs_quota_us", str(limits.cpu_quota_us()))
+
+    def pids(self) -> list[int]:
+        return read_pids(self.dirs["pids"] / "cgroup.procs")
+
+    def kill_all(self, deadline_s: float = 2.0) -> int:
+        """Freeze, SIGKILL every member, thaw; repeat until empty. Returns the kills sent."""
+        freezer = self.dirs["freezer"] / "freezer.state"
+        sent = 0
+
+        def kill_round() -> bool:
+            nonlocal sent
+            pids = self.pids()
+            if not pids:
+                return True
+            try:
+                write(freezer, "FROZEN")
+            except OSError:
+                pass
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    sent += 1
+                except ProcessLookupError:
+                    pass
+            try:
+                write(freezer, "THAWED")
+            except OSError:
+                pass
+            return False
+
+        if not until_empty(kill_round, deadline_s):
+            log.error("processes survived the cgroup kill", extra={"pids": self.pids()})
+        return sent
+
+    def remove(self) -> None:
+        self.kill_all()
+        for d in self.dirs.values():
+            rmdir(d)
+
+
+class V1Hierarchy:
+    version = "v1"
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.controllers = [
+            c for c in REQUIRED + OPTIONAL if c in REQUIRED or (self.root / c / "tasks").exists()
+        ]
+        self.note = (
+            None if "cpu" in self.controllers else "v1 cpu controller not mounted: no CPU quota"
+        )
+
+    def problem(self) -> str | None:
+        for controller in REQUIRED:
+            if not (self.root / controller / "tasks").exists():
+                return f"no v1 {controller} hierarchy at {self.root / controller}"
+        return None
+
+    def _parents(self, instance: str) -> dict[str, Path]:
+        return {c: self.root / c / GROUP_DIR / instance for c in self.controllers}
+
+    def setup_parent(self, instance: str, limits: CgroupLimits) -> None:
+        """mkdir the instance's parent groups (removing what a crashed instance left below them)
+        and set `limits` on them; OSError if a hierarchy is not writable."""
+        parents = self._parents(instance)
+        stale = set()
+        for parent in parents.values():
+            parent.mkdir(parents=True, exist_ok=True)
+            stale |= {p.name for p in parent.iterdir() if p.is_dir()}
+        for name in stale:
+            self.session(instance, name).remove()
+        write(parents["pids"] / "pids.max", str(limits.pids))
+        write(parents["memory"] / "memory.limit_in_bytes", str(limits.memory_bytes))
+        try:
+            write(parents["memory"] / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
+        except OSError:
+            pass
+        if "cpu" in parents:
+            write(parents["cpu"] / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+            write(parents["cpu"] / "cpu.cfs_quota_us", str(limits.cpu_quota_us()))
+
+    def remove_parent(self, instance: str) -> None:
+        """Every session group of the instance (processes killed), then its parents."""
+        parents = self._parents(instance)
+        names = {p.name for d in parents.values() if d.exists() for p in d.iterdir() if p.is_dir()}
+        for name in names:
+            self.session(instance, name).remove()
+        for parent in parents.values():
+            rmdir(parent)
+
+    def session(self, instance: str, name: str) -> V1SessionCgroup:
+        return V1SessionCgroup(self._parents(instance), name)
+
+    def legacy_session(self, name: str) -> V1SessionCgroup:
+        return V1SessionCgroup({c: self.root / c / GROUP_DIR for c in REQUIRED}, name)
+
+    def usage(self, instance: str) -> Usage:
+        parents = self._parents(instance)
+        memory = working_set(parents["memory"]) or 0
+        return Usage(max(0, memory), read_int(parents["pids"] / "pids.current") or 0)
