@@ -108,7 +108,10 @@ def build_app(settings: RolloutSettings) -> FastAPI:
             steering=steering,
         )
         gate = InfraGate(
-            {"engine": lambda: _engine_healthy(engine), "sandbox": lambda: _sandbox_healthy(sandbox)}
+            {
+                "engine": lambda: _engine_healthy(engine),
+                "sandbox": lambda: _sandbox_healthy(sandbox),
+            }
         )
         worker = RolloutWorker(
             redis,
