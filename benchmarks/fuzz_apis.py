@@ -111,7 +111,10 @@ def fuzz(url: str, token: str, extra: list[str], report: Path, args) -> dict:
     ]
     log = report.with_suffix(".txt")
     with open(log, "w") as out:
-        subprocess.run(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, check=False)
+        # cwd: schemathesis keeps a cache of failures in ./.schemathesis; there, not in the checkout
+        subprocess.run(
+            command, cwd=report.parent, stdout=out, stderr=subprocess.STDOUT, check=False
+        )
     try:
         return json.loads(report.read_text())
     except (OSError, ValueError) as exc:
