@@ -302,6 +302,7 @@ class LearnerWorker:
             "version": self.completed_step,
             "step": self.completed_step,
             "paused": not self.running.is_set(),
+            "world_size": self.trainer.ranks.world_size,
             "lr": self.trainer.lr,
             "checkpointed_step": self.checkpointed_step,
             "pending_groups": self.assembler.pending_groups,

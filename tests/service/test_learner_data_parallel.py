@@ -1,6 +1,8 @@
 """The data-parallel learner (issue 18, item 1) as real processes: `torchrun` with 2 CPU ranks on
-gloo, real Redis, a real engine process (tiny model), the real service; and its faults: a rank
-killed mid-step, a rendezvous that never completes, a second learner on the same stream.
+gloo, real Redis, a real engine process (tiny model), the real service; its faults: a rank killed
+mid-step, a rendezvous that never completes, a second learner on the same stream; and item 5:
+the asynchronous pipeline at max_staleness 0 is a synchronous loop (tests/helpers/staleness_zero.py).
+One engine serves the module (it decodes one request at a time: seeded samples repeat exactly).
 """
 
 from __future__ import annotations
@@ -197,7 +199,9 @@ async def test_a_rank_killed_mid_step_is_restarted_by_torchrun_and_resumes_from_
             s = (await asyncio.to_thread(httpx.get, f"{url}/v1/status", timeout=5)).json()
             return s if s["step"] >= 5 else None
 
-        last = (await wait_until_async(step_5, 60, "step 5"))["last_step"]
+        status = await wait_until_async(step_5, 60, "step 5")
+        last = status["last_step"]
+        assert status["world_size"] == 2
         assert last["parity_tokens"] == 16 and last["parity_max"] <= 1e-4
 
         ledger = [
