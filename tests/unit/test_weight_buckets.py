@@ -48,8 +48,9 @@ def test_stage_bucket_copies_a_same_dtype_bucket_once_and_stages_views_of_that_c
     buffer, metadata = wt.flatten_tensors(named(source))
     staged = WeightStore(engine).stage_bucket(buffer, metadata)
     storages = {t.untyped_storage().data_ptr() for t in staged.tensors.values()}
-    # one new buffer, not the sender's
-    assert len(storages) == 1 and buffer.data_ptr() not in storages
+    # one new buffer (the engine's arena), not the sender's storage
+    assert len(storages) == 1
+    assert buffer.untyped_storage().data_ptr() not in storages
     for name, tensor in named(source):
         assert torch.equal(staged.tensors[name], tensor)
     buffer.zero_()  # the sender reuses its bucket: staged weights must not change
