@@ -22,7 +22,7 @@
 # call 1 31 s, call 2 291 s (pytest 84 s, the job 2.7 min) with the defaults.
 set -u
 what=${1:-all}
-D=benchmarks/out/gpu-stack
+D=${GPU_STACK_FILES:-benchmarks/out/gpu-stack}  # what prepare made (carried)
 T=${GPU_STACK_DIR:-/tmp/gpu-stack}
 OUT=${OUT:-/tmp/gpu-stack-out}
 PYTHON=${PYTHON:-python3}
@@ -93,6 +93,7 @@ setup() {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     python3 -c "import torch, transformers as t; print('torch', torch.__version__, t.__version__)"
     redis-server --version; /usr/bin/bwrap --version
+    unshare -n true && echo "unshare -n: ok (the seeds stage runs one stack per network namespace)"
     python3 -c "import services.engine.app, services.learner.app, services.rollout.app, \
 services.sandbox.app, services.verifier.app, cli.main_job; print('imports ok')"
     timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_gpu_stack.py -k fraction
@@ -203,11 +204,62 @@ print(json.dumps(out, indent=1))
 EOF
 }
 
+lo_up() {  # bring up the loopback of a fresh network namespace (no `ip` needed)
+  python3 - <<'PY'
+import fcntl, socket, struct
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+flags = struct.unpack("16sH14s", fcntl.ioctl(s, 0x8913, struct.pack("16sH14s", b"lo", 0, b"")))[1]
+fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", flags | 1, b""))
+PY
+}
+
+seeds() {  # ARMS="name:flags;name:flags" x SEEDS="0 1 2", all at once on one GPU, then a comparison
+  device_env
+  [ -d "$T/site" ] || { echo "run the setup stage first (no $T/site)"; return 1; }
+  assemble_gguf || { echo "GGUF parts missing or corrupt"; return 1; }
+  # every stack uses the same fixed ports: each job gets its own network namespace (unshare -n),
+  # so the stacks never see each other; GPU memory caps are per process (0.1 each here)
+  local arms=${ARMS:-"default:;ds:--dynamic-sampling --pass-rate-steering"} arm name flags s
+  local pids=() t0=$SECONDS
+  sample_gpu > "$OUT/gpu_mem.csv" &
+  local sampler=$!
+  IFS=';' read -ra arm_list <<< "$arms"
+  for arm in "${arm_list[@]}"; do
+    name=${arm%%:*}; flags=${arm#*:}
+    for s in ${SEEDS:-0 1 2}; do
+      mkdir -p "$OUT/$name-s$s"
+      # shellcheck disable=SC2086
+      unshare -n bash -c "$(declare -f lo_up); lo_up && exec timeout ${JOB_TIMEOUT_S:-540} \
+        python3 -m cli.main run --device cuda --fresh --state-dir $T/seeds/$name-s$s --seed $s \
+        --tracker none --engine-gpu-memory 0.1 --learner-gpu-memory 0.1 $flags \
+        ${JOB_ARGS:-}" > "$OUT/$name-s$s/job.log" 2>&1 &
+      pids+=($!)
+    done
+  done
+  local rc=0; for p in "${pids[@]}"; do wait "$p" || rc=$?; done
+  echo "jobs done after $((SECONDS - t0)) s (last nonzero exit: $rc)"
+  kill "$sampler"
+  for arm in "${arm_list[@]}"; do
+    name=${arm%%:*}
+    local dirs=()
+    for s in ${SEEDS:-0 1 2}; do
+      dirs+=("$T/seeds/$name-s$s")
+      tail -n 3 "$OUT/$name-s$s/job.log"
+      cp "$T/seeds/$name-s$s/report/summary.json" "$OUT/$name-s$s/" 2>/dev/null
+      tar -czf "$OUT/$name-s$s/report.tar.gz" -C "$T/seeds/$name-s$s" report 2>/dev/null
+    done
+    python3 -m cli.main report --compare "${dirs[@]}" --out "$OUT/compare-$name" \
+      > "$OUT/compare-$name.txt" 2>&1
+    cat "$OUT/compare-$name.txt"
+  done
+}
+
 case $what in
   prepare) prepare ;;
   setup) setup ;;
   job) job ;;
+  seeds) seeds ;;  # ARMS, SEEDS, JOB_ARGS, JOB_TIMEOUT_S: several jobs at once, compared
   all) setup && job ;;
   summarize) shift; summarize "$@" ;;  # summarize REPORT_DIR GPU_MEM_CSV STACK_JSON
-  *) echo "usage: $0 prepare|setup|job|all|summarize"; exit 2 ;;
+  *) echo "usage: $0 prepare|setup|job|seeds|all|summarize"; exit 2 ;;
 esac
