@@ -252,6 +252,8 @@ seeds() {  # ARMS="name:flags;name:flags" x SEEDS="0 1 2", all at once on one GP
       > "$OUT/compare-$name.txt" 2>&1
     cat "$OUT/compare-$name.txt"
   done
+  # one archive: the device tool brings back a limited number of files
+  tar -czf "$OUT/seeds.tar.gz" -C "$OUT" --remove-files $(cd "$OUT" && ls -d -- */ *.txt)
 }
 
 case $what in
