@@ -40,8 +40,9 @@ chaos: setup  ## every fault on a training stack, counted (ROUNDS=n repeats them
 	SHELLRL_CHAOS=full SHELLRL_CHAOS_ROUNDS=$(or $(ROUNDS),1) SHELLRL_CHAOS_RESULT=$(RESULT) \
 	  $(PY) -m pytest -q -s -p no:cacheprovider tests/e2e/test_chaos.py -k full
 
-bench: setup  ## benchmarks; prints tables (copy the latest into BENCHMARKS.md)
+bench: setup  ## benchmarks, then the quick form of the three experiments; prints tables (copy the latest into BENCHMARKS.md)
 	$(PY) -m benchmarks $(ARGS)
+	$(VENV)/bin/shellrl experiment $(or $(EXPERIMENT),all) --quick
 
 fuzz: setup  ## schemathesis over every service's OpenAPI, against a local stack (BENCHMARKS.md)
 	$(PY) -m benchmarks.fuzz_apis $(ARGS)

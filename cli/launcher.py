@@ -198,6 +198,23 @@ class Stack:
             last = f" (last error: {cause})" if cause else ""
             raise StackError(f"{exc}; see {proc.log_path}{last}") from None
 
+    def raise_if_exited(self) -> None:
+        """Raise StackError naming the first service (or redis) whose process has exited since it
+        started, with its exit status, log file and the log's last error line (e.g. a learner
+        killed by CUDA OOM); return quietly while all of them run."""
+        for proc in self.procs:
+            status = proc.popen.poll()
+            if status is None:
+                continue
+            if proc.pump is not None:
+                proc.pump.join(5.0)  # the log's last lines are still in the pipe
+            cause = last_error_line(proc.log_path)
+            last = f" (last error: {cause})" if cause else ""
+            raise StackError(
+                f"{proc.name} exited with status {status} while the job ran; "
+                f"see {proc.log_path}{last}"
+            )
+
     def _write_pid_file(self) -> None:
         self.pid_file.write_text(
             json.dumps(

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -30,6 +31,7 @@ from rich.live import Live
 from rich.table import Table
 
 from cli.job_evaluations import evaluate, log_evaluations
+from cli.job_report import JobOutcome, write_job_report
 from cli.launcher import Stack
 from cli.stack_config import (
     DEVICES,
@@ -283,12 +285,17 @@ def progress_table(snap: dict, cfg: JobConfig, elapsed_s: float) -> Table:
     return t
 
 
-def train(cfg: JobConfig, info: dict, learner_url: str) -> list[dict]:
-    """Watch the learner until `cfg.steps` steps or the time budget; returns status snapshots."""
+def train(
+    cfg: JobConfig, info: dict, learner_url: str, check_alive: Callable[[], None] = lambda: None
+) -> list[dict]:
+    """Watch the learner until `cfg.steps` steps or the time budget; returns status snapshots.
+    check_alive: called every poll, raises when a service of the stack has exited (the launcher's
+    `Stack.raise_if_exited`), so a dead learner ends the job at once with its cause."""
     snapshots = []
     t0 = time.monotonic()
     with Live(console=console, refresh_per_second=1) as live:
         while True:
+            check_alive()
             snap = collect(info)
             snap["elapsed_s"] = time.monotonic() - t0
             snapshots.append({k: v for k, v in snap.items() if k != "ready"})
@@ -322,11 +329,7 @@ def check_verifier_config(
 
 def run_job(cfg: JobConfig) -> Path:
     """The whole job; returns the report directory."""
-    from cli.report import write_report
-    from cli.run_summary import summarize, summary_line
-
-    report_dir = cfg.state_dir / "report"
-    report_dir.mkdir(parents=True, exist_ok=True)
+    (cfg.state_dir / "report").mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     sets = eval_sets(cfg)
     train_pool = train_tasks(cfg)
@@ -336,76 +339,53 @@ def run_job(cfg: JobConfig) -> Path:
         + ", ".join(f"{k} {len(v)}" for k, v in sets.items())
     )
     tracker = create_tracker(TrackingConfig(backend=cfg.tracker), "job", cfg.state_dir / "tracking")
-    tasks_by_id: dict = {}
     phases: dict[str, float] = {}  # wall seconds of each stage of the job
     with Stack(cfg.stack_config()) as stack:
-        info = json.loads(stack.pid_file.read_text())
-        phases["stack_start_s"] = time.time() - t_start
-        console.print(f"stack up in {phases['stack_start_s']:.0f} s; logs in {stack.log_dir}/")
-        headers = stack.config.auth_headers()
-        check_verifier_config(stack.config.url("verifier"), cfg.require_command, headers)
-        client = httpx.Client(base_url=stack.config.url("rollout"), headers=headers)
-        eval_ids = {name: submit(client, tasks, eval_copy=True) for name, tasks in sets.items()}
-        tasks_by_id = {i: t for name, ts in sets.items() for i, t in zip(eval_ids[name], ts)}
-        t_eval = time.time()
-        before = evaluate(client, eval_ids, "before", cfg.eval_samples, cfg.eval_temperature)
-        phases["eval_before_s"] = time.time() - t_eval
-        log_evaluations(tracker, before, tasks_by_id)
-        submit(client, train_pool)
-        t_train = time.time()
-        snapshots = train(cfg, info, stack.config.url("learner"))
-        train_s = phases["train_s"] = time.time() - t_train
-        after = evaluate(client, eval_ids, "after", cfg.eval_samples, cfg.eval_temperature)
-        phases["eval_after_s"] = time.time() - t_train - train_s
-        log_evaluations(tracker, after, tasks_by_id)
-        tracker.close()
-        metrics = {
-            name: httpx.get(f"{stack.config.url(name)}/metrics", timeout=10).text
-            for name in ("learner", "rollout", "engine")
-        }
-    for name, text in metrics.items():  # the services' last /metrics, Prometheus text
-        (report_dir / f"metrics_{name}.prom").write_text(text)
-    phases["total_s"] = time.time() - t_start
-    (report_dir / "phases.json").write_text(json.dumps(phases | {"device": cfg.device}, indent=2))
+        try:
+            outcome, t_train = _job_on_stack(cfg, stack, sets, train_pool, tracker, phases, t_start)
+        except httpx.TransportError:
+            stack.raise_if_exited()  # a refused connection because a service died: name it
+            raise
+    return write_job_report(cfg, outcome, t_start=t_start, t_train=t_train)
+
+
+def _job_on_stack(
+    cfg: JobConfig,
+    stack: Stack,
+    sets: dict,
+    train_pool: list,
+    tracker,
+    phases: dict[str, float],
+    t_start: float,
+) -> tuple[JobOutcome, float]:
+    """The job's stages on a started stack (run_job): evaluations, training, the services' last
+    metrics. Returns the outcome and the wall time (unix s) training started."""
+    info = json.loads(stack.pid_file.read_text())
+    phases["stack_start_s"] = time.time() - t_start
+    console.print(f"stack up in {phases['stack_start_s']:.0f} s; logs in {stack.log_dir}/")
+    headers = stack.config.auth_headers()
+    check_verifier_config(stack.config.url("verifier"), cfg.require_command, headers)
+    client = httpx.Client(base_url=stack.config.url("rollout"), headers=headers)
+    eval_ids = {name: submit(client, tasks, eval_copy=True) for name, tasks in sets.items()}
+    tasks_by_id = {i: t for name, ts in sets.items() for i, t in zip(eval_ids[name], ts)}
+    t_eval = time.time()
+    before = evaluate(client, eval_ids, "before", cfg.eval_samples, cfg.eval_temperature)
+    phases["eval_before_s"] = time.time() - t_eval
+    log_evaluations(tracker, before, tasks_by_id)
+    submit(client, train_pool)
+    t_train = time.time()
+    snapshots = train(cfg, info, stack.config.url("learner"), stack.raise_if_exited)
+    train_s = phases["train_s"] = time.time() - t_train
+    after = evaluate(client, eval_ids, "after", cfg.eval_samples, cfg.eval_temperature)
+    phases["eval_after_s"] = time.time() - t_train - train_s
+    log_evaluations(tracker, after, tasks_by_id)
+    tracker.close()
+    metrics = {
+        name: httpx.get(f"{stack.config.url(name)}/metrics", timeout=10).text
+        for name in ("learner", "rollout", "engine")
+    }
     ledger = cfg.state_dir / "checkpoints" / "steps.jsonl"
     steps = (
         [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
     )
-    summary = summarize(before, after, tasks_by_id, job_meta(cfg, steps, phases))
-    summary["line"] = summary_line(summary)
-    (report_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    path = write_report(
-        report_dir,
-        summary=summary,
-        config=asdict(cfg) | {"state_dir": str(cfg.state_dir)},
-        before=before,
-        after=after,
-        steps=steps,
-        snapshots=snapshots,
-        learner_metrics=metrics["learner"],
-        rollout_metrics=metrics["rollout"],
-        train_s=train_s,
-        total_s=time.time() - t_start,
-        tasks_by_id=tasks_by_id,
-        train_started_at=t_train,
-    )
-    console.print(f"[bold green]report written:[/] {path}")
-    console.print(f"[bold]summary:[/] {summary['line']}", soft_wrap=True)
-    return report_dir
-
-
-def job_meta(cfg: JobConfig, steps: list[dict], phases: dict) -> dict:
-    """What summary.json says about the run besides its evaluations."""
-    trained = [s for s in steps if "step" in s and "event" not in s]
-    return {
-        "seed": cfg.seed,
-        "task_seed": cfg.task_seed,
-        "eval_samples": cfg.eval_samples,
-        "eval_temperature": cfg.eval_temperature,
-        "dynamic_sampling": cfg.dynamic_sampling,
-        "pass_rate_steering": cfg.pass_rate_steering,
-        "kl_coef": cfg.kl_coef,
-        "steps": len({s["step"] for s in trained}),
-        "steps_with_training": len({s["step"] for s in trained if s.get("trajectories")}),
-        "phases": phases,
-    }
+    return JobOutcome(before, after, tasks_by_id, steps, snapshots, metrics, phases), t_train

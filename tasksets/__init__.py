@@ -9,6 +9,8 @@
   default         train, eval_id, eval_ood        train = seeds + generated train + agentbench_os;
                                                   eval_id / eval_ood = the generated ones
   <path>.jsonl    whatever the file holds         a task file in the JSON form
+  <plug-in name>  what the plug-in gives          a task source installed by a package
+                                                  (entry point group shellrl.tasksets)
 
 Every task comes back validated by `shellrl.contract.task_from_json`. Whether its reference
 solution really passes (and a wrong answer fails) is checked against a real sandbox by
@@ -56,8 +58,14 @@ def load_taskset(name: str, split: str | None = None, *, seed: int = 0) -> list[
             + load_taskset("generated", split, seed=seed)
             + load_taskset("agentbench_os", split)
         )
-    else:
-        raise ValueError(f"unknown task set {name!r}; one of {TASKSETS} or a .jsonl path")
+    else:  # a plug-in's task set (entry point group shellrl.tasksets; plugin_sources.py)
+        from tasksets.plugin_sources import plugin_taskset
+
+        tasks = plugin_taskset(name, split, seed, TASKSETS)
+        if tasks is None:
+            raise ValueError(
+                f"unknown task set {name!r}; one of {TASKSETS}, a plug-in's or a .jsonl path"
+            )
     return [t for t in tasks if split is None or split_name(t.split) == split]
 
 

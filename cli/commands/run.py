@@ -6,11 +6,19 @@
     shellrl run --seed 1 --dynamic-sampling --pass-rate-steering --groups-per-step 2
     shellrl run --eval-samples 4 --eval-temperature 0.7   # 4 sampled episodes per eval task
 
+    shellrl run --attach http://127.0.0.1:8100 --token "$(cat secrets/api_token)" --steps 20
+                                       # a running stack (compose, k8s): no start, no stop
+
 The report's summary.json and the job's last line say whether the run met the target; compare
-runs with `shellrl report --compare DIR...`.
+runs with `shellrl report --compare DIR...`. With `--attach URL` the job drives a stack that is
+already running (cli/attached_job.py): it evaluates, submits the train set with `POST /v1/runs`,
+follows the run, evaluates again and writes the report; the stack's own settings apply (group
+size, learning rate, staleness, temperature ...), the options that configure a stack are ignored.
 """
 
 from __future__ import annotations
+
+import os
 
 NAME = "run"
 HELP = "the main job: stack up, eval, train, eval, report (what `make run` calls)"
@@ -81,7 +89,9 @@ def add_arguments(parser) -> None:
         help="torch threads of the learner (0 = torch's default)",
     )
     parser.add_argument(
-        "--train-set", default=d.train_set, help="curriculum, default, generated, or a .jsonl"
+        "--train-set",
+        default=d.train_set,
+        help="curriculum, default, generated, a plug-in's task set, or a .jsonl",
     )
     parser.add_argument(
         "--eval-id-episodes",
@@ -156,6 +166,34 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--fresh", action="store_true", help="delete <state-dir> first (Redis, checkpoints, logs)"
     )
+    add_attach_arguments(parser)
+
+
+def add_attach_arguments(parser) -> None:
+    """--attach and the running stack's other URLs and token."""
+    parser.add_argument(
+        "--attach",
+        metavar="URL",
+        default=None,
+        help="drive the stack running at this rollout gateway URL (compose, k8s) instead of "
+        "starting one; the report goes to <state-dir>/report",
+    )
+    parser.add_argument(
+        "--learner-url",
+        default=os.environ.get("SHELLRL_LEARNER_URL"),
+        help="with --attach: the learner (SHELLRL_LEARNER_URL, else the gateway's host, port 8103)",
+    )
+    parser.add_argument(
+        "--verifier-url",
+        default=None,
+        help="with --attach: the verifier, to check its require_command (compose publishes none)",
+    )
+    parser.add_argument(
+        "--token",
+        default=None,
+        help="with --attach: the stack's bearer token (else SHELLRL_API_TOKEN, "
+        "SHELLRL_API_TOKEN_FILE or <state-dir>/api_token)",
+    )
 
 
 def add_device_arguments(parser) -> None:
@@ -181,24 +219,49 @@ def add_device_arguments(parser) -> None:
 
 def run(args) -> int:
     import shutil
-    from pathlib import Path
 
     from cli.errors import CliError
-    from cli.main_job import JobConfig, run_job
+    from cli.main_job import run_job
     from cli.model_path import check_model_path
     from cli.stack_config import check_device
     from shellrl.tracking import PACKAGES, installed
 
     if args.eval_samples < 1 or (args.eval_samples > 1 and args.eval_temperature <= 0):
         raise CliError("--eval-samples > 1 needs --eval-temperature > 0 (greedy repeats itself)")
+    if args.tracker in PACKAGES and not installed(args.tracker):
+        raise CliError(f"--tracker {args.tracker}: pip install {PACKAGES[args.tracker]}")
+    if args.attach:
+        return run_attach(args, job_config(args))
     check_device(
         args.device, {"engine": args.engine_gpu_memory, "learner": args.learner_gpu_memory}
     )
     check_model_path(args.model_path)
-    if args.tracker in PACKAGES and not installed(args.tracker):
-        raise CliError(f"--tracker {args.tracker}: pip install {PACKAGES[args.tracker]}")
+    cfg = job_config(args)
+    env = getattr(args, "config_env", None) or {}
+    if taken := sorted(set(env) & cfg.managed_env()):
+        raise CliError(
+            f"config file {args.config}: [env] {', '.join(taken)}: set by the job from its "
+            "options; use the option instead"
+        )
+    cfg.extra_env = dict(env)
+    if args.fresh and cfg.state_dir.exists():
+        shutil.rmtree(cfg.state_dir)
+    try:
+        run_job(cfg)
+    except KeyboardInterrupt:  # the Stack context manager has stopped every process by now
+        print("interrupted: the stack is stopped; logs and checkpoints stay in", cfg.state_dir)
+        return 130
+    return 0
+
+
+def job_config(args):
+    """The JobConfig of the parsed options."""
+    from pathlib import Path
+
+    from cli.main_job import JobConfig
+
     state = Path(args.state_dir)
-    cfg = JobConfig(
+    return JobConfig(
         model_path=args.model_path,
         state_dir=state,
         device=args.device,
@@ -229,18 +292,29 @@ def run(args) -> int:
         dynamic_sampling=args.dynamic_sampling,
         pass_rate_steering=args.pass_rate_steering,
     )
-    env = getattr(args, "config_env", None) or {}
-    if taken := sorted(set(env) & cfg.managed_env()):
-        raise CliError(
-            f"config file {args.config}: [env] {', '.join(taken)}: set by the job from its "
-            "options; use the option instead"
-        )
-    cfg.extra_env = dict(env)
-    if args.fresh and state.exists():
-        shutil.rmtree(state)
+
+
+def run_attach(args, cfg) -> int:
+    """`--attach URL`: the job on the running stack (cli/attached_job.py)."""
+    import shutil
+
+    from cli.attached_job import AttachTarget, default_learner_url, run_attached
+    from cli.stack_config import api_headers
+    from shellrl.clients.transport import auth_headers
+
+    token = args.token or os.environ.get("SHELLRL_API_TOKEN")
+    target = AttachTarget(
+        rollout_url=args.attach.rstrip("/"),
+        learner_url=(args.learner_url or default_learner_url(args.attach)).rstrip("/"),
+        headers=auth_headers(token) if token else api_headers(cfg.state_dir),
+        verifier_url=args.verifier_url,
+    )
+    if args.fresh and cfg.state_dir.exists():
+        shutil.rmtree(cfg.state_dir / "report", ignore_errors=True)
+        shutil.rmtree(cfg.state_dir / "tracking", ignore_errors=True)
     try:
-        run_job(cfg)
-    except KeyboardInterrupt:  # the Stack context manager has stopped every process by now
-        print("interrupted: the stack is stopped; logs and checkpoints stay in", state)
+        run_attached(cfg, target)
+    except KeyboardInterrupt:
+        print("interrupted: the run is stopped; the stack keeps running")
         return 130
     return 0

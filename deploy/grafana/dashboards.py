@@ -314,6 +314,59 @@ THROUGHPUT = (
         ),
     ),
     Row(
+        "Terminal",
+        (
+            Panel(
+                "Reward components",
+                (
+                    Query(
+                        mean("shellrl_verifier_reward_component", by="component"), "{{component}}"
+                    ),
+                ),
+                unit="none",
+                description="Mean value of each reward component over scored verifications "
+                "(unweighted; safety, state_drift and time_efficiency appear when their weight is "
+                "set: services/verifier/reward_components.py).",
+            ),
+            Panel(
+                "Safety violations",
+                (
+                    Query(
+                        rate_sum("shellrl_verifier_safety_violations_total", by="level"),
+                        "{{level}}",
+                    ),
+                    Query("max(shellrl_verifier_safety_streak_steps)", "commands since the last"),
+                ),
+                unit="short",
+                description="Episodes the escalating safety penalty hit per second (base -5, "
+                "escalated -8), and the run's clean-command streak (escalates at 100).",
+            ),
+            Panel(
+                "Terminal health score",
+                (
+                    Query("min(shellrl_sandbox_health_score)", "score (worst sandbox)"),
+                    Query(
+                        "max(shellrl_rollout_sandbox_health_score)", "score as admission read it"
+                    ),
+                    Query("max(shellrl_sandbox_health_load_per_cpu)", "load per CPU"),
+                    Query("min(shellrl_sandbox_health_memory_available_ratio)", "memory available"),
+                    Query("min(shellrl_sandbox_health_disk_free_ratio)", "disk free"),
+                    Query(
+                        "max(shellrl_sandbox_health_exec_latency_seconds)", "exec overhead p90 (s)"
+                    ),
+                    Query(
+                        rate_sum("shellrl_rollout_groups_delayed_unhealthy_total"),
+                        "groups delayed/s",
+                    ),
+                ),
+                unit="none",
+                description="Terminal health score of the sandbox hosts (0.3 load + 0.3 memory + "
+                "0.2 disk + 0.2 exec latency, services/sandbox/health.py) and its parts; below the "
+                "rollout's sandbox_health_threshold (0.45) new groups are delayed.",
+            ),
+        ),
+    ),
+    Row(
         "Learner",
         (
             Panel(

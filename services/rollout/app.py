@@ -1,6 +1,6 @@
 """The rollout gateway's app: the lifespan that builds its parts (task store, agent loop,
-evaluations, admission, task pool, rollout worker) and runs its workers; `build_app` adds the HTTP
-API of routes.py.
+evaluations, admission, task pool, rollout worker, training runs) and runs its workers;
+`build_app` adds the HTTP API of routes.py and run_routes.py.
 """
 
 from __future__ import annotations
@@ -12,15 +12,18 @@ from typing import Any
 
 from fastapi import FastAPI
 
+from services.rollout import metrics as m
 from services.rollout.admission import Admission
 from services.rollout.agent_loop import AgentLoop, EpisodeLimits, Sampling
 from services.rollout.engine_directory import EngineDirectory
 from services.rollout.evaluations import Evaluations
-from services.rollout.gates import Capacity, InfraGate
+from services.rollout.gates import Capacity, HealthGate, InfraGate
 from services.rollout.policy_version import PolicyVersionWatcher
 from services.rollout.prompt import ChatFormat, load_chat_tokenizer
 from services.rollout.replicas import Replicas
 from services.rollout.routes import add_routes
+from services.rollout.run_routes import add_run_routes
+from services.rollout.runs import Runs
 from services.rollout.settings import RolloutSettings
 from services.rollout.stats import TaskStats
 from services.rollout.steering import Steering, SteeringConfig
@@ -29,7 +32,7 @@ from services.rollout.task_store import TaskStore
 from services.rollout.worker import RolloutConfig, RolloutWorker
 from shellrl import streams
 from shellrl.clients.engine import EngineClient
-from shellrl.clients.sandbox import SandboxClient
+from shellrl.clients.sandbox_fleet import SandboxFleet
 from shellrl.clients.verifier import VerifierClient
 from shellrl.service.aio import cancel_and_wait
 from shellrl.service.app import create_app
@@ -55,7 +58,12 @@ def build_app(settings: RolloutSettings) -> FastAPI:
             route_wait_s=settings.engine_route_wait_s,
             allow_empty=True,  # registered engines join (engine_directory.py)
         )
-        sandbox = SandboxClient(settings.sandbox_url, api_token=api_token)
+        sandbox = SandboxFleet(
+            settings.sandbox_url,
+            api_token=api_token,
+            registry_url=settings.redis_url if settings.sandbox_registry else None,
+        )
+        m.SANDBOX_WAITING.set_function(lambda: sandbox.waiting)
         limits = EpisodeLimits(
             max_turns=settings.max_turns,
             max_context_tokens=settings.max_context_tokens,
@@ -113,6 +121,12 @@ def build_app(settings: RolloutSettings) -> FastAPI:
                 "sandbox": lambda: _sandbox_healthy(sandbox),
             }
         )
+        health = HealthGate(
+            sandbox.ready,
+            threshold=settings.sandbox_health_threshold,
+            delay_s=settings.sandbox_health_delay_s,
+            refresh_s=settings.sandbox_health_refresh_s,
+        )
         worker = RolloutWorker(
             redis,
             store,
@@ -130,6 +144,7 @@ def build_app(settings: RolloutSettings) -> FastAPI:
                 episodes_stream_maxlen=settings.episodes_stream_maxlen,
                 sampling_seed=settings.sampling_seed,
             ),
+            health=health,
         )
         state.update(
             redis=redis,
@@ -143,7 +158,9 @@ def build_app(settings: RolloutSettings) -> FastAPI:
             pool=pool,
             worker=worker,
             gate=gate,
+            health=health,
             watcher=watcher,
+            runs=Runs(redis, store),
         )
         await evaluations.mark_interrupted()
         stop = asyncio.Event()
@@ -151,6 +168,7 @@ def build_app(settings: RolloutSettings) -> FastAPI:
         background = [
             asyncio.create_task(watcher.run(), name="policy-version-watcher"),
             asyncio.create_task(directory.run(stop), name="engine-directory"),
+            asyncio.create_task(state["runs"].watch(stop), name="training-runs"),
         ]
         consumers = [pool.consumer]
         if settings.stats_enabled:
@@ -216,6 +234,7 @@ def build_app(settings: RolloutSettings) -> FastAPI:
 
     app = create_app("rollout", settings.public_dict(), ready_check, lifespan, api_token=api_token)
     add_routes(app, state, settings)
+    add_run_routes(app, state, settings)
     return app
 
 
@@ -261,7 +280,7 @@ async def _engine_healthy(engine: EngineClient) -> bool:
     return bool(routable) and any((await engine.health(urls=routable)).values())
 
 
-async def _sandbox_healthy(sandbox: SandboxClient) -> bool:
+async def _sandbox_healthy(sandbox: SandboxFleet) -> bool:
     return bool((await sandbox.ready()).get("ready", True))
 
 

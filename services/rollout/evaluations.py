@@ -3,6 +3,10 @@
 `POST /v1/evaluations` creates a record and runs its episodes in the background; eval episodes
 never enter the training stream: each finished episode goes to the verifier's synchronous
 `POST /v1/verify` (which releases the sandbox session), and the result is appended to the record.
+The scored trajectory (reward, its components, failure class and verifier version written into it)
+is appended to `shellrl:evaluations` under its `trajectory_id`, as the verifier's stream worker
+stores training trajectories, so `GET /v1/trajectories/{id}` and `shellrl show` find it
+(transcripts.py); a failed append is logged and never fails the evaluation.
 
 Redis: shellrl:evaluation:{id} (hash: `meta` JSON, `state`), shellrl:evaluation:{id}:results (list
 of per-episode JSON), shellrl:evaluations:index (zset by creation time). A record still `running`
@@ -19,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 import uuid
 from collections import Counter
@@ -33,7 +38,7 @@ from services.rollout.task_store import TaskStore
 from shellrl.clients.verifier import VerifierClient
 from shellrl.contract import EpisodeEnd, Failure, Task, Trajectory, min_policy_version
 from shellrl.service.aio import cancel_and_wait
-from shellrl.streams import POLICY_VERSION_KEY
+from shellrl.streams import POLICY_VERSION_KEY, STREAM_EVALUATIONS, StreamProducer
 from shellrl.streams.keys import EVALUATION_INDEX_KEY, evaluation_key
 
 log = logging.getLogger(__name__)
@@ -64,6 +69,7 @@ class Evaluations:
         self.redis, self.store, self.agent, self.verifier = redis, store, agent, verifier
         self.sampling_seed = sampling_seed
         self._slots = asyncio.Semaphore(max_in_flight)
+        self._stored = StreamProducer(redis, STREAM_EVALUATIONS)
         self._running: dict[str, asyncio.Task] = {}
         self._in_flight = 0
 
@@ -159,6 +165,7 @@ class Evaluations:
             finally:
                 self._in_flight -= 1
                 m.EVAL_EPISODES_IN_FLIGHT.set(self._in_flight)
+        await self._store_trajectory(traj, result)
         await self._record(evaluation_id, {"task_id": task_id, "episode": k, **result})
 
     async def _score(self, task: Task, traj: Trajectory) -> dict:
@@ -195,9 +202,28 @@ class Evaluations:
             **out,
             "reward": reward,
             "outcome": "success" if reward >= 1.0 else "wrong",
+            "training_reward": verdict.get("training_reward"),
+            "reward_components": verdict.get("reward_components") or {},
+            "safety_events": verdict.get("safety_events") or [],
             "checks": verdict.get("checks", []),
             "verifier_version": verdict.get("verifier_version"),
         }
+
+    async def _store_trajectory(self, traj: Trajectory, result: dict) -> None:
+        """Write the verdict of `result` (`_score`) into `traj` and append it to
+        shellrl:evaluations, idempotent by trajectory_id. Never raises (logged)."""
+        apply_verdict(traj, result)
+        try:
+            await self._stored.add(
+                traj.SerializeToString(),
+                idempotency_key=traj.trajectory_id,
+                task_id=traj.task_id,
+                evaluation_id=traj.evaluation_id,
+            )
+        except Exception:
+            log.exception(
+                "storing an eval trajectory failed", extra={"trajectory_id": traj.trajectory_id}
+            )
 
     async def _record(self, evaluation_id: str, result: dict) -> None:
         await self.redis.rpush(evaluation_key(evaluation_id) + ":results", json.dumps(result))
@@ -245,6 +271,33 @@ class Evaluations:
 
     async def shutdown(self) -> None:
         await cancel_and_wait(*self._running.values())
+
+
+def apply_verdict(traj: Trajectory, result: dict) -> None:
+    """Write one episode's outcome (`Evaluations._score`'s dict, from the verifier's JSON verdict)
+    into `traj` as the verifier's stream worker does (verification.py `Verification.apply_to`):
+    reward and training_reward (NaN when unscored), reward_components, scored, failure class and
+    detail, safety events, verifier_version, scored_at (unix s)."""
+    traj.scored_at = time.time()
+    traj.verifier_version = result.get("verifier_version") or traj.verifier_version
+    traj.reward_components.clear()
+    if result.get("reward") is None:
+        traj.scored = False
+        traj.reward = traj.training_reward = math.nan
+        if traj.failure == Failure.FAILURE_NONE:
+            traj.failure = Failure.FAILURE_INFRA_VERIFIER
+            traj.failure_detail = result.get("failure_detail") or ""
+        return
+    traj.scored = True
+    traj.reward = float(result["reward"])
+    training = result.get("training_reward")
+    traj.training_reward = traj.reward if training is None else float(training)
+    traj.reward_components.update(
+        {k: float(v) for k, v in (result.get("reward_components") or {}).items() if v is not None}
+    )
+    for rule in result.get("safety_events") or []:
+        if rule not in traj.safety_events:
+            traj.safety_events.append(rule)
 
 
 def _per_task(results: list[dict]) -> dict:

@@ -54,6 +54,11 @@ ADMISSION_WAIT_SECONDS = metrics.histogram(
     "Time admission waited, by reason: staleness, capacity, backlog, engine_down, sandbox_down, sandbox_busy.",
     ("reason",),
 )
+SANDBOX_WAITING = metrics.gauge(
+    "shellrl_rollout_sandbox_waiting_episodes",
+    "Episodes waiting for a sandbox session now because every sandbox service answered 429 "
+    "(shellrl/clients/sandbox_fleet.py); their waits are in admission_wait_seconds{sandbox_busy}.",
+)
 GROUPS_ADMITTED = metrics.counter("shellrl_rollout_groups_admitted_total", "GRPO groups admitted.")
 GROUPS_RELEASED = metrics.counter(
     "shellrl_rollout_groups_released_total",
@@ -95,4 +100,12 @@ ENGINE_FAILOVERS = metrics.counter(
     "no answer), not_routable (its engine takes no traffic now), stale (answer below the "
     "staleness floor, discarded).",
     ("reason",),
+)
+SANDBOX_HEALTH_SCORE = metrics.gauge(
+    "shellrl_rollout_sandbox_health_score",
+    "Terminal health score of the sandbox (mean over a fleet) as admission last read it.",
+)
+GROUPS_DELAYED_UNHEALTHY = metrics.counter(
+    "shellrl_rollout_groups_delayed_unhealthy_total",
+    "New groups delayed because the sandbox health score was below the threshold.",
 )

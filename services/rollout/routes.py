@@ -59,7 +59,7 @@ def add_routes(app: FastAPI, state: dict[str, Any], settings: RolloutSettings) -
         """Validates every task first (all or nothing: a 422 names the first bad field, prefixed
         `tasks[i].` for a list), then stores each: `created`, or `duplicate` when the same content
         is already stored under that id. A task id holding different content is 409."""
-        body = await _read_json(request)
+        body = await read_json(request)
         items = body if isinstance(body, list) else [body]
         prefix = (lambda i: f"tasks[{i}].") if isinstance(body, list) else (lambda i: "")
         if not items:
@@ -246,12 +246,15 @@ def add_routes(app: FastAPI, state: dict[str, Any], settings: RolloutSettings) -
                 "episodes_backlog_bound": settings.episodes_backlog_bound,
             },
             "infra_down": sorted(state["gate"].down),
+            "sandbox_health": await state["health"].read_status() if "health" in state else None,
             "worker_enabled": settings.worker_enabled,
             "engines": state["directory"].status() if "directory" in state else None,
+            "sandboxes": state["sandbox"].status(),
         }
 
 
-async def _read_json(request: Request) -> Any:
+async def read_json(request: Request) -> Any:
+    """The request's JSON body (413 past MAX_BODY_BYTES, 422 naming no field when not JSON)."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise ApiError(413, "payload_too_large", f"body over {MAX_BODY_BYTES} bytes", None)

@@ -17,7 +17,18 @@ class RolloutSettings(EngineFleetSettings):
     default_port: ClassVar[int] = 8100
 
     # where the other services are
-    sandbox_url: str = Field("http://127.0.0.1:8101", description="Sandbox service base URL.")
+    sandbox_url: str = Field(
+        "http://127.0.0.1:8101",
+        description="Sandbox service base URL, or a comma-separated list of them (one per host: "
+        "new sessions go by load, later calls to the owner; shellrl/clients/sandbox_fleet.py). "
+        "The verifier's sandbox_url must list the same URLs.",
+    )
+    sandbox_registry: bool = Field(
+        False,
+        description="Also use the sandbox services that register themselves in "
+        "shellrl:sandboxes at redis_url (they join and leave at run time; sandbox_url may then "
+        "be ''). The rollout gateway and the verifier must agree on it.",
+    )
     verifier_url: str = Field(
         "http://127.0.0.1:8102", description="Verifier base URL (POST /v1/verify, evaluations)."
     )
@@ -69,6 +80,19 @@ class RolloutSettings(EngineFleetSettings):
         ge=1,
         description="Admission waits while shellrl:episodes has this many entries unacknowledged "
         "by the verifier group.",
+    )
+    sandbox_health_threshold: float = Field(
+        0.45,
+        ge=0,
+        le=1,
+        description="New groups are slowed while the sandbox's terminal health score (its /readyz "
+        "health.score) is below this; 0 = never (gates.HealthGate).",
+    )
+    sandbox_health_delay_s: float = Field(
+        2.0, ge=0, le=600, description="Wait before each new group while the score is low, s."
+    )
+    sandbox_health_refresh_s: float = Field(
+        5.0, ge=0, le=600, description="How often admission reads the sandbox health score, s."
     )
     episodes_stream_maxlen: int = Field(
         100_000,
@@ -172,6 +196,13 @@ class RolloutSettings(EngineFleetSettings):
         2048, ge=1, description="Largest episode budget one evaluation may ask for."
     )
     verify_timeout_s: float = Field(120.0, gt=0, description="Timeout of one POST /v1/verify.")
+
+    # training runs (POST /v1/runs, runs.py)
+    task_file_dir: str | None = Field(
+        None,
+        description="Directory POST /v1/runs reads a `task_file` (JSONL) from; the path must "
+        "stay inside it. None: runs take inline tasks only.",
+    )
 
     # task statistics
     stats_enabled: bool = Field(

@@ -4,6 +4,7 @@
       -> capacity: G free episode slots                Capacity
       -> backpressure: verifier backlog < bound        StreamProducer.wait_for_backlog_below
       -> engine and sandbox answer their health probe  InfraGate
+      -> sandbox health score >= threshold (else slow) HealthGate
       -> staleness bound on groups admitted            admission.Admission
       -> G episodes of one task, same sampling         agent_loop.AgentLoop
       -> XADD each trajectory to shellrl:episodes      (idempotent by trajectory_id)
@@ -41,7 +42,7 @@ from tenacity import (
 from services.rollout import metrics as m
 from services.rollout.admission import Admission, Ticket
 from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling, is_setup_failure
-from services.rollout.gates import Capacity, GroupSlots, InfraGate
+from services.rollout.gates import Capacity, GroupSlots, HealthGate, InfraGate
 from services.rollout.seeding import episode_seed
 from services.rollout.task_pool import TaskPool
 from services.rollout.task_store import TaskStore
@@ -74,9 +75,11 @@ class RolloutWorker:
         capacity: Capacity,
         gate: InfraGate,
         config: RolloutConfig,
+        health: HealthGate | None = None,
     ) -> None:
         self.redis, self.store, self.pool, self.admission = redis, store, pool, admission
         self.agent, self.capacity, self.gate, self.config = agent, capacity, gate, config
+        self.health = health
         self.producer = StreamProducer(redis, STREAM_EPISODES, maxlen=config.episodes_stream_maxlen)
         self._groups: set[asyncio.Task] = set()
         self.published = 0
@@ -124,6 +127,8 @@ class RolloutWorker:
                     ),
                 )
                 await self.gate.wait_up()
+                if self.health is not None:
+                    await self.health.wait()
                 ticket = await self.admission.admit(new_group_id())
             except BaseException:
                 await self.capacity.release(self.config.group_size)

@@ -1,11 +1,14 @@
 """HTTP API of the sandbox executor (DESIGN.md section 2).
 
     POST   /v1/sessions                      {"setup", "env", "limits"?, "policy"?} → 201 session + setup result
+                                             (+ "warm": from the warm pool, warm_pool.py)
                                              (a `network: true` policy only when allow_network_policies)
+                                             (a policy with `egress` rules: the audited proxy, egress/)
     POST   /v1/sessions/{id}/exec            {"command", "timeout_s"?, "fresh_state"?} → 200 exec result
     POST   /v1/sessions/{id}/kill            → every process of the session killed (workspace kept)
     GET    /v1/sessions/{id}/files/{path}    ?max_bytes=N → raw bytes
     GET    /v1/sessions/{id}                 → commands, safety events, timestamps
+    GET    /v1/sessions/{id}/diff            → files changed since setup (workspace_diff.py)
     POST   /v1/sessions/{id}/reset           → state right after setup
     DELETE /v1/sessions/{id}                 → everything removed
 
@@ -26,15 +29,20 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from services.sandbox import metrics, mounts
+from services.sandbox.egress.doors import egress_doors
+from services.sandbox.health import HealthWeights, HostHealth
 from services.sandbox.isolation_probe import detect
 from services.sandbox.limits import Limits, LimitsRequest
 from services.sandbox.policy import PolicySet
+from services.sandbox.registration import with_registration
 from services.sandbox.resources import setup_resources
 from services.sandbox.session import SessionError
 from services.sandbox.sessions import SessionManager
 from services.sandbox.settings import SandboxSettings
 from services.sandbox.uids import UidPool
+from services.sandbox.warm_pool import WarmPool
 from services.sandbox.workspace import FileReadError
+from services.sandbox.workspace_diff import add_diff_route
 from shellrl.service.aio import cancel_and_wait
 from shellrl.service.app import ApiError, create_app, error_body
 from shellrl.service.openapi import REF, error_responses
@@ -176,6 +184,7 @@ def build_app(settings: SandboxSettings):
         max_concurrent_execs=settings.max_concurrent_execs,
         admission=resources.admission,
         exec_mode=exec_mode,
+        egress=egress_doors(settings),
     )
     manager.clean_stale()
     details = {
@@ -208,14 +217,35 @@ def build_app(settings: SandboxSettings):
         "sandbox configured",
         extra={"host": settings.host, "port": settings.listen_port, "config": config},
     )
-    return create_sandbox_app(
+    warm_pool = WarmPool(
+        manager,
+        per_setup=settings.warm_pool_per_setup,
+        max_sessions=settings.warm_pool_max_sessions,
+        min_repeats=settings.warm_pool_min_repeats,
+        reserve_sessions=settings.warm_pool_reserve_sessions,
+    )
+    app = create_sandbox_app(
         manager,
         config,
         details,
         settings.ttl_sweep_interval_s,
         api_token=settings.api_token_value(),
         allow_network_policies=settings.allow_network_policies,
+        warm_pool=warm_pool,
+        health=HostHealth(
+            settings.workspace_root,
+            HealthWeights(
+                settings.health_weight_load,
+                settings.health_weight_memory,
+                settings.health_weight_disk,
+                settings.health_weight_latency,
+            ),
+            max_load_per_cpu=settings.health_max_load_per_cpu,
+            max_latency_s=settings.health_max_exec_latency_s,
+        ),
+        health_interval_s=settings.health_interval_s,
     )
+    return with_registration(app, settings)  # shellrl:sandboxes when register_url
 
 
 def create_sandbox_app(
@@ -226,20 +256,32 @@ def create_sandbox_app(
     *,
     api_token: str | None = None,
     allow_network_policies: bool = False,
+    warm_pool: WarmPool | None = None,
+    health: HostHealth | None = None,
+    health_interval_s: float = 5.0,
 ):
     """The HTTP API (module doc) around `manager`: `config` is served at GET /v1/config,
     `ready_details` (plus the live session count) at /readyz; expired sessions are looked for every
     `ttl_sweep_interval_s` seconds and every session is deleted at shutdown. Every route but the
     probes needs `api_token` (None: no auth); a session may name a policy with `network: true`
-    only with `allow_network_policies` (else 403 network_policy_disabled naming `policy`)."""
+    only with `allow_network_policies` (else 403 network_policy_disabled naming `policy`). Creates
+    go through `warm_pool` (warm_pool.py; None: none kept). `health` (health.py; None: default
+    weights over manager.root) is sampled every `health_interval_s` and served in /readyz."""
+    health = health or HostHealth(manager.root)
+    manager.on_exec_overhead = health.observe_exec
+    pool = warm_pool or WarmPool(
+        manager, per_setup=0, max_sessions=0, min_repeats=1, reserve_sessions=0
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
         expiry = asyncio.create_task(manager.expire_loop(ttl_sweep_interval_s))
+        filler = asyncio.create_task(pool.run())
+        sampler = asyncio.create_task(health.run(health_interval_s))
         try:
             yield
         finally:
-            await cancel_and_wait(expiry)
+            await cancel_and_wait(expiry, filler, sampler)
             await manager.close()
 
     async def ready_check() -> dict:
@@ -248,6 +290,8 @@ def create_sandbox_app(
             **ready_details,
             "sessions": len(manager.sessions),
             "headroom": manager.headroom(),
+            "warm_pool": pool.status(),
+            "health": (await asyncio.to_thread(health.sample)).as_dict(),
         }
 
     app = create_app(
@@ -259,6 +303,7 @@ def create_sandbox_app(
         openapi_components=_request_schemas(manager, allow_network_policies),
     )
     layer = manager.isolation.layer
+    add_diff_route(app, manager)
 
     async def call(coro):
         try:
@@ -286,10 +331,10 @@ def create_sandbox_app(
                 "policy",
             )
         limits = manager.default_limits.merged(req.limits)
-        result = await call(manager.create(req.setup, req.env, limits, req.policy))
+        result = await call(pool.create(req.setup, req.env, limits, req.policy))
         if isinstance(result, JSONResponse):
             return result
-        session, setup = result
+        session, setup, warm = result
         return {
             "session_id": session.session_id,
             "isolation": layer,
@@ -297,6 +342,7 @@ def create_sandbox_app(
             "policy": session.policy.name,
             "limits": session.limits.as_dict(),
             "setup": setup.as_dict(),
+            "warm": warm,
         }
 
     @app.post(

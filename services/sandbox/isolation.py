@@ -245,6 +245,8 @@ class Isolation:
             ]
             if spec.runner_file is not None:
                 argv += ["--ro-bind", str(spec.runner_file), f"{IN_SANDBOX_RUN}/runner.py"]
+            if spec.egress_socket is not None:  # the egress proxy's door (egress/doors.py)
+                argv += ["--ro-bind", str(spec.egress_socket), f"{IN_SANDBOX_RUN}/egress.sock"]
             for i, procs in enumerate(spec.cgroup_procs):
                 argv += ["--bind", str(procs), f"{IN_SANDBOX_RUN}/cgroup/{i}"]
             argv += ["--remount-ro", "/", "--chdir", IN_SANDBOX_WORKSPACE, "--clearenv"]

@@ -45,6 +45,7 @@ class LaunchSpec:
     cgroup_procs: tuple[Path, ...]  # host paths of the session's cgroup.procs files
     runner_file: Path | None = None  # host path of runner.py (session mode)
     launcher_procs: Path | None = None  # cgroup.procs the launcher joins as root first (v2)
+    egress_socket: Path | None = None  # host path of the session's egress proxy socket, if any
 
 
 SECCOMP_FD = "{seccomp_fd}"  # placeholder in argv, replaced by `spawn_args`

@@ -54,6 +54,17 @@ PROC_MASKED = gauge(
     "shellrl_sandbox_proc_masked",
     "1: host /proc information is masked in this layer (see /readyz proc_view); 0: not.",
 )
+EGRESS_REQUESTS = counter(
+    "shellrl_sandbox_egress_requests_total",
+    "Requests to the egress proxy by verdict (allow/deny) and reason (rule, no_rule, rate_limit, "
+    "byte_limit, internal_address, header_timeout, header_too_large, bad_request ...).",
+    ("verdict", "reason"),
+)
+EGRESS_BYTES = counter(
+    "shellrl_sandbox_egress_bytes_total",
+    "Bytes through the egress proxy: sent (session to upstream), received (upstream to session).",
+    ("direction",),
+)
 ISOLATION = info(
     "shellrl_sandbox_isolation", "Isolation layer this instance runs (probed at start-up)."
 )
@@ -66,6 +77,47 @@ def init_series(layer: str) -> None:
     EXEC_QUEUE_SECONDS.labels(layer)
     for outcome in ("ok", "setup_failed", "error"):  # as sessions.SessionManager.create counts them
         SESSIONS_CREATED.labels(outcome)
+    EGRESS_REQUESTS.labels("allow", "rule")
+    EGRESS_REQUESTS.labels("deny", "no_rule")
+    for direction in ("sent", "received"):
+        EGRESS_BYTES.labels(direction)
     for what in ("session", "exec"):  # as admission.Admission refuses
         for reason in ("sessions", "memory", "pids") if what == "session" else ("memory", "pids"):
             ADMISSION_REFUSALS.labels(what, reason)
+
+
+WARM_POOL_SESSIONS = gauge(
+    "shellrl_sandbox_warm_pool_sessions", "Ready sessions waiting in the warm pool (warm_pool.py)."
+)
+WARM_POOL_REQUESTS = counter(
+    "shellrl_sandbox_warm_pool_requests_total",
+    "Session creates by whether the warm pool had a ready session of the same setup (hit, miss).",
+    ("result",),
+)
+WARM_POOL_FILLS = counter(
+    "shellrl_sandbox_warm_pool_fills_total", "Sessions created and set up ahead of demand."
+)
+WARM_POOL_EVICTIONS = counter(
+    "shellrl_sandbox_warm_pool_evictions_total",
+    "Warm sessions deleted to make room for a create at the session cap.",
+)
+
+
+HEALTH_SCORE = gauge(
+    "shellrl_sandbox_health_score",
+    "Terminal health score in [0, 1] (services/sandbox/health.py: load, memory, disk, latency).",
+)
+HEALTH_LOAD_PER_CPU = gauge(
+    "shellrl_sandbox_health_load_per_cpu", "Host 1-minute load average divided by the CPU count."
+)
+HEALTH_MEMORY_AVAILABLE_RATIO = gauge(
+    "shellrl_sandbox_health_memory_available_ratio", "Host MemAvailable / MemTotal."
+)
+HEALTH_DISK_FREE_RATIO = gauge(
+    "shellrl_sandbox_health_disk_free_ratio",
+    "Free / total bytes of the file system holding the workspace root.",
+)
+HEALTH_EXEC_LATENCY_SECONDS = gauge(
+    "shellrl_sandbox_health_exec_latency_seconds",
+    "p90 overhead the sandbox added to its last 64 execs (arrival to result minus run time).",
+)

@@ -24,6 +24,7 @@ from typing import Literal
 import re2
 import yaml
 
+from services.sandbox.egress.rules import EgressPolicy
 from shellrl.contract.exec import ALLOW, PolicyVerdict
 
 _VERDICTS = ("deny", "flag")
@@ -94,6 +95,7 @@ class Policy:
     name: str
     rules: tuple[Rule, ...]
     network: bool = False
+    egress: EgressPolicy | None = None  # allow-rules of the egress proxy (egress/); None: none
 
     def evaluate(self, command: str) -> PolicyVerdict:
         """Verdict for `command` (str; lone surrogates are matched as U+FFFD). Linear in
@@ -176,11 +178,18 @@ def _parse_rule(where: str, r: dict) -> Rule:
 
 
 def _parse_policy(source: str, name: str, spec: dict, parent: Policy | None) -> Policy:
-    unknown = set(spec) - {"network", "rules", "extends"}
+    unknown = set(spec) - {"network", "rules", "extends", "egress"}
     if unknown:
         raise ValueError(f"{source}: policy {name!r} has unknown keys {sorted(unknown)}")
     rules = list(parent.rules) if parent else []
     for i, r in enumerate(spec.get("rules") or []):
         rules.append(_parse_rule(f"{source}: policy {name!r} rule {i} ({r.get('name', '?')})", r))
     network = bool(spec.get("network", parent.network if parent else False))
-    return Policy(name, tuple(rules), network)
+    egress = parent.egress if parent else None
+    if "egress" in spec:
+        egress = EgressPolicy.parse(f"{source}: policy {name!r}", spec["egress"])
+    if network and egress is not None:
+        raise ValueError(
+            f"{source}: policy {name!r} has both network: true and egress rules; choose one"
+        )
+    return Policy(name, tuple(rules), network, egress)

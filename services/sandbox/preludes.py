@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shlex
 
+from services.sandbox import argv_trace
 from services.sandbox.limits import Limits
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -73,13 +74,20 @@ def bash_prelude(
         ]
     else:
         steps += [
+            # the executed-argv trace (argv_trace.py): on before the saved state is read, so no
+            # function that state defines can stand in for `exec` or `set` here
+            *argv_trace.start_steps(st),
             f"{{ [ -r {st}/env ] && . {st}/env; }} >/dev/null 2>&1",
             f"__shellrl_cwd=; {{ IFS= read -r -d '' __shellrl_cwd < {st}/cwd; }} 2>/dev/null",
             'cd -- "${__shellrl_cwd:-$HOME}" 2>/dev/null || cd -- "$HOME" 2>/dev/null; unset __shellrl_cwd',
             (
-                f'trap \'{{ printf %s "$PWD" >| {st}/cwd && export -p >| {st}/env; }} 2>/dev/null || echo'
+                f"trap '{argv_trace.TRAP_PREFIX}"
+                f'{{ printf %s "$PWD" >| {st}/cwd && export -p >| {st}/env; }} 2>/dev/null || '
+                f'{{ {argv_trace.overflow_step(st)} && printf %s "$PWD" >| {st}/cwd && '
+                f"export -p >| {st}/env; }} 2>/dev/null || echo"
                 ' "sandbox: the shell state (cwd, exported variables) was not saved" >&2\' EXIT'
             ),
+            argv_trace.START_MARKER,  # what the trace shows from here on is the command's
         ]
     steps.append('eval "$__shellrl_command"')
     return "; ".join(steps)

@@ -38,6 +38,7 @@ class SessionProcesses:
         self.exec_slots = FairSlots(max_concurrent_execs)
         self.is_root = os.geteuid() == 0
         self.runner_file: Path | None = None
+        self.egress = None  # EgressDoors (egress/doors.py) when the service serves egress
 
     def install_runtime(self, runtime: Path) -> None:
         """Create `runtime` (a small tmpfs, 0755: bound into sandboxes, it names no host path)
@@ -69,6 +70,7 @@ class SessionProcesses:
             cgroup_procs,
             self.runner_file,
             session.cgroup.launcher_procs if session.cgroup else None,
+            session.egress_socket,
         )
 
     # ---- commands --------------------------------------------------------------------------
@@ -136,8 +138,16 @@ class SessionProcesses:
         runner = RunnerLink(launch)
         await runner.start(prelude, fresh_prelude)
         session.runner = runner
+        if self.egress is not None and session.egress_socket is not None:
+            try:  # the loopback door in the runner's network namespace (egress/doors.py)
+                await self.egress.attach(session.session_id, runner.proc.pid)
+            except Exception as exc:
+                await self.stop_runner(session)
+                raise RunnerFailed(f"egress listener: {exc}") from None
 
     async def stop_runner(self, session: Session) -> None:
+        if self.egress is not None:
+            await self.egress.detach(session.session_id)
         if session.runner is not None:
             runner, session.runner = session.runner, None
             await runner.stop()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from services.sandbox.cgroups import SessionCgroup
 from services.sandbox.limits import Limits
@@ -50,6 +51,8 @@ class Session:
     closed: bool = False
     runner: RunnerLink | None = None
     runner_restarts: int = 0
+    egress_socket: Path | None = None  # host path of its egress proxy socket (egress/doors.py)
+    egress: object | None = None  # its EgressState (egress/proxy.py), if its policy has egress
 
     def info(self, isolation: str) -> dict:
         return {
@@ -61,6 +64,7 @@ class Session:
             "commands": self.commands,
             "safety_events": list(self.safety_events),
             "runner_restarts": self.runner_restarts,
+            "egress": self.egress.summary() if self.egress is not None else None,
             "limits": self.limits.as_dict(),
             "created_at": self.created_at,
             "last_used_at": self.last_used_at,

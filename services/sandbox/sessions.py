@@ -18,13 +18,21 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
 
-from services.sandbox import metrics
+from services.sandbox import argv_trace, metrics
 from services.sandbox.admission import Admission
 from services.sandbox.cgroups import CgroupSupport
+from services.sandbox.egress.doors import (
+    IN_SANDBOX_SOCKET,
+    SOCKET_NAME,
+    EgressDoors,
+    proxy_env,
+    unavailable_reason,
+)
+from services.sandbox.egress.proxy import EgressState
 from services.sandbox.executor import RawExec
 from services.sandbox.isolation import Isolation, prepare_etc
 from services.sandbox.limits import Limits
@@ -100,6 +108,7 @@ class SessionManager:
         max_concurrent_execs: int,
         admission: Admission,
         exec_mode: str = "session",
+        egress: EgressDoors | None = None,
     ) -> None:
         if exec_mode not in EXEC_MODES:
             raise ValueError(f"exec_mode must be one of {EXEC_MODES}, got {exec_mode!r}")
@@ -112,8 +121,11 @@ class SessionManager:
         self.setup_timeout_s, self.max_timeout_s = setup_timeout_s, max_timeout_s
         self.max_command_bytes = max_command_bytes
         self.processes = SessionProcesses(isolation, exec_mode, max_concurrent_execs)
+        self.egress = self.processes.egress = egress
         self.sessions: dict[str, Session] = {}
         self._creating = 0
+        # called with each exec's overhead (s): arrival to result minus run time (health.py)
+        self.on_exec_overhead: Callable[[float], None] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     def clean_stale(self) -> None:
@@ -142,6 +154,8 @@ class SessionManager:
         """Delete every session, then the instance's parent cgroup (at shutdown)."""
         for session_id in list(self.sessions):
             await self.delete(session_id)
+        if self.egress is not None:
+            await self.egress.proxy.audit.close()
         await asyncio.to_thread(self.cgroups.remove)
 
     async def expire_loop(self, interval_s: float) -> None:
@@ -228,6 +242,15 @@ class SessionManager:
                 f"policy {policy_name!r} is not one of {sorted(self.policies)}",
                 "policy",
             )
+        if policy.egress is not None and (
+            why := unavailable_reason(self.isolation.layer, self.egress)
+        ):
+            raise SessionError(
+                400,
+                "egress_unavailable",
+                f"policy {policy.name!r} has egress rules: {why}",
+                "policy",
+            )
         check_text(setup, "setup", "invalid_setup")
         self.admission.admit_session(len(self.sessions) + self._creating, limits.pids)
         if self.cgroups.available:
@@ -257,8 +280,20 @@ class SessionManager:
                 policy,
                 workspace_path,
             )
+            if policy.egress is not None:  # egress/doors.py: the socket, and the proxy env
+                session.egress_socket = workspace.paths.ctl / SOCKET_NAME
+                inside = str(session.egress_socket)
+                if self.isolation.layer == "bubblewrap":
+                    inside = IN_SANDBOX_SOCKET
+                tcp = self.processes.exec_mode == "session"
+                session.env.update(proxy_env(inside, tcp))
             await asyncio.to_thread(self._prepare, session)
             self.sessions[session_id] = session
+            if policy.egress is not None:
+                session.egress = EgressState(
+                    session_id, policy.egress, lambda event: session.safety_events.append(event)
+                )
+                await self.egress.open(session.egress, session.egress_socket, uid)
             if setup.strip():
                 raw = await self.processes.run_per_command(session, setup, self.setup_timeout_s)
                 result = exec_result(raw, ALLOW)
@@ -328,6 +363,7 @@ class SessionManager:
     ) -> ExecResult:
         """Run `command` in the session. `fresh_state`: in the session's environment as at creation
         (fresh_env) at the workspace root, reading nothing the session wrote (preludes.py)."""
+        received = time.perf_counter()
         session = self.get(session_id)
         check_text(command, "command", "invalid_command")
         if len(command.encode("utf-8")) > self.max_command_bytes:
@@ -374,12 +410,18 @@ class SessionManager:
                 session, command, timeout_s or session.limits.timeout_s, fresh_state
             )
             session.last_used_at = time.time()
+            if not fresh_state:  # what its shell ran, expanded (argv_trace.py)
+                session.safety_events += await asyncio.to_thread(
+                    argv_trace.session_events, session, verdict, raw.timed_out
+                )
         result = exec_result(raw, verdict, waited_ms)
         metrics.EXEC_SECONDS.labels(self.isolation.layer).observe(raw.duration_ms / 1000.0)
         metrics.EXEC_QUEUE_SECONDS.labels(self.isolation.layer).observe(result.queue_ms / 1000.0)
         metrics.OUTPUT_TRUNCATED_BYTES.inc(raw.stdout_truncated_bytes + raw.stderr_truncated_bytes)
         if raw.timed_out:
             metrics.TIMEOUTS.inc()
+        if self.on_exec_overhead is not None:
+            self.on_exec_overhead(time.perf_counter() - received - raw.duration_ms / 1000.0)
         return result
 
     async def kill_processes(self, session_id: str) -> float:
@@ -424,6 +466,8 @@ class SessionManager:
         session.closed = True
         self.sessions.pop(session.session_id, None)
         self.processes.exec_slots.forget(session.session_id)
+        if self.egress is not None:
+            await self.egress.close(session.session_id)
         if session.runner is not None:
             await session.runner.stop()
 

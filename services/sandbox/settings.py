@@ -78,6 +78,18 @@ class SandboxSettings(ServiceSettings):
         description="Let sessions use policies with `network: true` (the host network, loopback "
         "services included); off: asking for one is a 403 naming `policy`.",
     )
+    egress_header_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="Egress proxy: a request head must arrive within this."
+    )
+    egress_max_header_bytes: int = Field(
+        32 << 10, ge=1024, le=1 << 20, description="Egress proxy: largest request head (else 431)."
+    )
+    egress_connect_timeout_s: float = Field(
+        10.0, gt=0, le=300, description="Egress proxy: name lookup plus upstream TCP connect."
+    )
+    egress_idle_timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="Egress proxy: an exchange with no byte moving ends."
+    )
     uid_base: int = Field(
         200000,
         ge=1000,
@@ -122,6 +134,52 @@ class SandboxSettings(ServiceSettings):
     )
     admission_retry_after_s: int = Field(
         2, ge=1, le=600, description="Retry-After (seconds) of a 429 for lack of headroom."
+    )
+    # Terminal health score (health.py): weights of its parts (ours: the write-up gives none).
+    health_weight_load: float = Field(0.3, ge=0, description="Weight of the load sub-score.")
+    health_weight_memory: float = Field(0.3, ge=0, description="Weight of the memory sub-score.")
+    health_weight_disk: float = Field(0.2, ge=0, description="Weight of the disk sub-score.")
+    health_weight_latency: float = Field(
+        0.2, ge=0, description="Weight of the exec-latency sub-score."
+    )
+    health_max_load_per_cpu: float = Field(
+        2.0, gt=0, description="1-min load per CPU at which the load sub-score reaches 0."
+    )
+    health_max_exec_latency_s: float = Field(
+        1.0, gt=0, description="p90 exec overhead (s) at which the latency sub-score reaches 0."
+    )
+    health_interval_s: float = Field(
+        5.0, gt=0, description="How often the health gauges are sampled (s)."
+    )
+    register_url: str = Field(
+        "",
+        validation_alias=AliasChoices("register_url", "SHELLRL_SANDBOX_REGISTER_URL"),
+        description="Where rollout gateways and verifiers reach this service (e.g. http://<pod "
+        "ip>:8101): when set, it registers itself in shellrl:sandboxes at redis_url while it "
+        "serves (registration.py); '' = no registration (list it in their SHELLRL_SANDBOX_URL).",
+    )
+    register_heartbeat_s: float = Field(
+        2.0,
+        gt=0,
+        validation_alias=AliasChoices(
+            "register_heartbeat_s", "SHELLRL_SANDBOX_REGISTER_HEARTBEAT_S"
+        ),
+        description="Seconds between registry heartbeats; live for 3 of them.",
+    )
+    warm_pool_per_setup: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Ready sessions kept per repeating task setup (warm_pool.py); 0 = no warm pool.",
+    )
+    warm_pool_max_sessions: int = Field(
+        16, ge=0, le=1024, description="Ready sessions in the warm pool across all setups."
+    )
+    warm_pool_min_repeats: int = Field(
+        2, ge=1, description="Creates asking for one setup before it is kept warm."
+    )
+    warm_pool_reserve_sessions: int = Field(
+        2, ge=0, description="Free session slots the warm pool never fills (left for requests)."
     )
     # Default per-session limits (a session may ask for others within the bounds of `Limits`).
     cpu_s: int = Field(60, ge=1, description="RLIMIT_CPU per process, seconds.")

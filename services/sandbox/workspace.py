@@ -39,7 +39,7 @@ INODES_PER_MIB = 256  # nr_inodes of a tmpfs per MiB of its size (100 small file
 STATE_BYTES = (
     4 << 20
 )  # the state tmpfs: `export -p` of a usable environment (execve caps it at ~2 MiB)
-STATE_FILES = ("cwd", "env")
+STATE_FILES = ("cwd", "env", "trace")  # trace: the executed-argv trace (argv_trace.py)
 
 
 class FileReadError(Exception):

@@ -3,7 +3,8 @@ worker) and `GET /v1/checks`; the app's lifespan runs the stream worker (worker.
 
 POST /v1/verify body:
   {"task": <task JSON form>, "answer": str|null, "session_id": str|null,
-   "tool_events": [{"exit_code", "timed_out", "policy_verdict", "policy_rule"}] = [], "release_session": false}
+   "tool_events": [{"exit_code", "timed_out", "policy_verdict", "policy_rule", "duration_ms"}] = [],
+   "release_session": false, "trajectory_id": ""}
 → 200 {"reward", "training_reward", "reward_components", "checks": [{"type", "passed", "detail", "duration_ms"}],
        "failure": null|"INFRA_VERIFIER", "failure_detail", "safety_events", "verifier_version", "duration_ms"}
 A verification that cannot complete is still a 200 with `failure` set and `reward` null; a bad
@@ -24,13 +25,16 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from services.verifier import metrics
 from services.verifier.checks import CHECK_PARAMETERS, VERIFIER_VERSION, CheckLimits
+from services.verifier.reward_components import ComponentWeights, TerminalRewards
 from services.verifier.rewards import Shaping
+from services.verifier.safety_escalation import SafetyEscalation
 from services.verifier.sandbox_view import ReferenceCache
 from services.verifier.settings import VerifierSettings
 from services.verifier.verification import Verifier
 from services.verifier.worker import VerifierWorker, release_session
 from shellrl import streams
 from shellrl.clients.sandbox import SandboxClient
+from shellrl.clients.sandbox_fleet import SandboxFleet
 from shellrl.contract import TaskValidationError, ToolEvent, task_from_json
 from shellrl.contract.task_schema import task_schema_components
 from shellrl.service.aio import cancel_and_wait
@@ -56,6 +60,9 @@ class ToolEventIn(BaseModel):
     policy_verdict: str = Field("allow", pattern="^(allow|flag|deny)$")
     policy_rule: str | None = None
     command: str = ""
+    duration_ms: float = Field(
+        0.0, ge=0, le=1e10, description="Run time in the sandbox (time_efficiency component)."
+    )
 
 
 class VerifyRequest(BaseModel):
@@ -70,9 +77,44 @@ class VerifyRequest(BaseModel):
     )
     tool_events: list[ToolEventIn] = Field(default_factory=list, max_length=10_000)
     release_session: StrictBool = Field(False, description="DELETE the session after verifying.")
+    trajectory_id: str = Field(
+        "",
+        max_length=256,
+        description="Keys the safety component's record of this episode (a repeat is not "
+        "counted twice); '' = not recorded.",
+    )
 
 
-def build_verifier(settings: VerifierSettings, sandbox: SandboxClient | None) -> Verifier:
+def build_terminal_rewards(settings: VerifierSettings, redis=None) -> TerminalRewards | None:
+    """The terminal reward components (None: all off). The safety component keeps its state in
+    `redis` (None: a client of settings.redis_url)."""
+    weights = ComponentWeights(
+        settings.reward_safety_weight,
+        settings.reward_state_drift_weight,
+        settings.reward_time_efficiency_weight,
+    )
+    if not weights.enabled():
+        return None
+    escalation = None
+    if weights.safety:
+        escalation = SafetyEscalation(
+            redis if redis is not None else streams.connect(settings.redis_url),
+            settings.reward_safety_run,
+            base_penalty=settings.reward_safety_penalty,
+            escalated_penalty=settings.reward_safety_escalated_penalty,
+            escalate_after_steps=settings.reward_safety_escalate_after_steps,
+        )
+    return TerminalRewards(
+        weights,
+        escalation,
+        drift_max_paths=settings.reward_state_drift_max_paths,
+        time_budget_s=settings.reward_time_budget_s,
+    )
+
+
+def build_verifier(
+    settings: VerifierSettings, sandbox: SandboxClient | None, redis=None
+) -> Verifier:
     limits = CheckLimits(
         settings.check_timeout_s, settings.max_file_bytes, settings.max_answer_chars
     )
@@ -85,7 +127,11 @@ def build_verifier(settings: VerifierSettings, sandbox: SandboxClient | None) ->
         settings.require_command,
     )
     return Verifier(
-        sandbox, limits, shaping, ReferenceCache(sandbox, settings.reference_cache_size)
+        sandbox,
+        limits,
+        shaping,
+        ReferenceCache(sandbox, settings.reference_cache_size),
+        build_terminal_rewards(settings, redis),
     )
 
 
@@ -99,13 +145,19 @@ def build_app(settings: VerifierSettings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
-        sandbox = SandboxClient(settings.sandbox_url, api_token=api_token)
-        state["sandbox"], state["verifier"] = sandbox, build_verifier(settings, sandbox)
+        sandbox = SandboxFleet(  # one URL, a list, and/or the registered ones
+            settings.sandbox_url,
+            api_token=api_token,
+            registry_url=settings.redis_url if settings.sandbox_registry else None,
+        )
+        if settings.worker_enabled or settings.reward_safety_weight:
+            state["redis"] = streams.connect(settings.redis_url)
+        state["sandbox"] = sandbox
+        state["verifier"] = build_verifier(settings, sandbox, state.get("redis"))
         state["http"] = httpx.AsyncClient(timeout=2.0)
         stop, worker, worker_task, stats_task = asyncio.Event(), None, None, None
         if settings.worker_enabled:
-            redis = streams.connect(settings.redis_url)
-            state["redis"] = redis
+            redis = state["redis"]
             consumer = streams.StreamConsumer(
                 redis,
                 streams.STREAM_EPISODES,
@@ -154,8 +206,7 @@ def build_app(settings: VerifierSettings) -> FastAPI:
 
     async def ready_check() -> dict:
         details: dict = {"verifier_version": VERIFIER_VERSION}
-        response = await state["http"].get(f"{settings.sandbox_url}/readyz")
-        details["sandbox"] = response.status_code == 200
+        details["sandbox"] = bool((await state["sandbox"].ready())["ready"])
         if settings.worker_enabled:
             details["redis"] = bool(await state["redis"].ping())
         details["ready"] = details["sandbox"] and details.get("redis", True)
@@ -183,13 +234,14 @@ def build_app(settings: VerifierSettings) -> FastAPI:
                 timed_out=e.timed_out,
                 policy_verdict=e.policy_verdict,
                 policy_rule=e.policy_rule or "",
+                duration_ms=e.duration_ms,
             )
             for e in request.tool_events
         ]
         metrics.IN_FLIGHT.inc()
         try:
             result = await state["verifier"].verify(
-                task, request.answer, request.session_id, events
+                task, request.answer, request.session_id, events, request.trajectory_id
             )
         finally:
             metrics.IN_FLIGHT.dec()

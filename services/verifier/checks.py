@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 from services.verifier.answer_checks import answer_equals, answer_integer_equals, answer_matches
+from services.verifier.plugin_checks import run_plugin_check
 from services.verifier.workspace_checks import CheckInfraError, Workspace, run_workspace_check
 from shellrl.contract import Check
 
@@ -69,6 +70,9 @@ async def run_check(
     timeout_s = check.timeout_s or limits.default_timeout_s
     start = time.perf_counter()
     spec = getattr(check, kind)
+    if kind == "plugin":  # a plug-in's check type (plugin_checks.py)
+        passed, detail = await run_plugin_check(spec, answer, workspace, timeout_s)
+        return CheckResult(spec.type, passed, detail, (time.perf_counter() - start) * 1000)
     if kind in ANSWER_CHECKS:
         if answer is None:
             passed, detail = False, "no final answer"

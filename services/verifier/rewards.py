@@ -24,6 +24,11 @@ variance and is not trained on. It checks that a command ran, not that the answe
 output: a policy could still learn "run anything, then guess" (watch `ungrounded_success` and the
 commands per episode if a run's eval falls while its training reward rises).
 
+The reward components of a real terminal (`safety`, `state_drift`, `time_efficiency`: penalties
+only, each with its own weight, off by default) are computed in reward_components.py and enter
+here as `terminal` values with their `terminal_weights`: reported under their names, added to
+training_reward times their weights.
+
 An unscored verification (INFRA failure) has no reward at all (NaN on the wire, null in JSON):
 it never becomes a 0, and it is computed per trajectory, so it cannot touch another member of
 its group.
@@ -32,9 +37,10 @@ its group.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from services.verifier.plugin_rewards import plugin_components
 from shellrl.contract import ToolEvent
 
 SAFETY_VERDICTS = ("flag", "deny")
@@ -78,12 +84,15 @@ def compute_reward(
     tool_events: Iterable[ToolEvent],
     safety_flagged: bool,
     shaping: Shaping,
+    terminal: Mapping[str, float] | None = None,
+    terminal_weights: Mapping[str, float] | None = None,
 ) -> Reward:
     """Outcome and shaping of one verified episode.
 
     checks_passed: one bool per check (an empty list is an error: a task has at least one check).
     tool_events: the episode's OBSERVATION tool events. safety_flagged: the sandbox reported a
-    safety event for the session or a tool event has verdict flag/deny.
+    safety event for the session or a tool event has verdict flag/deny. terminal: values of the
+    enabled terminal components (reward_components.py), added times `terminal_weights[name]`.
     """
     passed = list(checks_passed)
     if not passed:
@@ -110,6 +119,13 @@ def compute_reward(
         )
     if shaping.require_command:
         training += components["ungrounded_success"]
+    for name, value in (terminal or {}).items():
+        components[name] = value
+        training += (terminal_weights or {}).get(name, 0.0) * value
+    plugins = plugin_components(outcome, passed, commands, tuple(components))  # plugin_rewards.py
+    for name, (value, weight) in plugins.items():
+        components[name] = value
+        training += weight * value
     if not math.isfinite(training):  # cannot happen with finite weights; never let it travel
         raise ValueError(f"non-finite training reward {training}")
     return Reward(outcome, training, components)

@@ -76,10 +76,13 @@ class SandboxWorkspace:
         )
         self.workspace_path: str | None = None
         self.safety_events: list[dict] = []
+        self.diff: dict | None = None
 
-    async def prepare(self) -> None:
-        """Read the session (workspace path, safety events), then kill its processes.
-        Raises CheckInfraError when the session is gone or the sandbox cannot answer."""
+    async def prepare(self, read_diff: bool = False) -> None:
+        """Read the session (workspace path, safety events), then kill its processes; with
+        `read_diff`, then read its diff against the post-setup snapshot (`self.diff`: before any
+        check command can change the workspace). Raises CheckInfraError when the session is gone
+        or the sandbox cannot answer."""
         try:
             info = await self.sandbox.session_info(self.session_id)
         except SandboxError as exc:
@@ -92,6 +95,13 @@ class SandboxWorkspace:
         self.workspace_path = info["workspace"]
         self.safety_events = [e for e in info.get("safety_events", []) if isinstance(e, dict)]
         await self._kill_processes()
+        if read_diff:
+            try:
+                self.diff = await self.sandbox.diff(self.session_id)
+            except SandboxError as exc:
+                raise CheckInfraError(
+                    f"reading the diff of session {self.session_id} failed: {exc}"
+                ) from None
 
     async def _kill_processes(self) -> None:
         try:

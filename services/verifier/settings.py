@@ -16,7 +16,15 @@ class VerifierSettings(ServiceSettings):
     default_port: ClassVar[int] = 8102
 
     sandbox_url: str = Field(
-        "http://127.0.0.1:8101", description="Sandbox service the checks run in."
+        "http://127.0.0.1:8101",
+        description="Sandbox service the checks run in, or a comma-separated list (the rollout "
+        "gateway's sandbox_url: sessions are routed by id, shellrl/clients/sandbox_fleet.py).",
+    )
+    sandbox_registry: bool = Field(
+        False,
+        description="Also use the sandbox services that register themselves in "
+        "shellrl:sandboxes at redis_url (they join and leave at run time; sandbox_url may then "
+        "be ''). The rollout gateway and the verifier must agree on it.",
     )
     consumer_name: str = Field(
         "", description="Consumer name in group `verifier`; '' = verifier-<hostname>-<pid>."
@@ -86,7 +94,47 @@ class VerifierSettings(ServiceSettings):
         "the main job turns it on.",
     )
 
+    # Reward components of a real terminal (reward_components.py): weight 0 = off (the default).
+    reward_safety_weight: float = Field(
+        0.0, ge=0, description="Weight of `safety` (escalating -5/-8 penalty) in training_reward."
+    )
+    reward_safety_penalty: float = Field(
+        -5.0, le=0, description="safety: penalty of a violation before the escalation."
+    )
+    reward_safety_escalated_penalty: float = Field(
+        -8.0, le=0, description="safety: penalty once reward_safety_escalate_after_steps passed."
+    )
+    reward_safety_escalate_after_steps: int = Field(
+        100, ge=1, description="safety: commands without a violation after which it escalates."
+    )
+    reward_safety_run: str = Field(
+        "default",
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.:-]+$",
+        description="safety: run whose escalation state (Redis shellrl:verifier:safety:<run>) "
+        "this verifier shares with its replicas and restarts.",
+    )
+    reward_state_drift_weight: float = Field(
+        0.0, ge=0, description="Weight of `state_drift` (files changed outside the outputs)."
+    )
+    reward_state_drift_max_paths: int = Field(
+        10, ge=1, description="state_drift: drifted paths at which it reaches -1."
+    )
+    reward_time_efficiency_weight: float = Field(
+        0.0, ge=0, description="Weight of `time_efficiency` (command time over the budget)."
+    )
+    reward_time_budget_s: float = Field(
+        60.0, gt=0, description="time_efficiency: budget of a task without a time_budget_s: tag, s."
+    )
+
     @field_validator(
+        "reward_safety_weight",
+        "reward_safety_penalty",
+        "reward_safety_escalated_penalty",
+        "reward_state_drift_weight",
+        "reward_time_efficiency_weight",
+        "reward_time_budget_s",
         "shaping_exit_zero_bonus",
         "shaping_exit_zero_cap",
         "shaping_timeout_penalty",

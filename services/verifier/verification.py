@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 
 from services.verifier import metrics
 from services.verifier.checks import VERIFIER_VERSION, CheckLimits, CheckResult, run_check
-from services.verifier.rewards import Reward, Shaping, compute_reward, safety_flagged
+from services.verifier.reward_components import TerminalRewards
+from services.verifier.rewards import (
+    SAFETY_VERDICTS,
+    Reward,
+    Shaping,
+    compute_reward,
+    safety_flagged,
+)
 from services.verifier.sandbox_view import ReferenceCache, SandboxWorkspace
 from services.verifier.workspace_checks import CheckInfraError
 from shellrl.contract import Failure, Task, ToolEvent, Trajectory, split_name
@@ -81,10 +88,16 @@ class Verifier:
     """Checks plus reward over the sandbox service.
 
     sandbox: a shellrl.clients.sandbox.SandboxClient (None: only answer checks can run).
+    terminal: the reward components of a real terminal (reward_components.py; None: all off).
     """
 
     def __init__(
-        self, sandbox, limits: CheckLimits, shaping: Shaping, reference_cache: ReferenceCache
+        self,
+        sandbox,
+        limits: CheckLimits,
+        shaping: Shaping,
+        reference_cache: ReferenceCache,
+        terminal: TerminalRewards | None = None,
     ) -> None:
         self.sandbox, self.limits, self.shaping, self.reference_cache = (
             sandbox,
@@ -92,6 +105,7 @@ class Verifier:
             shaping,
             reference_cache,
         )
+        self.terminal = terminal
 
     async def verify(
         self,
@@ -99,11 +113,14 @@ class Verifier:
         answer: str | None,
         session_id: str | None,
         tool_events: Sequence[ToolEvent] = (),
+        trajectory_id: str = "",
     ) -> Verification:
-        """Verify one episode of `task`. Never raises: failures come back as data."""
+        """Verify one episode of `task`. Never raises: failures come back as data.
+        `trajectory_id` keys the safety component's per-episode record (a re-delivery is not
+        counted twice); '' = not recorded."""
         start = time.perf_counter()
         try:
-            result = await self._verify(task, answer, session_id, tool_events)
+            result = await self._verify(task, answer, session_id, tool_events, trajectory_id)
         except CheckInfraError as exc:
             result = Verification((), None, Failure.FAILURE_INFRA_VERIFIER, str(exc))
         except Exception as exc:  # a bug or an unforeseen sandbox answer: this episode only
@@ -128,6 +145,7 @@ class Verifier:
         answer: str | None,
         session_id: str | None,
         tool_events: Sequence[ToolEvent],
+        trajectory_id: str = "",
     ) -> Verification:
         if not task.checks:
             raise CheckInfraError("the task has no checks")
@@ -136,7 +154,8 @@ class Verifier:
             if self.sandbox is None:
                 raise CheckInfraError("no sandbox configured")
             workspace = SandboxWorkspace(self.sandbox, session_id, task, self.reference_cache)
-            await workspace.prepare()  # safety events before any check command adds its own
+            # safety events (and the diff) before any check command adds its own
+            await workspace.prepare(read_diff=bool(self.terminal and self.terminal.needs_diff))
         results: list[CheckResult] = []
         for i, check in enumerate(task.checks):
             try:
@@ -153,8 +172,27 @@ class Verifier:
             results.append(result)
         sandbox_events = workspace.safety_events if workspace else []
         flagged = safety_flagged(tool_events, sandbox_events)
-        reward = compute_reward([r.passed for r in results], tool_events, flagged, self.shaping)
         rules = tuple(sorted({str(e.get("rule") or "") for e in sandbox_events} - {""}))
+        terminal, weights = {}, {}
+        if self.terminal is not None:
+            violations = set(rules) | {
+                e.policy_rule or e.policy_verdict
+                for e in tool_events
+                if e.policy_verdict in SAFETY_VERDICTS
+            }
+            if flagged and not violations:
+                violations = {"unnamed"}
+            terminal = await self.terminal.components(
+                task,
+                tool_events,
+                sorted(violations),
+                workspace.diff if workspace else None,
+                trajectory_id,
+            )
+            weights = self.terminal.weights.enabled()
+        reward = compute_reward(
+            [r.passed for r in results], tool_events, flagged, self.shaping, terminal, weights
+        )
         return Verification(tuple(results), reward, safety_events=rules)
 
 
@@ -170,6 +208,8 @@ def record_verification(source: str, split: str, result: Verification) -> None:
         outcome = "pass" if result.reward.reward == 1.0 else "fail"
         metrics.REWARD.observe(result.reward.reward)
         metrics.TRAINING_REWARD.observe(result.reward.training_reward)
+        for name, value in result.reward.components.items():
+            metrics.REWARD_COMPONENT.labels(name).observe(value)
     labels = (_label(source, "unknown"), _label(split, "unspecified"), outcome)
     metrics.VERIFICATIONS.labels(*labels).inc()
 

@@ -167,7 +167,11 @@ class VerifierWorker:
             )
         else:
             result = await self.verifier.verify(
-                traj.task, final_answer(traj), traj.sandbox_session_id or None, tool_events(traj)
+                traj.task,
+                final_answer(traj),
+                traj.sandbox_session_id or None,
+                tool_events(traj),
+                trajectory_id=traj.trajectory_id,
             )
         result.apply_to(traj)
         log.info(

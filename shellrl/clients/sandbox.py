@@ -15,6 +15,7 @@ except that none of these calls is retried here: exec is not idempotent.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Self
 from urllib.parse import quote
@@ -50,7 +51,10 @@ class SandboxError(Exception):
 
 
 class SandboxBusy(SandboxError):
-    """429: the live-session cap is reached; retry after a delay."""
+    """429: the live-session cap is reached or the host lacks headroom (`body["error"]["details"]
+    ["reason"]`); retry after `retry_after_s` (the Retry-After header; None when absent)."""
+
+    retry_after_s: float | None = None
 
 
 class SandboxNotFound(SandboxError):
@@ -117,7 +121,10 @@ class SandboxClient:
         message = f"{method} {path} -> {response.status_code}: {(body.get('error') or {}).get('message', body)}"
         status = response.status_code
         if status == 429:
-            raise SandboxBusy(message, status, body)
+            busy = SandboxBusy(message, status, body)
+            with contextlib.suppress(ValueError):
+                busy.retry_after_s = float(response.headers.get("retry-after", ""))
+            raise busy
         if status == 404:
             raise SandboxNotFound(message, status, body)
         if status == 422 and (body.get("error") or {}).get("code") == "setup_failed":
@@ -228,6 +235,14 @@ class SandboxClient:
     async def delete(self, session_id: str) -> None:
         """DELETE /v1/sessions/{id}. Raises SandboxNotFound for an unknown session."""
         await self._request("DELETE", f"/v1/sessions/{session_id}")
+
+    async def diff(self, session_id: str, max_paths: int = 1000) -> dict[str, Any]:
+        """GET /v1/sessions/{id}/diff: files changed since setup → {"changed": [{"path",
+        "change": added|removed|modified}], "count", "truncated"}. SandboxNotFound (session)."""
+        response = await self._request(
+            "GET", f"/v1/sessions/{session_id}/diff", params={"max_paths": max_paths}
+        )
+        return response.json()
 
     async def ready(self) -> dict[str, Any]:
         """GET /readyz (isolation layer, cgroups, probes)."""

@@ -102,6 +102,12 @@ def check_from_json(obj: Any, field: str = "check") -> Check:
     if not isinstance(obj, Mapping):
         raise TaskValidationError(field, "must be an object with a 'type'")
     kind = obj.get("type")
+    if isinstance(kind, str) and kind not in CHECK_TYPES:
+        from shellrl.contract.plugin_checks import plugin_check_from_json
+
+        if (check := plugin_check_from_json(kind, obj, field, tuple(CHECK_TYPES))) is not None:
+            check.timeout_s = check_timeout_s(obj, field)
+            return check
     if not isinstance(kind, str) or kind not in CHECK_TYPES:
         raise TaskValidationError(
             f"{field}.type", f"unknown check type {kind!r}; one of {sorted(CHECK_TYPES)}"
@@ -129,6 +135,15 @@ def check_from_json(obj: Any, field: str = "check") -> Check:
                 f"{field}.{given[1]}", f"{kind}: give one of {' or '.join(given)}, not both"
             )
     inner = json_format.ParseDict(params, message_type(), ignore_unknown_fields=False)
+    check = Check(timeout_s=check_timeout_s(obj, field))
+    getattr(check, kind).CopyFrom(inner)
+    _validate_check(check, kind, params, field)
+    return check
+
+
+def check_timeout_s(obj: Mapping, field: str) -> float:
+    """A check's `timeout_s` (seconds, 0 = the verifier's default). Raises TaskValidationError
+    naming `<field>.timeout_s` unless it is a number in [0, 3600] (or null/absent)."""
     timeout_s = obj.get("timeout_s", 0)
     if timeout_s is None:
         timeout_s = 0
@@ -138,10 +153,7 @@ def check_from_json(obj: Any, field: str = "check") -> Check:
         or not 0 <= timeout_s <= 3600
     ):
         raise TaskValidationError(f"{field}.timeout_s", "must be a number of seconds in [0, 3600]")
-    check = Check(timeout_s=float(timeout_s))
-    getattr(check, kind).CopyFrom(inner)
-    _validate_check(check, kind, params, field)
-    return check
+    return float(timeout_s)
 
 
 REQUIRED_CHECK_FIELDS = {
@@ -195,6 +207,11 @@ def _validate_check(check: Check, kind: str, params: Mapping, field: str) -> Non
 
 def check_to_json(check: Check) -> dict:
     kind = check.WhichOneof("kind")
+    if kind == "plugin":  # a plug-in's check type: its own name and JSON fields
+        import json
+
+        out = {"type": check.plugin.type, **json.loads(check.plugin.params_json or "{}")}
+        return out | ({"timeout_s": check.timeout_s} if check.timeout_s else {})
     out = {
         "type": kind,
         **json_format.MessageToDict(

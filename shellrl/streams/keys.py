@@ -15,6 +15,7 @@ POLICY_UPDATES_CHANNEL = "shellrl:policy:updates"
 STREAM_EVALUATIONS = (
     "shellrl:evaluations"  # scored eval trajectories (Trajectory.eval = true), by the verifier
 )
+STREAM_EGRESS = "shellrl:egress"  # audit: every verdict of the sandbox's egress proxy (by it)
 GROUP_ROLLOUT, GROUP_VERIFIER, GROUP_LEARNER = "rollout", "verifier", "learner"
 
 # the rollout gateway's state
@@ -27,10 +28,14 @@ ADMITTED_KEY = "shellrl:rollout:groups_admitted"  # groups admitted so far (stal
 INFLIGHT_KEY = "shellrl:rollout:inflight"  # sorted set: admitted groups not yet finished
 REPLICAS_KEY = "shellrl:rollout:replicas"  # sorted set: replica name -> last heartbeat (unix s)
 EVALUATION_INDEX_KEY = "shellrl:evaluations:index"  # evaluations by start time
+RUN_INDEX_KEY = "shellrl:runs:index"  # sorted set: training runs (POST /v1/runs) by start time
+ACTIVE_RUN_KEY = "shellrl:runs:active"  # string: id of the run training now (none: no key)
+RUN_START_LOCK_KEY = "shellrl:runs:starting"  # string, short-lived: a run being started
 
 # engines: each registers itself (shellrl.clients.engine_registry); the learner says what it did
 ENGINES_KEY = "shellrl:engines"  # hash: engine url -> JSON EngineRegistration (by the engine)
 ENGINE_SYNC_KEY = "shellrl:engines:sync"  # hash: engine url -> JSON EngineState (by the learner)
+SANDBOXES_KEY = "shellrl:sandboxes"  # hash: sandbox url -> JSON SandboxRegistration (by each)
 LEARNER_LOCK_KEY = "shellrl:learner:lock"  # string: JSON of the one learner running (its rank 0)
 
 
@@ -45,6 +50,11 @@ def idempotency_key(stream: str, key: str) -> str:
 def evaluation_key(evaluation_id: str) -> str:
     """Hash of one evaluation's meta and state; its results list is this key + ":results"."""
     return f"shellrl:evaluation:{evaluation_id}"
+
+
+def run_key(run_id: str) -> str:
+    """Hash of one training run (services/rollout/runs.py); its task ids: this key + ":tasks"."""
+    return f"shellrl:run:{run_id}"
 
 
 def errors_key(stream: str, group: str) -> str:
@@ -80,3 +90,11 @@ def group_accounting_key(group_id: str) -> str:
     `lost` (members the verifier then failed with INFRA), `given_back` (admission returned), and
     the reward keys of its scored members for dynamic sampling (`arrived`, `key`, `varied`)."""
     return f"shellrl:rollout:group:{group_id}"
+
+
+def safety_escalation_key(run: str) -> str:
+    """Hash of one run's escalating safety penalty, by the verifier (reward_components.py):
+    `streak` (commands since the last violation), `violations`; the violation log is this key +
+    ":violations" (list, newest first, capped) and an episode's recorded penalty this key +
+    ":episode:<trajectory_id>" (string, kept a day: a re-delivered episode is not counted twice)."""
+    return f"shellrl:verifier:safety:{run}"

@@ -86,8 +86,16 @@ class CommandExitCode(_message.Message):
     exit_code: int
     def __init__(self, command: _Optional[str] = ..., exit_code: _Optional[int] = ...) -> None: ...
 
+class PluginCheck(_message.Message):
+    __slots__ = ("type", "params_json")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    params_json: str
+    def __init__(self, type: _Optional[str] = ..., params_json: _Optional[str] = ...) -> None: ...
+
 class Check(_message.Message):
-    __slots__ = ("answer_equals", "answer_integer_equals", "answer_matches", "file_exists", "file_contains", "file_sha256", "command_output_equals", "command_exit_code", "timeout_s")
+    __slots__ = ("answer_equals", "answer_integer_equals", "answer_matches", "file_exists", "file_contains", "file_sha256", "command_output_equals", "command_exit_code", "plugin", "timeout_s")
     ANSWER_EQUALS_FIELD_NUMBER: _ClassVar[int]
     ANSWER_INTEGER_EQUALS_FIELD_NUMBER: _ClassVar[int]
     ANSWER_MATCHES_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +104,7 @@ class Check(_message.Message):
     FILE_SHA256_FIELD_NUMBER: _ClassVar[int]
     COMMAND_OUTPUT_EQUALS_FIELD_NUMBER: _ClassVar[int]
     COMMAND_EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    PLUGIN_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     answer_equals: AnswerEquals
     answer_integer_equals: AnswerIntegerEquals
@@ -105,8 +114,9 @@ class Check(_message.Message):
     file_sha256: FileSha256
     command_output_equals: CommandOutputEquals
     command_exit_code: CommandExitCode
+    plugin: PluginCheck
     timeout_s: float
-    def __init__(self, answer_equals: _Optional[_Union[AnswerEquals, _Mapping]] = ..., answer_integer_equals: _Optional[_Union[AnswerIntegerEquals, _Mapping]] = ..., answer_matches: _Optional[_Union[AnswerMatches, _Mapping]] = ..., file_exists: _Optional[_Union[FileExists, _Mapping]] = ..., file_contains: _Optional[_Union[FileContains, _Mapping]] = ..., file_sha256: _Optional[_Union[FileSha256, _Mapping]] = ..., command_output_equals: _Optional[_Union[CommandOutputEquals, _Mapping]] = ..., command_exit_code: _Optional[_Union[CommandExitCode, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    def __init__(self, answer_equals: _Optional[_Union[AnswerEquals, _Mapping]] = ..., answer_integer_equals: _Optional[_Union[AnswerIntegerEquals, _Mapping]] = ..., answer_matches: _Optional[_Union[AnswerMatches, _Mapping]] = ..., file_exists: _Optional[_Union[FileExists, _Mapping]] = ..., file_contains: _Optional[_Union[FileContains, _Mapping]] = ..., file_sha256: _Optional[_Union[FileSha256, _Mapping]] = ..., command_output_equals: _Optional[_Union[CommandOutputEquals, _Mapping]] = ..., command_exit_code: _Optional[_Union[CommandExitCode, _Mapping]] = ..., plugin: _Optional[_Union[PluginCheck, _Mapping]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class Task(_message.Message):
     __slots__ = ("task_id", "instruction", "setup", "env", "checks", "split", "tags", "max_turns", "source", "reference_solution", "template")

@@ -23,6 +23,7 @@ COMPOSE_FILE = REPO / "docker-compose.yml"
 ENV_EXAMPLE = REPO / ".env.example"
 SHELLRL_SERVICES = ("rollout", "sandbox", "verifier", "learner")
 ALL_SERVICES = {"redis", "engine", *SHELLRL_SERVICES, "prometheus", "grafana"}
+TWO_ENGINES = "two-engines"  # the profile of the optional second engine and its registration
 
 
 def compose_binary() -> Path:
@@ -63,8 +64,10 @@ def compose(
     )
 
 
-def rendered(env_file: Path) -> dict:
-    done = compose("config", "--format", "json", env_file=env_file)
+def rendered(env_file: Path, *profiles: str) -> dict:
+    """The resolved model (`docker compose [--profile P ...] config`)."""
+    flags = [arg for profile in profiles for arg in ("--profile", profile)]
+    done = compose(*flags, "config", "--format", "json", env_file=env_file)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
@@ -83,6 +86,49 @@ def test_compose_file_is_valid_without_an_env_file(no_env):
     assert set(rendered(no_env)["services"]) == ALL_SERVICES
 
 
+def test_the_two_engines_profile_adds_a_second_engine_and_its_registration(no_env):
+    services = rendered(no_env, TWO_ENGINES)["services"]
+    assert set(services) == ALL_SERVICES | {"engine-2", "engine-2-registration"}
+    engine, second = services["engine"], services["engine-2"]
+    assert second["profiles"] == [TWO_ENGINES] and "profiles" not in engine
+    # the same SGLang server (image, model, flags, auth) on a GPU of its own and a host port of
+    # its own
+    for key in ("image", "entrypoint", "command", "healthcheck", "volumes", "secrets"):
+        assert second[key] == engine[key], key
+    gpus = {
+        name: services[name]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+        for name in ("engine", "engine-2", "learner")
+    }
+    assert gpus["engine-2"] == ["2"] and not set(gpus["engine-2"]) & set(gpus["learner"])
+    assert {p["published"] for p in second["ports"]} == {"30001"}
+    # the sidecar registers engine-2 under the address the other services reach it at, with the
+    # engine's model, in the Redis every service uses, and is healthy once it has registered
+    sidecar = services["engine-2-registration"]
+    assert sidecar["profiles"] == [TWO_ENGINES]
+    args = sidecar["command"]
+    assert args[:3] == ["python", "-m", "services.engine.registration"]
+    flags = dict(zip(args[3::2], args[4::2]))
+    assert flags["--engine-url"] == f"http://engine-2:{second['ports'][0]['target']}"
+    engine_args = second["command"]
+    assert flags["--model-path"] == engine_args[engine_args.index("--model-path") + 1]
+    redis_url = services["rollout"]["environment"]["SHELLRL_REDIS_URL"]
+    assert sidecar["environment"]["SHELLRL_REDIS_URL"] == redis_url
+    assert any(v["target"] == "/models" for v in sidecar["volumes"])  # the model's config.json
+    assert set(sidecar["depends_on"]) == {"redis", "engine-2"}
+    assert flags["--engine-url"] in sidecar["healthcheck"]["test"][-1]
+    # only seed engines are listed: the second one joins through the registry
+    for name in SHELLRL_SERVICES:
+        assert services[name]["environment"]["SHELLRL_ENGINE_URLS"] == "http://engine:30000"
+
+
+def test_env_file_values_reach_the_two_engines_profile(tmp_path):
+    env_file = tmp_path / ".env"
+    env_file.write_text("SHELLRL_ENGINE2_GPU=6\nSHELLRL_ENGINE2_PORT=31000\n")
+    second = rendered(env_file, TWO_ENGINES)["services"]["engine-2"]
+    assert second["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == ["6"]
+    assert {p["published"] for p in second["ports"]} == {"31000"}
+
+
 def test_a_broken_compose_file_fails_validation_with_a_nonzero_exit(tmp_path, no_env):
     model = yaml.safe_load(COMPOSE_FILE.read_text())
     model["services"]["rollout"]["healthcheck"]["interval"] = "fivesec"
@@ -93,7 +139,7 @@ def test_a_broken_compose_file_fails_validation_with_a_nonzero_exit(tmp_path, no
 
 
 def test_every_service_has_a_healthcheck_and_healthy_dependencies(no_env):
-    services = rendered(no_env)["services"]
+    services = rendered(no_env, TWO_ENGINES)["services"]
     for name, service in services.items():
         assert service.get("healthcheck", {}).get("test"), f"{name} has no healthcheck"
         for dependency, condition in service.get("depends_on", {}).items():

@@ -225,3 +225,42 @@ def test_a_stack_that_fails_to_start_names_the_last_error_of_the_service_log(tmp
     assert (
         isinstance(error, CliError) and isinstance(error, RuntimeError) and error.exit_status == 1
     )
+
+
+def test_a_service_that_dies_while_the_job_runs_is_named_with_its_last_error(tmp_path):
+    """GPU run of 2026-12-02: a learner killed by CUDA OOM ended the job in an httpx traceback;
+    the job now stops at its next poll naming the service, its status and its log's cause."""
+    import sys
+
+    from cli.launcher import Stack
+    from cli.stack_config import StackConfig
+    from cli.stack_failure import StackError
+
+    stack = Stack(StackConfig(state_dir=tmp_path))
+    stack.log_dir.mkdir(parents=True)
+    alive = stack._spawn(
+        "verifier", [sys.executable, "-c", "import time; time.sleep(60)"], {}, None
+    )
+    dying = stack._spawn(
+        "learner",
+        [
+            sys.executable,
+            "-c",
+            "import sys; print('torch.OutOfMemoryError: CUDA out of memory'); sys.exit(3)",
+        ],
+        {},
+        None,
+    )
+    try:
+        dying.popen.wait(30)
+        with pytest.raises(StackError) as caught:
+            stack.raise_if_exited()
+        assert str(caught.value) == (
+            f"learner exited with status 3 while the job ran; see {tmp_path}/logs/learner.log "
+            "(last error: torch.OutOfMemoryError: CUDA out of memory)"
+        )
+        stack.procs.remove(dying)
+        stack.raise_if_exited()  # the one left runs: nothing to say
+    finally:
+        alive.popen.kill()
+        alive.popen.wait()

@@ -1,0 +1,85 @@
+"""The end of the main job (cli/main_job.py) and of the attached job (cli/attached_job.py): what
+the phases measured (`JobOutcome`) becomes `<state>/report/`: the services' last /metrics,
+phases.json, summary.json (cli/run_summary.py) and the report with its plots (cli/report.py).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+
+console = Console()
+
+
+@dataclass
+class JobOutcome:
+    """What the job's phases measured: evaluations before and after ({set: evaluation view}),
+    the eval tasks by id, the learner's step records, the status snapshots taken while training,
+    the services' last /metrics texts ({service: text}) and the phases' wall seconds."""
+
+    before: dict
+    after: dict
+    tasks_by_id: dict
+    steps: list[dict]
+    snapshots: list[dict]
+    metrics: dict[str, str]
+    phases: dict[str, float]
+
+
+def write_job_report(cfg, job: JobOutcome, *, t_start: float, t_train: float) -> Path:
+    """Write `<state>/report/`: metrics_<service>.prom, phases.json, summary.json and the report
+    (cli/report.py); print the summary line. t_start, t_train: unix s of the job's and the
+    training's start. cfg: the job's cli.main_job.JobConfig. Returns the report directory."""
+    from cli.report import write_report
+    from cli.run_summary import summarize, summary_line
+
+    report_dir = cfg.state_dir / "report"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    before, after, tasks_by_id = job.before, job.after, job.tasks_by_id
+    steps, phases = job.steps, job.phases
+    for name, text in job.metrics.items():  # the services' last /metrics, Prometheus text
+        (report_dir / f"metrics_{name}.prom").write_text(text)
+    phases["total_s"] = time.time() - t_start
+    (report_dir / "phases.json").write_text(json.dumps(phases | {"device": cfg.device}, indent=2))
+    summary = summarize(before, after, tasks_by_id, job_meta(cfg, steps, phases))
+    summary["line"] = summary_line(summary)
+    (report_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    path = write_report(
+        report_dir,
+        summary=summary,
+        config=asdict(cfg) | {"state_dir": str(cfg.state_dir)},
+        before=before,
+        after=after,
+        steps=steps,
+        snapshots=job.snapshots,
+        learner_metrics=job.metrics.get("learner", ""),
+        rollout_metrics=job.metrics.get("rollout", ""),
+        train_s=phases.get("train_s", 0.0),
+        total_s=time.time() - t_start,
+        tasks_by_id=tasks_by_id,
+        train_started_at=t_train,
+    )
+    console.print(f"[bold green]report written:[/] {path}")
+    console.print(f"[bold]summary:[/] {summary['line']}", soft_wrap=True)
+    return report_dir
+
+
+def job_meta(cfg, steps: list[dict], phases: dict) -> dict:
+    """What summary.json says about the run besides its evaluations."""
+    trained = [s for s in steps if "step" in s and "event" not in s]
+    return {
+        "seed": cfg.seed,
+        "task_seed": cfg.task_seed,
+        "eval_samples": cfg.eval_samples,
+        "eval_temperature": cfg.eval_temperature,
+        "dynamic_sampling": cfg.dynamic_sampling,
+        "pass_rate_steering": cfg.pass_rate_steering,
+        "kl_coef": cfg.kl_coef,
+        "steps": len({s["step"] for s in trained}),
+        "steps_with_training": len({s["step"] for s in trained if s.get("trajectories")}),
+        "phases": phases,
+    }
