@@ -24,7 +24,7 @@ import httpx
 from rich.live import Live
 from rich.table import Table
 
-from cli.errors import CliError
+from cli.errors import CliError, http_errors
 from cli.job_evaluations import evaluate, log_evaluations
 from cli.job_report import JobOutcome, write_job_report
 from cli.main_job import (
@@ -65,7 +65,7 @@ def run_attached(cfg: JobConfig, target: AttachTarget) -> Path:
     t_start = time.time()
     sets, train_pool = eval_sets(cfg), train_tasks(cfg)
     client = httpx.Client(base_url=target.rollout_url.rstrip("/"), headers=target.headers)
-    try:
+    with client, http_errors("the stack stopped answering"):
         _check_reachable(client, target)
         if target.verifier_url:
             try:
@@ -102,14 +102,6 @@ def run_attached(cfg: JobConfig, target: AttachTarget) -> Path:
             name: httpx.get(f"{url.rstrip('/')}/metrics", timeout=10).text
             for name, url in (("learner", target.learner_url), ("rollout", target.rollout_url))
         }
-    except httpx.HTTPStatusError as exc:
-        raise CliError(
-            f"{exc.request.url} answered {exc.response.status_code}: {exc.response.text[:300]}"
-        ) from None
-    except httpx.HTTPError as exc:
-        raise CliError(f"the stack stopped answering: {exc}") from None
-    finally:
-        client.close()
     job = JobOutcome(before, after, tasks_by_id, steps_seen(snapshots), snapshots, metrics, phases)
     return write_job_report(cfg, job, t_start=t_start, t_train=t_train)
 

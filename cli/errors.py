@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class CliError(Exception):
     """A mistake of the user or the environment (a bad flag value, a config file that does not
@@ -12,3 +15,20 @@ class CliError(Exception):
     def __init__(self, message: str, exit_status: int = 2) -> None:
         super().__init__(message)
         self.exit_status = exit_status
+
+
+@contextmanager
+def http_errors(unreachable: str) -> Iterator[None]:
+    """Turn an httpx error raised in the block into one CliError line: an answer with an error
+    status names the URL, the status and the body's first 300 characters; any other
+    `httpx.HTTPError` (no connection, a timeout) reads `<unreachable>: <error>`."""
+    import httpx
+
+    try:
+        yield
+    except httpx.HTTPStatusError as exc:
+        raise CliError(
+            f"{exc.request.url} answered {exc.response.status_code}: {exc.response.text[:300]}"
+        ) from None
+    except httpx.HTTPError as exc:
+        raise CliError(f"{unreachable}: {exc}") from None

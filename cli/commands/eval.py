@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from cli.errors import CliError
+from cli.errors import CliError, http_errors
 
 NAME = "eval"
 HELP = "evaluate the running stack's policy on the fixed eval sets; per-template tables"
@@ -115,20 +115,12 @@ def run(args) -> int:
     sets = load_sets(args.sets, args.tasks)
     tasks_by_id, id_sets = {}, {}
     client = httpx.Client(base_url=args.url.rstrip("/"), headers=api_headers(), timeout=60)
-    try:
+    with client, http_errors(f"cannot reach the rollout gateway at {args.url}"):
         for name, tasks in sets.items():
             ids = submit(client, tasks, eval_copy=True)
             tasks_by_id.update(zip(ids, tasks, strict=True))
             id_sets[name] = ids
         results = evaluate(client, id_sets, "now", args.episodes, args.temperature)
-    except httpx.HTTPStatusError as exc:
-        raise CliError(
-            f"{exc.request.url} answered {exc.response.status_code}: {exc.response.text[:300]}"
-        ) from None
-    except httpx.HTTPError as exc:
-        raise CliError(f"cannot reach the rollout gateway at {args.url}: {exc}") from None
-    finally:
-        client.close()
     console = Console()
     for name, view in results.items():
         console.print(render(name, view, tasks_by_id))

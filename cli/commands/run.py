@@ -24,131 +24,77 @@ NAME = "run"
 HELP = "the main job: stack up, eval, train, eval, report (what `make run` calls)"
 
 
+# The options that set the JobConfig field of their name, in --help's order: (field, type, help).
+# Each shows the field's default; a `bool` is a switch that turns it on.
+JOB_OPTIONS = (
+    ("steps", int, "learner steps (policy versions)"),
+    ("group_size", int, "episodes per GRPO group"),
+    ("groups_per_step", int, "groups per learner step"),
+    ("max_staleness", int, "policy versions a trajectory may lag the learner"),
+    ("lr", float, "peak AdamW learning rate"),
+    ("kl_coef", float, "k3 KL to the initial policy (0 = off)"),
+    ("temperature", float, "sampling temperature of training"),
+    ("max_new_tokens", int, "new tokens per turn"),
+    ("max_turns", int, "agent turns per episode"),
+    ("engine_threads", int, "torch threads of the engine (0 = torch's default)"),
+    ("learner_threads", int, "torch threads of the learner (0 = torch's default)"),
+    ("train_set", None, "curriculum, default, generated, a plug-in's task set, or a .jsonl"),
+    ("eval_id_episodes", int, "held-out instances of the training templates"),
+    ("eval_ood_episodes", int, "instances of templates never trained on"),
+    ("agentbench_eval_tasks", int, "AgentBench training tasks evaluated"),
+    (
+        "seed",
+        int,
+        "seed of the run: engine sampling (a seed per request), the pool's epoch order, "
+        "the learner's RNGs",
+    ),
+    (
+        "task_seed",
+        int,
+        "seed of the generated training pool and eval sets (keep it to compare runs)",
+    ),
+    (
+        "eval_samples",
+        int,
+        "episodes per eval task (> 1 needs --eval-temperature > 0; estimator: mean pass "
+        "rate per task, bootstrap interval over tasks)",
+    ),
+    (
+        "eval_temperature",
+        float,
+        "sampling temperature of the evaluations (0 = greedy, one episode per task)",
+    ),
+    (
+        "dynamic_sampling",
+        bool,
+        "DAPO dynamic sampling: every learner step trains groups with reward variance",
+    ),
+    (
+        "pass_rate_steering",
+        bool,
+        "run fewer groups of templates whose recent training success is 0 or 1",
+    ),
+)
+
+
 def add_arguments(parser) -> None:
     from cli.main_job import JobConfig
+    from cli.stack_options import add_stack_arguments
 
     d = JobConfig()
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        default=None,
-        help="TOML file of these options and an [env] table (cli/config_file.py); "
-        "flags override it",
-    )
-    parser.add_argument(
-        "--model-path", default=d.model_path, help="smollm2, tiny, or a Hugging Face directory"
-    )
-    parser.add_argument(
-        "--state-dir", default=str(d.state_dir), help="Redis AOF, logs, checkpoints, report"
-    )
-    add_device_arguments(parser)
-    parser.add_argument(
-        "--steps", type=int, default=d.steps, help="learner steps (policy versions)"
-    )
+    add_stack_arguments(parser)
     parser.add_argument(
         "--time-budget-min",
         type=float,
         default=d.time_budget_s / 60,
         help="training stops after this",
     )
-    parser.add_argument(
-        "--group-size", type=int, default=d.group_size, help="episodes per GRPO group"
-    )
-    parser.add_argument(
-        "--groups-per-step", type=int, default=d.groups_per_step, help="groups per learner step"
-    )
-    parser.add_argument(
-        "--max-staleness",
-        type=int,
-        default=d.max_staleness,
-        help="policy versions a trajectory may lag the learner",
-    )
-    parser.add_argument("--lr", type=float, default=d.lr, help="peak AdamW learning rate")
-    parser.add_argument(
-        "--kl-coef", type=float, default=d.kl_coef, help="k3 KL to the initial policy (0 = off)"
-    )
-    parser.add_argument(
-        "--temperature", type=float, default=d.temperature, help="sampling temperature of training"
-    )
-    parser.add_argument(
-        "--max-new-tokens", type=int, default=d.max_new_tokens, help="new tokens per turn"
-    )
-    parser.add_argument(
-        "--max-turns", type=int, default=d.max_turns, help="agent turns per episode"
-    )
-    parser.add_argument(
-        "--engine-threads",
-        type=int,
-        default=d.engine_threads,
-        help="torch threads of the engine (0 = torch's default)",
-    )
-    parser.add_argument(
-        "--learner-threads",
-        type=int,
-        default=d.learner_threads,
-        help="torch threads of the learner (0 = torch's default)",
-    )
-    parser.add_argument(
-        "--train-set",
-        default=d.train_set,
-        help="curriculum, default, generated, a plug-in's task set, or a .jsonl",
-    )
-    parser.add_argument(
-        "--eval-id-episodes",
-        type=int,
-        default=d.eval_id_episodes,
-        help="held-out instances of the training templates",
-    )
-    parser.add_argument(
-        "--eval-ood-episodes",
-        type=int,
-        default=d.eval_ood_episodes,
-        help="instances of templates never trained on",
-    )
-    parser.add_argument(
-        "--agentbench-eval-tasks",
-        type=int,
-        default=d.agentbench_eval_tasks,
-        help="AgentBench training tasks evaluated",
-    )
-    parser.add_argument(
-        "--seed",
-        type=int,
-        default=d.seed,
-        help="seed of the run: engine sampling (a seed per request), the pool's epoch order, "
-        "the learner's RNGs",
-    )
-    parser.add_argument(
-        "--task-seed",
-        type=int,
-        default=d.task_seed,
-        help="seed of the generated training pool and eval sets (keep it to compare runs)",
-    )
-    parser.add_argument(
-        "--eval-samples",
-        type=int,
-        default=d.eval_samples,
-        help="episodes per eval task (> 1 needs --eval-temperature > 0; estimator: mean pass "
-        "rate per task, bootstrap interval over tasks)",
-    )
-    parser.add_argument(
-        "--eval-temperature",
-        type=float,
-        default=d.eval_temperature,
-        help="sampling temperature of the evaluations (0 = greedy, one episode per task)",
-    )
-    parser.add_argument(
-        "--dynamic-sampling",
-        action="store_true",
-        default=d.dynamic_sampling,
-        help="DAPO dynamic sampling: every learner step trains groups with reward variance",
-    )
-    parser.add_argument(
-        "--pass-rate-steering",
-        action="store_true",
-        default=d.pass_rate_steering,
-        help="run fewer groups of templates whose recent training success is 0 or 1",
-    )
+    for name, kind, help_text in JOB_OPTIONS:
+        flag, default = "--" + name.replace("_", "-"), getattr(d, name)
+        if kind is bool:
+            parser.add_argument(flag, action="store_true", default=default, help=help_text)
+        else:
+            parser.add_argument(flag, type=kind, default=default, help=help_text)
     parser.add_argument(
         "--no-require-command",
         dest="require_command",
@@ -196,27 +142,6 @@ def add_attach_arguments(parser) -> None:
     )
 
 
-def add_device_arguments(parser) -> None:
-    """--device and the GPU memory fractions (also `shellrl up`'s)."""
-    from cli.stack_config import DEVICES, GPU_MEMORY_FRACTIONS
-
-    parser.add_argument(
-        "--device",
-        choices=DEVICES,
-        default="cpu",
-        help="where engine and learner run; cuda: both on one GPU (bf16 engine), each within "
-        "its fraction of the GPU's memory (fails at once without a CUDA GPU)",
-    )
-    for name in ("engine", "learner"):
-        parser.add_argument(
-            f"--{name}-gpu-memory",
-            type=float,
-            default=GPU_MEMORY_FRACTIONS[name],
-            metavar="FRACTION",
-            help=f"with --device cuda: fraction of the GPU's memory the {name} may allocate",
-        )
-
-
 def run(args) -> int:
     import shutil
 
@@ -260,37 +185,16 @@ def job_config(args):
 
     from cli.main_job import JobConfig
 
-    state = Path(args.state_dir)
     return JobConfig(
         model_path=args.model_path,
-        state_dir=state,
+        state_dir=Path(args.state_dir),
         device=args.device,
         engine_gpu_memory=args.engine_gpu_memory,
         learner_gpu_memory=args.learner_gpu_memory,
-        steps=args.steps,
         time_budget_s=args.time_budget_min * 60,
-        group_size=args.group_size,
-        groups_per_step=args.groups_per_step,
-        max_staleness=args.max_staleness,
-        lr=args.lr,
-        kl_coef=args.kl_coef,
-        temperature=args.temperature,
-        max_new_tokens=args.max_new_tokens,
-        max_turns=args.max_turns,
-        train_set=args.train_set,
-        eval_id_episodes=args.eval_id_episodes,
-        eval_ood_episodes=args.eval_ood_episodes,
-        agentbench_eval_tasks=args.agentbench_eval_tasks,
-        engine_threads=args.engine_threads,
-        learner_threads=args.learner_threads,
         require_command=args.require_command,
         tracker=args.tracker,
-        seed=args.seed,
-        task_seed=args.task_seed,
-        eval_samples=args.eval_samples,
-        eval_temperature=args.eval_temperature,
-        dynamic_sampling=args.dynamic_sampling,
-        pass_rate_steering=args.pass_rate_steering,
+        **{name: getattr(args, name) for name, _, _ in JOB_OPTIONS},
     )
 
 

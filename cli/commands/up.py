@@ -6,30 +6,17 @@ learner), each after the previous one's /readyz; Ctrl-C (or `shellrl down`) stop
 
 from __future__ import annotations
 
-from cli.commands.run import add_device_arguments
+from cli.stack_options import add_stack_arguments
 
 NAME = "up"
 HELP = "start the stack as local processes (foreground; Ctrl-C stops it)"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        default=None,
-        help="TOML file of these options and an [env] table (cli/config_file.py); "
-        "flags override it",
-    )
-    parser.add_argument(
-        "--model-path", default="smollm2", help="smollm2, tiny, or a Hugging Face directory"
-    )
-    parser.add_argument(
-        "--state-dir", default=".shellrl", help="Redis AOF, logs, checkpoints, reports"
-    )
+    add_stack_arguments(parser)
     parser.add_argument(
         "--quiet", action="store_true", help="do not echo service logs (they stay in <state>/logs)"
     )
-    add_device_arguments(parser)
 
 
 def run(args) -> int:

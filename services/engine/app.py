@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable
 from datetime import UTC, datetime
 
 from fastapi import FastAPI, Request
@@ -49,6 +50,19 @@ from shellrl.service.openapi import error_responses, json_body
 
 def _update_failure(message: str) -> JSONResponse:
     return JSONResponse({"success": False, "message": message}, status_code=400)
+
+
+async def _weight_update(
+    call: Awaitable[str | None], message: str | None = None, **extra
+) -> dict | JSONResponse:
+    """SGLang's answer to a weight-update route: 200 `{"success": true, "message"}` (the call's
+    message, or `message` where given) plus `extra`; 400 `{"success": false, "message"}` when the
+    call raises WeightUpdateError."""
+    try:
+        result = await call
+    except WeightUpdateError as exc:
+        return _update_failure(str(exc))
+    return {"success": True, "message": result if message is None else message, **extra}
 
 
 _EMPTY_200_503 = {
@@ -208,55 +222,48 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
     @app.post("/end_weight_update", **route_doc(EndBody, update=True))
     async def end_weight_update(request: Request):
         await parse_body(request, EndBody)
-        try:
-            return {"success": True, "message": await runtime.end_session()}
-        except WeightUpdateError as exc:
-            return _update_failure(str(exc))
+        return await _weight_update(runtime.end_session())
 
     @app.post("/update_weights_from_tensor", **route_doc(TensorUpdateBody, update=True))
     async def update_weights_from_tensor(request: Request):
         body = await parse_body(request, TensorUpdateBody)
-        try:
-            message = await runtime.update_from_tensor(
+        return await _weight_update(
+            runtime.update_from_tensor(
                 body.serialized_named_tensors,
                 body.load_format,
                 body.weight_version,
                 body.abort_all_requests,
             )
-        except WeightUpdateError as exc:
-            return _update_failure(str(exc))
-        return {"success": True, "message": message}
+        )
 
     @app.post("/init_weights_update_group", **route_doc(InitGroupBody, update=True))
     async def init_weights_update_group(request: Request):
         body = await parse_body(request, InitGroupBody)
-        try:
-            await runtime.init_group(
+        return await _weight_update(
+            runtime.init_group(
                 body.master_address,
                 body.master_port,
                 body.rank_offset,
                 body.world_size,
                 body.group_name,
                 body.backend,
-            )
-        except WeightUpdateError as exc:
-            return _update_failure(str(exc))
-        return {"success": True, "message": "Succeeded to initialize custom process group."}
+            ),
+            message="Succeeded to initialize custom process group.",
+        )
 
     @app.post("/destroy_weights_update_group", **route_doc(DestroyGroupBody, update=True))
     async def destroy_weights_update_group(request: Request):
         body = await parse_body(request, DestroyGroupBody)
-        try:
-            await runtime.destroy_group(body.group_name)
-        except WeightUpdateError as exc:
-            return _update_failure(str(exc))
-        return {"success": True, "message": "Succeeded to destroy custom process group."}
+        return await _weight_update(
+            runtime.destroy_group(body.group_name),
+            message="Succeeded to destroy custom process group.",
+        )
 
     @app.post("/update_weights_from_distributed", **route_doc(DistributedUpdateBody, update=True))
     async def update_weights_from_distributed(request: Request):
         body = await parse_body(request, DistributedUpdateBody)
-        try:
-            message = await runtime.update_from_distributed(
+        return await _weight_update(
+            runtime.update_from_distributed(
                 body.names,
                 body.dtypes,
                 body.shapes,
@@ -265,9 +272,7 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
                 body.weight_version,
                 body.abort_all_requests,
             )
-        except WeightUpdateError as exc:
-            return _update_failure(str(exc))
-        return {"success": True, "message": message}
+        )
 
     @app.post("/update_weights_from_disk", **route_doc(DiskUpdateBody, update=True))
     async def update_weights_from_disk(request: Request):
@@ -277,13 +282,10 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
                 f"load_format {body.load_format!r} is not supported; this engine reads "
                 f"safetensors directories (load_format null, 'auto' or 'safetensors')"
             )
-        try:
-            message = await runtime.update_from_disk(
-                body.model_path, body.weight_version, body.abort_all_requests
-            )
-        except WeightUpdateError as exc:
-            return _update_failure(str(exc))
-        return {"success": True, "message": message, "num_paused_requests": 0}
+        return await _weight_update(
+            runtime.update_from_disk(body.model_path, body.weight_version, body.abort_all_requests),
+            num_paused_requests=0,
+        )
 
     @app.post("/update_weight_version", **route_doc(WeightVersionBody))
     async def update_weight_version(request: Request):

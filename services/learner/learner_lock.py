@@ -34,6 +34,7 @@ from collections.abc import Callable
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from services.learner.pids import pid_alive
 from shellrl.streams.keys import LEARNER_LOCK_KEY
 
 log = logging.getLogger(__name__)
@@ -144,7 +145,9 @@ class LearnerLock:
         if host != self.host:
             return False
         started = holder.get("started")
-        return not _alive(pid) or (started is not None and _start_time(pid) not in (None, started))
+        return not pid_alive(pid) or (
+            started is not None and _start_time(pid) not in (None, started)
+        )
 
     def _refusal(self, raw: bytes) -> str:
         return (
@@ -185,13 +188,3 @@ def _start_time(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[19]
     except (OSError, IndexError):
         return None
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -12,7 +12,9 @@ the world size.
 `FullWeights` is the model as a weight push reads it: `named_parameters()` yields (HF name, full
 tensor) one parameter at a time (`DTensor.full_tensor()`, an all-gather every rank joins; the
 leader's `announce` tells the followers to gather with it), so the leader holds its shard and
-the parameter being gathered, besides what the consumer keeps.
+the parameter being gathered, besides what the consumer keeps. The weight push
+(weight_transport.WeightStaging) plans its buckets from `layout()` and copies each gathered
+parameter into its slot before the next is gathered: the full model is never on one rank.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from shellrl.rl.batch import TrainBatch
 from shellrl.rl.logprobs import token_logprobs
+from shellrl.weights.bucket import describe
 
 
 class PolicyLogprobs(torch.nn.Module):
@@ -89,6 +92,17 @@ class FullWeights:
         """The local shards (for their device and dtype; nothing is gathered)."""
         return self.model.parameters()
 
+    def layout(self) -> list[tuple[str, torch.Tensor]]:
+        """(name, meta tensor of the full parameter's dtype and shape) per parameter, in the order
+        `named_parameters` gathers them; nothing is gathered (a DTensor knows its global shape).
+        What a streamed push plans its buckets from before the first gather."""
+        return describe(self.model.named_parameters())
+
+    @property
+    def device(self) -> torch.device:
+        """Where the gathered tensors are: the local shards' device."""
+        return next(self.model.parameters()).device
+
     def named_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, full tensor) per parameter, in the model's order, gathered as it is consumed.
         Closing the iterator early still gathers the rest (the followers are gathering them)."""
@@ -104,6 +118,7 @@ class FullWeights:
                     raise
                 done += 1
                 yield name, full
+                del full  # not alive while the next one is gathered
         finally:
             if not failed:
                 for _, parameter in params[done:]:

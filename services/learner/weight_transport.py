@@ -13,7 +13,11 @@ Transports (DESIGN.md section 6, shellrl.weights):
 The buckets are kept and refilled push after push (no page faults, a stable IPC handle; with
 share_parameters the CPU bucket holds the parameters themselves, so a refill copies nothing);
 after a push that an engine abandoned they are dropped (`close`) and made anew, because that
-engine may still read them. weight_sync.py sends the payloads to the engines.
+engine may still read them. A sharded learner (several ranks, FSDP2) pushes its `FullWeights`
+into the same buckets and layouts, streamed: the buckets are planned from the parameters' global
+shapes and each parameter is gathered, copied into its slot and dropped before the next, so rank 0
+holds the buckets plus about one gathered parameter, never the full model twice.
+weight_sync.py sends the payloads to the engines.
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ import os
 import re
 import shutil
 import socket
+from contextlib import closing
 from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
 
+from services.learner.pids import pid_alive
+from services.learner.sharding import FullWeights
 from shellrl.weights import bucket as wt
 from shellrl.weights import disk as wtd
 from shellrl.weights import distributed as wdist
@@ -120,13 +127,15 @@ class WeightStaging:
         """Write the weights once for every engine (blocking: disk, shm and distributed run it in a
         thread; cuda_ipc only enqueues GPU copies and runs it on the event loop). Returns
         {"model_path": directory} (disk), {"buckets": [entries(tp_size) -> serialized_named_tensors]}
-        (shm, cuda_ipc) or {"broadcast": [(tensor fields, flattened uint8 tensor)]} (distributed)."""
+        (shm, cuda_ipc) or {"broadcast": [(tensor fields, flattened uint8 tensor)]} (distributed).
+        model: an nn.Module, or a sharded model's `FullWeights` (streamed: `_prepare_streamed`)."""
+        if isinstance(model, FullWeights):
+            return self._prepare_streamed(model, version)
         named = [(n, p.detach()) for n, p in model.named_parameters()]
         if self.transport == "disk":
             directory = self.sync_dir / f"v{version:08d}"
             wtd.save_safetensors_dir(named, directory)
-            for old in sorted(self.sync_dir.glob("v*"))[:-2]:
-                shutil.rmtree(old, ignore_errors=True)
+            self._prune_sync_dir()
             return {"model_path": str(directory.resolve())}
         buckets = (
             [named] if self.transport == "cuda_ipc" else split_buckets(named, self.bucket_bytes)
@@ -150,6 +159,67 @@ class WeightStaging:
                 ]
             }
         return {"buckets": [k.entries for k in kept]}
+
+    def _prepare_streamed(self, weights: FullWeights, version: int) -> dict:
+        """`prepare` for a sharded model, in the same buckets and layouts as the unsharded one:
+        the buckets are planned from `weights.layout()` and each parameter is gathered (every
+        rank joins), copied into its slot and dropped before the next, so this rank holds the
+        kept buckets plus one gathered parameter, never the full model a second time. The
+        parameters are shards here, so they never live in a bucket (share_parameters is not
+        used). Every rank takes part in every gather even when a copy fails (`FullWeights`)."""
+        layout = weights.layout()
+        with closing(weights.named_parameters()) as values:  # gathered as they are consumed
+            if self.transport == "disk":
+                directory = self.sync_dir / f"v{version:08d}"
+                wtd.save_safetensors_stream(layout, values, directory)
+                self._prune_sync_dir()
+                return {"model_path": str(directory.resolve())}
+            buckets = (
+                [layout]
+                if self.transport == "cuda_ipc"
+                else split_buckets(layout, self.bucket_bytes)
+            )
+            if len(self._kept) != len(buckets):
+                self.close()
+            if self.transport == "cuda_ipc":
+                if not self._kept:
+                    device = self.engine_device or weights.device
+                    self._kept = [wtg.CudaIpcBucket(device) for _ in buckets]
+                for kept, bucket in zip(self._kept, buckets):
+                    kept.fill(bucket, sync=False, values=values)
+                return {"buckets": [kept.entries for kept in self._kept]}
+            kept = [
+                self._streamed(i, bucket, values, weights.device)
+                for i, bucket in enumerate(buckets)
+            ]
+        if self.transport == "distributed":
+            return {
+                "broadcast": [
+                    (wdist.request_fields(bucket), k.tensor) for k, bucket in zip(kept, buckets)
+                ]
+            }
+        return {"buckets": [k.entries for k in kept]}
+
+    def _streamed(self, i: int, bucket: list, values, device: torch.device):
+        """Kept bucket i refilled from `values` in the layout of `bucket` (descriptions), or made
+        anew (and filled) when there is none or the layout no longer fits it."""
+        kept = self._kept[i] if i < len(self._kept) else None
+        if kept is not None and not kept.fits(bucket):
+            kept.close()
+            kept = None
+        if kept is not None:
+            return kept.refill(bucket, values)
+        if self.transport == "shm":
+            kept = wsg.SharedTensorBucket(bucket, values)
+        else:
+            kept = wdist.FlatBucket(bucket, device, values)
+        self._kept[i : i + 1] = [kept]
+        return kept
+
+    def _prune_sync_dir(self) -> None:
+        """Keep the newest two versions of the disk transport."""
+        for old in sorted(self.sync_dir.glob("v*"))[:-2]:
+            shutil.rmtree(old, ignore_errors=True)
 
     def _refilled(self, model: torch.nn.Module, i: int, bucket: list):
         """Kept bucket i holding `bucket` (refilled, or made anew when the tensors no longer fit)."""
@@ -196,7 +266,7 @@ def remove_orphan_segments(prefix: str = "shellrl_w", directory: Path = Path("/d
     pattern = re.compile(rf"^{re.escape(prefix)}_(\d+)_[0-9a-f]+$")
     for path in directory.glob(f"{prefix}_*") if directory.is_dir() else ():
         match = pattern.match(path.name)
-        if not match or _alive(int(match.group(1))):
+        if not match or pid_alive(int(match.group(1))):
             continue
         try:
             path.unlink()
@@ -204,16 +274,6 @@ def remove_orphan_segments(prefix: str = "shellrl_w", directory: Path = Path("/d
         except OSError:
             pass
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class EngineGroups:

@@ -1,8 +1,11 @@
-"""Shared pieces of the cgroup v1 and v2 layouts (cgroups.py): limits, usage, file helpers."""
+"""Shared pieces of the cgroup v1 and v2 layouts (cgroups.py): limits, usage, file helpers, and
+`ParentLayout`, the parent's set-up, removal and usage that both layouts do the same way."""
 
 from __future__ import annotations
 
 import errno
+import os
+import signal
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +18,8 @@ from tenacity import (
     stop_after_delay,
     wait_fixed,
 )
+
+from services.sandbox.host import read_int, working_set
 
 GROUP_DIR = "shellrl-sandbox"
 CPU_PERIOD_US = 100_000
@@ -82,3 +87,66 @@ def until_empty(kill_round, deadline_s: float) -> bool:
         wait=wait_fixed(0.002),
         retry_error_callback=lambda _state: False,
     )(kill_round)
+
+
+def sigkill_each(pids: list[int]) -> int:
+    """SIGKILL every pid of `pids` (one already gone is skipped). Returns the signals sent."""
+    sent = 0
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+            sent += 1
+        except ProcessLookupError:
+            pass
+    return sent
+
+
+class ParentLayout:
+    """The instance's parent group(s) and the session groups below them, as both versions lay them
+    out: a subclass says where a controller's parent directory is (`parent_dir`), which
+    directories the parent is made of (`parent_dirs`: one per controller in v1, one in v2), how to
+    make and limit them (`_make_parents`, `_limit_parents`) and what one session's groups are
+    (`session`); this class sets them up, removes them and reads their usage."""
+
+    root: Path
+
+    def parent_dir(self, instance: str, controller: str) -> Path:
+        raise NotImplementedError
+
+    def parent_dirs(self, instance: str) -> list[Path]:
+        raise NotImplementedError
+
+    def session(self, instance: str, name: str):
+        raise NotImplementedError
+
+    def _make_parents(self, instance: str) -> None:
+        raise NotImplementedError
+
+    def _limit_parents(self, instance: str, limits: CgroupLimits) -> None:
+        raise NotImplementedError
+
+    def session_names(self, instance: str) -> set[str]:
+        """Names of the session groups below the instance's parent directories that exist."""
+        parents = [d for d in self.parent_dirs(instance) if d.exists()]
+        return {p.name for d in parents for p in d.iterdir() if p.is_dir()}
+
+    def setup_parent(self, instance: str, limits: CgroupLimits) -> None:
+        """mkdir the instance's parent groups (removing what a crashed instance left below them)
+        and set `limits` on them; OSError if a hierarchy is not writable."""
+        self._make_parents(instance)
+        for name in self.session_names(instance):
+            self.session(instance, name).remove()
+        self._limit_parents(instance, limits)
+
+    def remove_parent(self, instance: str) -> None:
+        """Every session group of the instance (processes killed), then its parents."""
+        for name in self.session_names(instance):
+            self.session(instance, name).remove()
+        for parent in self.parent_dirs(instance):
+            rmdir(parent)
+
+    def usage(self, instance: str) -> Usage:
+        """What the instance's sessions use now, read from its parent groups."""
+        memory = working_set(self.parent_dir(instance, "memory")) or 0
+        pids = read_int(self.parent_dir(instance, "pids") / "pids.current") or 0
+        return Usage(max(0, memory), pids)

@@ -11,20 +11,19 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 from pathlib import Path
 
 from services.sandbox.cgroup_base import (
     CPU_PERIOD_US,
     GROUP_DIR,
     CgroupLimits,
-    Usage,
+    ParentLayout,
     read_pids,
     rmdir,
+    sigkill_each,
     until_empty,
     write,
 )
-from services.sandbox.host import read_int, working_set
 
 log = logging.getLogger(__name__)
 REQUIRED = ("pids", "memory", "freezer")
@@ -50,15 +49,7 @@ class V1SessionCgroup:
         for d in self.dirs.values():
             d.mkdir()
             os.chown(d / "cgroup.procs", uid, uid)
-        write(self.dirs["pids"] / "pids.max", str(limits.pids))
-        write(self.dirs["memory"] / "memory.limit_in_bytes", str(limits.memory_bytes))
-        try:  # limit memory+swap too where swap accounting exists
-            write(self.dirs["memory"] / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
-        except OSError:
-            pass
-        if "cpu" in self.dirs:
-            write(self.dirs["cpu"] / "cpu.cfs_period_us", str(CPU_PERIOD_US))
-            write(self.dirs["cpu"] / "cpu.cfs_quota_us", str(limits.cpu_quota_us()))
+        _set_limits(self.dirs, limits)
 
     def pids(self) -> list[int]:
         return read_pids(self.dirs["pids"] / "cgroup.procs")
@@ -77,12 +68,7 @@ class V1SessionCgroup:
                 write(freezer, "FROZEN")
             except OSError:
                 pass
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                    sent += 1
-                except ProcessLookupError:
-                    pass
+            sent += sigkill_each(pids)
             try:
                 write(freezer, "THAWED")
             except OSError:
@@ -99,7 +85,7 @@ class V1SessionCgroup:
             rmdir(d)
 
 
-class V1Hierarchy:
+class V1Hierarchy(ParentLayout):
     version = "v1"
 
     def __init__(self, root: Path) -> None:
@@ -117,37 +103,21 @@ class V1Hierarchy:
                 return f"no v1 {controller} hierarchy at {self.root / controller}"
         return None
 
+    def parent_dir(self, instance: str, controller: str) -> Path:
+        return self.root / controller / GROUP_DIR / instance
+
     def _parents(self, instance: str) -> dict[str, Path]:
-        return {c: self.root / c / GROUP_DIR / instance for c in self.controllers}
+        return {c: self.parent_dir(instance, c) for c in self.controllers}
 
-    def setup_parent(self, instance: str, limits: CgroupLimits) -> None:
-        """mkdir the instance's parent groups (removing what a crashed instance left below them)
-        and set `limits` on them; OSError if a hierarchy is not writable."""
-        parents = self._parents(instance)
-        stale = set()
-        for parent in parents.values():
+    def parent_dirs(self, instance: str) -> list[Path]:
+        return list(self._parents(instance).values())
+
+    def _make_parents(self, instance: str) -> None:
+        for parent in self.parent_dirs(instance):
             parent.mkdir(parents=True, exist_ok=True)
-            stale |= {p.name for p in parent.iterdir() if p.is_dir()}
-        for name in stale:
-            self.session(instance, name).remove()
-        write(parents["pids"] / "pids.max", str(limits.pids))
-        write(parents["memory"] / "memory.limit_in_bytes", str(limits.memory_bytes))
-        try:
-            write(parents["memory"] / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
-        except OSError:
-            pass
-        if "cpu" in parents:
-            write(parents["cpu"] / "cpu.cfs_period_us", str(CPU_PERIOD_US))
-            write(parents["cpu"] / "cpu.cfs_quota_us", str(limits.cpu_quota_us()))
 
-    def remove_parent(self, instance: str) -> None:
-        """Every session group of the instance (processes killed), then its parents."""
-        parents = self._parents(instance)
-        names = {p.name for d in parents.values() if d.exists() for p in d.iterdir() if p.is_dir()}
-        for name in names:
-            self.session(instance, name).remove()
-        for parent in parents.values():
-            rmdir(parent)
+    def _limit_parents(self, instance: str, limits: CgroupLimits) -> None:
+        _set_limits(self._parents(instance), limits)
 
     def session(self, instance: str, name: str) -> V1SessionCgroup:
         return V1SessionCgroup(self._parents(instance), name)
@@ -155,7 +125,15 @@ class V1Hierarchy:
     def legacy_session(self, name: str) -> V1SessionCgroup:
         return V1SessionCgroup({c: self.root / c / GROUP_DIR for c in REQUIRED}, name)
 
-    def usage(self, instance: str) -> Usage:
-        parents = self._parents(instance)
-        memory = working_set(parents["memory"]) or 0
-        return Usage(max(0, memory), read_int(parents["pids"] / "pids.current") or 0)
+
+def _set_limits(dirs: dict[str, Path], limits: CgroupLimits) -> None:
+    """`limits` on one group's directories {controller: dir} (the cpu quota where mounted)."""
+    write(dirs["pids"] / "pids.max", str(limits.pids))
+    write(dirs["memory"] / "memory.limit_in_bytes", str(limits.memory_bytes))
+    try:  # limit memory+swap too where swap accounting exists
+        write(dirs["memory"] / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
+    except OSError:
+        pass
+    if "cpu" in dirs:
+        write(dirs["cpu"] / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+        write(dirs["cpu"] / "cpu.cfs_quota_us", str(limits.cpu_quota_us()))

@@ -16,20 +16,19 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 from pathlib import Path
 
 from services.sandbox.cgroup_base import (
     CPU_PERIOD_US,
     GROUP_DIR,
     CgroupLimits,
-    Usage,
+    ParentLayout,
     read_pids,
     rmdir,
+    sigkill_each,
     until_empty,
     write,
 )
-from services.sandbox.host import read_int, working_set
 
 log = logging.getLogger(__name__)
 REQUIRED = ("memory", "pids")
@@ -96,11 +95,7 @@ class V2SessionCgroup:
             except FileNotFoundError:
                 pass
             write(group / "cgroup.freeze", "1")
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            sigkill_each(pids)
             write(group / "cgroup.freeze", "0")
             return False
 
@@ -122,7 +117,7 @@ class V2SessionCgroup:
         rmdir(self.group)
 
 
-class V2Hierarchy:
+class V2Hierarchy(ParentLayout):
     version = "v2"
 
     def __init__(self, root: Path) -> None:
@@ -158,32 +153,24 @@ class V2Hierarchy:
     def _parent(self, instance: str) -> Path:
         return self.root / GROUP_DIR / instance
 
-    def setup_parent(self, instance: str, limits: CgroupLimits) -> None:
+    def parent_dir(self, instance: str, controller: str) -> Path:
+        return self._parent(instance)  # one group holds every controller
+
+    def parent_dirs(self, instance: str) -> list[Path]:
+        return [self._parent(instance)]
+
+    def _make_parents(self, instance: str) -> None:
         top = self.root / GROUP_DIR
         top.mkdir(exist_ok=True)
         _enable(top, self.controllers)
-        parent = self._parent(instance)
-        parent.mkdir(exist_ok=True)
-        for child in [p for p in parent.iterdir() if p.is_dir()]:
-            V2SessionCgroup(child).remove()
-        _set_limits(parent, limits)
-        _enable(parent, self.controllers)
+        self._parent(instance).mkdir(exist_ok=True)
 
-    def remove_parent(self, instance: str) -> None:
-        """Every session group of the instance (processes killed), then the parent."""
-        parent = self._parent(instance)
-        if parent.exists():
-            for child in [p for p in parent.iterdir() if p.is_dir()]:
-                V2SessionCgroup(child).remove()
-        rmdir(parent)
+    def _limit_parents(self, instance: str, limits: CgroupLimits) -> None:
+        _set_limits(self._parent(instance), limits)
+        _enable(self._parent(instance), self.controllers)
 
     def session(self, instance: str, name: str) -> V2SessionCgroup:
         return V2SessionCgroup(self._parent(instance) / name)
 
     def legacy_session(self, name: str) -> None:
         return None  # the layout without a parent was v1 only
-
-    def usage(self, instance: str) -> Usage:
-        parent = self._parent(instance)
-        memory = working_set(parent) or 0
-        return Usage(max(0, memory), read_int(parent / "pids.current") or 0)

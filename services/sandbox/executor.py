@@ -18,39 +18,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from services.sandbox.launch import Launch
+from services.sandbox.runner import Capture
 
 TIMEOUT_EXIT_CODE = 124  # like GNU timeout(1); `timed_out` says it explicitly
 SETUP_ERROR_EXIT_CODE = 125
 
 
-class OutputBuffer:
-    """Keeps the first and last `cap // 2` bytes of a stream and counts the rest."""
-
-    def __init__(self, cap_bytes: int) -> None:
-        self.head_cap = cap_bytes - cap_bytes // 2
-        self.tail_cap = cap_bytes // 2
-        self.head = bytearray()
-        self.tail = bytearray()
-        self.total = 0
-
-    def feed(self, data: bytes) -> None:
-        self.total += len(data)
-        room = self.head_cap - len(self.head)
-        if room > 0:
-            self.head += data[:room]
-            data = data[room:]
-        if data and self.tail_cap:
-            self.tail += data
-            if len(self.tail) > 2 * self.tail_cap:
-                del self.tail[: len(self.tail) - self.tail_cap]
+class OutputBuffer(Capture):
+    """runner.py's `Capture` (the first `cap - cap // 2` and last `cap // 2` bytes of a stream,
+    and its total size), rendered for the response."""
 
     @property
     def truncated_bytes(self) -> int:
         return self.total - len(self.head) - min(len(self.tail), self.tail_cap)
 
     def text(self) -> str:
-        tail = bytes(self.tail[-self.tail_cap :]) if self.tail_cap else b""
-        return render_output(bytes(self.head), tail, self.total)
+        head, tail = self.parts()
+        return render_output(head, tail, self.total)
 
 
 def render_output(head: bytes, tail: bytes, total: int) -> str:

@@ -43,7 +43,8 @@ FRESH_ENV_DROPPED = ("BASH_ENV", "ENV")  # as services/sandbox/preludes.py fresh
 
 
 class Capture:
-    """First `cap - cap // 2` and last `cap // 2` bytes of a stream, plus its total size."""
+    """First `cap - cap // 2` and last `cap // 2` bytes of a stream, plus its total size (the
+    service's executor.OutputBuffer extends it)."""
 
     def __init__(self, cap):
         self.head_cap, self.tail_cap = cap - cap // 2, cap // 2

@@ -7,7 +7,10 @@ entry's metadata holds `name`, `dtype`, `shape`, and `start_idx`/`end_idx`/`nume
 `align`: 1 is SGLang's unpadded layout (what its distributed receiver recomputes, and what the
 learner sends); `ALIGN_BYTES` (the default) pads each start to 64 bytes so that tensors of mixed
 dtypes can each be viewed in place (`layout_align` picks between them). Receivers of
-`/update_weights_from_tensor` only ever follow the offsets.
+`/update_weights_from_tensor` only ever follow the offsets. A bucket is filled from the tensors
+at hand (`flatten_into`) or streamed: the layout planned from descriptions (`describe`: meta
+tensors) and each tensor copied in as an iterator makes it (`fill_from`: the sharded learner's
+push gathers one parameter at a time).
 
 Transports of the buffer (the `serialized_named_tensors` entries of `/update_weights_from_tensor`):
 * SGLang's envelope (`shellrl.weights.sglang`): base64 of an allow-listed pickle of the bucket,
@@ -26,7 +29,7 @@ peer access) are in `shellrl.weights.gpu`; benchmarks/bench_gpu_weight_sync.py m
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from functools import cache
 from typing import TYPE_CHECKING
@@ -149,6 +152,43 @@ def flatten_into(
             tensor.detach().contiguous().reshape(-1).view(torch.uint8)
         )
     return metadata
+
+
+def describe(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    """`(name, meta tensor)` of the same dtype and shape per tensor: a layout without the data, for
+    `plan_bucket` and a bucket filled by `fill_from` (a DTensor gives its global shape)."""
+    torch = _torch()
+    return [(n, torch.empty(t.shape, dtype=t.dtype, device="meta")) for n, t in named_tensors]
+
+
+def fill_from(
+    metadata: list[TensorMeta], values: Iterator[tuple[str, torch.Tensor]], buffer: torch.Tensor
+) -> set:
+    """Copy the next `len(metadata)` (name, tensor) pairs of `values` into their slots of `buffer`
+    (1-D uint8, any device, laid out by `metadata`), one at a time as the iterator makes them:
+    each is dropped before the next is taken, so a producer that makes them on demand (the
+    sharded learner's all-gather per parameter) has at most one alive here. Returns the devices
+    the tensors came from. Raises ValueError when `values` runs out or a tensor's name, dtype or
+    shape differs from its slot (the rest of `values` is left to the caller)."""
+    torch = _torch()
+    devices = set()
+    for meta in metadata:
+        try:
+            name, tensor = next(values)
+        except StopIteration:
+            raise ValueError(f"no tensor left for slot {meta.name!r}") from None
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if (name, dtype, tuple(tensor.shape)) != (meta.name, meta.dtype, meta.shape):
+            raise ValueError(
+                f"{name} {dtype}{list(tensor.shape)} does not match slot {meta.name} "
+                f"{meta.dtype}{list(meta.shape)}"
+            )
+        devices.add(tensor.device)
+        buffer[meta.start_idx : meta.end_idx].copy_(
+            tensor.detach().contiguous().reshape(-1).view(torch.uint8)
+        )
+        del tensor  # before the next one is made
+    return devices
 
 
 def flatten_tensors(

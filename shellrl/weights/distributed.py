@@ -355,13 +355,15 @@ class FlatBucket(KeptHostBucket):
 
     align = 1
 
-    def __init__(self, named_tensors, device) -> None:
+    def __init__(self, named_tensors, device, values=None) -> None:
+        """values: None, or an iterator of (name, tensor) streamed into the layout of
+        `named_tensors` (descriptions; `KeptHostBucket._fill`)."""
         torch = _torch()
         named_tensors = list(named_tensors)
         _, nbytes = plan_bucket(named_tensors, 1)
         self._flat = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
         self._adopted = None
-        self._fill(named_tensors)
+        self._fill(named_tensors, values)
 
     def _buffer(self, nbytes: int):
         return self._flat[:nbytes]

@@ -11,7 +11,7 @@ import base64
 import json
 import os
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from multiprocessing import shared_memory
 from typing import TYPE_CHECKING
 
@@ -20,6 +20,7 @@ from shellrl.weights.bucket import (
     _metadata_json,
     _torch,
     _views,
+    fill_from,
     flatten_into,
     layout_align,
     plan_bucket,
@@ -225,8 +226,14 @@ class CudaIpcBucket:
         named_tensors: Iterable[tuple[str, torch.Tensor]],
         staging: str = "bucket",
         sync: bool = True,
+        values: Iterator[tuple[str, torch.Tensor]] | None = None,
     ) -> str:
         """Copy `named_tensors` into the bucket; returns the CUDA IPC payload (JSON string).
+
+        values: None, or an iterator of (name, tensor) streamed into the layout of `named_tensors`
+        (then descriptions: `bucket.describe`) one tensor at a time, each copied straight into its
+        slot and dropped before the next is made (`bucket.fill_from`; `staging` is not used): the
+        sharded learner's push, which gathers one parameter at a time. The payload is the same.
 
         sync=True: returns once the copies are done on both GPUs. sync=False: returns once they are
         enqueued; the payload then carries `ready_event`, the IPC handle of an interprocess CUDA event
@@ -247,7 +254,10 @@ class CudaIpcBucket:
             self._rotate()
         self._layout(named_tensors, source)
         tensors = [t for _, t in named_tensors]
-        if staging == "direct" or source == self.device:
+        sources = {source}
+        if values is not None:
+            sources = fill_from(self._metadata, values, self.buffer)
+        elif staging == "direct" or source == self.device:
             _copy_all(self._views, tensors)
         else:
             if self._source_views is None:
@@ -258,7 +268,7 @@ class CudaIpcBucket:
             self._pipelined_stage(tensors, source)
         ready = None
         if sync:
-            for device in {self.device, source}:
+            for device in {self.device, *sources}:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
         else:

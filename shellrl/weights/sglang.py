@@ -264,7 +264,9 @@ class SharedTensorBucket(KeptHostBucket):
     unlinks what is left when they exit.
     """
 
-    def __init__(self, named_tensors) -> None:
+    def __init__(self, named_tensors, values=None) -> None:
+        """values: None, or an iterator of (name, tensor) streamed into the layout of
+        `named_tensors` (descriptions; `KeptHostBucket._fill`)."""
         torch = _torch()
         named_tensors = list(named_tensors)
         if not named_tensors:
@@ -275,7 +277,7 @@ class SharedTensorBucket(KeptHostBucket):
         self._flat = torch.empty(0, dtype=torch.uint8).set_(storage)
         self._adopted = None
         self._pickled: tuple[tuple, bytes] | None = None
-        self._fill(named_tensors)
+        self._fill(named_tensors, values)
 
     @property
     def shm_handle(self) -> str:

@@ -27,6 +27,7 @@ from shellrl.weights.bucket import (
     _metadata_json,
     _torch,
     _views,
+    fill_from,
     flatten_into,
     plan_bucket,
     unflatten_tensors,
@@ -58,11 +59,21 @@ class KeptHostBucket:
         """Release the memory (idempotent)."""
         raise NotImplementedError
 
-    def _fill(self, named_tensors: list) -> None:
-        _, nbytes = plan_bucket(named_tensors, self.align)
+    def _fill(self, named_tensors: list, values: Iterator | None = None) -> None:
+        """values: None (copy `named_tensors`), or an iterator of (name, tensor) that `fill_from`
+        streams into the layout of `named_tensors` (descriptions: meta tensors will do)."""
+        metadata, nbytes = plan_bucket(named_tensors, self.align)
         buffer = self._buffer(nbytes)
-        self.metadata, self.nbytes = flatten_into(named_tensors, buffer, self.align), nbytes
+        if values is None:
+            metadata = flatten_into(named_tensors, buffer, self.align)
+        else:
+            fill_from(metadata, values, buffer)
+        self.metadata, self.nbytes = metadata, nbytes
         del buffer  # no exported view may outlive the memory (close() unmaps)
+
+    def fits(self, named_tensors: list) -> bool:
+        """The tensors (or their descriptions) fit the memory in this bucket's layout."""
+        return plan_bucket(named_tensors, self.align)[1] <= self._capacity()
 
     def adopt(self, parameters: list) -> None:
         """Make `parameters` (the tensors this bucket holds, in order, CPU) live in the segment: each
@@ -102,19 +113,24 @@ class KeptHostBucket:
             )
         )
 
-    def refill(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> KeptHostBucket:
+    def refill(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], values: Iterator | None = None
+    ) -> KeptHostBucket:
         """Write new tensors into the same segment: its pages are mapped already, so this is a plain
         memcpy (a fresh segment pays a page fault per 4 KiB); nothing at all when they are the adopted
         parameters (`adopt`). Call it only after every engine has read the previous contents (its
-        update call returned). Raises ValueError if they do not fit."""
+        update call returned). values: stream the tensors from this iterator of (name, tensor)
+        into the layout of `named_tensors` (descriptions; see `_fill`). Raises ValueError if they
+        do not fit (before anything is taken from `values`) or a streamed tensor differs from its
+        slot."""
         named_tensors = list(named_tensors)
-        if self._holds([t for _, t in named_tensors]):
+        if values is None and self._holds([t for _, t in named_tensors]):
             return self
         self._release_adopted()
         _, nbytes = plan_bucket(named_tensors, self.align)
         if nbytes > self._capacity():
             raise ValueError(f"{nbytes} bytes do not fit the segment ({self._capacity()} bytes)")
-        self._fill(named_tensors)
+        self._fill(named_tensors, values)
         return self
 
     def _release_adopted(self) -> None:

@@ -1,0 +1,43 @@
+"""The options of every command that starts the stack (`shellrl run`, `shellrl up`): the config
+file, the model, the state directory, and where engine and learner run. One definition, so both
+commands (and a config file read for either, cli/config_file.py) take the same names, defaults
+and help texts."""
+
+from __future__ import annotations
+
+
+def add_stack_arguments(parser) -> None:
+    """--config, --model-path, --state-dir (JobConfig's defaults), --device and the engine's and
+    learner's GPU memory fractions."""
+    from cli.main_job import JobConfig
+    from cli.stack_config import DEVICES, GPU_MEMORY_FRACTIONS
+
+    d = JobConfig()
+    parser.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="TOML file of these options and an [env] table (cli/config_file.py); "
+        "flags override it",
+    )
+    parser.add_argument(
+        "--model-path", default=d.model_path, help="smollm2, tiny, or a Hugging Face directory"
+    )
+    parser.add_argument(
+        "--state-dir", default=str(d.state_dir), help="Redis AOF, logs, checkpoints, report"
+    )
+    parser.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="cpu",
+        help="where engine and learner run; cuda: both on one GPU (bf16 engine), each within "
+        "its fraction of the GPU's memory (fails at once without a CUDA GPU)",
+    )
+    for name in ("engine", "learner"):
+        parser.add_argument(
+            f"--{name}-gpu-memory",
+            type=float,
+            default=GPU_MEMORY_FRACTIONS[name],
+            metavar="FRACTION",
+            help=f"with --device cuda: fraction of the GPU's memory the {name} may allocate",
+        )
