@@ -18,7 +18,11 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
   benchmarks/out/gpu/wheels/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks/out/gpu/site PYTHONUNBUFFERED=1  # site: the sglang modules tests/helpers/sglang_modules.py imports (copied from the wheel: 1.7 MB of its 222)
+# extra: what SGLang's own modules import and the device image may lack (pybase64, pyzmq, psutil,
+# requests, pillow, packaging; benchmarks/gpu_sglang_site.py says how), last on the path
+[ -d benchmarks/out/gpu/extra ] && python3 -m pip install -q --no-index --no-deps --no-compile \
+  --no-cache-dir --upgrade --target /tmp/extra benchmarks/out/gpu/extra/*.whl
+export PYTHONPATH=/tmp/site:$PWD:$PWD/benchmarks/out/gpu/site:/tmp/extra PYTHONUNBUFFERED=1  # site: the sglang modules tests/helpers/sglang_modules.py imports (python -m benchmarks.gpu_sglang_site copies them from the wheel: 1.7 MB of its 222)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 { nvidia-smi topo -m; nvidia-smi --query-gpu=index,name,memory.total,pcie.link.gen.current,pcie.link.width.current --format=csv; } > "$OUT/topo.txt" 2>&1
 python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__, 'gpus', torch.cuda.device_count())"
