@@ -253,6 +253,11 @@ class SandboxFleet:
         member, raw = await self._owner(session_id)
         return await member.client.exec(raw, command, timeout_s=timeout_s, fresh_state=fresh_state)
 
+    async def diff(self, session_id: str, max_paths: int = 1000) -> dict[str, Any]:
+        """SandboxClient.diff on the session's owner (files changed since setup)."""
+        member, raw = await self._owner(session_id)
+        return await member.client.diff(raw, max_paths=max_paths)
+
     async def read_file(self, session_id: str, path: str, max_bytes: int = 10 << 20) -> bytes:
         member, raw = await self._owner(session_id)
         return await member.client.read_file(raw, path, max_bytes=max_bytes)

@@ -15,6 +15,8 @@ class SlowVerifier:
     def __init__(self, verifier: Verifier, delay_s: float) -> None:
         self.verifier, self.delay_s = verifier, delay_s
 
-    async def verify(self, task, answer, session_id, tool_events=()) -> Verification:
+    async def verify(
+        self, task, answer, session_id, tool_events=(), trajectory_id: str = ""
+    ) -> Verification:
         await asyncio.sleep(self.delay_s)
-        return await self.verifier.verify(task, answer, session_id, tool_events)
+        return await self.verifier.verify(task, answer, session_id, tool_events, trajectory_id)

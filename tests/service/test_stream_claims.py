@@ -115,8 +115,10 @@ async def test_the_verifier_handles_each_entry_once_after_lost_reads_however_lon
 ):
     """Two verifier replicas on one claim idle time (short, so the test is quick; the rule does
     not depend on it); each verification takes 2.5 claim idle times, the first replica's client
-    loses its first three delivered batches, and a neighbour keeps the loop busy."""
-    n, claim_min_idle_ms = 24, 800
+    loses its first three delivered batches, and a neighbour keeps the loop busy. The idle time
+    leaves 1.5 s between renewals (every 0.5 s) and a re-claim: at 0.8 s a machine at load 7 on 2
+    cores stalled the process long enough for the other replica to re-claim held entries."""
+    n, claim_min_idle_ms = 24, 2000
     task = task_from_json(
         {
             "task_id": "t-five",
@@ -149,7 +151,7 @@ async def test_the_verifier_handles_each_entry_once_after_lost_reads_however_lon
             consumer,
             StreamProducer(redis, STREAM_TRAJECTORIES),
             StreamProducer(redis, STREAM_EVALUATIONS),
-            SlowVerifier(build_verifier(settings, sandbox=None), delay_s=2.0),
+            SlowVerifier(build_verifier(settings, sandbox=None), delay_s=5.0),
             None,
             concurrency=8,
         )

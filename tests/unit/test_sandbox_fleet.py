@@ -53,3 +53,27 @@ def test_the_setup_key_covers_setup_env_limits_and_policy():
         SetupSpec("echo hi", (("A", "1"),), limits, "strict"),
     ]
     assert len({base.key, *(o.key for o in others)}) == 5
+
+
+def test_the_fleet_offers_every_session_call_of_the_single_client_with_its_parameters():
+    """The verifier called `diff` on a SandboxFleet that lacked it (every episode of a main job
+    with state_drift on ended as infra_verifier): the fleet stands in for SandboxClient, so every
+    public coroutine of the client exists on the fleet with the same parameters."""
+    import inspect
+
+    from shellrl.clients.sandbox import SandboxClient
+
+    def calls(cls):
+        return {
+            name: inspect.signature(fn)
+            for name, fn in inspect.getmembers(cls, inspect.iscoroutinefunction)
+            if not name.startswith("_")
+        }
+
+    client, fleet = calls(SandboxClient), calls(SandboxFleet)
+    assert sorted(set(client) - set(fleet)) == []
+    for name, signature in client.items():
+        params = fleet[name].parameters.values()
+        if any(p.kind is p.VAR_KEYWORD for p in params):  # forwards every keyword
+            continue
+        assert list(fleet[name].parameters) == list(signature.parameters), name
