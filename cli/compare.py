@@ -47,6 +47,8 @@ def load_run(directory: Path) -> dict:
         raise ValueError(
             f"{directory}: no summary.json or evaluations.json (not a report directory)"
         )
+    if summary.get("incomplete"):
+        raise ValueError(f"{directory}: an incomplete run ({summary.get('line')}): not comparable")
     return {**summary, "line": summary_line(summary)}
 
 

@@ -6,6 +6,7 @@ their success (with its 95% interval, cli/eval_stats.py) and per-template table 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import httpx
 from rich.console import Console
@@ -33,8 +34,11 @@ def evaluate(
     label: str,
     samples: int = 1,
     temperature: float = 0.0,
+    check_alive: Callable[[], None] = lambda: None,
 ) -> dict[str, dict]:
-    """Start one evaluation per set (`evaluation_body`) and wait for all of them."""
+    """Start one evaluation per set (`evaluation_body`) and wait for all of them. check_alive:
+    called every poll, raises when a service of the stack has exited (the launcher's
+    `Stack.raise_if_exited`), so an engine that dies mid-evaluation ends the wait at once."""
     started = {}
     for name, ids in sets.items():
         r = client.post(
@@ -46,6 +50,7 @@ def evaluate(
     t0 = time.monotonic()
     with console.status(f"[bold]evaluation {label}") as status:
         while len(results) < len(started):
+            check_alive()
             for name, eid in started.items():
                 if name in results:
                     continue

@@ -17,9 +17,12 @@ console = Console()
 
 @dataclass
 class JobOutcome:
-    """What the job's phases measured: evaluations before and after ({set: evaluation view}),
-    the eval tasks by id, the learner's step records, the status snapshots taken while training,
-    the services' last /metrics texts ({service: text}) and the phases' wall seconds."""
+    """What the job's phases measured: evaluations before and after ({set: evaluation view}; {}
+    when that evaluation did not run), the eval tasks by id, the learner's step records, the
+    status snapshots taken while training, the services' last /metrics texts ({service: text})
+    and the phases' wall seconds. incomplete: set when a service died and cut the job short
+    (service, status, class, cause, log, phase, resume_from_step, rerun: cli/job_failure.py);
+    train_started_at: unix s training started (None before it did)."""
 
     before: dict
     after: dict
@@ -28,12 +31,17 @@ class JobOutcome:
     snapshots: list[dict]
     metrics: dict[str, str]
     phases: dict[str, float]
+    incomplete: dict | None = None
+    train_started_at: float | None = None
 
 
-def write_job_report(cfg, job: JobOutcome, *, t_start: float, t_train: float) -> Path:
+def write_job_report(cfg, job: JobOutcome, *, t_start: float, t_train: float | None) -> Path:
     """Write `<state>/report/`: metrics_<service>.prom, phases.json, summary.json and the report
     (cli/report.py); print the summary line. t_start, t_train: unix s of the job's and the
-    training's start. cfg: the job's cli.main_job.JobConfig. Returns the report directory."""
+    training's start (None: training never started). cfg: the job's cli.main_job.JobConfig.
+    A job cut short (`job.incomplete`) gets `incomplete` in summary.json, at the head of the
+    summary line and of report.md, and "not evaluated" where an evaluation did not run. Returns
+    the report directory."""
     from cli.report import write_report
     from cli.run_summary import summarize, summary_line
 
@@ -45,7 +53,10 @@ def write_job_report(cfg, job: JobOutcome, *, t_start: float, t_train: float) ->
         (report_dir / f"metrics_{name}.prom").write_text(text)
     phases["total_s"] = time.time() - t_start
     (report_dir / "phases.json").write_text(json.dumps(phases | {"device": cfg.device}, indent=2))
-    summary = summarize(before, after, tasks_by_id, job_meta(cfg, steps, phases))
+    meta = job_meta(cfg, steps, phases)
+    if job.incomplete is not None:
+        meta["incomplete"] = job.incomplete
+    summary = summarize(before, after, tasks_by_id, meta)
     summary["line"] = summary_line(summary)
     (report_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     path = write_report(
@@ -63,7 +74,12 @@ def write_job_report(cfg, job: JobOutcome, *, t_start: float, t_train: float) ->
         tasks_by_id=tasks_by_id,
         train_started_at=t_train,
     )
-    console.print(f"[bold green]report written:[/] {path}")
+    done = (
+        "[bold yellow]incomplete report written:[/]"
+        if job.incomplete
+        else "[bold green]report written:[/]"
+    )
+    console.print(f"{done} {path}")
     console.print(f"[bold]summary:[/] {summary['line']}", soft_wrap=True)
     return report_dir
 
@@ -83,3 +99,11 @@ def job_meta(cfg, steps: list[dict], phases: dict) -> dict:
         "steps_with_training": len({s["step"] for s in trained if s.get("trajectories")}),
         "phases": phases,
     }
+
+
+def read_steps(state_dir: Path) -> list[dict]:
+    """The learner's step ledger, `<state>/checkpoints/steps.jsonl` ([] before its first step)."""
+    ledger = state_dir / "checkpoints" / "steps.jsonl"
+    if not ledger.exists():
+        return []
+    return [json.loads(line) for line in ledger.read_text().splitlines() if line.strip()]

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cli.stack_config import STATE_DIR, StackConfig, device_env, port_is_free
-from cli.stack_failure import StackError, last_error_line
+from cli.stack_failure import ServiceExited, StackError, last_error_line
 from shellrl.service.main import wait_until_ready
 
 _TOKEN_SETTINGS = ("SHELLRL_API_TOKEN", "SHELLRL_API_TOKEN_FILE", "SHELLRL_AUTH_DISABLED")
@@ -199,21 +199,17 @@ class Stack:
             raise StackError(f"{exc}; see {proc.log_path}{last}") from None
 
     def raise_if_exited(self) -> None:
-        """Raise StackError naming the first service (or redis) whose process has exited since it
-        started, with its exit status, log file and the log's last error line (e.g. a learner
-        killed by CUDA OOM); return quietly while all of them run."""
+        """Raise ServiceExited naming the first service (or redis) whose process has exited since
+        it started, with its exit status, failure class (cli/stack_failure.py: oom, crash,
+        killed (SIGKILL) ...), log file and the log's last error line (e.g. a learner killed by
+        CUDA OOM); return quietly while all of them run."""
         for proc in self.procs:
             status = proc.popen.poll()
             if status is None:
                 continue
             if proc.pump is not None:
                 proc.pump.join(5.0)  # the log's last lines are still in the pipe
-            cause = last_error_line(proc.log_path)
-            last = f" (last error: {cause})" if cause else ""
-            raise StackError(
-                f"{proc.name} exited with status {status} while the job ran; "
-                f"see {proc.log_path}{last}"
-            )
+            raise ServiceExited(proc.name, status, proc.log_path, last_error_line(proc.log_path))
 
     def _write_pid_file(self) -> None:
         self.pid_file.write_text(
@@ -223,6 +219,7 @@ class Stack:
                     "processes": {p.name: p.popen.pid for p in self.procs},
                     "ports": self.config.ports,
                     "urls": {p.name: p.url for p in self.procs if p.url},
+                    "logs": {p.name: str(p.log_path.resolve()) for p in self.procs},
                     "redis_url": self.config.redis_url,
                     "api_token_file": str(self.config.api_token_file.resolve()),
                     "started_at": time.time(),

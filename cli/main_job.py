@@ -15,6 +15,12 @@ request, services/rollout/seeding.py), the epoch order of the pool and the learn
 
 The job ends with `summary.json` and one summary line (cli/run_summary.py): eval_id and eval_ood
 before -> after, whether the target is met, and every template that lost solved instances.
+
+A service that dies on the way (the learner's CUDA OOM, an engine crash, a SIGKILL) stops the job
+at the next poll: the stack stops, the report is written from what exists (the evaluations done,
+the learner's step ledger, the status snapshots, the phases), marked `incomplete` with the
+service, its failure class and the phase, and the job exits 1 with one line naming all of it and
+the checkpoint a rerun resumes from (cli/job_failure.py).
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from rich.live import Live
 from rich.table import Table
 
 from cli.job_evaluations import evaluate, log_evaluations
-from cli.job_report import JobOutcome, write_job_report
+from cli.job_failure import last_metrics, report_failure, service_exited
+from cli.job_report import JobOutcome, read_steps, write_job_report
 from cli.launcher import Stack
 from cli.stack_config import (
     DEVICES,
@@ -41,6 +48,7 @@ from cli.stack_config import (
     api_headers,
     device_env,
 )
+from cli.stack_failure import ServiceExited
 from cli.stack_status import collect
 from shellrl.contract import task_to_json
 from shellrl.tracking import TrackingConfig, create_tracker
@@ -286,12 +294,17 @@ def progress_table(snap: dict, cfg: JobConfig, elapsed_s: float) -> Table:
 
 
 def train(
-    cfg: JobConfig, info: dict, learner_url: str, check_alive: Callable[[], None] = lambda: None
+    cfg: JobConfig,
+    info: dict,
+    learner_url: str,
+    check_alive: Callable[[], None] = lambda: None,
+    snapshots: list[dict] | None = None,
 ) -> list[dict]:
     """Watch the learner until `cfg.steps` steps or the time budget; returns status snapshots.
     check_alive: called every poll, raises when a service of the stack has exited (the launcher's
-    `Stack.raise_if_exited`), so a dead learner ends the job at once with its cause."""
-    snapshots = []
+    `Stack.raise_if_exited`), so a dead learner ends the job at once with its cause. snapshots:
+    the list to append them to as they are taken (what it holds survives such a raise)."""
+    snapshots = [] if snapshots is None else snapshots
     t0 = time.monotonic()
     with Live(console=console, refresh_per_second=1) as live:
         while True:
@@ -328,7 +341,8 @@ def check_verifier_config(
 
 
 def run_job(cfg: JobConfig) -> Path:
-    """The whole job; returns the report directory."""
+    """The whole job; returns the report directory. Raises StackError (exit status 1) when a
+    service dies on the way, after writing the incomplete report (module docstring)."""
     (cfg.state_dir / "report").mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     sets = eval_sets(cfg)
@@ -339,14 +353,26 @@ def run_job(cfg: JobConfig) -> Path:
         + ", ".join(f"{k} {len(v)}" for k, v in sets.items())
     )
     tracker = create_tracker(TrackingConfig(backend=cfg.tracker), "job", cfg.state_dir / "tracking")
-    phases: dict[str, float] = {}  # wall seconds of each stage of the job
-    with Stack(cfg.stack_config()) as stack:
-        try:
-            outcome, t_train = _job_on_stack(cfg, stack, sets, train_pool, tracker, phases, t_start)
-        except httpx.TransportError:
-            stack.raise_if_exited()  # a refused connection because a service died: name it
-            raise
-    return write_job_report(cfg, outcome, t_start=t_start, t_train=t_train)
+    # filled phase by phase (wall seconds of each stage in `phases`), so a failure reports what ran
+    job = JobOutcome(
+        before={}, after={}, tasks_by_id={}, steps=[], snapshots=[], metrics={}, phases={}
+    )
+    failure = None
+    try:
+        with Stack(cfg.stack_config()) as stack:
+            try:
+                _job_on_stack(cfg, stack, sets, train_pool, tracker, job, t_start)
+            except (ServiceExited, httpx.TransportError) as exc:
+                # a refused connection is a service that died: name it, else it is the error
+                failure = exc if isinstance(exc, ServiceExited) else service_exited(stack)
+                if failure is None:
+                    raise
+                job.metrics = last_metrics(stack.config.url)
+    finally:
+        tracker.close()
+    if failure is not None:
+        report_failure(cfg, job, failure, t_start)
+    return write_job_report(cfg, job, t_start=t_start, t_train=job.train_started_at)
 
 
 def _job_on_stack(
@@ -355,12 +381,13 @@ def _job_on_stack(
     sets: dict,
     train_pool: list,
     tracker,
-    phases: dict[str, float],
+    job: JobOutcome,
     t_start: float,
-) -> tuple[JobOutcome, float]:
+) -> None:
     """The job's stages on a started stack (run_job): evaluations, training, the services' last
-    metrics. Returns the outcome and the wall time (unix s) training started."""
+    metrics, filled into `job` as they finish (`job.phases`: the wall seconds of each)."""
     info = json.loads(stack.pid_file.read_text())
+    phases = job.phases
     phases["stack_start_s"] = time.time() - t_start
     console.print(f"stack up in {phases['stack_start_s']:.0f} s; logs in {stack.log_dir}/")
     headers = stack.config.auth_headers()
@@ -368,24 +395,21 @@ def _job_on_stack(
     client = httpx.Client(base_url=stack.config.url("rollout"), headers=headers)
     eval_ids = {name: submit(client, tasks, eval_copy=True) for name, tasks in sets.items()}
     tasks_by_id = {i: t for name, ts in sets.items() for i, t in zip(eval_ids[name], ts)}
+    job.tasks_by_id = tasks_by_id
+    alive = stack.raise_if_exited
     t_eval = time.time()
-    before = evaluate(client, eval_ids, "before", cfg.eval_samples, cfg.eval_temperature)
+    job.before = evaluate(client, eval_ids, "before", cfg.eval_samples, cfg.eval_temperature, alive)
     phases["eval_before_s"] = time.time() - t_eval
-    log_evaluations(tracker, before, tasks_by_id)
+    log_evaluations(tracker, job.before, tasks_by_id)
     submit(client, train_pool)
-    t_train = time.time()
-    snapshots = train(cfg, info, stack.config.url("learner"), stack.raise_if_exited)
+    t_train = job.train_started_at = time.time()
+    train(cfg, info, stack.config.url("learner"), alive, snapshots=job.snapshots)
     train_s = phases["train_s"] = time.time() - t_train
-    after = evaluate(client, eval_ids, "after", cfg.eval_samples, cfg.eval_temperature)
+    job.after = evaluate(client, eval_ids, "after", cfg.eval_samples, cfg.eval_temperature, alive)
     phases["eval_after_s"] = time.time() - t_train - train_s
-    log_evaluations(tracker, after, tasks_by_id)
-    tracker.close()
-    metrics = {
+    log_evaluations(tracker, job.after, tasks_by_id)
+    job.metrics = {
         name: httpx.get(f"{stack.config.url(name)}/metrics", timeout=10).text
         for name in ("learner", "rollout", "engine")
     }
-    ledger = cfg.state_dir / "checkpoints" / "steps.jsonl"
-    steps = (
-        [json.loads(line) for line in ledger.read_text().splitlines()] if ledger.exists() else []
-    )
-    return JobOutcome(before, after, tasks_by_id, steps, snapshots, metrics, phases), t_train
+    job.steps = read_steps(cfg.state_dir)

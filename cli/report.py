@@ -6,7 +6,8 @@ step), the status snapshots taken while training (`time`, learner and rollout st
 engine's generated-token counter), and the final /metrics texts of learner and rollout.
 Success rates are reported with their n and a 95% interval (cli/eval_stats.py: Wilson over tasks
 for one episode per task, a bootstrap over tasks for several); `summary` (cli/run_summary.py)
-adds the target verdict and the per-template regressions.
+adds the target verdict and the per-template regressions. A few successes and failures per
+template of the last evaluation are named by trajectory id, for `shellrl show`.
 """
 
 from __future__ import annotations
@@ -37,6 +38,54 @@ def per_template(view: dict, tasks_by_id: dict) -> dict[str, list[int]]:
     return dict(out)
 
 
+def transcript_examples(view: dict, tasks_by_id: dict, k: int = 2) -> dict[str, dict]:
+    """{template or source: {"success": [trajectory_id ...], "failure": [...]}}, at most `k` of
+    each, in result order, from an evaluation's per-episode results (`shellrl show <id>` prints
+    one). A failure is a wrong answer first (outcome `wrong`), an infrastructure failure only where
+    a template has fewer than `k` wrong answers."""
+    found: dict[str, dict[str, list[str]]] = defaultdict(
+        lambda: {"success": [], "wrong": [], "infra": []}
+    )
+    for r in view.get("results", []):
+        if not r.get("trajectory_id"):
+            continue
+        task = tasks_by_id.get(r.get("task_id"))
+        key = (task.template or task.source or "?") if task is not None else "?"
+        outcome = r.get("outcome")
+        kind = outcome if outcome in ("success", "wrong") else "infra"
+        found[key][kind].append(r["trajectory_id"])
+    return {
+        key: {"success": f["success"][:k], "failure": (f["wrong"] + f["infra"])[:k]}
+        for key, f in sorted(found.items())
+    }
+
+
+def _transcripts_section(before: dict, after: dict, tasks_by_id: dict) -> list[str]:
+    """A few successes and failures per template of the last evaluation that ran, as the
+    `shellrl show` commands that print them (GET /v1/trajectories/{id} while the stack's Redis
+    keeps them)."""
+    views = after or before
+    lines = []
+    for name in ("eval_id", "eval_ood", *sorted(set(views) - {"eval_id", "eval_ood"})):
+        if name not in views:
+            continue
+        for key, ids in transcript_examples(views[name], tasks_by_id).items():
+            shown = [f"`{i}` ({kind})" for kind in ("success", "failure") for i in ids[kind]]
+            if shown:
+                lines.append(f"| {name}: {key} | {', '.join(shown)} |")
+    if not lines:
+        return []
+    when = "after" if after else "before"
+    return [
+        f"### Transcripts ({when} training): `shellrl show <trajectory_id>`",
+        "",
+        "| set: template | trajectories |",
+        "|---|---|",
+        *lines,
+        "",
+    ]
+
+
 def _summary_section(summary: dict | None) -> list[str]:
     """The target verdict, the summary line and the table of templates that lost instances."""
     if not summary:
@@ -52,6 +101,20 @@ def _summary_section(summary: dict | None) -> list[str]:
             )
         lines.append("")
     return lines
+
+
+def _incomplete_section(incomplete: dict | None) -> list[str]:
+    """The head of the report of a job a dead service cut short (summary.json's `incomplete`)."""
+    if not incomplete:
+        return []
+    cause = f"; last error: `{incomplete['cause']}`" if incomplete.get("cause") else ""
+    return [
+        f"**Incomplete run**: {incomplete.get('service')} exited with status "
+        f"{incomplete.get('status')} during {incomplete.get('phase')}: {incomplete.get('class')}"
+        f"{cause}; log {incomplete.get('log')}. What follows is what ran until then; "
+        f"{incomplete.get('rerun') or 'see the log'}.",
+        "",
+    ]
 
 
 def _with_interval(view: dict | None) -> str:
@@ -95,7 +158,8 @@ def write_report(
     stale = histogram_buckets(learner_metrics, "shellrl_trajectory_staleness")
     if (p := plots.plot_staleness(stale, out)) is not None:
         images.append(p)
-    images.append(plots.plot_eval(before, after, out))
+    if before and after:  # a job cut short plots no bar for an evaluation that did not run
+        images.append(plots.plot_eval(before, after, out))
 
     # zero-variance steps take no learner compute: report compute over the steps that trained, and
     # wall-clock per policy version over the whole training phase
@@ -107,6 +171,7 @@ def write_report(
     ]
     rss = [int(s["rss_bytes"]) for s in steps if s.get("rss_bytes")]
     lines = ["# shellrl main job report", ""]
+    lines += _incomplete_section((summary or {}).get("incomplete"))
     first = set_score(next(iter(before.values()), None))
     lines += [
         "## Evaluation (greedy, fixed task instances, one episode each)"
@@ -119,18 +184,22 @@ def write_report(
         "| set | n | before | after | change |",
         "|---|---|---|---|---|",
     ]
+    not_evaluated = "not evaluated"
     for name in before:
         b, a = _rate(before[name]), _rate(after.get(name))
         delta = f"{100 * (a - b):+.1f} pts" if a is not None and b is not None else "n/a"
         n = before[name].get("episodes_scored")
-        lines.append(
-            f"| {name} | {n} | {_with_interval(before[name])} | "
-            f"{_with_interval(after.get(name))} | {delta} |"
-        )
+        a_text = _with_interval(after.get(name)) if after else not_evaluated
+        lines.append(f"| {name} | {n} | {_with_interval(before[name])} | {a_text} | {delta} |")
+    if not before:
+        lines.append(f"| (every set) | 0 | {not_evaluated} | {not_evaluated} | n/a |")
+    versions = {
+        when: views[next(iter(views))].get("policy_versions_seen") if views else not_evaluated
+        for when, views in (("before", before), ("after", after))
+    }
     lines += [
         "",
-        f"Versions evaluated: before {before[next(iter(before))].get('policy_versions_seen')}, after "
-        f"{after[next(iter(after))].get('policy_versions_seen') if after else 'n/a'}.",
+        f"Versions evaluated: before {versions['before']}, after {versions['after']}.",
         "",
     ]
     lines += _summary_section(summary)
@@ -149,9 +218,11 @@ def write_report(
         )
         for key in sorted(set(b) | set(a)):
             bb, aa = b.get(key, [0, 0]), a.get(key, [0, 0])
-            lines.append(f"| {name}: {key} | {bb[0]}/{bb[1]} | {aa[0]}/{aa[1]} |")
+            a_text = f"{aa[0]}/{aa[1]}" if after else not_evaluated
+            lines.append(f"| {name}: {key} | {bb[0]}/{bb[1]} | {a_text} |")
+    lines += [""]
+    lines += _transcripts_section(before, after, tasks_by_id)
     lines += [
-        "",
         "## Training",
         "",
         f"- learner steps: {len(steps)} in {train_s / 60:.1f} min of training; whole job {total_s / 60:.1f} min",

@@ -9,7 +9,14 @@ beyond tolerance when it drops by more than `MAX_TEMPLATE_LOSS` instances.
     eval_id 18.8% -> 43.8% (2.33x, +25.0 pts) | eval_ood 6.2% -> 6.2% | target met |
     regressions: count_lines 4/10 -> 3/10
 
-`cli/compare.py` aggregates the summaries of several runs.
+A job cut short by a service that died (cli/main_job.py) has `incomplete` in its meta; its
+summary says "not evaluated" (`after: null`, target `{"met": false, "evaluated": false}`) for the
+evaluations that did not run, never a number:
+
+    incomplete: learner killed (SIGKILL) during train, no checkpoint | eval_id 18.8% -> not
+    evaluated | eval_ood 6.2% -> not evaluated | target not evaluated
+
+`cli/compare.py` aggregates the summaries of several runs (complete ones only).
 """
 
 from __future__ import annotations
@@ -25,11 +32,18 @@ MAX_TEMPLATE_LOSS = 1.0  # instances a template may lose
 TEMPLATE_SETS = ("eval_id", "eval_ood")
 
 
-def summarize(before: dict, after: dict, tasks_by_id: dict | None, meta: dict) -> dict:
+def summarize(before: dict, after: dict | None, tasks_by_id: dict | None, meta: dict) -> dict:
     """summary.json: per eval set before/after scores, per template solved instances, the
-    regressions, the target verdict, and `meta` (seed, steps, settings) as given."""
+    regressions, the target verdict, and `meta` (seed, steps, settings) as given. An evaluation
+    that did not run (`before` or `after` empty: a job cut short) is not evaluated: its sets'
+    and templates' `after` is None, no regressions, target {"met": False, "evaluated": False}."""
+    evaluated = bool(before) and bool(after)
+    after = after or {}
     sets = {
-        name: {"before": asdict(set_score(view)), "after": asdict(set_score(after.get(name)))}
+        name: {
+            "before": asdict(set_score(view)),
+            "after": asdict(set_score(after.get(name))) if evaluated else None,
+        }
         for name, view in before.items()
     }
     templates = {}
@@ -44,17 +58,17 @@ def summarize(before: dict, after: dict, tasks_by_id: dict | None, meta: dict) -
                     b.get(key, {}).get("instances", 0), a.get(key, {}).get("instances", 0)
                 ),
                 "before": b.get(key, {}).get("solved", 0.0),
-                "after": a.get(key, {}).get("solved", 0.0),
+                "after": a.get(key, {}).get("solved", 0.0) if evaluated else None,
             }
             for key in sorted(set(b) | set(a))
         }
-    found = regressions(templates)
+    found = regressions(templates) if evaluated else []
     return {
         **meta,
         "sets": sets,
         "templates": templates,
         "regressions": found,
-        "target": target(sets, found),
+        "target": target(sets, found) if evaluated else {"met": False, "evaluated": False},
     }
 
 
@@ -96,10 +110,15 @@ def target(sets: dict, found: list[dict]) -> dict:
 def summary_line(summary: dict) -> str:
     """The job's last line: eval_id and eval_ood before -> after, the verdict, the regressions
     ('!' marks one beyond tolerance)."""
-    parts = []
+    parts = [incomplete_text(summary["incomplete"])] if summary.get("incomplete") else []
     for name in TEMPLATE_SETS:
         s = summary["sets"].get(name)
         if s is None:
+            if summary.get("incomplete"):
+                parts.append(f"{name} not evaluated")
+            continue
+        if s["after"] is None:
+            parts.append(f"{name} {_pct(s['before']['rate'])} -> not evaluated")
             continue
         b, a = s["before"]["rate"], s["after"]["rate"]
         text = f"{name} {_pct(b)} -> {_pct(a)}"
@@ -108,6 +127,8 @@ def summary_line(summary: dict) -> str:
             text += f" ({factor}, {100 * (a - b):+.1f} pts)"
         parts.append(text)
     verdict = summary["target"]
+    if verdict.get("evaluated") is False:
+        return " | ".join([*parts, "target not evaluated"])
     failed = [k for k, v in verdict.items() if k != "met" and not v]
     parts.append("target met" if verdict["met"] else "target missed: " + ", ".join(failed))
     regressed = [
@@ -117,6 +138,17 @@ def summary_line(summary: dict) -> str:
     ]
     parts.append("regressions: " + (", ".join(regressed) if regressed else "none"))
     return " | ".join(parts)
+
+
+def incomplete_text(incomplete: dict) -> str:
+    """`incomplete: learner killed (SIGKILL) during train, resume from step 10` (summary.json's
+    `incomplete`, cli/main_job.py)."""
+    step = incomplete.get("resume_from_step")
+    resume = f"resume from step {step}" if step is not None else "no checkpoint"
+    return (
+        f"incomplete: {incomplete.get('service')} {incomplete.get('class')} during "
+        f"{incomplete.get('phase')}, {resume}"
+    )
 
 
 def _pct(x: float) -> str:

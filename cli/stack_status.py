@@ -4,21 +4,27 @@
 the pid file names: `api_token_file`), Redis stream lengths and backlogs, the entries each group
 lost to trimming (pending entries trimmed away before they were handled: `lost_key`, counted by
 every stream consumer, kept across restarts), the staleness histogram from the learner's
-/metrics and the engine's generated-token counter; it never raises (a service that does not
-answer shows as down). `down_parts(snapshot)` names what is down; `render(snapshot)` returns a
-rich renderable.
+/metrics and the engine's generated-token counter, and the processes of the pid file that have
+exited (`exited`: {name: {"class", "cause"}}, the cause being the last error line of the log the
+pid file names: cli/stack_failure.py); it never raises (a service that does not answer shows as
+down). `down_parts(snapshot)` names what is down; `down_causes(snapshot)` adds why;
+`render(snapshot)` returns a rich renderable.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 import httpx
 import redis
 from prometheus_client.parser import text_string_to_metric_families
+from rich.markup import escape
 from rich.table import Table
 
 from cli.stack_config import api_headers
+from cli.stack_failure import failure_class, last_error_line
 from shellrl import streams
 from shellrl.streams.keys import lost_key
 
@@ -109,9 +115,38 @@ def stream_stats(redis_url: str) -> dict[str, dict]:
     return out
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, exited but not yet reaped by its launcher, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc: kill(0) said it exists
+
+
+def exited_processes(info: dict) -> dict[str, dict]:
+    """{name: {"class", "cause"}} of the pid file's processes that no longer run; cause: the last
+    error line of the log the pid file names (None without one); class: its failure class
+    (cli/stack_failure.py; the exit status belongs to the launcher, so signals are not told)."""
+    out = {}
+    for name, pid in (info.get("processes") or {}).items():
+        if process_alive(int(pid)):
+            continue
+        log = (info.get("logs") or {}).get(name)
+        cause = last_error_line(Path(log)) if log else None
+        out[name] = {"class": failure_class(None, cause), "cause": cause}
+    return out
+
+
 def collect(info: dict) -> dict:
     urls = info.get("urls", {})
     snap: dict = {"time": time.time(), "ready": {}, "streams": stream_stats(info["redis_url"])}
+    snap["exited"] = exited_processes(info)
     for name, url in urls.items():
         ready = _get(f"{url}/readyz")
         snap["ready"][name] = bool(ready and ready.get("ready"))
@@ -141,9 +176,25 @@ def down_parts(snap: dict) -> list[str]:
     """What is down in a `collect` snapshot: services not ready and Redis when it did not answer
     (e.g. ["engine", "redis"]); [] when everything is up."""
     down = [name for name, ok in snap["ready"].items() if not ok]
-    if "_error" in snap["streams"]:
+    down += [name for name in snap.get("exited", {}) if name not in down]
+    if "_error" in snap["streams"] and "redis" not in down:
         down.append("redis")
     return down
+
+
+def down_causes(snap: dict) -> list[str]:
+    """`down_parts` with the cause of each process that exited, e.g.
+    ["learner (exited: oom: torch.OutOfMemoryError: CUDA out of memory)", "engine"]."""
+    exited = snap.get("exited", {})
+    out = []
+    for name in down_parts(snap):
+        why = exited.get(name)
+        if why is None:
+            out.append(name)
+        else:
+            cause = f": {why['cause']}" if why["cause"] else ""
+            out.append(f"{name} (exited: {why['class']}{cause})")
+    return out
 
 
 def render(snap: dict) -> Table:
@@ -156,6 +207,9 @@ def render(snap: dict) -> Table:
             f"{n}:{'[green]ready' if ok else '[red]down'}[/]" for n, ok in snap["ready"].items()
         ),
     )
+    for name, why in snap.get("exited", {}).items():
+        cause = escape(why["cause"] or "log empty")  # a log line may hold [brackets]
+        table.add_row(f"{name} exited", f"[red]{escape(why['class'])}[/]: {cause}")
     st = snap["streams"]
     table.add_row("policy version (redis)", str(st.get("_policy_version")))
     learner = snap.get("learner") or {}

@@ -1,7 +1,12 @@
-"""Evaluate the running stack's current policy on the main job's fixed eval sets (or a task file)
-and print each set's success with its 95% interval and a per-template table.
+"""Evaluate a policy on the main job's fixed eval sets (or a task file) and print each set's
+success with its 95% interval and a per-template table: the running stack's current policy at
+`--url`, or, with `--model-path DIR`, a model (a checkpoint, `shellrl export`'s output) on a stack
+this command starts without a learner (Redis, engine, sandbox, verifier, rollout; state under
+`--state-dir`, deleted first, refused when it holds a training run's checkpoints) and stops when
+done.
 
-    shellrl eval [--url http://127.0.0.1:8100] [--sets eval_id,eval_ood,seeds,agentbench]
+    shellrl eval [--url http://127.0.0.1:8100 | --model-path DIR [--state-dir .shellrl-eval]
+                 [--device cpu]] [--sets eval_id,eval_ood,seeds,agentbench]
                  [--tasks FILE.jsonl] [--episodes K] [--temperature T] [--out results.json]
 
 The sets are the ones `shellrl run` evaluates before and after training (cli/main_job.py
@@ -9,9 +14,10 @@ The sets are the ones `shellrl run` evaluates before and after training (cli/mai
 JSONL task file instead (set name: the file's stem). Tasks are submitted as `eval` copies (never
 added to the training pool), then evaluated through the gateway (`POST /v1/evaluations`, as the
 main job: cli/job_evaluations.py): greedy with one episode per task at temperature 0, else
-`--episodes` seeded samples per task. To evaluate a checkpoint, start a stack on it first
-(`shellrl up --model-path DIR`). The gateway's token is sent as by `shellrl submit`.
-Exit status: 0 done, 2 the gateway cannot be reached or refuses the tasks.
+`--episodes` seeded samples per task. The gateway's token is sent as by `shellrl submit` (the
+started stack's own token with `--model-path`). Exit status: 0 done, 1 the started stack fails
+to start (the service and its log's last error named), 2 the gateway cannot be reached or
+refuses the tasks, or a bad `--model-path` (one line, before anything starts).
 """
 
 from __future__ import annotations
@@ -39,6 +45,22 @@ def add_arguments(parser) -> None:
     parser.add_argument("--episodes", type=int, default=4, help="episodes per task when T > 0")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy, 1 episode")
     parser.add_argument("--out", type=Path, help="write the evaluations' JSON views here")
+    parser.add_argument(
+        "--model-path",
+        default=None,
+        help="start a stack on this model (smollm2, tiny, or a Hugging Face directory) and "
+        "evaluate it; None: the running stack at --url",
+    )
+    parser.add_argument(
+        "--state-dir",
+        default=".shellrl-eval",
+        help="with --model-path: the started stack's state (deleted first)",
+    )
+    from cli.stack_config import DEVICES
+
+    parser.add_argument(
+        "--device", choices=DEVICES, default="cpu", help="with --model-path: where the engine runs"
+    )
 
 
 def load_sets(names: str, tasks_file: Path | None) -> dict[str, list]:
@@ -103,6 +125,41 @@ def render(name: str, view: dict, tasks_by_id: dict):
 
 
 def run(args) -> int:
+    from cli.stack_config import api_headers
+
+    sets = load_sets(args.sets, args.tasks)
+    if args.model_path is None:
+        return evaluate_sets(args, sets, args.url, api_headers())
+    import shutil
+
+    from cli.launcher import Stack
+    from cli.model_path import check_model_path
+    from cli.stack_config import SERVICE_ORDER, StackConfig, check_device
+
+    check_model_path(args.model_path)
+    check_device(args.device, None)
+    state = Path(args.state_dir)
+    checkpoints = state / "checkpoints"
+    if checkpoints.is_dir() and any(checkpoints.iterdir()):
+        raise CliError(
+            f"--state-dir {state}: holds a training run's checkpoints; give a directory of its "
+            "own (it is deleted first)"
+        )
+    shutil.rmtree(state, ignore_errors=True)
+    config = StackConfig(
+        state_dir=state,
+        model_path=args.model_path,
+        device=args.device,
+        echo_logs=False,
+        services=tuple(s for s in SERVICE_ORDER if s != "learner"),  # nothing trains
+    )
+    with Stack(config) as stack:
+        return evaluate_sets(args, sets, stack.config.url("rollout"), config.auth_headers())
+
+
+def evaluate_sets(args, sets: dict[str, list], url: str, headers: dict[str, str]) -> int:
+    """Submit `sets` as eval copies to the gateway at `url`, evaluate them, print the results
+    (and write them to args.out). Raises CliError when the gateway cannot be reached."""
     import json
 
     import httpx
@@ -110,12 +167,10 @@ def run(args) -> int:
 
     from cli.job_evaluations import evaluate
     from cli.main_job import submit
-    from cli.stack_config import api_headers
 
-    sets = load_sets(args.sets, args.tasks)
     tasks_by_id, id_sets = {}, {}
-    client = httpx.Client(base_url=args.url.rstrip("/"), headers=api_headers(), timeout=60)
-    with client, http_errors(f"cannot reach the rollout gateway at {args.url}"):
+    client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=60)
+    with client, http_errors(f"cannot reach the rollout gateway at {url}"):
         for name, tasks in sets.items():
             ids = submit(client, tasks, eval_copy=True)
             tasks_by_id.update(zip(ids, tasks, strict=True))

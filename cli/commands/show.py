@@ -1,12 +1,14 @@
 """Print one finished episode as the policy saw it: the task, the prompt, each turn's action and
-the command output that came back, the reward and its components, the failure class, and the
-policy version of every action.
+the command output that came back, the verifier's result of each check, the reward and its
+components, the failure class, and the policy version of every action.
 
-    shellrl show <trajectory_id> [--url http://127.0.0.1:8100] [--json] [--tokens]
+    shellrl show <trajectory_id|task_id> [--url http://127.0.0.1:8100] [--json] [--tokens]
 
 Reads the rollout gateway's `GET /v1/trajectories/{id}` with the stack's token (SHELLRL_API_TOKEN,
-SHELLRL_API_TOKEN_FILE or `.shellrl/api_token`, as `shellrl submit`). Exit status: 0 shown, 1 no
-such trajectory (trimmed from its stream, or never finished), 2 the gateway cannot be reached.
+SHELLRL_API_TOKEN_FILE or `.shellrl/api_token`, as `shellrl submit`). An id that names no
+trajectory is taken as a task id: its newest finished trajectory is shown, and the others found
+(`GET /v1/trajectories?task_id=`) are listed above it. Exit status: 0 shown, 1 no such trajectory
+or task (trimmed from its stream, or never finished), 2 the gateway cannot be reached.
 """
 
 from __future__ import annotations
@@ -17,12 +19,17 @@ from cli.errors import CliError
 
 NAME = "show"
 HELP = (
-    "print one finished trajectory: prompt, actions, command outputs, reward (GET /v1/trajectories)"
+    "print one finished trajectory (or a task's newest): prompt, actions, command outputs, "
+    "checks, reward (GET /v1/trajectories)"
 )
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("trajectory_id", help="id of a finished trajectory")
+    parser.add_argument(
+        "trajectory_id",
+        metavar="ID",
+        help="id of a finished trajectory, or of a task (then its newest finished trajectory)",
+    )
     parser.add_argument(
         "--url",
         default=os.environ.get("SHELLRL_ROLLOUT_URL", "http://127.0.0.1:8100"),
@@ -57,22 +64,73 @@ def fetch(url: str, trajectory_id: str, *, timeout_s: float = 30.0) -> dict:
     return r.json()
 
 
+def fetch_task(url: str, task_id: str, *, limit: int = 10, timeout_s: float = 30.0) -> list[dict]:
+    """The newest finished trajectories of task `task_id` (summaries, newest first; [] when none
+    is found) from the gateway at `url`. Raises CliError (exit status 2) when it cannot be
+    reached or answers an error."""
+    import httpx
+
+    from cli.stack_config import api_headers
+
+    try:
+        r = httpx.get(
+            f"{url.rstrip('/')}/v1/trajectories",
+            params={"task_id": task_id, "limit": limit},
+            headers=api_headers(),
+            timeout=timeout_s,
+        )
+    except httpx.HTTPError as exc:
+        raise CliError(f"cannot reach the rollout gateway at {url}: {exc}") from None
+    if r.status_code != 200:
+        raise CliError(f"{url} answered {r.status_code}: {r.text[:500]}")
+    return r.json()["trajectories"]
+
+
+def resolve(url: str, some_id: str, *, timeout_s: float = 30.0) -> tuple[dict, list[dict]]:
+    """(transcript, the task's other trajectories): the trajectory `some_id`, else the newest of
+    task `some_id` with the summaries of the others. Raises CliError (exit status 1) when it
+    names neither."""
+    try:
+        return fetch(url, some_id, timeout_s=timeout_s), []
+    except CliError as exc:
+        if exc.exit_status != 1:
+            raise
+    found = fetch_task(url, some_id, timeout_s=timeout_s)
+    if not found:
+        raise CliError(f"no finished trajectory or task {some_id!r} at {url}", exit_status=1)
+    return fetch(url, found[0]["trajectory_id"], timeout_s=timeout_s), found[1:]
+
+
 def run(args) -> int:
     import json
 
     from rich.console import Console
+    from rich.text import Text
 
-    view = fetch(args.url, args.trajectory_id, timeout_s=args.timeout_s)
+    view, others = resolve(args.url, args.trajectory_id, timeout_s=args.timeout_s)
     if args.json:
         print(json.dumps(view, indent=2))
         return 0
-    Console().print(*render(view, tokens=args.tokens))
+    console = Console()
+    if view["trajectory_id"] != args.trajectory_id:
+        console.print(Text(f"task {args.trajectory_id}: newest trajectory {view['trajectory_id']}"))
+        for o in others:
+            reward = "unscored" if o["reward"] is None else f"reward {o['reward']:g}"
+            console.print(
+                Text(
+                    f"  also {o['trajectory_id']}: {reward}, failure {o['failure']}, "
+                    f"checks {o['checks_passed']}/{o['checks']}"
+                    + (f", eval {o['evaluation_id']}" if o["eval"] else "")
+                )
+            )
+    console.print(*render(view, tokens=args.tokens))
     return 0
 
 
 def render(view: dict, *, tokens: bool = False) -> list:
     """rich renderables of a transcript (the JSON of `GET /v1/trajectories/{id}`): a summary
-    table, the task instruction, the prompt, one panel per segment, the reward components.
+    table, the task instruction, the prompt, one panel per segment, the verifier's per-check
+    results, the reward components.
     Model and command text is printed literally (never read as rich markup)."""
     from rich.panel import Panel
     from rich.table import Table
@@ -112,6 +170,22 @@ def render(view: dict, *, tokens: bool = False) -> list:
             out.append(_panel(Text(seg["text"]), _title(turn["turn"], seg), _style(seg)))
             if tokens:
                 out.append(Text(str(seg["token_ids"]), style="dim"))
+    if view.get("checks"):
+        table = Table(title="checks (verifier)", title_justify="left")
+        table.add_column("#", justify="right")
+        table.add_column("check")
+        table.add_column("result")
+        table.add_column("detail")
+        table.add_column("ms", justify="right")
+        for i, check in enumerate(view["checks"]):
+            table.add_row(
+                str(i),
+                Text(check["type"]),
+                Text("pass", style="green") if check["passed"] else Text("FAIL", style="red"),
+                Text(check.get("detail") or ""),
+                f"{check.get('duration_ms', 0.0):.1f}",
+            )
+        out.append(table)
     if view.get("reward_components"):
         table = Table(title="reward components", title_justify="left")
         table.add_column("component")

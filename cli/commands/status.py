@@ -6,7 +6,14 @@ per group, in red, once there are any), throughput, staleness, and each service'
 
 Exit status: 0 when Redis and every service of the stack answer and are ready; 1 when any of them
 is down (or not ready), or no stack runs from that state directory. With --watch, the status of
-the last screen shown before Ctrl-C.
+the last screen shown before Ctrl-C. A process of the stack that has exited (a learner killed by
+CUDA OOM) is named with its failure class and its log's last error line:
+
+    down: learner (exited: oom: torch.OutOfMemoryError: CUDA out of memory. Tried to ...)
+
+`shellrl run` stops its stack once a service died; then the state directory has no stack and
+status prints the summary line of the job's incomplete report (`incomplete: learner oom during
+train, ...`).
 """
 
 from __future__ import annotations
@@ -31,13 +38,23 @@ def run(args) -> int:
     from rich.console import Console
     from rich.live import Live
 
-    from cli.stack_status import collect, down_parts, render
+    from cli.stack_status import collect, down_causes, render
 
     pid_file = Path(args.state_dir) / "stack.json"
     if not pid_file.exists():
-        Console(stderr=True).print(
-            f"no stack running ({pid_file} missing); start one with `shellrl up`"
+        err = Console(stderr=True, highlight=False)
+        err.print(
+            f"no stack running ({pid_file} missing); start one with `shellrl up`", markup=False
         )
+        summary = Path(args.state_dir) / "report" / "summary.json"
+        try:
+            last = json.loads(summary.read_text())
+        except (OSError, ValueError):
+            last = {}
+        if last.get("incomplete"):
+            err.print(
+                f"the last job stopped early: {last.get('line')}", markup=False, soft_wrap=True
+            )
         return 1
     info = json.loads(pid_file.read_text())
     snap = collect(info)
@@ -52,7 +69,7 @@ def run(args) -> int:
                 pass
     else:
         Console().print(render(snap))
-    if down := down_parts(snap):
+    if down := down_causes(snap):
         print(f"down: {', '.join(down)}", file=sys.stderr)
         return 1
     return 0

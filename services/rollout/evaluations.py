@@ -37,6 +37,7 @@ from services.rollout.seeding import eval_episode_seed
 from services.rollout.task_store import TaskStore
 from shellrl.clients.verifier import VerifierClient
 from shellrl.contract import EpisodeEnd, Failure, Task, Trajectory, min_policy_version
+from shellrl.contract.trajectory import set_check_results
 from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import POLICY_VERSION_KEY, STREAM_EVALUATIONS, StreamProducer
 from shellrl.streams.keys import EVALUATION_INDEX_KEY, evaluation_key
@@ -277,10 +278,11 @@ def apply_verdict(traj: Trajectory, result: dict) -> None:
     """Write one episode's outcome (`Evaluations._score`'s dict, from the verifier's JSON verdict)
     into `traj` as the verifier's stream worker does (verification.py `Verification.apply_to`):
     reward and training_reward (NaN when unscored), reward_components, scored, failure class and
-    detail, safety events, verifier_version, scored_at (unix s)."""
+    detail, safety events, the per-check results, verifier_version, scored_at (unix s)."""
     traj.scored_at = time.time()
     traj.verifier_version = result.get("verifier_version") or traj.verifier_version
     traj.reward_components.clear()
+    set_check_results(traj, result.get("checks") or [])
     if result.get("reward") is None:
         traj.scored = False
         traj.reward = traj.training_reward = math.nan

@@ -7,6 +7,7 @@
   GET  /v1/evaluations/{id}    success rate, mean reward, failure classes, version, per task
   GET  /v1/evaluations         the latest evaluations (summaries)
   GET  /v1/trajectories/{id}   one finished trajectory's transcript (transcripts.py)
+  GET  /v1/trajectories        ?task_id=&limit=: the newest finished trajectories of one task
   GET  /v1/status              admission, pool, in-flight, streams, infra state, engines
 plus /healthz /readyz /metrics /v1/config from shellrl.service.app.create_app.
 
@@ -32,7 +33,12 @@ from services.rollout.evaluations import EvaluationPlan
 from services.rollout.schemas import EvaluationIn, SamplingIn, tasks_body
 from services.rollout.settings import RolloutSettings
 from services.rollout.task_store import TaskConflict, TaskStore
-from services.rollout.transcripts import find_trajectory, transcript
+from services.rollout.transcripts import (
+    find_task_trajectories,
+    find_trajectory,
+    trajectory_summary,
+    transcript,
+)
 from services.rollout.worker import RolloutWorker
 from shellrl import streams
 from shellrl.contract import TaskValidationError, task_from_json
@@ -216,6 +222,22 @@ def add_routes(app: FastAPI, state: dict[str, Any], settings: RolloutSettings) -
             )
         traj, stream, entry_id = found
         return transcript(traj, state["chat"].decode, stream=stream, entry_id=entry_id)
+
+    @app.get(
+        "/v1/trajectories",
+        tags=["trajectories"],
+        summary="The newest finished trajectories of one task (summaries)",
+        responses=error_responses(422),
+    )
+    async def list_trajectories(
+        task_id: str = Query(min_length=1, max_length=256),
+        limit: int = Query(10, ge=1, le=100),
+    ) -> dict:
+        found = await find_task_trajectories(state["redis"], task_id, limit)
+        return {
+            "task_id": task_id,
+            "trajectories": [trajectory_summary(t, stream=s, entry_id=e) for t, s, e in found],
+        }
 
     @app.get("/v1/status", tags=["status"], summary="Admission, pool, episodes in flight, streams")
     async def status() -> dict:

@@ -1,4 +1,5 @@
-"""Transcripts: one finished trajectory as the policy saw it, for `GET /v1/trajectories/{id}`.
+"""Transcripts: one finished trajectory as the policy saw it, for `GET /v1/trajectories/{id}`,
+and the newest ones of one task, for `GET /v1/trajectories?task_id=`.
 
 Where a finished trajectory is kept: the verifier appends each one it handled to
 shellrl:trajectories (training episodes, scored or passed through with a failure) or
@@ -60,6 +61,55 @@ async def find_trajectory(
     return None
 
 
+async def find_task_trajectories(
+    redis: aioredis.Redis, task_id: str, limit: int = 10
+) -> list[tuple[Trajectory, str, str]]:
+    """[(trajectory, stream, entry id)] of the newest finished trajectories of task `task_id`, at
+    most `limit`, newest `finished_at` first: the newest `SCAN_LIMIT` entries of each kept stream
+    are searched by their `task_id` field (an older trajectory is not found here; its id still
+    is, through `find_trajectory`). Raises redis.RedisError when Redis does not answer."""
+    needle = task_id.encode()
+    found: list[tuple[Trajectory, str, str]] = []
+    for stream in STREAMS:
+        last, seen, hits = "+", 0, 0
+        while seen < SCAN_LIMIT and hits < limit:
+            rows = await redis.xrevrange(stream, last, "-", count=SCAN_PAGE)
+            for eid, fields in rows:
+                if fields.get(b"task_id") != needle or hits >= limit:
+                    continue
+                try:
+                    traj = parse_trajectory(fields.get(b"pb", b""))
+                except ContractError:
+                    continue
+                found.append((traj, stream, _s(eid)))
+                hits += 1
+            if len(rows) < SCAN_PAGE:
+                break
+            seen += len(rows)
+            last = f"({_s(rows[-1][0])}"
+    found.sort(key=lambda f: f[0].finished_at, reverse=True)
+    return found[:limit]
+
+
+def trajectory_summary(traj: Trajectory, *, stream: str = "", entry_id: str = "") -> dict:
+    """One line of `GET /v1/trajectories?task_id=`: trajectory_id, stream, entry_id, eval,
+    evaluation_id, scored, reward (null when unscored), failure, checks_passed / checks (counts),
+    finished_at (unix s)."""
+    return {
+        "trajectory_id": traj.trajectory_id,
+        "stream": stream,
+        "entry_id": entry_id,
+        "eval": traj.eval,
+        "evaluation_id": traj.evaluation_id,
+        "scored": traj.scored,
+        "reward": _finite(traj.reward),
+        "failure": Failure.Name(traj.failure).removeprefix("FAILURE_").lower(),
+        "checks_passed": sum(c.passed for c in traj.checks),
+        "checks": len(traj.checks),
+        "finished_at": traj.finished_at,
+    }
+
+
 def transcript(
     traj: Trajectory, decode: Callable[[list[int]], str], *, stream: str = "", entry_id: str = ""
 ) -> dict:
@@ -70,7 +120,9 @@ def transcript(
     {turn, segments}, each segment {kind action|observation, text, token_ids, policy_version
     (-1 for observations), finish_reason, and for an observation `tool` (command, exit_code,
     duration_ms, timed_out, truncated bytes, policy verdict/rule, parse_error)}, then `answer`,
-    `end`, `reward`, `training_reward`, `reward_components`, `scored`, `failure` (lower-case class
+    `end`, `reward`, `training_reward`, `reward_components`, `checks` (the verifier's per-check
+    results in task order: type, passed, detail, duration_ms; empty when a check could not run or
+    the trajectory was not verified), `scored`, `failure` (lower-case class
     without FAILURE_, "none" when none), `failure_detail`, `policy_versions` (distinct ACTION
     versions, ascending), timestamps (unix s)."""
     turns: dict[int, list[dict]] = {}
@@ -105,6 +157,10 @@ def transcript(
         "reward": _finite(traj.reward),
         "training_reward": _finite(traj.training_reward),
         "reward_components": {k: _finite(v) for k, v in sorted(traj.reward_components.items())},
+        "checks": [
+            {"type": c.type, "passed": c.passed, "detail": c.detail, "duration_ms": c.duration_ms}
+            for c in traj.checks
+        ],
         "failure": Failure.Name(traj.failure).removeprefix("FAILURE_").lower(),
         "failure_detail": traj.failure_detail,
         "safety_events": list(traj.safety_events),

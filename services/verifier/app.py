@@ -1,6 +1,11 @@
 """HTTP API of the verifier: `POST /v1/verify` (synchronous, the same code path as the stream
 worker) and `GET /v1/checks`; the app's lifespan runs the stream worker (worker.py).
 
+GET /v1/checks → 200 {"verifier_version", "checks": [{"type", "source": "shellrl" for a built-in
+type, else the plug-in's distribution (with "version", "entry_point", "description"; "error"
+instead of "parameters" for a plug-in that cannot be loaded), "parameters": {name: "type =
+default"}}], "default_timeout_s", "max_file_bytes"}.
+
 POST /v1/verify body:
   {"task": <task JSON form>, "answer": str|null, "session_id": str|null,
    "tool_events": [{"exit_code", "timed_out", "policy_verdict", "policy_rule", "duration_ms"}] = [],
@@ -25,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 from services.verifier import metrics
 from services.verifier.checks import CHECK_PARAMETERS, VERIFIER_VERSION, CheckLimits
+from services.verifier.plugin_checks import plugin_check_types
 from services.verifier.reward_components import ComponentWeights, TerminalRewards
 from services.verifier.rewards import Shaping
 from services.verifier.safety_escalation import SafetyEscalation
@@ -253,14 +259,17 @@ def build_app(settings: VerifierSettings) -> FastAPI:
 
     @app.get("/v1/checks", tags=["verifier"])
     async def list_checks() -> dict:
+        timeout = {"timeout_s": "float = 0 (the verifier's default)"}
+        plugins = await asyncio.to_thread(plugin_check_types)  # may import a plug-in
         return {
             "verifier_version": VERIFIER_VERSION,
             "checks": [
-                {
-                    "type": kind,
-                    "parameters": {**params, "timeout_s": "float = 0 (the verifier's default)"},
-                }
+                {"type": kind, "source": "shellrl", "parameters": {**params, **timeout}}
                 for kind, params in CHECK_PARAMETERS.items()
+            ]
+            + [
+                p if "error" in p else {**p, "parameters": {**p["parameters"], **timeout}}
+                for p in plugins
             ],
             "default_timeout_s": settings.check_timeout_s,
             "max_file_bytes": settings.max_file_bytes,

@@ -5,6 +5,8 @@ Outcomes as for the built-in checks (checks.py): the plug-in's `run` returns (pa
 anything that keeps it from deciding is a `CheckInfraError` (FAILURE_INFRA_VERIFIER, never a
 reward of 0): the plug-in is not installed in this verifier or cannot be imported, its `run`
 raised, or it ran past the check's budget plus 10 s. A synchronous `run` runs in a worker thread.
+
+`plugin_check_types` describes the installed ones for `GET /v1/checks`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import json
 
 from services.verifier.workspace_checks import CheckInfraError, Workspace
 from shellrl.contract import CHECK_TYPES
-from shellrl.plugins import CHECKS, PluginError, load
+from shellrl.plugins import CHECKS, PluginError, available, load
 from shellrl.v1.task_pb2 import PluginCheck
 
 
@@ -47,3 +49,38 @@ async def run_plugin_check(
             f"{spec.type}: the plug-in raised {type(exc).__name__}: {exc}"
         ) from exc
     return bool(passed), str(detail)
+
+
+def plugin_check_types() -> list[dict]:
+    """The check types that plug-ins add in this verifier, by name, for `GET /v1/checks`: each
+    {"type", "source": the distribution that declares the entry point (null when unknown),
+    "version": its version, "entry_point": "module:attr", "description": the first line of the
+    plug-in's docstring, "parameters": its optional `PARAMETERS` dict {name: "type = default"}},
+    or, for one that cannot be loaded or shadows a built-in type, "error" (a string) in place of
+    description and parameters. Never raises."""
+    out = []
+    for name, ep in sorted(available(CHECKS).items()):
+        dist = getattr(ep, "dist", None)
+        entry: dict = {
+            "type": name,
+            "source": dist.name if dist is not None else None,
+            "version": dist.version if dist is not None else None,
+            "entry_point": ep.value,
+        }
+        try:
+            plugin = load(CHECKS, name, reserved=tuple(CHECK_TYPES))
+        except PluginError as exc:
+            out.append({**entry, "error": str(exc)})
+            continue
+        doc = inspect.getdoc(plugin) or ""
+        params = getattr(plugin, "PARAMETERS", None)
+        out.append(
+            {
+                **entry,
+                "description": doc.splitlines()[0] if doc else "",
+                "parameters": {str(k): str(v) for k, v in params.items()}
+                if isinstance(params, dict)
+                else {},
+            }
+        )
+    return out

@@ -31,6 +31,7 @@ from services.verifier.rewards import (
 from services.verifier.sandbox_view import ReferenceCache, SandboxWorkspace
 from services.verifier.workspace_checks import CheckInfraError
 from shellrl.contract import Failure, Task, ToolEvent, Trajectory, split_name
+from shellrl.contract.trajectory import set_check_results
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +67,13 @@ class Verification:
 
     def apply_to(self, traj: Trajectory) -> None:
         """Write the outcome into `traj`: reward (NaN when unscored), training_reward,
-        reward_components, scored, failure, verifier_version, scored_at."""
+        reward_components, the per-check results (`checks`, detail cut to 1,000 characters),
+        scored, failure, verifier_version, scored_at."""
         traj.verifier_version = VERIFIER_VERSION
         traj.scored_at = time.time()
         traj.scored = self.scored
         traj.reward_components.clear()
+        set_check_results(traj, [c.to_json() for c in self.checks])
         if self.reward is None:
             traj.reward = traj.training_reward = math.nan
             traj.failure = self.failure

@@ -10,6 +10,8 @@ A check plug-in is an object (a module, a class, an instance) with
         episode has no sandbox session; services/verifier/workspace_checks.py)
     validate(params: dict) -> None          optional; raises ValueError (the check is named) or
                                             TaskValidationError(param, message) (that param is)
+    PARAMETERS: dict[str, str]              optional; {name: "type = default"}, listed by the
+                                            verifier's GET /v1/checks
 
 `run` is the verifier's business (services/verifier/checks.py); this module only validates.
 """

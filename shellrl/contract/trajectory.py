@@ -206,6 +206,23 @@ def min_policy_version(traj: Trajectory) -> int | None:
     return min(versions) if versions else None
 
 
+CHECK_DETAIL_CHARS = 1_000  # of one check's detail kept in a trajectory (Trajectory.checks)
+
+
+def set_check_results(traj: Trajectory, checks: Sequence[dict]) -> None:
+    """Replace `traj.checks` (the verifier's per-check results, task order) with `checks`, each
+    in the JSON form of the verifier's `POST /v1/verify` (type, passed, detail, duration_ms);
+    a detail is cut to CHECK_DETAIL_CHARS characters."""
+    del traj.checks[:]
+    for c in checks:
+        traj.checks.add(
+            type=str(c.get("type", "")),
+            passed=bool(c.get("passed")),
+            detail=str(c.get("detail") or "")[:CHECK_DETAIL_CHARS],
+            duration_ms=float(c.get("duration_ms") or 0.0),
+        )
+
+
 def parse_trajectory(raw: bytes) -> Trajectory:
     """Bytes from a stream entry -> Trajectory, with its arrays validated. Raises ContractError."""
     traj = Trajectory()

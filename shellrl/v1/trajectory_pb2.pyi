@@ -90,6 +90,18 @@ class ToolEvent(_message.Message):
     parse_error: str
     def __init__(self, command: _Optional[str] = ..., exit_code: _Optional[int] = ..., duration_ms: _Optional[float] = ..., timed_out: _Optional[bool] = ..., stdout_truncated_bytes: _Optional[int] = ..., stderr_truncated_bytes: _Optional[int] = ..., policy_verdict: _Optional[str] = ..., policy_rule: _Optional[str] = ..., parse_error: _Optional[str] = ...) -> None: ...
 
+class CheckResult(_message.Message):
+    __slots__ = ("type", "passed", "detail", "duration_ms")
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    type: str
+    passed: bool
+    detail: str
+    duration_ms: float
+    def __init__(self, type: _Optional[str] = ..., passed: _Optional[bool] = ..., detail: _Optional[str] = ..., duration_ms: _Optional[float] = ...) -> None: ...
+
 class Segment(_message.Message):
     __slots__ = ("kind", "policy_version", "token_ids", "logprobs", "loss_mask", "finish_reason", "request_id", "sampling", "tool_event", "turn")
     KIND_FIELD_NUMBER: _ClassVar[int]
@@ -115,7 +127,7 @@ class Segment(_message.Message):
     def __init__(self, kind: _Optional[_Union[SegmentKind, str]] = ..., policy_version: _Optional[int] = ..., token_ids: _Optional[bytes] = ..., logprobs: _Optional[bytes] = ..., loss_mask: _Optional[bytes] = ..., finish_reason: _Optional[_Union[FinishReason, str]] = ..., request_id: _Optional[str] = ..., sampling: _Optional[_Union[SamplingParams, _Mapping]] = ..., tool_event: _Optional[_Union[ToolEvent, _Mapping]] = ..., turn: _Optional[int] = ...) -> None: ...
 
 class Trajectory(_message.Message):
-    __slots__ = ("trajectory_id", "task_id", "group_id", "attempt", "env_version", "harness_version", "verifier_version", "prompt_ids", "segments", "reward", "reward_components", "terminated", "truncated", "failure", "failure_detail", "sandbox_session_id", "answer", "end", "scored", "eval", "evaluation_id", "created_at", "finished_at", "scored_at", "group_size", "split", "source", "safety_events", "num_turns", "task", "admitted_at", "training_reward")
+    __slots__ = ("trajectory_id", "task_id", "group_id", "attempt", "env_version", "harness_version", "verifier_version", "prompt_ids", "segments", "reward", "reward_components", "terminated", "truncated", "failure", "failure_detail", "sandbox_session_id", "answer", "end", "scored", "eval", "evaluation_id", "created_at", "finished_at", "scored_at", "group_size", "split", "source", "safety_events", "num_turns", "task", "admitted_at", "training_reward", "checks")
     class RewardComponentsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -155,6 +167,7 @@ class Trajectory(_message.Message):
     TASK_FIELD_NUMBER: _ClassVar[int]
     ADMITTED_AT_FIELD_NUMBER: _ClassVar[int]
     TRAINING_REWARD_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
     trajectory_id: str
     task_id: str
     group_id: str
@@ -187,4 +200,5 @@ class Trajectory(_message.Message):
     task: _task_pb2.Task
     admitted_at: float
     training_reward: float
-    def __init__(self, trajectory_id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., attempt: _Optional[int] = ..., env_version: _Optional[str] = ..., harness_version: _Optional[str] = ..., verifier_version: _Optional[str] = ..., prompt_ids: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., failure: _Optional[_Union[Failure, str]] = ..., failure_detail: _Optional[str] = ..., sandbox_session_id: _Optional[str] = ..., answer: _Optional[str] = ..., end: _Optional[_Union[EpisodeEnd, str]] = ..., scored: _Optional[bool] = ..., eval: _Optional[bool] = ..., evaluation_id: _Optional[str] = ..., created_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., scored_at: _Optional[float] = ..., group_size: _Optional[int] = ..., split: _Optional[str] = ..., source: _Optional[str] = ..., safety_events: _Optional[_Iterable[str]] = ..., num_turns: _Optional[int] = ..., task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ..., admitted_at: _Optional[float] = ..., training_reward: _Optional[float] = ...) -> None: ...
+    checks: _containers.RepeatedCompositeFieldContainer[CheckResult]
+    def __init__(self, trajectory_id: _Optional[str] = ..., task_id: _Optional[str] = ..., group_id: _Optional[str] = ..., attempt: _Optional[int] = ..., env_version: _Optional[str] = ..., harness_version: _Optional[str] = ..., verifier_version: _Optional[str] = ..., prompt_ids: _Optional[bytes] = ..., segments: _Optional[_Iterable[_Union[Segment, _Mapping]]] = ..., reward: _Optional[float] = ..., reward_components: _Optional[_Mapping[str, float]] = ..., terminated: _Optional[bool] = ..., truncated: _Optional[bool] = ..., failure: _Optional[_Union[Failure, str]] = ..., failure_detail: _Optional[str] = ..., sandbox_session_id: _Optional[str] = ..., answer: _Optional[str] = ..., end: _Optional[_Union[EpisodeEnd, str]] = ..., scored: _Optional[bool] = ..., eval: _Optional[bool] = ..., evaluation_id: _Optional[str] = ..., created_at: _Optional[float] = ..., finished_at: _Optional[float] = ..., scored_at: _Optional[float] = ..., group_size: _Optional[int] = ..., split: _Optional[str] = ..., source: _Optional[str] = ..., safety_events: _Optional[_Iterable[str]] = ..., num_turns: _Optional[int] = ..., task: _Optional[_Union[_task_pb2.Task, _Mapping]] = ..., admitted_at: _Optional[float] = ..., training_reward: _Optional[float] = ..., checks: _Optional[_Iterable[_Union[CheckResult, _Mapping]]] = ...) -> None: ...

@@ -35,6 +35,7 @@ PER_DEPLOYMENT = {
     "SHELLRL_CHECKPOINT_DIR",
     "SHELLRL_WEIGHT_SYNC_DIR",
     "SHELLRL_API_TOKEN_FILE",  # where the mounted secret is (the launcher: its state directory)
+    "SHELLRL_TASK_FILE_DIR",  # where the mounted task files are (the launcher mounts none)
     "SHELLRL_CONSUMER_NAME",
     "SHELLRL_DEVICE",
     "SHELLRL_ENGINE_CUDA_DEVICE",

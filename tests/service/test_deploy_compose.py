@@ -342,3 +342,22 @@ def test_the_learner_can_push_by_cuda_ipc_into_the_sglang_container(tmp_path):
         "cuda:0",
         "cuda:1",
     )  # engine GPU 0 < learner GPU 1: host order
+
+
+def test_the_gateway_reads_task_files_from_a_read_only_mount(tmp_path, no_env):
+    """POST /v1/runs {"task_file": ...} (issue 22 item 3): SHELLRL_TASK_FILE_DIR is a read-only
+    bind of SHELLRL_TASKS_DIR, by default the shipped public task set, which the gateway reads."""
+    from services.rollout.run_routes import read_task_file
+
+    rollout = rendered(no_env)["services"]["rollout"]
+    task_dir = rollout["environment"]["SHELLRL_TASK_FILE_DIR"]
+    [mount] = [v for v in rollout["volumes"] if v["target"] == task_dir]
+    assert mount["type"] == "bind" and mount["read_only"] is True
+    assert mount["source"] == str(REPO / "tasksets" / "data")
+    assert len(read_task_file(mount["source"], "agentbench_os.jsonl")) > 0
+    env_file = tmp_path / ".env"
+    env_file.write_text(f"SHELLRL_TASKS_DIR={tmp_path / 'mytasks'}\n")
+    rollout = rendered(env_file)["services"]["rollout"]
+    assert {v["source"] for v in rollout["volumes"] if v["target"] == task_dir} == {
+        str(tmp_path / "mytasks")
+    }

@@ -271,3 +271,28 @@ def test_engines_are_a_deployment_of_sglang_whose_pods_register_their_own_addres
     assert {"name": "models", "mountPath": "/models", "readOnly": True} in sidecar["volumeMounts"]
     # a leaving pod: the sidecar withdraws the registration at SIGTERM while SGLang serves on
     assert sglang["lifecycle"]["preStop"]["sleep"]["seconds"] >= 2
+
+
+def test_rollout_pods_read_task_files_from_the_generated_configmap():
+    """POST /v1/runs {"task_file": ...} (issue 22 item 3): the ConfigMap that kustomization.yaml
+    generates from tasks/ is mounted read-only at the gateway's SHELLRL_TASK_FILE_DIR, and every
+    file it holds is a valid train set that fits in a ConfigMap."""
+    from services.rollout.run_routes import read_task_file
+
+    rollout = workloads()["rollout"]
+    env = {e["name"]: e.get("value") for e in container(rollout)["env"]}
+    mounts = {m["name"]: m for m in container(rollout)["volumeMounts"]}
+    volumes = {v["name"]: v for v in rollout["spec"]["template"]["spec"]["volumes"]}
+    assert mounts["tasks"] == {
+        "name": "tasks",
+        "mountPath": env["SHELLRL_TASK_FILE_DIR"],
+        "readOnly": True,
+    }
+    kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
+    [generated] = [g for g in kustomization["configMapGenerator"] if g["name"] == "shellrl-tasks"]
+    assert volumes["tasks"]["configMap"]["name"] == generated["name"]
+    shipped = {p.relative_to(K8S_DIR).as_posix() for p in (K8S_DIR / "tasks").glob("*.jsonl")}
+    assert set(generated["files"]) == shipped and shipped
+    assert sum((K8S_DIR / f).stat().st_size for f in shipped) < 1 << 20
+    for name in shipped:
+        assert read_task_file(str(K8S_DIR), name), name

@@ -153,6 +153,15 @@ def test_the_verifier_runs_plugin_checks_and_reports_the_plugin_reward(verifier)
     wrong = http.post("/v1/verify", json={"task": answer_only, "answer": "abc"}).json()
     assert wrong["reward"] == 0.0 and wrong["checks"][0]["detail"] == "'abc' is not"
     assert wrong["reward_components"]["few_commands"] == 0.0
+    listed = http.get("/v1/checks").json()["checks"]
+    assert {c["type"]: c["source"] for c in listed}["file_exists"] == "shellrl"
+    plugins = {c["type"]: c for c in listed if c["source"] != "shellrl"}
+    assert set(plugins) == {"answer_is_palindrome", "file_line_count"}
+    palindrome = plugins["answer_is_palindrome"]
+    assert (palindrome["source"], palindrome["version"]) == ("shellrl-plugin-example", "0.1.0")
+    assert palindrome["entry_point"] == "shellrl_plugin_example.checks:AnswerIsPalindrome"
+    assert palindrome["parameters"]["min_length"] == "int = 1"
+    assert "timeout_s" in palindrome["parameters"] and palindrome["description"].startswith("An ")
     refused = http.post(
         "/v1/verify",
         json={"task": {**answer_only, "check": {"type": "answer_is_palindrome", "x": 1}}},

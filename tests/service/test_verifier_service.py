@@ -138,6 +138,14 @@ async def test_group_members_are_scored_independently_and_failures_pass_through(
                 and by_id["t0"].training_reward == 1.0
             )
             assert by_id["t1"].scored and by_id["t1"].reward == 0.0
+            # the per-check results travel in the trajectory (transcripts, `shellrl show`)
+            assert [(c.type, c.passed) for c in by_id["t0"].checks] == [
+                ("answer_integer_equals", True),
+                ("file_exists", True),
+                ("command_output_equals", True),
+            ]
+            assert [c.passed for c in by_id["t1"].checks] == [True, False, False]
+            assert not by_id["t2"].checks and not by_id["t3"].checks  # could not run / not run
             assert by_id["t0"].reward_components["exit_zero_bonus"] == pytest.approx(0.1)
             assert not by_id["t2"].scored and by_id["t2"].failure == Failure.FAILURE_INFRA_VERIFIER
             assert math.isnan(by_id["t2"].reward) and "gone" in by_id["t2"].failure_detail

@@ -187,7 +187,7 @@ def test_builtin_models_and_a_real_model_directory_pass():
     check_model_path(str(resolve_model_path("tiny")))
 
 
-@pytest.mark.parametrize("command", ["run", "up", "pass-rates"])
+@pytest.mark.parametrize("command", ["run", "up", "pass-rates", "eval"])
 def test_a_bad_model_path_fails_before_the_stack_starts_with_one_line(tmp_path, command):
     state = tmp_path / "state"
     done = shellrl(command, "--model-path", str(tmp_path / "nope"), "--state-dir", str(state))
@@ -256,7 +256,7 @@ def test_a_service_that_dies_while_the_job_runs_is_named_with_its_last_error(tmp
         with pytest.raises(StackError) as caught:
             stack.raise_if_exited()
         assert str(caught.value) == (
-            f"learner exited with status 3 while the job ran; see {tmp_path}/logs/learner.log "
+            f"learner exited with status 3 while the job ran: oom; see {tmp_path}/logs/learner.log "
             "(last error: torch.OutOfMemoryError: CUDA out of memory)"
         )
         stack.procs.remove(dying)

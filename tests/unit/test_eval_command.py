@@ -66,3 +66,26 @@ def test_templates_average_task_pass_rates_and_infra_failures_count_nowhere():
     console.print(eval_command.render("eval_id", view, tasks))
     text = console.export_text()
     assert "eval_id: success" in text and "n=3 tasks, 5 episodes" in text and "count" in text
+
+
+def test_eval_with_a_model_path_never_deletes_a_training_runs_state_directory(tmp_path, capsys):
+    from cli.main import main as cli_main
+
+    step = tmp_path / "state" / "checkpoints" / "step-000001"
+    step.mkdir(parents=True)
+    tasks = tmp_path / "one.jsonl"
+    tasks.write_text(
+        json.dumps({"instruction": "x", "check": {"type": "answer_equals", "expected": "1"}}) + "\n"
+    )
+    argv = [
+        "eval",
+        "--model-path",
+        "tiny",
+        "--tasks",
+        str(tasks),
+        "--state-dir",
+        str(step.parents[1]),
+    ]
+    assert cli_main(argv) == 2
+    assert "holds a training run's checkpoints" in capsys.readouterr().err
+    assert step.is_dir()  # nothing deleted, nothing started

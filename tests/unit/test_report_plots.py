@@ -179,3 +179,45 @@ def test_write_report_draws_every_plot_and_states_n_and_intervals(tmp_path):
     assert "| eval_id | 64 | 18.8% [11.1, 30.0] | 43.8% [32.3, 55.9] | +25.0 pts |" in text
     assert "| seeds | 4 | 25.0% [4.6, 69.9] | 50.0% [15.0, 85.0] | +25.0 pts |" in text
     assert "trained-batch reward by step ('-': no scored trajectory): 0.25 0.25 - 0.25" in text
+
+
+def test_the_report_names_a_few_successes_and_failures_per_template_for_shellrl_show(tmp_path):
+    from cli.report import transcript_examples
+    from shellrl.contract import task_from_json
+
+    def task(template: str):
+        return task_from_json(
+            {
+                "instruction": "x",
+                "template": template,
+                "check": {"type": "answer_equals", "expected": "1"},
+            }
+        )
+
+    tasks = {"a": task("count_lines"), "b": task("find_file")}
+    outcomes = ["success", "wrong", "infra_sandbox", "success", "success", "wrong", "wrong"]
+    results = [
+        {"task_id": "a" if i < 5 else "b", "trajectory_id": f"tr-{i}", "outcome": o}
+        for i, o in enumerate(outcomes)
+    ]
+    view = {"success_rate": 0.5, "episodes_scored": 6, "results": results}
+    assert transcript_examples(view, tasks) == {
+        "count_lines": {"success": ["tr-0", "tr-3"], "failure": ["tr-1", "tr-2"]},
+        "find_file": {"success": [], "failure": ["tr-5", "tr-6"]},
+    }
+    path = write_report(
+        tmp_path,
+        config={},
+        before={"eval_id": view},
+        after={"eval_id": view},
+        steps=[],
+        snapshots=[],
+        learner_metrics="",
+        rollout_metrics="",
+        train_s=0,
+        total_s=1,
+        tasks_by_id=tasks,
+    )
+    text = path.read_text()
+    assert "### Transcripts (after training): `shellrl show <trajectory_id>`" in text
+    assert "| eval_id: find_file | `tr-5` (failure), `tr-6` (failure) |" in text

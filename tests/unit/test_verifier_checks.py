@@ -220,3 +220,46 @@ def test_an_unscored_verification_writes_nan_and_its_failure_only_into_its_own_t
     assert math.isnan(members[1].reward) and math.isnan(members[1].training_reward)
     assert members[1].failure == Failure.FAILURE_INFRA_VERIFIER and not members[1].reward_components
     assert failed.to_json()["reward"] is None and failed.to_json()["failure"] == "INFRA_VERIFIER"
+
+
+def test_the_per_check_results_are_written_into_the_trajectory_and_replaced_on_rescoring():
+    from services.rollout.evaluations import apply_verdict
+    from services.verifier.checks import CheckResult
+    from services.verifier.rewards import Reward
+    from services.verifier.verification import Verification
+    from shellrl.contract import Trajectory, parse_trajectory
+    from shellrl.contract.trajectory import CHECK_DETAIL_CHARS
+
+    checks = (
+        CheckResult("answer_integer_equals", True, "5 == 5", 0.25),
+        CheckResult("file_exists", False, "x" * 5_000, 3.5),
+    )
+    traj = Trajectory(trajectory_id="t0")
+    Verification(checks, Reward(0.0, 0.0, {"outcome": 0.0})).apply_to(traj)
+    back = parse_trajectory(traj.SerializeToString())
+    assert [(c.type, c.passed, c.duration_ms) for c in back.checks] == [
+        ("answer_integer_equals", True, 0.25),
+        ("file_exists", False, 3.5),
+    ]
+    assert back.checks[0].detail == "5 == 5" and len(back.checks[1].detail) == CHECK_DETAIL_CHARS
+    Verification((), None, 3, "sandbox gone").apply_to(traj)  # a re-score that could not run
+    assert not traj.checks
+    verdict = {"reward": 1.0, "checks": [c.to_json() for c in checks[:1]], "verifier_version": "v"}
+    apply_verdict(traj, verdict)  # a stored evaluation episode, from POST /v1/verify's JSON
+    assert [(c.type, c.passed, c.detail) for c in traj.checks] == [
+        ("answer_integer_equals", True, "5 == 5")
+    ]
+
+
+def test_a_plugin_check_type_that_cannot_be_loaded_is_listed_with_its_error(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    from services.verifier import plugin_checks
+    from shellrl import plugins
+
+    broken = {"broken_check": EntryPoint("broken_check", "no_such_module:Check", plugins.CHECKS)}
+    monkeypatch.setattr(plugins, "available", lambda group: broken)  # fault: a missing module
+    monkeypatch.setattr(plugin_checks, "available", lambda group: broken)
+    [listed] = plugin_checks.plugin_check_types()
+    assert (listed["type"], listed["entry_point"]) == ("broken_check", "no_such_module:Check")
+    assert "cannot be loaded" in listed["error"] and "parameters" not in listed

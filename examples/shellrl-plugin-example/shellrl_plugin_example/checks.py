@@ -14,6 +14,8 @@ from shellrl.contract import TaskValidationError
 class AnswerIsPalindrome:
     """An answer-only check: needs no workspace, runs synchronously (in a worker thread)."""
 
+    PARAMETERS = {"min_length": "int = 1"}  # optional; listed by the verifier's GET /v1/checks
+
     @staticmethod
     def validate(params: dict) -> None:
         unknown = set(params) - {"min_length"}
@@ -35,6 +37,8 @@ class AnswerIsPalindrome:
 
 class FileLineCount:
     """A workspace check: reads a file through the verifier's Workspace (a coroutine)."""
+
+    PARAMETERS = {"path": "str (relative)", "lines": "int"}
 
     @staticmethod
     def validate(params: dict) -> None:

@@ -69,3 +69,33 @@ def test_eval_of_a_task_file_prints_success_with_its_interval_and_a_row_per_temp
     assert view["state"] == "done" and len(view["results"]) == 3
     assert {r["task_id"] for r in view["results"]} == {"lines-0", "lines-1", "lines-2"}
     assert {r["outcome"] for r in view["results"]} <= {"success", "wrong"}  # all scored
+
+
+def test_eval_with_a_model_path_starts_a_stack_without_a_learner_and_stops_it(
+    tmp_path, capsys, monkeypatch
+):
+    """`shellrl eval --model-path DIR --tasks FILE` (issue 22 item 5): the command starts Redis,
+    engine, sandbox, verifier and rollout on the model (free ports here, so no other stack on this
+    machine is disturbed), evaluates the file through them and stops every process."""
+    from cli import stack_config
+
+    ports = {name: free_port() for name in stack_config.DEFAULT_PORTS}
+    monkeypatch.setattr(stack_config, "DEFAULT_PORTS", ports)
+    task = {
+        "task_id": "lines-0",
+        "instruction": "How many lines does numbers.txt have?",
+        "setup": "seq 1 5 > numbers.txt",
+        "check": {"type": "answer_integer_equals", "expected": 5},
+    }
+    path, out, state = tmp_path / "one.jsonl", tmp_path / "results.json", tmp_path / "state"
+    path.write_text(json.dumps(task) + "\n")
+    monkeypatch.setenv("SHELLRL_MAX_NEW_TOKENS", "6")
+    monkeypatch.setenv("SHELLRL_MAX_TURNS", "1")
+    argv = ["eval", "--model-path", "tiny", "--tasks", str(path), "--state-dir", str(state)]
+    assert cli_main([*argv, "--out", str(out)]) == 0
+    assert "one: success" in capsys.readouterr().out
+    view = json.loads(out.read_text())["one"]
+    assert view["state"] == "done" and [r["task_id"] for r in view["results"]] == ["lines-0"]
+    assert (state / "logs" / "rollout.log").exists()
+    assert not (state / "logs" / "learner.log").exists()
+    assert all(stack_config.port_is_free(p) for p in ports.values())  # everything stopped

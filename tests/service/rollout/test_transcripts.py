@@ -20,6 +20,7 @@ from cli.main import main as cli_main
 from services.rollout import transcripts
 from services.rollout.prompt import ChatFormat
 from shellrl.contract import action_segment, observation_segment, task_to_json
+from shellrl.contract.trajectory import set_check_results
 from shellrl.streams import STREAM_EVALUATIONS, STREAM_TRAJECTORIES, StreamProducer
 from shellrl.streams import idempotency_key as idem_key
 from shellrl.v1.trajectory_pb2 import EpisodeEnd, Failure, ToolEvent, Trajectory
@@ -65,6 +66,18 @@ def trajectory(chat: ChatFormat, trajectory_id: str, **fields) -> Trajectory:
         **fields,
     )
     traj.reward_components["outcome"] = 1.0
+    set_check_results(
+        traj,
+        [
+            {"type": "answer_integer_equals", "passed": True, "detail": "5 == 5"},
+            {
+                "type": "file_exists",
+                "passed": True,
+                "detail": "numbers.txt exists",
+                "duration_ms": 2,
+            },
+        ],
+    )
     first, second = chat.encode("<bash>ls</bash>"), chat.encode("<answer>5</answer>")
     output = chat.encode("numbers.txt")
     traj.segments.extend(
@@ -136,6 +149,10 @@ def test_a_finished_trajectory_reads_back_with_text_tokens_versions_and_reward(
         "none",
         "answer",
     )
+    assert view["checks"] == [
+        {"type": "answer_integer_equals", "passed": True, "detail": "5 == 5", "duration_ms": 0.0},
+        {"type": "file_exists", "passed": True, "detail": "numbers.txt exists", "duration_ms": 2.0},
+    ]
 
 
 def test_eval_trajectories_and_ones_whose_key_expired_are_found_and_nan_reads_as_null(
@@ -177,11 +194,12 @@ def test_show_prints_the_episode_readably_and_as_json_with_the_stacks_token(
     for text in ("How many lines", "Count the lines.", "<bash>ls</bash>", "numbers.txt", "$ ls"):
         assert text in shown.stdout
     assert "policy v3" in shown.stdout and "policy v4" in shown.stdout and "outcome" in shown.stdout
+    assert "checks (verifier)" in shown.stdout and "numbers.txt exists" in shown.stdout
     monkeypatch.setenv("SHELLRL_API_TOKEN", TOKEN)  # the same command, in this process
     assert cli_main(["show", "traj-ok", "--json", "--url", gateway.url]) == 0
     assert json.loads(capsys.readouterr().out)["policy_versions"] == [3, 4]
     assert cli_main(["show", "no-such-traj", "--url", gateway.url]) == 1
-    assert "no finished trajectory 'no-such-traj'" in capsys.readouterr().err
+    assert "no finished trajectory or task 'no-such-traj'" in capsys.readouterr().err
     monkeypatch.setenv("SHELLRL_API_TOKEN", "wrong-token-wrong-token-wrong-token-00")
     assert cli_main(["show", "traj-ok", "--url", gateway.url]) == 2
     assert "401" in capsys.readouterr().err
@@ -206,3 +224,35 @@ def test_the_fallback_search_pages_back_through_the_stream_up_to_its_limit(
     found = asyncio.run(find(1_000))
     assert found is not None and found[0].trajectory_id == "traj-deep-0"
     assert asyncio.run(find(2)) is None  # only the two newest entries were searched
+
+
+def test_a_task_id_lists_its_newest_trajectories_and_show_prints_the_newest(
+    gateway, published, chat
+):
+    for i, finished_at in enumerate((100.0, 300.0, 200.0)):
+        traj = trajectory(chat, f"traj-task-{i}", finished_at=finished_at)
+        traj.task_id = "t-other"
+        if i == 2:
+            traj.scored, traj.reward = False, float("nan")
+            traj.failure = Failure.FAILURE_INFRA_SANDBOX
+            del traj.checks[:]
+        publish(published, STREAM_TRAJECTORIES, traj)
+    listed = get(gateway, "/v1/trajectories?task_id=t-other&limit=2").json()
+    assert [t["trajectory_id"] for t in listed["trajectories"]] == ["traj-task-1", "traj-task-2"]
+    newest, unscored = listed["trajectories"]
+    assert (newest["reward"], newest["checks_passed"], newest["checks"]) == (1.0, 2, 2)
+    assert (unscored["reward"], unscored["failure"], unscored["checks"]) == (
+        None,
+        "infra_sandbox",
+        0,
+    )
+    assert get(gateway, "/v1/trajectories?task_id=nothing").json()["trajectories"] == []
+    bad = get(gateway, "/v1/trajectories?task_id=t-other&limit=0")
+    assert bad.status_code == 422 and bad.json()["error"]["field"] == "limit"
+    assert get(gateway, "/v1/trajectories").status_code == 422
+    assert get(gateway, "/v1/trajectories?task_id=t-other", token=None).status_code == 401
+    shown = show(gateway, "t-other")
+    assert shown.returncode == 0, shown.stderr
+    assert "task t-other: newest trajectory traj-task-1" in shown.stdout
+    assert "also traj-task-2: unscored, failure infra_sandbox, checks 0/0" in shown.stdout
+    assert "checks (verifier)" in shown.stdout

@@ -1,0 +1,104 @@
+"""The main job when a service dies mid-run (issue 19, Faults): `python -m cli.main run` on the
+tiny model starts its real stack, evaluates, and starts training; the test then SIGKILLs the
+learner (its pid from <state>/stack.json). The job must stop at its next poll with exit status 1
+and one error line naming the learner, its failure class and the phase, stop every process of
+the stack, and leave an incomplete report (summary.json with `incomplete`, report.md) of what
+ran: the before-evaluation, and the after-evaluation marked not evaluated; `shellrl status`
+then names the job's early stop.
+
+The stack takes the default ports (`shellrl run` has no port options), so the test skips while
+another stack holds them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from cli.stack_config import DEFAULT_PORTS, port_is_free
+from cli.stack_status import process_alive
+from tests.helpers.processes import REPO
+from tests.helpers.waiting import wait_until
+
+JOB_FLAGS = (
+    "--model-path tiny --steps 50 --time-budget-min 3 --eval-id-episodes 1 "
+    "--eval-ood-episodes 1 --agentbench-eval-tasks 1 --max-new-tokens 8 --max-turns 1 "
+    "--group-size 2 --groups-per-step 1 --tracker none"
+).split()
+EVAL_SETS = 4  # eval_id, eval_ood, seeds, agentbench: one "before <set>: success" line each
+
+
+def test_a_learner_killed_mid_training_stops_the_job_with_its_class_and_an_incomplete_report(
+    tmp_path,
+):
+    busy = [f"{n}:{p}" for n, p in DEFAULT_PORTS.items() if not port_is_free(p)]
+    if busy:
+        pytest.skip(f"the default ports are taken by another stack: {', '.join(busy)}")
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o755)  # the sandbox's workspace root must be traversable by other uids
+    err_path = tmp_path / "job.stderr"
+    with open(err_path, "w") as err:
+        job = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "run", "--state-dir", str(state), *JOB_FLAGS],
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"},
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+    out: list[str] = []
+
+    def read_stdout() -> None:
+        for line in job.stdout:
+            out.append(line)
+
+    reader = threading.Thread(target=read_stdout, daemon=True)
+    reader.start()
+    pids: dict[str, int] = {}
+    try:
+        evaluated = lambda: sum(bool(re.match(r"\s*before\s+\w+: success", ln)) for ln in out)
+        wait_until(lambda: evaluated() >= EVAL_SETS or job.poll() is not None, 240, "eval before")
+        assert job.poll() is None, "".join(out) + err_path.read_text()
+        pids = json.loads((state / "stack.json").read_text())["processes"]
+        os.kill(pids["learner"], signal.SIGKILL)  # training starts right after the evaluation
+        status = job.wait(120)
+    finally:
+        if job.poll() is None:
+            job.send_signal(signal.SIGINT)  # the job stops its stack on Ctrl-C
+            job.wait(60)
+        reader.join(10)
+    stderr = err_path.read_text()
+    log = "".join(out) + stderr
+    assert status == 1, log
+    error = stderr.strip().splitlines()[-1]
+    assert error.startswith(
+        "shellrl run: error: learner exited with status -9 during train: killed (SIGKILL); see "
+    ), log
+    assert f"incomplete report in {state}/report" in error
+    assert "a rerun without --fresh trains from step 0 again" in error  # no checkpoint yet
+    summary = json.loads((state / "report" / "summary.json").read_text())
+    assert summary["incomplete"]["service"] == "learner"
+    assert summary["incomplete"]["class"] == "killed (SIGKILL)"
+    assert summary["incomplete"]["phase"] == "train"
+    assert summary["sets"]["eval_id"]["after"] is None and summary["sets"]["eval_id"]["before"]
+    assert summary["line"].startswith("incomplete: learner killed (SIGKILL) during train")
+    assert "Incomplete run" in (state / "report" / "report.md").read_text()
+    assert not (state / "stack.json").exists()  # the stack stopped ...
+    assert not [n for n, pid in pids.items() if process_alive(pid)]  # ... every process of it
+    shown = subprocess.run(
+        [sys.executable, "-m", "cli.main", "status", "--state-dir", str(state)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 1
+    assert "the last job stopped early: incomplete: learner killed (SIGKILL)" in shown.stderr
