@@ -56,17 +56,20 @@ REFERENCE_RUNS = metrics.counter(
     "reference_command lookups: hit (cache) or run (fresh session).",
     ("result",),
 )
-REWARD_COMPONENT = metrics.histogram(
+# a summary, not a histogram: components are negative, and a histogram with negative buckets
+# exposes no _sum, so the dashboard's mean per component would have no data
+REWARD_COMPONENT = metrics.summary(
     "shellrl_verifier_reward_component",
     "Value of each reward component of scored verifications (unweighted), by component name.",
     ("component",),
-    buckets=(-8.0, -5.0, -1.0, -0.5, -0.25, -0.1, 0.0, 0.1, 0.3, 1.0),
 )
 SAFETY_VIOLATIONS = metrics.counter(
     "shellrl_verifier_safety_violations_total",
     "Episodes the safety component penalised, by level (base: -5, escalated: -8 by default).",
     ("level",),
 )
+for _level in ("base", "escalated"):  # both series exist from the start: a rate of 0, not none
+    SAFETY_VIOLATIONS.labels(_level)
 SAFETY_STREAK_STEPS = metrics.gauge(
     "shellrl_verifier_safety_streak_steps",
     "Commands since the run's last safety violation, as this verifier last recorded it.",

@@ -17,6 +17,7 @@ from prometheus_client import (
     Gauge,
     Histogram,
     Info,
+    Summary,
     generate_latest,
 )
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
@@ -108,6 +109,16 @@ def gauge(name: str, doc: str, labels: tuple[str, ...] = (), registry=DEFAULT_RE
     if name.endswith("_total"):
         raise ValueError(f"gauge {name!r} must not end in _total (that suffix marks counters)")
     return Gauge(name, doc, labels, registry=registry)
+
+
+def summary(
+    name: str, doc: str, labels: tuple[str, ...] = (), registry=DEFAULT_REGISTRY
+) -> Summary:
+    """A summary (`_count` and `_sum`, no quantiles): the mean of a value that may be negative,
+    `rate(x_sum) / rate(x_count)`. A Histogram with negative buckets exposes no `_sum`
+    (prometheus_client follows OpenMetrics there), so its mean cannot be queried."""
+    _check(name, labels)
+    return Summary(name, doc, labels, registry=registry)
 
 
 def histogram(

@@ -219,3 +219,17 @@ async def test_health_gate_slows_new_groups_only_below_the_threshold():
     unknown = HealthGate(down, threshold=0.45, delay_s=10, refresh_s=0)
     await unknown.wait()  # an unreadable score never blocks admission (InfraGate's business)
     assert unknown.status()["score"] is None and not unknown.slowed
+
+
+def test_the_mean_of_each_reward_component_can_be_queried_even_when_it_is_negative():
+    """The dashboard's "Reward components" panel is rate(_sum) / rate(_count): a histogram with
+    negative buckets exposes no _sum (the panel had no data in the e2e stack), a summary does."""
+    from prometheus_client import generate_latest
+
+    from services.verifier import metrics
+
+    metrics.REWARD_COMPONENT.labels("test_negative").observe(-0.5)
+    text = generate_latest().decode()
+    assert 'shellrl_verifier_reward_component_sum{component="test_negative"} -0.5' in text
+    assert 'shellrl_verifier_reward_component_count{component="test_negative"} 1.0' in text
+    assert 'shellrl_verifier_safety_violations_total{level="escalated"} 0.0' in text
