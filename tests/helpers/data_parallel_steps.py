@@ -32,6 +32,16 @@ def steps() -> list:
     return [make_samples(n, seed=10 + i) for i, n in enumerate(STEP_SIZES)]
 
 
+def leave(ranks) -> None:
+    """Both ranks leave the group together: a rank whose peer had already torn down gloo aborted
+    once in CI ("terminate called without an active exception", exit -6) after a passing run."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+    ranks.close()
+
+
 def main(out: Path) -> None:
     torch.set_num_threads(1)
     ranks = init_ranks(fsdp="auto", backend="gloo", device="cpu", timeout_s=120)
@@ -40,13 +50,13 @@ def main(out: Path) -> None:
     store = CheckpointStore(out.parent / f"unused-{ranks.rank}")
     if not ranks.leader:
         follow(trainer, store)
-        ranks.close()
+        leave(ranks)
         return
     dp = DataParallel(trainer, store, pad_token_id=2)
     results = [dp.step(samples, learner_version=k) for k, samples in enumerate(steps())]
     weights = {name: tensor.clone() for name, tensor in dp.weights.named_parameters()}
     dp.stop()
-    ranks.close()
+    leave(ranks)
     torch.save({"weights": weights, "results": results}, out)
 
 
