@@ -10,9 +10,8 @@ The learner restores its newest complete checkpoint (`<state>/checkpoints/step-N
 services/learner/checkpoint.py) when it starts, so `shellrl run` without `--fresh` on the same
 state directory continues from that step up to `--steps` in all (checked by hand: a learner
 SIGKILLed after checkpoint step-000001, the rerun logged `{"event": "resume", "step": 1}` and
-trained steps 2-6). The rerun's before-evaluation measures no one policy for sure: it starts once
-the learner reports ready, which can be before the learner pushed the resumed weights, so it may
-see the base weights (version 0, as in that check), the resumed ones, or both.
+trained steps 2-6). The rerun's before-evaluation measures the resumed policy: the learner reports
+ready only after it pushed the checkpoint's weights to the engines (services/learner/app.py).
 """
 
 from __future__ import annotations

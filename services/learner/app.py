@@ -188,6 +188,8 @@ def build_app(settings: LearnerSettings) -> FastAPI:
         worker, task = state.get("worker"), state.get("task")
         if worker is None or task is None or task.done():
             return {"ready": False, "reason": "worker not running"}
+        if not worker.resumed.is_set():  # the checkpoint's weights not yet pushed to the engines
+            return {"ready": False, "reason": "resuming", "version": worker.version}
         return {"ready": bool(await state["redis"].ping()), "version": worker.version}
 
     app = create_app(

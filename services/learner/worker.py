@@ -90,6 +90,9 @@ class LearnerWorker:
         self.ready: list[RolloutGroup] = []  # released groups waiting for a step
         self.checkpointed_step = 0
         self.completed_step = 0  # what /v1/status reports: steps whose record is complete
+        # set once `resume` has restored the newest checkpoint and pushed its weights: /readyz
+        # waits for it, so nothing evaluates the engine before it serves the resumed policy
+        self.resumed = asyncio.Event()
         self.last: dict = {}
         self.started_s, self.trained_total = time.monotonic(), 0
         self.running = asyncio.Event()
@@ -174,6 +177,7 @@ class LearnerWorker:
         metrics.LEARNER_STEP.set(self.version)
         self.completed_step = self.version
         await self.sync.push(self.data_parallel.weights, self.version)
+        self.resumed.set()
 
     async def intake(self, entries: list[StreamEntry]) -> None:
         """Parse entries; skip consumed trajectory ids; hand the rest to the assembler."""

@@ -259,6 +259,9 @@ async def test_learner_killed_between_checkpoints_resumes_without_training_a_tra
             await _pending_count(redis) == 6
         )  # step 3's group and the half group: never acknowledged
         learner.start(ready_timeout_s=120)
+        # ready only once the resumed weights reached the engine: step 2's, not the killed
+        # learner's step 3 (a before-evaluation started at ready must see the resumed policy)
+        assert (await client.get_weight_version()) == {engine.url: "2"}
         resumed = await step_reaches(learner, 3)
         assert resumed["last_step"]["lr"] == pytest.approx(
             3e-4
