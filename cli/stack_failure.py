@@ -18,8 +18,13 @@ from pathlib import Path
 from cli.errors import CliError
 
 # text of an out-of-memory death: torch.OutOfMemoryError / "CUDA out of memory", cuBLAS failing to
-# allocate its workspace, Python's MemoryError on the host
-_OOM = re.compile(r"out of memory|OutOfMemoryError|MemoryError|CUBLAS_STATUS_ALLOC_FAILED", re.I)
+# allocate its workspace, Python's MemoryError or torch's CPU allocator on the host
+# ("DefaultCPUAllocator: can't allocate memory: ... Error code 12 (Cannot allocate memory)")
+_OOM = re.compile(
+    r"out of memory|OutOfMemoryError|MemoryError|CUBLAS_STATUS_ALLOC_FAILED"
+    r"|can't allocate memory|Cannot allocate memory",
+    re.I,
+)
 # a Python exception line: `ValueError: ...`, `torch.distributed.DistBackendError: ...`, a traceback
 _EXCEPTION = re.compile(r"\b[A-Za-z_][\w.]*(Error|Exception)\b|Traceback \(most recent call last\)")
 

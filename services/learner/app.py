@@ -142,6 +142,7 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
         pad_token_id=int(pad),
         pad_to_multiple_of=s.pad_to_multiple_of,
         read_count=s.read_count,
+        fault_oom_at_step=s.fault_oom_at_step,
     )
     worker = LearnerWorker(
         consumer,

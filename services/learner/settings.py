@@ -161,6 +161,13 @@ class LearnerSettings(EngineFleetSettings):
         10, ge=1, description="Checkpoint (then acknowledge) every N steps."
     )
     keep_checkpoints: int = Field(2, ge=1)
+    fault_oom_at_step: int = Field(
+        0,
+        ge=0,
+        description="Fault drill (0 = off): before training step N, ask the device's allocator "
+        "for more bytes than the device has, so the real out-of-memory error ends the learner "
+        "(how `shellrl run` reports a learner OOM and resumes, tests/gpu/test_gpu_stack.py).",
+    )
 
     # weight sync
     weight_transport: Literal["auto", "shm", "cuda_ipc", "distributed", "disk"] = Field(

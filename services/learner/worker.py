@@ -28,6 +28,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from services.learner import metrics
 from services.learner.checkpoint import CheckpointStore, LearnerState
 from services.learner.data_parallel import DataParallel
@@ -55,6 +57,7 @@ class WorkerConfig:
     pad_token_id: int = 0
     pad_to_multiple_of: int = 1
     read_count: int = 64
+    fault_oom_at_step: int = 0  # fault drill: `allocate_past_device_memory` before this step
     # experiment tracking of every step's metrics (shellrl/tracking.py); its directory defaults
     # to <checkpoint_dir>/../tracking (the TensorBoard run: .../tracking/learner)
     tracking: TrackingConfig = TrackingConfig()
@@ -230,6 +233,8 @@ class LearnerWorker:
         for outcome in outcomes:
             metrics.GROUPS.labels(outcome).inc()
         result = None
+        if self.config.fault_oom_at_step == version + 1:
+            await asyncio.to_thread(allocate_past_device_memory, self.trainer.params[0].device)
         if samples:
             result = await asyncio.to_thread(self.data_parallel.step, samples, version)
         else:
@@ -421,6 +426,18 @@ def _memory() -> tuple[int, int]:
     return rss_pages * os.sysconf("SC_PAGE_SIZE"), resource.getrusage(
         resource.RUSAGE_SELF
     ).ru_maxrss * 1024
+
+
+def allocate_past_device_memory(device: torch.device) -> None:
+    """Fault drill (`SHELLRL_FAULT_OOM_AT_STEP`): ask `device`'s allocator for more bytes than
+    the device has (2x a GPU's total memory; 2**50 bytes on the host). Raises the allocator's
+    own error: torch.OutOfMemoryError ("CUDA out of memory") on CUDA, RuntimeError
+    ("DefaultCPUAllocator: can't allocate memory") on CPU."""
+    if device.type == "cuda":
+        nbytes = 2 * torch.cuda.get_device_properties(device).total_memory
+    else:
+        nbytes = 1 << 50
+    torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 
 async def _wait_any(a: asyncio.Event, b: asyncio.Event, timeout_s: float) -> None:

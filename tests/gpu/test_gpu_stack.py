@@ -20,6 +20,7 @@ import time
 import pytest
 
 from cli.stack_config import device_env
+from services.learner.checkpoint import surviving_steps
 from tests.gpu.conftest import requires_cuda
 from tests.helpers.processes import REPO
 
@@ -145,3 +146,70 @@ def test_run_device_cuda_trains_on_the_gpu_and_pushes_every_step(tmp_path):
         assert (
             seen["engine"] <= 0.4 * total_mib + 1024 and seen["learner"] <= 0.5 * total_mib + 1024
         )
+
+
+def tiny_job(state, config, steps: int, *extra: str) -> list[str]:
+    """argv of a tiny-model `shellrl run --device cuda` job on `state`, small eval sets."""
+    return [
+        *(sys.executable, "-m", "cli.main", "run", "--device", "cuda", "--config", str(config)),
+        *("--model-path", "tiny", "--state-dir", str(state), "--steps", str(steps)),
+        *("--time-budget-min", "4", "--group-size", "4", "--groups-per-step", "1"),
+        *("--max-turns", "1", "--max-new-tokens", "16", "--eval-id-episodes", "2"),
+        *("--eval-ood-episodes", "1", "--agentbench-eval-tasks", "1", "--tracker", "none"),
+        *extra,
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
+def test_a_real_cuda_oom_in_the_learner_stops_the_job_and_a_rerun_resumes(tmp_path):
+    """Issue 19, Faults: the learner's CUDA OOM (the real allocator's error, forced by the
+    SHELLRL_FAULT_OOM_AT_STEP drill before step 3; a checkpoint after every step) ends the job
+    with status 1 and one line naming the learner, `oom`, the training phase and the checkpoint
+    to resume from; the incomplete report says the same and `shellrl status` names the
+    learner's exit. The rerun without --fresh resumes from step 2 and finishes all 4 steps."""
+    state = tmp_path / "state"
+    env_common = (
+        "[env]\nSHELLRL_TRAIN_ZERO_VARIANCE_GROUPS = true\nSHELLRL_CHECKPOINT_INTERVAL_STEPS = 1\n"
+    )
+    drill = tmp_path / "drill.toml"
+    drill.write_text(env_common + "SHELLRL_FAULT_OOM_AT_STEP = 3\n")
+    plain = tmp_path / "plain.toml"
+    plain.write_text(env_common)
+
+    first = subprocess.run(
+        tiny_job(state, drill, 4), cwd=REPO, capture_output=True, text=True, timeout=480
+    )
+    output = first.stdout + first.stderr
+    assert first.returncode == 1, output[-4000:]
+    line = next((ln for ln in output.splitlines() if "learner exited with status" in ln), "")
+    assert "during train: oom" in line and "CUDA out of memory" in line, output[-4000:]
+    assert "resume from step 2" in line, line
+    summary = json.loads((state / "report" / "summary.json").read_text())
+    incomplete = summary["incomplete"]
+    assert (incomplete["service"], incomplete["class"], incomplete["phase"]) == (
+        "learner",
+        "oom",
+        "train",
+    ), incomplete
+    assert incomplete["resume_from_step"] == 2
+    status = subprocess.run(
+        [sys.executable, "-m", "cli.main", "status", "--state-dir", str(state)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "oom" in status.stdout + status.stderr, status.stdout + status.stderr
+
+    second = subprocess.run(
+        tiny_job(state, plain, 4), cwd=REPO, capture_output=True, text=True, timeout=480
+    )
+    assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
+    ledger = [
+        json.loads(x) for x in (state / "checkpoints" / "steps.jsonl").read_text().splitlines()
+    ]
+    assert {"event": "resume", "step": 2, "checkpoint": "step-000002"} in ledger
+    # steps 3 and 4 after the resume (the job polls the learner, so a backlog of trajectories
+    # from the first run can carry it a few steps past --steps before the pause lands)
+    assert {1, 2, 3, 4} <= set(surviving_steps(ledger)), ledger

@@ -47,6 +47,24 @@ def test_a_dead_service_is_classified_by_its_signal_or_its_last_error(status, ca
     assert failure_class(status, cause) == expected
 
 
+def test_the_oom_drill_on_cpu_raises_torchs_allocator_error_which_classifies_as_oom(tmp_path):
+    # the learner's SHELLRL_FAULT_OOM_AT_STEP drill on a CPU learner: torch's real allocator error,
+    # logged as the learner logs a dead worker (a JSON ERROR record with the traceback), was
+    # classified "crash" before "can't allocate memory" counted as out of memory
+    torch = pytest.importorskip("torch")
+    from services.learner.worker import allocate_past_device_memory
+
+    with pytest.raises(RuntimeError) as raised:
+        allocate_past_device_memory(torch.device("cpu"))
+    trace = f"Traceback (most recent call last):\n  ...\nRuntimeError: {raised.value}"
+    record = {"level": "ERROR", "msg": "learner worker stopped with an error; exiting"}
+    log = tmp_path / "learner.log"
+    log.write_text(json.dumps(record | {"exc": trace}) + "\n")
+    cause = last_error_line(log)
+    assert "can't allocate memory" in cause
+    assert failure_class(-15, cause) == "oom"  # the SIGTERM the learner sends itself
+
+
 def test_a_learner_killed_by_sigkill_is_named_with_its_class_phase_and_resume_step(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     proc.send_signal(signal.SIGKILL)
