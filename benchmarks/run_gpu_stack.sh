@@ -12,12 +12,13 @@
 #            -> installs into /tmp/gpu-stack (it stays while the machine is warm), checks the
 #               memory budget on the GPU ($OUT/setup.log)
 #   device, call 2 (within the machine's warm time), carry ["benchmarks/out/gpu-stack/gguf.part2"]:
-#            bash benchmarks/run_gpu_stack.sh tests
-#            -> tests/gpu/test_gpu_stack.py (tiny model: the job, a real CUDA OOM and its resume)
-#               and a standalone push of SmolLM2-135M's size on the one GPU ($OUT/pytest.log,
-#               $OUT/push/results.json)
+#            bash benchmarks/run_gpu_stack.sh push
+#            -> a standalone push of SmolLM2-135M's size on the one GPU ($OUT/push/results.json)
 #   device, call 3, carry ["benchmarks/out/gpu-stack/gguf.part3",
-#            "benchmarks/out/gpu-stack/gguf.sha256"]:   SKIP_PYTEST=1 bash benchmarks/run_gpu_stack.sh job
+#            "benchmarks/out/gpu-stack/gguf.sha256"]:   bash benchmarks/run_gpu_stack.sh tests
+#            -> tests/gpu/test_gpu_stack.py (tiny model, SmolLM2's tokenizer: the job, a real CUDA
+#               OOM and its resume; $OUT/pytest.log)
+#   device, call 4:   SKIP_PYTEST=1 JOB_ARGS="..." bash benchmarks/run_gpu_stack.sh job
 #            -> the main job on SmolLM2 ($OUT/summary.json, report.tar.gz, job.log, gpu_mem.csv,
 #               service-logs.txt)
 #   a host that has everything at once (or network): bash benchmarks/run_gpu_stack.sh all
@@ -136,16 +137,23 @@ sample_gpu() {  # every second: unix time, pid, MiB; and the stack's pids while 
   done
 }
 
-tests() {  # the GPU stack's tests (tiny model: no GGUF needed) and a standalone push of the
-  # main job's model size, learner and engine on the one GPU (what the loop's push compares with)
+push() {  # a standalone push of the main job's model size, learner and engine on the one GPU:
+  # what the loop's push compares with (no GGUF needed: random weights of SmolLM2's shapes)
   keep_parts
   device_env
   [ -d "$T/site" ] || { echo "run the setup stage first (no $T/site)"; return 1; }
-  timeout "${PYTEST_TIMEOUT_S:-420}" python3 -m pytest -q -p no:cacheprovider -rs \
-    tests/gpu/test_gpu_stack.py 2>&1 | tee "$OUT/pytest.log" | tail -30
   timeout "${BENCH_TIMEOUT_S:-150}" python3 -m benchmarks.bench_gpu_weight_sync \
     --learner-device cuda:0 --engine-device cuda:0 --shapes smollm2-135m --paths w \
     --sections sync --updates 20 --out "$OUT/push" 2>&1 | grep -v "it/s\]" | tail -20
+}
+
+tests() {  # the GPU stack's tests: the tiny model's tokenizer is SmolLM2's, so the whole GGUF
+  keep_parts
+  device_env
+  [ -d "$T/site" ] || { echo "run the setup stage first (no $T/site)"; return 1; }
+  assemble_gguf || { echo "GGUF parts missing or corrupt (the tiny model uses its tokenizer)"; return 1; }
+  timeout "${PYTEST_TIMEOUT_S:-420}" python3 -m pytest -q -p no:cacheprovider -rs \
+    tests/gpu/test_gpu_stack.py 2>&1 | tee "$OUT/pytest.log" | tail -30
 }
 
 job() {
@@ -185,6 +193,13 @@ def series(text, name):
     """{labels: value} of one metric in a Prometheus text."""
     pattern = rf"^{name}(?:\{{(.*?)\}})? (\S+)$"
     return {m[1] or "": float(m[2]) for m in re.finditer(pattern, text, re.M)}
+
+
+def total(text, name):
+    """Sum of one metric's samples; `name` may carry labels (`x_sum{phase="total"}`)."""
+    base, _, labels = name.partition("{")
+    values = series(text, base)
+    return values.get(labels.rstrip("}"), 0.0) if labels else sum(values.values())
 
 
 phases = json.loads((report / "phases.json").read_text())
@@ -227,6 +242,23 @@ out = {
     "rollout_action_tokens_per_s_job": round(action_tokens / busy_s, 1),
     "engine_generation_tokens":
     sum(series(engine, "shellrl_engine_generation_tokens_total").values()),
+    # where the wall time goes: each service's busy share (engine: decode + prefill over the
+    # evaluations and training; learner: its steps, pushes and checkpoints over training) and
+    # what an episode's seconds are spent on, summed over episodes
+    "busy_share": {
+        "engine": round((total(engine, "shellrl_engine_decode_step_seconds_sum")
+                         + total(engine, "shellrl_engine_prefill_seconds_sum")) / busy_s, 3),
+        **{name: round(total(learner, metric) / phases["train_s"], 3) for name, metric in (
+            ("learner_step", "shellrl_learner_step_seconds_sum"),
+            ("weight_push", 'shellrl_weight_sync_seconds_sum{phase="total"}'),
+            ("checkpoint", "shellrl_learner_checkpoint_seconds_sum"))},
+    },
+    "episode_seconds_share": {
+        name: round(total(rollout, f"shellrl_rollout_{name}_seconds_sum")
+                    / max(total(rollout, "shellrl_rollout_episode_seconds_sum"), 1e-9), 3)
+        for name in ("generate", "session_create", "exec")},
+    "admission_wait_s": {k.split('"')[1]: round(v, 1) for k, v in
+                         series(rollout, "shellrl_rollout_admission_wait_seconds_sum").items()},
     "gpu_peak_mib": dict(peak),
     "eval": {name: [view.get("success_rate"), evals["after"].get(name, {}).get("success_rate"),
                     view.get("episodes_scored")] for name, view in evals["before"].items()},
@@ -290,10 +322,11 @@ seeds() {  # ARMS="name:flags;name:flags" x SEEDS="0 1 2", all at once on one GP
 case $what in
   prepare) prepare ;;
   setup) setup ;;
+  push) push ;;
   tests) tests ;;
   job) job ;;
   seeds) seeds ;;  # ARMS, SEEDS, JOB_ARGS, JOB_TIMEOUT_S: several jobs at once, compared
-  all) setup && tests && SKIP_PYTEST=1 job ;;
+  all) setup && push && tests && SKIP_PYTEST=1 job ;;
   summarize) shift; summarize "$@" ;;  # summarize REPORT_DIR GPU_MEM_CSV STACK_JSON
-  *) echo "usage: $0 prepare|setup|tests|job|seeds|all|summarize"; exit 2 ;;
+  *) echo "usage: $0 prepare|setup|push|tests|job|seeds|all|summarize"; exit 2 ;;
 esac
