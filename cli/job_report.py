@@ -52,7 +52,9 @@ def write_job_report(cfg, job: JobOutcome, *, t_start: float, t_train: float | N
     for name, text in job.metrics.items():  # the services' last /metrics, Prometheus text
         (report_dir / f"metrics_{name}.prom").write_text(text)
     phases["total_s"] = time.time() - t_start
-    (report_dir / "phases.json").write_text(json.dumps(phases | {"device": cfg.device}, indent=2))
+    (report_dir / "phases.json").write_text(
+        json.dumps(phases | {"device": cfg.device, "gpu_layout": cfg.gpu_layout}, indent=2)
+    )
     meta = job_meta(cfg, steps, phases)
     if job.incomplete is not None:
         meta["incomplete"] = job.incomplete

@@ -179,7 +179,7 @@ class Stack:
             **{k: v for k, v in os.environ.items() if k.upper() not in _TOKEN_SETTINGS},
             "PYTHONUNBUFFERED": "1",
             **cfg.common_env(),
-            **device_env(cfg.device, name, cfg.gpu_memory),
+            **device_env(cfg.device, name, cfg.gpu_memory, layout=cfg.gpu_layout),
             **cfg.service_env.get(name, {}),
             "SHELLRL_PORT": str(cfg.ports[name]),
             "SHELLRL_HOST": "127.0.0.1",

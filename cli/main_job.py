@@ -62,9 +62,10 @@ class JobConfig:
 
     model_path: str = "smollm2"
     state_dir: Path = Path(".shellrl")
-    # where engine and learner run: cpu, or cuda (both on one GPU, each within its fraction of the
-    # GPU's memory: cli/stack_config.py, GPU_MEMORY_FRACTIONS)
+    # where engine and learner run: cpu, or cuda (on one GPU or two, each within its fraction of its
+    # GPU's memory: cli/stack_config.py, GPU_MEMORY_FRACTIONS and GPU_LAYOUTS)
     device: str = "cpu"
+    gpu_layout: str = "colocated"  # with device 'cuda': what check_device resolved (GPU_LAYOUTS)
     engine_gpu_memory: float = GPU_MEMORY_FRACTIONS["engine"]
     learner_gpu_memory: float = GPU_MEMORY_FRACTIONS["learner"]
     steps: int = 40
@@ -156,6 +157,7 @@ class JobConfig:
             echo_logs=False,
             device=self.device,
             gpu_memory=self.gpu_memory(),
+            gpu_layout=self.gpu_layout,
         )
 
     def gpu_memory(self) -> dict[str, float]:
@@ -171,7 +173,8 @@ class JobConfig:
             n
             for d in DEVICES
             for s in GPU_SERVICES
-            for n in device_env(d, s, environ={})
+            for layout in ("colocated", "split")
+            for n in device_env(d, s, environ={}, layout=layout)
             if n.startswith("SHELLRL_")
         }
         return names | {"SHELLRL_PORT", "SHELLRL_HOST"}
@@ -348,7 +351,9 @@ def run_job(cfg: JobConfig) -> Path:
     sets = eval_sets(cfg)
     train_pool = train_tasks(cfg)
     console.print(
-        f"[bold]shellrl run[/]: model {cfg.model_path} on {cfg.device}, "
+        f"[bold]shellrl run[/]: model {cfg.model_path} on {cfg.device}"
+        + (f" ({cfg.gpu_layout})" if cfg.device == "cuda" else "")
+        + ", "
         f"{len(train_pool)} training tasks, eval sets "
         + ", ".join(f"{k} {len(v)}" for k, v in sets.items())
     )

@@ -1,7 +1,8 @@
 """The configuration of a local stack: which services, on which ports, devices and environment.
 
 `StackConfig` is what `shellrl up` starts (cli/launcher.py starts and stops the processes);
-`device_env` puts engine and learner on the CPU or share one GPU between them; `api_headers` is
+`device_env` puts engine and learner on the CPU, on one GPU they share, or on two GPUs, one each
+(`GPU_LAYOUTS`); `api_headers` is
 the `Authorization` header the CLI sends to a running stack (its token: shellrl/service/auth.py).
 """
 
@@ -35,23 +36,53 @@ GPU_SERVICES = ("engine", "learner")
 # that process and never starves the other. The remaining 10% holds the two CUDA contexts (~0.5 GiB
 # each) and what is allocated outside torch's allocator (the CUDA IPC mapping of a weight push).
 GPU_MEMORY_FRACTIONS = {"engine": 0.4, "learner": 0.5}
+# where --device cuda puts engine and learner: "colocated" on the first visible GPU (the fractions
+# above share it), "split" on the first two visible GPUs (engine on the first, learner on the
+# second, each within its fraction of its own GPU; the learner also sees the engine's GPU, where it
+# stages the CUDA IPC bucket of a push), "auto": split when torch sees two or more GPUs
+GPU_LAYOUTS = ("auto", "colocated", "split")
 
 
-def check_device(device: str, gpu_memory: dict[str, float] | None = None) -> None:
+def resolve_gpu_layout(layout: str, gpu_count: int) -> str:
+    """ "colocated" or "split" for `layout` (GPU_LAYOUTS) on a host where torch sees `gpu_count`
+    GPUs. Raises CliError for an unknown layout or "split" with fewer than two GPUs."""
+    if layout not in GPU_LAYOUTS:
+        raise CliError(f"--gpu-layout {layout}: expected one of {', '.join(GPU_LAYOUTS)}")
+    if layout == "auto":
+        return "split" if gpu_count >= 2 else "colocated"
+    if layout == "split" and gpu_count < 2:
+        raise CliError(
+            f"--gpu-layout split: needs two GPUs, torch sees {gpu_count}; use --gpu-layout colocated"
+        )
+    return layout
+
+
+def check_device(
+    device: str, gpu_memory: dict[str, float] | None = None, gpu_layout: str = "auto"
+) -> str:
     """Raise CliError (one line, exit status 2) unless `device` can run here: 'cpu' always; 'cuda'
-    needs a torch that sees a GPU, and the GPU memory fractions (service -> fraction) of the
-    colocated services must be in (0, 1] and sum to at most 1. Imports torch for 'cuda' only."""
+    needs a torch that sees a GPU (two for `gpu_layout` "split"), and GPU memory fractions
+    (service -> fraction) in (0, 1] that, for services colocated on one GPU, sum to at most 1.
+    Returns the layout engine and learner get ("colocated" or "split", `resolve_gpu_layout`;
+    "colocated" for 'cpu'). Imports torch for 'cuda' only."""
     if device not in DEVICES:
         raise CliError(f"--device {device}: expected one of {', '.join(DEVICES)}")
+    if gpu_layout not in GPU_LAYOUTS:
+        raise CliError(f"--gpu-layout {gpu_layout}: expected one of {', '.join(GPU_LAYOUTS)}")
     if device == "cpu":
-        return
+        return "colocated"
     fractions = gpu_memory or GPU_MEMORY_FRACTIONS
-    if not all(0 < f <= 1 for f in fractions.values()) or sum(fractions.values()) > 1:
-        shown = ", ".join(f"{name} {f:g}" for name, f in fractions.items())
-        raise CliError(
-            f"--device cuda: GPU memory fractions ({shown}) must be in (0, 1] and sum "
-            "to at most 1 (engine and learner share one GPU)"
-        )
+
+    def check_fractions(layout: str) -> None:
+        shared = layout == "colocated" and sum(fractions.values()) > 1
+        if shared or not all(0 < f <= 1 for f in fractions.values()):
+            shown = ", ".join(f"{name} {f:g}" for name, f in fractions.items())
+            raise CliError(
+                f"--device cuda: GPU memory fractions ({shown}) must be in (0, 1]"
+                + (" and sum to at most 1 (engine and learner share one GPU)" if shared else "")
+            )
+
+    check_fractions(gpu_layout)  # before torch is asked, where the layout is known already
     import torch
 
     if not torch.cuda.is_available():
@@ -60,6 +91,9 @@ def check_device(device: str, gpu_memory: dict[str, float] | None = None) -> Non
             f"--device cuda: no CUDA GPU visible to torch {torch.__version__} "
             f"({build}); use --device cpu"
         )
+    layout = resolve_gpu_layout(gpu_layout, torch.cuda.device_count())
+    check_fractions(layout)
+    return layout
 
 
 def device_env(
@@ -67,11 +101,16 @@ def device_env(
     service: str,
     gpu_memory: dict[str, float] | None = None,
     environ: dict[str, str] | None = None,
+    layout: str = "colocated",
 ) -> dict[str, str]:
-    """Environment that puts `service` on `device` (see GPU_MEMORY_FRACTIONS). cpu: engine and
-    learner on the CPU. cuda: engine (bfloat16) and learner on the current GPU, each capped at its
-    fraction of the GPU's memory; the other services see no GPU. A PYTORCH_CUDA_ALLOC_CONF or
-    PYTORCH_ALLOC_CONF already in `environ` (default os.environ) keeps its options."""
+    """Environment that puts `service` on `device` (see GPU_MEMORY_FRACTIONS, GPU_LAYOUTS). cpu:
+    engine and learner on the CPU. cuda, layout "colocated": engine (bfloat16) and learner on the
+    current GPU, each capped at its fraction of the GPU's memory; "split": the engine alone on the
+    first visible GPU, the learner on the second (`cuda:1` of the two it sees, the engine's being
+    its `cuda:0`, where its CUDA IPC buckets go: SHELLRL_ENGINE_CUDA_DEVICE), each capped at its
+    fraction. The visible GPUs are those CUDA_VISIBLE_DEVICES in `environ` (default os.environ)
+    lists, else 0 and 1. The other services see no GPU. A PYTORCH_CUDA_ALLOC_CONF or
+    PYTORCH_ALLOC_CONF already in `environ` keeps its options."""
     if device == "cpu":
         return {"SHELLRL_DEVICE": "cpu"} if service in GPU_SERVICES else {}
     if service not in GPU_SERVICES:
@@ -90,6 +129,20 @@ def device_env(
     env = {"SHELLRL_DEVICE": "cuda", name: ",".join([*options, budget])}
     if service == "engine":
         env["SHELLRL_DTYPE"] = "bfloat16"
+    if layout == "split":
+        listed = environ.get("CUDA_VISIBLE_DEVICES", "")
+        gpus = [g.strip() for g in listed.split(",") if g.strip()] or ["0", "1"]
+        if len(gpus) < 2:
+            raise CliError(f"--gpu-layout split: CUDA_VISIBLE_DEVICES={listed} names one GPU")
+        engine_gpu, learner_gpu = gpus[:2]
+        if service == "engine":
+            env["CUDA_VISIBLE_DEVICES"] = engine_gpu
+        else:
+            env |= {
+                "CUDA_VISIBLE_DEVICES": f"{engine_gpu},{learner_gpu}",
+                "SHELLRL_DEVICE": "cuda:1",
+                "SHELLRL_ENGINE_CUDA_DEVICE": "cuda:0",
+            }
     return env
 
 
@@ -123,13 +176,15 @@ def port_is_free(port: int) -> bool:
 class StackConfig:
     """What `shellrl up` starts. ports: service -> port; env: extra SHELLRL_* for every service;
     device: 'cpu' or 'cuda' for engine and learner (`device_env`), gpu_memory: their GPU memory
-    fractions with 'cuda'; api_token: the stack's bearer token (a fresh random one per config),
-    which every service requires and sends (cli/launcher.py hands it over in a 0600 file)."""
+    fractions with 'cuda', gpu_layout: "colocated" (one GPU shared) or "split" (one each);
+    api_token: the stack's bearer token (a fresh random one per config), which every service
+    requires and sends (cli/launcher.py hands it over in a 0600 file)."""
 
     state_dir: Path = STATE_DIR
     model_path: str = "smollm2"
     device: str = "cpu"
     gpu_memory: dict[str, float] = field(default_factory=lambda: dict(GPU_MEMORY_FRACTIONS))
+    gpu_layout: str = "colocated"  # with device 'cuda': "colocated" or "split" (GPU_LAYOUTS)
     ports: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_PORTS))
     env: dict[str, str] = field(default_factory=dict)
     service_env: dict[str, dict[str, str]] = field(default_factory=dict)

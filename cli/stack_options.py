@@ -10,7 +10,7 @@ def add_stack_arguments(parser) -> None:
     """--config, --model-path, --state-dir (JobConfig's defaults), --device and the engine's and
     learner's GPU memory fractions."""
     from cli.main_job import JobConfig
-    from cli.stack_config import DEVICES, GPU_MEMORY_FRACTIONS
+    from cli.stack_config import DEVICES, GPU_LAYOUTS, GPU_MEMORY_FRACTIONS
 
     d = JobConfig()
     parser.add_argument(
@@ -30,8 +30,17 @@ def add_stack_arguments(parser) -> None:
         "--device",
         choices=DEVICES,
         default="cpu",
-        help="where engine and learner run; cuda: both on one GPU (bf16 engine), each within "
-        "its fraction of the GPU's memory (fails at once without a CUDA GPU)",
+        help="where engine and learner run; cuda: on one GPU they share or two GPUs, one each "
+        "(--gpu-layout; bf16 engine), each within its fraction of its GPU's memory (fails at "
+        "once without a CUDA GPU)",
+    )
+    parser.add_argument(
+        "--gpu-layout",
+        choices=GPU_LAYOUTS,
+        default="auto",
+        help="with --device cuda: colocated (engine and learner share the first GPU), split "
+        "(engine on the first GPU, learner on the second), auto (split when two or more GPUs "
+        "are visible)",
     )
     for name in ("engine", "learner"):
         parser.add_argument(
@@ -39,5 +48,5 @@ def add_stack_arguments(parser) -> None:
             type=float,
             default=GPU_MEMORY_FRACTIONS[name],
             metavar="FRACTION",
-            help=f"with --device cuda: fraction of the GPU's memory the {name} may allocate",
+            help=f"with --device cuda: fraction of its GPU's memory the {name} may allocate",
         )

@@ -137,7 +137,7 @@ def run(args) -> int:
     from cli.stack_config import SERVICE_ORDER, StackConfig, check_device
 
     check_model_path(args.model_path)
-    check_device(args.device, None)
+    check_device(args.device, None, "colocated")  # the engine only
     state = Path(args.state_dir)
     checkpoints = state / "checkpoints"
     if checkpoints.is_dir() and any(checkpoints.iterdir()):

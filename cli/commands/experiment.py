@@ -97,7 +97,7 @@ def run(args) -> int:
     from cli.stack_config import check_device
     from cli.stack_failure import StackError
 
-    check_device(args.device)
+    check_device(args.device, None, "colocated")
     check_model_path(args.model_path)
     console = Console()
     command = shlex.join(["shellrl", *sys.argv[1:]]) if sys.argv[1:] else "shellrl experiment"

@@ -157,11 +157,14 @@ def run(args) -> int:
         raise CliError(f"--tracker {args.tracker}: pip install {PACKAGES[args.tracker]}")
     if args.attach:
         return run_attach(args, job_config(args))
-    check_device(
-        args.device, {"engine": args.engine_gpu_memory, "learner": args.learner_gpu_memory}
+    layout = check_device(
+        args.device,
+        {"engine": args.engine_gpu_memory, "learner": args.learner_gpu_memory},
+        args.gpu_layout,
     )
     check_model_path(args.model_path)
     cfg = job_config(args)
+    cfg.gpu_layout = layout
     env = getattr(args, "config_env", None) or {}
     if taken := sorted(set(env) & cfg.managed_env()):
         raise CliError(

@@ -27,7 +27,7 @@ def run(args) -> int:
     from cli.stack_config import StackConfig, check_device
 
     gpu_memory = {"engine": args.engine_gpu_memory, "learner": args.learner_gpu_memory}
-    check_device(args.device, gpu_memory)
+    layout = check_device(args.device, gpu_memory, args.gpu_layout)
     check_model_path(args.model_path)
     state = Path(args.state_dir)
     env = {
@@ -41,5 +41,6 @@ def run(args) -> int:
         env=env,
         device=args.device,
         gpu_memory=gpu_memory,
+        gpu_layout=layout,
     )
     return up(config)

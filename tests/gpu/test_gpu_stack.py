@@ -213,3 +213,64 @@ def test_a_real_cuda_oom_in_the_learner_stops_the_job_and_a_rerun_resumes(tmp_pa
     # steps 3 and 4 after the resume (the job polls the learner, so a backlog of trajectories
     # from the first run can carry it a few steps past --steps before the pause lands)
     assert {1, 2, 3, 4} <= set(surviving_steps(ledger)), ledger
+
+
+def gpu_of_processes() -> dict[int, set[str]]:
+    """pid -> UUIDs of the GPUs it holds memory on, from nvidia-smi ({} without it)."""
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    done = subprocess.run(
+        ["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    out: dict[int, set[str]] = {}
+    for line in done.stdout.splitlines():
+        pid, _, uuid = (x.strip() for x in line.partition(","))
+        if pid.isdigit():
+            out.setdefault(int(pid), set()).add(uuid)
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs (the split layout)")
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
+def test_split_layout_puts_the_engine_and_the_learner_on_gpus_of_their_own(tmp_path):
+    """Issue 19, item 1, on two GPUs: `--gpu-layout split` (what auto picks there) runs the engine
+    on the first GPU and the learner on the second; the learner's pushes go over CUDA IPC into a
+    bucket on the engine's GPU, so the learner holds memory there too, the engine never on the
+    learner's."""
+    config = tmp_path / "gpu.toml"
+    config.write_text("[env]\nSHELLRL_TRAIN_ZERO_VARIANCE_GROUPS = true\n")
+    state = tmp_path / "state"
+    job = subprocess.Popen(
+        tiny_job(state, config, 2, "--gpu-layout", "split"),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen: dict[str, set[str]] = {}  # service -> GPU UUIDs
+    deadline = time.monotonic() + 480
+    while job.poll() is None and time.monotonic() < deadline:
+        stack = state / "stack.json"
+        if stack.exists():
+            held = gpu_of_processes()
+            for name, pid in json.loads(stack.read_text())["processes"].items():
+                seen.setdefault(name, set()).update(held.get(pid, set()))
+        time.sleep(2)
+    if job.poll() is None:
+        job.kill()
+    output = job.communicate()[0]
+    assert job.returncode == 0, output[-4000:]
+    phases = json.loads((state / "report" / "phases.json").read_text())
+    assert (phases["device"], phases["gpu_layout"]) == ("cuda", "split")
+    pushes = re.search(
+        r'shellrl_weight_sync_seconds_count\{phase="total"\} (\S+)',
+        (state / "report" / "metrics_learner.prom").read_text(),
+    )
+    assert pushes and float(pushes.group(1)) >= 2
+    if shutil.which("nvidia-smi"):
+        [engine_gpu] = seen["engine"]
+        assert seen["learner"] - {engine_gpu}, seen  # the learner trains on another GPU

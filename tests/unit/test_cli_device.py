@@ -19,6 +19,7 @@ from cli.stack_config import (
     StackConfig,
     check_device,
     device_env,
+    resolve_gpu_layout,
 )
 from tests.helpers.processes import REPO
 
@@ -53,12 +54,53 @@ def test_gpu_memory_fractions_over_the_whole_gpu_are_refused_before_torch_is_ask
     with pytest.raises(
         CliError, match=r"fractions \(engine 0.6, learner 0.5\) must be in \(0, 1\]"
     ):
-        check_device("cuda", {"engine": 0.6, "learner": 0.5})
+        check_device("cuda", {"engine": 0.6, "learner": 0.5}, "colocated")
     with pytest.raises(CliError, match="must be in"):
-        check_device("cuda", {"engine": 0.0, "learner": 0.5})
-    check_device("cpu", {"engine": 0.6, "learner": 0.5})  # unused on the CPU
+        check_device("cuda", {"engine": 0.0, "learner": 0.5})  # any layout
+    assert check_device("cpu", {"engine": 0.6, "learner": 0.5}) == "colocated"  # unused on CPU
     with pytest.raises(CliError, match="expected one of cpu, cuda"):
         check_device("tpu")
+    with pytest.raises(CliError, match="expected one of auto, colocated, split"):
+        check_device("cpu", None, "three")
+
+
+def test_the_gpu_layout_splits_on_two_gpus_and_shares_one():
+    assert [resolve_gpu_layout("auto", n) for n in (1, 2, 8)] == ["colocated", "split", "split"]
+    assert resolve_gpu_layout("colocated", 2) == "colocated"
+    assert resolve_gpu_layout("split", 2) == "split"
+    with pytest.raises(CliError, match="needs two GPUs, torch sees 1"):
+        resolve_gpu_layout("split", 1)
+
+
+def test_split_puts_the_engine_on_the_first_gpu_and_the_learner_on_the_second():
+    fractions = {"engine": 0.8, "learner": 0.9}  # each of its own GPU: no sum limit
+    engine = device_env("cuda", "engine", fractions, environ={}, layout="split")
+    assert engine == {
+        "SHELLRL_DEVICE": "cuda",
+        "SHELLRL_DTYPE": "bfloat16",
+        "PYTORCH_ALLOC_CONF": "per_process_memory_fraction:0.8",
+        "CUDA_VISIBLE_DEVICES": "0",
+    }
+    # the learner sees the engine's GPU first (its cuda:0, where a push's CUDA IPC bucket is
+    # staged) and trains on its own (cuda:1)
+    learner = device_env("cuda", "learner", fractions, environ={}, layout="split")
+    assert learner == {
+        "SHELLRL_DEVICE": "cuda:1",
+        "PYTORCH_ALLOC_CONF": "per_process_memory_fraction:0.9",
+        "CUDA_VISIBLE_DEVICES": "0,1",
+        "SHELLRL_ENGINE_CUDA_DEVICE": "cuda:0",
+    }
+    # the first two of the GPUs the host's CUDA_VISIBLE_DEVICES leaves visible
+    visible = {"CUDA_VISIBLE_DEVICES": "3,5,6"}
+    assert (
+        device_env("cuda", "engine", environ=visible, layout="split")["CUDA_VISIBLE_DEVICES"] == "3"
+    )
+    learner = device_env("cuda", "learner", environ=visible, layout="split")
+    assert learner["CUDA_VISIBLE_DEVICES"] == "3,5"
+    with pytest.raises(CliError, match="names one GPU"):
+        device_env("cuda", "learner", environ={"CUDA_VISIBLE_DEVICES": "2"}, layout="split")
+    for name in ("sandbox", "verifier", "rollout"):
+        assert device_env("cuda", name, environ={}, layout="split") == {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def test_cpu_puts_engine_and_learner_on_the_cpu_and_leaves_the_rest_alone():
@@ -102,9 +144,14 @@ def test_the_job_passes_device_and_budgets_to_the_stack_and_owns_their_settings(
     assert isinstance(stack, StackConfig) and stack.device == "cuda"
     assert stack.gpu_memory == {"engine": 0.25, "learner": 0.7}
     assert JobConfig().stack_config().device == "cpu"
+    split = JobConfig(device="cuda", gpu_layout="split").stack_config()
+    assert split.gpu_layout == "split"
+    assert {"SHELLRL_ENGINE_CUDA_DEVICE"} <= JobConfig().managed_env()
     assert {"SHELLRL_DEVICE", "SHELLRL_DTYPE"} <= JobConfig().managed_env()
     config = tmp_path / "shellrl.toml"
     config.write_text('device = "cuda"\nengine-gpu-memory = 0.3\n')
     args = parse(["run", "--config", str(config)])
     assert (args.device, args.engine_gpu_memory, args.learner_gpu_memory) == ("cuda", 0.3, 0.5)
     assert parse(["up", "--config", str(config), "--device", "cpu"]).device == "cpu"
+    assert parse(["run"]).gpu_layout == "auto"
+    assert parse(["up", "--gpu-layout", "split"]).gpu_layout == "split"
