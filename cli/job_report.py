@@ -71,6 +71,8 @@ def write_job_report(cfg, job: JobOutcome, *, t_start: float, t_train: float | N
         snapshots=job.snapshots,
         learner_metrics=job.metrics.get("learner", ""),
         rollout_metrics=job.metrics.get("rollout", ""),
+        engine_metrics=job.metrics.get("engine", ""),
+        phases=phases,
         train_s=phases.get("train_s", 0.0),
         total_s=time.time() - t_start,
         tasks_by_id=tasks_by_id,

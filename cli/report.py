@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cli import report_plots as plots
 from cli.eval_stats import set_score
+from cli.report_timing import timing, timing_section
 from cli.stack_status import histogram_buckets, quantile_from_buckets
 from shellrl.contract import task_to_json
 
@@ -139,10 +140,14 @@ def write_report(
     tasks_by_id: dict,
     train_started_at: float | None = None,
     summary: dict | None = None,
+    engine_metrics: str = "",
+    phases: dict | None = None,
 ) -> Path:
-    """Write report.md, the PNG plots, evaluations.json and steps.json into `out`; returns the
-    path of report.md. train_started_at: Unix time training started (the wall-clock axis' 0);
-    summary: the run's summary.json content (its target verdict and regressions are shown)."""
+    """Write report.md, the PNG plots, evaluations.json, steps.json and timing.json into `out`;
+    returns the path of report.md. train_started_at: Unix time training started (the wall-clock
+    axis' 0); summary: the run's summary.json content (its target verdict and regressions are
+    shown); engine_metrics and phases ({"<phase>_s": seconds}): with the learner's and rollout's
+    metrics, where the time went (cli/report_timing.py)."""
     out.mkdir(parents=True, exist_ok=True)
     # keep only the last record of each step (a resume rewrites rolled-back steps)
     by_step = {}
@@ -244,6 +249,11 @@ def write_report(
         + " ".join(f"{s.get('reward_mean', 0):.2f}" if plots.scored(s) else "-" for s in steps),
         "",
     ]
+    time_spent = timing(
+        phases or {"train_s": train_s}, learner_metrics, rollout_metrics, engine_metrics
+    )
+    (out / "timing.json").write_text(json.dumps(time_spent, indent=2))
+    lines += timing_section(time_spent)
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in images] + [""]
     lines += [
         "## Configuration",

@@ -3,7 +3,9 @@ not reproduced, see docs/sglang.md)."""
 
 from __future__ import annotations
 
-from shellrl.service.metrics import counter, gauge, histogram
+from shellrl.service.metrics import counter, gauge, histogram, register_gpu_memory
+
+register_gpu_memory()  # shellrl_gpu_memory_bytes: the engine's model and KV on a GPU
 
 REQUEST_SECONDS = histogram(
     "shellrl_engine_request_seconds",

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from shellrl.service import metrics as m
-from shellrl.service.metrics import STALENESS_BUCKETS
+from shellrl.service.metrics import STALENESS_BUCKETS, register_gpu_memory
+
+register_gpu_memory()  # shellrl_gpu_memory_bytes: the policy, optimizer and activations on a GPU
 
 POLICY_VERSION = m.gauge(
     "shellrl_policy_version", "Policy version of the learner's weights (learner steps taken)."

@@ -8,6 +8,7 @@ helpers so that a name is checked once, here.
 from __future__ import annotations
 
 import re
+import sys
 
 from fastapi import Response
 from prometheus_client import (
@@ -21,6 +22,8 @@ from prometheus_client import (
     generate_latest,
 )
 from prometheus_client import REGISTRY as DEFAULT_REGISTRY
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 _NAME = re.compile(r"^shellrl_[a-z][a-z0-9_]*$")
 _FORBIDDEN_LABELS = {"trajectory_id", "task_id", "group_id", "session_id", "request_id", "rid"}
@@ -138,6 +141,49 @@ def histogram(
 def info(name: str, doc: str, registry=DEFAULT_REGISTRY) -> Info:
     _check(name, ())
     return Info(name, doc, registry=registry)
+
+
+GPU_MEMORY_BYTES = "shellrl_gpu_memory_bytes"
+
+
+class GpuMemoryCollector(Collector):
+    """`shellrl_gpu_memory_bytes{device, kind}`: what torch's CUDA caching allocator holds in this
+    process on each visible GPU (`device`: "cuda:<index>" as the process numbers it). kind:
+    "allocated" (`torch.cuda.memory_allocated`), "reserved" (`memory_reserved`: allocated plus
+    the allocator's cache), "peak_allocated" (`max_memory_allocated` since the process started).
+    Bytes. Memory outside the allocator (the CUDA context, NCCL buffers, CUDA IPC mappings) is not
+    counted: nvidia-smi shows it. No samples when the process never initialized CUDA (a CPU
+    service), so a scrape never initializes it."""
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            GPU_MEMORY_BYTES,
+            "Bytes torch's CUDA caching allocator holds in this process, by GPU and kind "
+            "(allocated, reserved, peak_allocated).",
+            labels=("device", "kind"),
+        )
+        torch = sys.modules.get("torch")  # never imported for this: a CPU service has no GPU
+        if torch is not None and torch.cuda.is_initialized():
+            for index in range(torch.cuda.device_count()):
+                device = f"cuda:{index}"
+                family.add_metric((device, "allocated"), torch.cuda.memory_allocated(index))
+                family.add_metric((device, "reserved"), torch.cuda.memory_reserved(index))
+                family.add_metric(
+                    (device, "peak_allocated"), torch.cuda.max_memory_allocated(index)
+                )
+        yield family
+
+
+_gpu_memory_registered: set[int] = set()
+
+
+def register_gpu_memory(registry: CollectorRegistry = DEFAULT_REGISTRY) -> None:
+    """Export `GpuMemoryCollector` on `registry` (once per registry; the services that may hold
+    a GPU, engine and learner, call it when their metrics module loads)."""
+    _check(GPU_MEMORY_BYTES, ("device", "kind"))
+    if id(registry) not in _gpu_memory_registered:
+        registry.register(GpuMemoryCollector())
+        _gpu_memory_registered.add(id(registry))
 
 
 def metrics_response(registry: CollectorRegistry = DEFAULT_REGISTRY) -> Response:

@@ -139,6 +139,15 @@ def test_run_device_cuda_trains_on_the_gpu_and_pushes_every_step(tmp_path):
         (report / "metrics_learner.prom").read_text(),
     )
     assert pushes and float(pushes.group(1)) >= 2  # the initial push and one per step
+    for name in ("engine", "learner"):  # each one's GPU memory, from torch's allocator
+        peak = re.search(
+            r'shellrl_gpu_memory_bytes\{device="cuda:0",kind="peak_allocated"\} (\S+)',
+            (report / f"metrics_{name}.prom").read_text(),
+        )
+        assert peak and float(peak.group(1)) > 0, name
+    timing = json.loads((report / "timing.json").read_text())
+    assert set(timing["gpu_memory_peak_bytes"]) == {"engine", "learner"}
+    assert timing["weight_push"]["pushes"] >= 2
     if shutil.which("nvidia-smi"):
         total_mib = torch.cuda.get_device_properties(0).total_memory / 2**20
         assert set(seen) == {"engine", "learner"}, seen  # on the GPU: those two, nothing else
