@@ -5,20 +5,21 @@
 #   here:    PYTHON=.venv/bin/python bash benchmarks/run_gpu_stack.sh prepare
 #            -> benchmarks/out/gpu-stack/ (gitignored): wheels/ (what the device's python lacks),
 #               bin/ (redis-server 7 and bwrap from this Debian host with the libraries a bare
-#               Ubuntu may lack), gguf.part1..N (SmolLM2's 98 MB GGUF in parts: one call carries
-#               at most 64 MiB with the work tree; 3 parts with a 5 MB tree) and gguf.sha256
+#               Ubuntu may lack), models/ (the tiny test model, 16 MB), gguf.part1..N (SmolLM2's
+#               98 MB GGUF in parts: one call carries at most 64 MiB with the work tree; 3 parts
+#               with a 5 MB tree) and gguf.sha256
 #   device, call 1, carry ["benchmarks/out/gpu-stack/wheels", "benchmarks/out/gpu-stack/bin",
-#            "benchmarks/out/gpu-stack/gguf.part1"]:   bash benchmarks/run_gpu_stack.sh setup
+#            "benchmarks/out/gpu-stack/models", "benchmarks/out/gpu-stack/gguf.part1"]:
+#            bash benchmarks/run_gpu_stack.sh setup && bash benchmarks/run_gpu_stack.sh tests
 #            -> installs into /tmp/gpu-stack (it stays while the machine is warm), checks the
-#               memory budget on the GPU ($OUT/setup.log)
+#               memory budget on the GPU ($OUT/setup.log), then tests/gpu/test_gpu_stack.py on
+#               the tiny model (the job, a real CUDA OOM and its resume; $OUT/pytest.log)
 #   device, call 2 (within the machine's warm time), carry ["benchmarks/out/gpu-stack/gguf.part2"]:
 #            bash benchmarks/run_gpu_stack.sh push
 #            -> a standalone push of SmolLM2-135M's size on the one GPU ($OUT/push/results.json)
 #   device, call 3, carry ["benchmarks/out/gpu-stack/gguf.part3",
-#            "benchmarks/out/gpu-stack/gguf.sha256"]:   bash benchmarks/run_gpu_stack.sh tests
-#            -> tests/gpu/test_gpu_stack.py (tiny model, SmolLM2's tokenizer: the job, a real CUDA
-#               OOM and its resume; $OUT/pytest.log)
-#   device, call 4:   SKIP_PYTEST=1 JOB_ARGS="..." bash benchmarks/run_gpu_stack.sh job
+#            "benchmarks/out/gpu-stack/gguf.sha256"]:
+#            SKIP_PYTEST=1 JOB_ARGS="..." bash benchmarks/run_gpu_stack.sh job
 #            -> the main job on SmolLM2 ($OUT/summary.json, report.tar.gz, job.log, gpu_mem.csv,
 #               service-logs.txt)
 #   a host that has everything at once (or network): bash benchmarks/run_gpu_stack.sh all
@@ -60,6 +61,10 @@ prepare() {
   for lib in libsystemd.so.0 libgcrypt.so.20 libgpg-error.so.0 liblz4.so.1 libcap.so.2; do
     cp -L "/lib/x86_64-linux-gnu/$lib" "$D/bin/maybe/"
   done
+  # the tiny test model (SmolLM2's tokenizer, 16 MB): the GPU tests then need no GGUF
+  local tiny
+  tiny=$("$PYTHON" -c "from shellrl.models import resolve_model_path as r; print(r('tiny'))")
+  rm -rf "$D/models" && mkdir -p "$D/models" && cp -r "$tiny" "$D/models/"
   local gguf
   gguf=$("$PYTHON" -c "from shellrl.models import smollm2_gguf_dir as d; print(d() / '$GGUF')")
   # part 1 fills call 1 up to 64 MiB with what else travels (work tree, wheels, bin), 1 MiB spare;
@@ -67,7 +72,7 @@ prepare() {
   local tree used size offset=0 n=1 total
   tree=$(git ls-files -z --cached --others --exclude-standard | xargs -0 du -cb 2>/dev/null \
     | tail -1 | cut -f1)
-  used=$(du -cb "$D/wheels" "$D/bin" | tail -1 | cut -f1)
+  used=$(du -cb "$D/wheels" "$D/bin" "$D/models" | tail -1 | cut -f1)
   total=$(stat -c %s "$gguf")
   rm -f "$D"/gguf.part*
   size=$(( 64 * 1048576 - tree - used - 1048576 ))
@@ -95,6 +100,7 @@ setup() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$T/site" "$D"/wheels/*.whl || return 1
   cp "$D/bin/redis-server.bin" "$D/bin/bwrap" "$T/bin/" && cp "$D"/bin/lib/* "$T/lib/"
+  [ -d "$D/models" ] && mkdir -p "$T/models" && cp -r "$D"/models/* "$T/models/"
   for lib in "$D"/bin/maybe/*; do  # only what this host lacks: its own copies stay in use
     ldconfig -p | grep -q "$(basename "$lib")" || cp "$lib" "$T/lib/"
   done
@@ -147,11 +153,13 @@ push() {  # a standalone push of the main job's model size, learner and engine o
     --sections sync --updates 20 --out "$OUT/push" 2>&1 | grep -v "it/s\]" | tail -20
 }
 
-tests() {  # the GPU stack's tests: the tiny model's tokenizer is SmolLM2's, so the whole GGUF
+tests() {  # the GPU stack's tests on the tiny model (carried by setup: models/), or built from
+  # the whole GGUF (its tokenizer is SmolLM2's)
   keep_parts
   device_env
   [ -d "$T/site" ] || { echo "run the setup stage first (no $T/site)"; return 1; }
-  assemble_gguf || { echo "GGUF parts missing or corrupt (the tiny model uses its tokenizer)"; return 1; }
+  [ -f "$T/models/tiny-llama-smollm2-tokenizer/config.json" ] || assemble_gguf \
+    || { echo "no tiny model and no whole GGUF to build it from"; return 1; }
   timeout "${PYTEST_TIMEOUT_S:-420}" python3 -m pytest -q -p no:cacheprovider -rs \
     tests/gpu/test_gpu_stack.py 2>&1 | tee "$OUT/pytest.log" | tail -30
 }
