@@ -24,7 +24,8 @@
 #               service-logs.txt)
 #   a host that has everything at once (or network): bash benchmarks/run_gpu_stack.sh all
 #
-# Knobs: JOB_ARGS (extra `shellrl run` flags, default "--steps 10 --time-budget-min 2"),
+# Knobs: JOB_ARGS (extra `shellrl run` flags, default "--steps 10 --time-budget-min 2"), GPU_LAYOUT
+# (colocated: the one-GPU numbers of BENCHMARKS.md also on a host of several GPUs; split),
 # PYTEST_TIMEOUT_S (150), JOB_TIMEOUT_S (300), SKIP_PYTEST=1. Run 1 (BENCHMARKS.md, issue 19):
 # call 1 31 s, call 2 291 s (pytest 84 s, the job 2.7 min) with the defaults.
 set -u
@@ -176,7 +177,8 @@ job() {
   sample_gpu > "$OUT/gpu_mem.csv" &
   local sampler=$! t0=$SECONDS
   # shellcheck disable=SC2086
-  timeout "${JOB_TIMEOUT_S:-300}" python3 -m cli.main run --device cuda --fresh \
+  timeout "${JOB_TIMEOUT_S:-300}" python3 -m cli.main run --device cuda \
+    --gpu-layout "${GPU_LAYOUT:-colocated}" --fresh \
     --state-dir "$T/state" --tracker none ${JOB_ARGS:---steps 10 --time-budget-min 2} \
     > "$OUT/job.log" 2>&1
   echo "job exit $? after $((SECONDS - t0)) s"
@@ -301,7 +303,8 @@ seeds() {  # ARMS="name:flags;name:flags" x SEEDS="0 1 2", all at once on one GP
       mkdir -p "$OUT/$name-s$s"
       # shellcheck disable=SC2086
       unshare -n bash -c "$(declare -f lo_up); lo_up && exec timeout ${JOB_TIMEOUT_S:-540} \
-        python3 -m cli.main run --device cuda --fresh --state-dir $T/seeds/$name-s$s --seed $s \
+        python3 -m cli.main run --device cuda --gpu-layout colocated --fresh \
+        --state-dir $T/seeds/$name-s$s --seed $s \
         --tracker none --engine-gpu-memory 0.1 --learner-gpu-memory 0.1 $flags \
         ${JOB_ARGS:-}" > "$OUT/$name-s$s/job.log" 2>&1 &
       pids+=($!)

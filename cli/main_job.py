@@ -48,7 +48,7 @@ from cli.stack_config import (
     api_headers,
     device_env,
 )
-from cli.stack_failure import ServiceExited
+from cli.stack_failure import ServiceExited, StackError
 from cli.stack_status import collect
 from shellrl.contract import task_to_json
 from shellrl.tracking import TrackingConfig, create_tracker
@@ -147,6 +147,9 @@ class JobConfig:
                 "SHELLRL_MICRO_BATCH_SIZE": str(self.group_size),
                 "SHELLRL_GRADIENT_CHECKPOINTING": "false",
                 "SHELLRL_SHARE_PREFIX_MIN_TOKENS": "32",
+                # nothing trains before the job's evaluation (a rerun's stream may hold
+                # trajectories of the run before): POST /v1/resume when training starts
+                "SHELLRL_START_PAUSED": "true",
             },
         }
         return StackConfig(
@@ -330,6 +333,33 @@ def train(
     return snapshots
 
 
+def wait_for_served_policy(
+    learner_url: str,
+    headers: dict,
+    check_alive: Callable[[], None] = lambda: None,
+    timeout_s: float = 180.0,
+) -> int:
+    """Wait until the engines serve the learner's policy: the learner publishes a version once
+    every engine in rotation confirmed its weights (`weight_sync.published_version` of its
+    /v1/status), at start the version it resumed (0 when fresh). A before-evaluation started
+    earlier could score other weights (a killed learner's newer ones still on the engine).
+    Returns that version; raises StackError after timeout_s (polls every second)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        check_alive()
+        status = httpx.get(f"{learner_url}/v1/status", timeout=10, headers=headers).json()
+        version = status.get("version")
+        published = (status.get("weight_sync") or {}).get("published_version")
+        if published == version:
+            return int(version)
+        if time.monotonic() > deadline:
+            raise StackError(
+                f"the engines do not serve the learner's policy version {version} after "
+                f"{timeout_s:.0f} s (published: {published}); see the learner's log (weight sync)"
+            )
+        time.sleep(1.0)
+
+
 def check_verifier_config(
     verifier_url: str, require_command: bool, headers: dict | None = None
 ) -> None:
@@ -402,11 +432,17 @@ def _job_on_stack(
     tasks_by_id = {i: t for name, ts in sets.items() for i, t in zip(eval_ids[name], ts)}
     job.tasks_by_id = tasks_by_id
     alive = stack.raise_if_exited
+    served = wait_for_served_policy(stack.config.url("learner"), headers, alive)
+    if served:
+        console.print(f"the learner resumed at step {served}; evaluating that policy")
     t_eval = time.time()
     job.before = evaluate(client, eval_ids, "before", cfg.eval_samples, cfg.eval_temperature, alive)
     phases["eval_before_s"] = time.time() - t_eval
     log_evaluations(tracker, job.before, tasks_by_id)
     submit(client, train_pool)
+    httpx.post(
+        f"{stack.config.url('learner')}/v1/resume", timeout=30, headers=headers
+    ).raise_for_status()
     t_train = job.train_started_at = time.time()
     train(cfg, info, stack.config.url("learner"), alive, snapshots=job.snapshots)
     train_s = phases["train_s"] = time.time() - t_train

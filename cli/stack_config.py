@@ -31,16 +31,20 @@ DEFAULT_PORTS = {
 DEVICES = ("cpu", "cuda")
 GPU_SERVICES = ("engine", "learner")
 # --device cuda colocates engine and learner on one GPU (the current one: CUDA_VISIBLE_DEVICES picks
-# it). Fraction of that GPU's memory each process's caching allocator may hold: torch's
-# `per_process_memory_fraction` (PYTORCH_ALLOC_CONF), so an allocation past it raises CUDA OOM in
-# that process and never starves the other. The remaining 10% holds the two CUDA contexts (~0.5 GiB
-# each) and what is allocated outside torch's allocator (the CUDA IPC mapping of a weight push).
+# it), or splits them over two (GPU_LAYOUTS below). Fraction of that GPU's memory each process's
+# caching allocator may hold: torch's `per_process_memory_fraction` (PYTORCH_ALLOC_CONF), so an
+# allocation past it raises CUDA OOM in that process and never starves the other. The remaining
+# 10% holds the two CUDA contexts (~0.5 GiB each) and what is allocated outside torch's allocator
+# (the CUDA IPC mapping of a weight push).
 GPU_MEMORY_FRACTIONS = {"engine": 0.4, "learner": 0.5}
 # where --device cuda puts engine and learner: "colocated" on the first visible GPU (the fractions
 # above share it), "split" on the first two visible GPUs (engine on the first, learner on the
 # second, each within its fraction of its own GPU; the learner also sees the engine's GPU, where it
 # stages the CUDA IPC bucket of a push), "auto": split when torch sees two or more GPUs
 GPU_LAYOUTS = ("auto", "colocated", "split")
+# split: the engine's GPU also holds the learner's CUDA context (~0.5 GiB) and each push's bucket
+# (the model in bf16: 0.27 GB for SmolLM2-135M, 15.2 GB for a 7B model)
+SPLIT_ENGINE_MAX_FRACTION = 0.85
 
 
 def resolve_gpu_layout(layout: str, gpu_count: int) -> str:
@@ -74,12 +78,18 @@ def check_device(
     fractions = gpu_memory or GPU_MEMORY_FRACTIONS
 
     def check_fractions(layout: str) -> None:
+        shown = ", ".join(f"{name} {f:g}" for name, f in fractions.items())
         shared = layout == "colocated" and sum(fractions.values()) > 1
         if shared or not all(0 < f <= 1 for f in fractions.values()):
-            shown = ", ".join(f"{name} {f:g}" for name, f in fractions.items())
             raise CliError(
                 f"--device cuda: GPU memory fractions ({shown}) must be in (0, 1]"
                 + (" and sum to at most 1 (engine and learner share one GPU)" if shared else "")
+            )
+        if layout == "split" and fractions.get("engine", 0) > SPLIT_ENGINE_MAX_FRACTION:
+            raise CliError(
+                f"--device cuda --gpu-layout split: the engine's fraction ({shown}) must be at "
+                f"most {SPLIT_ENGINE_MAX_FRACTION:g}: the learner's CUDA context and each push's "
+                "bucket live on the engine's GPU too"
             )
 
     check_fractions(gpu_layout)  # before torch is asked, where the layout is known already

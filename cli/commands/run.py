@@ -2,7 +2,8 @@
 `<state>/report/` (report.md and PNG plots). What `make run` calls.
 
     shellrl run [--config shellrl.toml] [--steps 40] [--group-size 8] [--model-path smollm2] ...
-    shellrl run --device cuda ...      # engine (bf16) and learner on one GPU
+    shellrl run --device cuda ...      # engine (bf16) and learner on one GPU (two: one each,
+                                       # --gpu-layout)
     shellrl run --seed 1 --dynamic-sampling --pass-rate-steering --groups-per-step 2
     shellrl run --eval-samples 4 --eval-temperature 0.7   # 4 sampled episodes per eval task
 

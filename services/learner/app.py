@@ -78,6 +78,10 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
         if s.device == "auto" and torch.cuda.is_available()
         else ("cpu" if s.device == "auto" else s.device)
     )
+    if device.startswith("cuda:") and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        # e.g. `--gpu-layout split`: the learner's GPU is cuda:1, the engine's (cuda:0) only holds
+        # the push's bucket; kernels and the allocator default to the learner's own
+        torch.cuda.set_device(torch.device(device))
     if s.num_threads:
         torch.set_num_threads(s.num_threads)
     torch.manual_seed(s.seed)
@@ -143,6 +147,7 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
         pad_to_multiple_of=s.pad_to_multiple_of,
         read_count=s.read_count,
         fault_oom_at_step=s.fault_oom_at_step,
+        start_paused=s.start_paused,
     )
     worker = LearnerWorker(
         consumer,

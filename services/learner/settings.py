@@ -161,12 +161,19 @@ class LearnerSettings(EngineFleetSettings):
         10, ge=1, description="Checkpoint (then acknowledge) every N steps."
     )
     keep_checkpoints: int = Field(2, ge=1)
+    start_paused: bool = Field(
+        False,
+        description="Start with training paused until POST /v1/resume (the resume push still "
+        "runs). `shellrl run` does, so its evaluation before training scores exactly the policy "
+        "the learner started from, even with trajectories left in the stream by an earlier run.",
+    )
     fault_oom_at_step: int = Field(
         0,
         ge=0,
         description="Fault drill (0 = off): before training step N, ask the device's allocator "
         "for more bytes than the device has, so the real out-of-memory error ends the learner "
-        "(how `shellrl run` reports a learner OOM and resumes, tests/gpu/test_gpu_stack.py).",
+        "(how `shellrl run` reports a learner OOM and resumes, tests/gpu/test_gpu_stack.py). "
+        "Only a learner that started fresh: one that resumed a checkpoint never fires it.",
     )
 
     # weight sync

@@ -58,6 +58,7 @@ class WorkerConfig:
     pad_to_multiple_of: int = 1
     read_count: int = 64
     fault_oom_at_step: int = 0  # fault drill: `allocate_past_device_memory` before this step
+    start_paused: bool = False  # train only after POST /v1/resume
     # experiment tracking of every step's metrics (shellrl/tracking.py); its directory defaults
     # to <checkpoint_dir>/../tracking (the TensorBoard run: .../tracking/learner)
     tracking: TrackingConfig = TrackingConfig()
@@ -96,10 +97,12 @@ class LearnerWorker:
         # set once `resume` has restored the newest checkpoint and pushed its weights: /readyz
         # waits for it, so nothing evaluates the engine before it serves the resumed policy
         self.resumed = asyncio.Event()
+        self.resumed_step: int | None = None  # the checkpoint's step `resume` restored, if any
         self.last: dict = {}
         self.started_s, self.trained_total = time.monotonic(), 0
         self.running = asyncio.Event()
-        self.running.set()
+        if not config.start_paused:
+            self.running.set()
         self.paused_idle = asyncio.Event()  # set while paused with no step or push in progress
         self._checkpoint_requests: list[asyncio.Future] = []
         self._run_task: asyncio.Task | None = None  # the task running `run` (awaited by `drain`)
@@ -168,7 +171,7 @@ class LearnerWorker:
             state = await asyncio.to_thread(self.data_parallel.load, path)
             self.consumed = OrderedDict((t, state.step) for t in state.consumed_ids)
             self.assembler.restore_released(state.released_group_ids)
-            self.checkpointed_step = state.step
+            self.checkpointed_step = self.resumed_step = state.step
             self.store.append_ledger(
                 {"event": "resume", "step": state.step, "checkpoint": path.name}
             )
@@ -233,7 +236,9 @@ class LearnerWorker:
         for outcome in outcomes:
             metrics.GROUPS.labels(outcome).inc()
         result = None
-        if self.config.fault_oom_at_step == version + 1:
+        if self.config.fault_oom_at_step == version + 1 and self.resumed_step is None:
+            # a fresh learner only: one restarted from a checkpoint (a restart policy) must not
+            # die of the drill again
             await asyncio.to_thread(allocate_past_device_memory, self.trainer.params[0].device)
         if samples:
             result = await asyncio.to_thread(self.data_parallel.step, samples, version)
@@ -430,13 +435,14 @@ def _memory() -> tuple[int, int]:
 
 def allocate_past_device_memory(device: torch.device) -> None:
     """Fault drill (`SHELLRL_FAULT_OOM_AT_STEP`): ask `device`'s allocator for more bytes than
-    the device has (2x a GPU's total memory; 2**50 bytes on the host). Raises the allocator's
+    the device has (2x a GPU's total memory; 2**62 bytes on the host, past any address space, so
+    no overcommit setting lets it through). Raises the allocator's
     own error: torch.OutOfMemoryError ("CUDA out of memory") on CUDA, RuntimeError
     ("DefaultCPUAllocator: can't allocate memory") on CPU."""
     if device.type == "cuda":
         nbytes = 2 * torch.cuda.get_device_properties(device).total_memory
     else:
-        nbytes = 1 << 50
+        nbytes = 1 << 62
     torch.empty(nbytes, dtype=torch.uint8, device=device)
 
 

@@ -24,6 +24,7 @@ import pytest
 
 from cli.stack_config import DEFAULT_PORTS, port_is_free
 from cli.stack_status import process_alive
+from services.learner.checkpoint import surviving_steps
 from tests.helpers.processes import REPO
 from tests.helpers.waiting import wait_until
 
@@ -102,3 +103,59 @@ def test_a_learner_killed_mid_training_stops_the_job_with_its_class_and_an_incom
     )
     assert shown.returncode == 1
     assert "the last job stopped early: incomplete: learner killed (SIGKILL)" in shown.stderr
+
+
+def test_a_learner_oom_stops_the_job_and_the_rerun_evaluates_and_trains_from_its_checkpoint(
+    tmp_path,
+):
+    """The learner's out-of-memory death on CPU (the SHELLRL_FAULT_OOM_AT_STEP drill before step
+    3: torch's own allocator error) ends the job as `oom` with the checkpoint to resume from; the
+    rerun without --fresh waits until the engine serves the resumed policy, evaluates that one
+    (version 2, not the base weights) and trains steps 3 and 4. The same on a GPU:
+    tests/gpu/test_gpu_stack.py."""
+    busy = [f"{n}:{p}" for n, p in DEFAULT_PORTS.items() if not port_is_free(p)]
+    if busy:
+        pytest.skip(f"the default ports are taken by another stack: {', '.join(busy)}")
+    state = tmp_path / "state"
+    state.mkdir()
+    os.chmod(state, 0o755)
+    common = (
+        "[env]\nSHELLRL_TRAIN_ZERO_VARIANCE_GROUPS = true\nSHELLRL_CHECKPOINT_INTERVAL_STEPS = 1\n"
+    )
+    drill, plain = tmp_path / "drill.toml", tmp_path / "plain.toml"
+    drill.write_text(common + "SHELLRL_FAULT_OOM_AT_STEP = 3\n")
+    plain.write_text(common)
+    flags = [f for f in JOB_FLAGS if f not in ("--steps", "50")] + ["--steps", "4"]
+
+    def job(config):
+        return subprocess.run(
+            [sys.executable, "-m", "cli.main", "run", "--state-dir", str(state)]
+            + ["--config", str(config), *flags],
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+
+    first = job(drill)
+    log = first.stdout + first.stderr
+    assert first.returncode == 1, log
+    error = first.stderr.strip().splitlines()[-1]
+    assert "learner exited with status -15 during train: oom" in error, log
+    assert "can't allocate memory" in error and "resume from step 2" in error, error
+    assert (
+        json.loads((state / "report" / "summary.json").read_text())["incomplete"]["class"] == "oom"
+    )
+
+    second = job(plain)
+    log = second.stdout + second.stderr
+    assert second.returncode == 0, log
+    assert "the learner resumed at step 2; evaluating that policy" in second.stdout, log
+    evaluations = json.loads((state / "report" / "evaluations.json").read_text())
+    assert evaluations["before"]["eval_id"]["policy_versions_seen"] == [2], evaluations["before"]
+    ledger = [
+        json.loads(x) for x in (state / "checkpoints" / "steps.jsonl").read_text().splitlines()
+    ]
+    assert {"event": "resume", "step": 2, "checkpoint": "step-000002"} in ledger
+    assert {1, 2, 3, 4} <= set(surviving_steps(ledger)), ledger

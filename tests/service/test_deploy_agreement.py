@@ -47,6 +47,8 @@ PER_DEPLOYMENT = {
     "SHELLRL_MICRO_BATCH_SIZE",
     "SHELLRL_GRADIENT_CHECKPOINTING",
     "SHELLRL_SHARE_PREFIX_MIN_TOKENS",
+    # the main job starts the learner paused and resumes it after the evaluation before training
+    "SHELLRL_START_PAUSED",
 }
 SERVICES = ("rollout", "sandbox", "verifier", "learner")
 

@@ -72,6 +72,14 @@ def test_the_gpu_layout_splits_on_two_gpus_and_shares_one():
         resolve_gpu_layout("split", 1)
 
 
+def test_split_leaves_room_on_the_engines_gpu_for_the_learners_bucket():
+    from cli.stack_config import SPLIT_ENGINE_MAX_FRACTION
+
+    assert SPLIT_ENGINE_MAX_FRACTION == 0.85
+    with pytest.raises(CliError, match=r"engine's fraction \(engine 0.95, learner 0.5\) must be"):
+        check_device("cuda", {"engine": 0.95, "learner": 0.5}, "split")
+
+
 def test_split_puts_the_engine_on_the_first_gpu_and_the_learner_on_the_second():
     fractions = {"engine": 0.8, "learner": 0.9}  # each of its own GPU: no sum limit
     engine = device_env("cuda", "engine", fractions, environ={}, layout="split")
