@@ -71,7 +71,9 @@ def timing(phases: dict, learner: str, rollout: str, engine: str) -> dict:
         "engine": {
             "generation_tokens_per_s": _ratio(
                 total(engine, "shellrl_engine_generation_tokens_total"), busy_s, 1
-            ),
+            )
+            if engine
+            else None,  # a stack it did not start (`--attach`): no engine metrics
             "decode_steps": int(decode_steps),
             "decode_step_ms": _ratio(
                 1000 * total(engine, "shellrl_engine_decode_step_seconds_sum"), decode_steps, 2
@@ -81,7 +83,9 @@ def timing(phases: dict, learner: str, rollout: str, engine: str) -> dict:
         "rollout": {
             "action_tokens_per_s": _ratio(
                 total(rollout, "shellrl_rollout_tokens_total", kind="action"), busy_s, 1
-            ),
+            )
+            if rollout
+            else None,
             "episode_seconds_share": {
                 part: _ratio(total(rollout, f"shellrl_rollout_{part}_seconds_sum"), episode_s)
                 for part in EPISODE_PARTS

@@ -436,9 +436,9 @@ def _memory() -> tuple[int, int]:
 def allocate_past_device_memory(device: torch.device) -> None:
     """Fault drill (`SHELLRL_FAULT_OOM_AT_STEP`): ask `device`'s allocator for more bytes than
     the device has (2x a GPU's total memory; 2**62 bytes on the host, past any address space, so
-    no overcommit setting lets it through). Raises the allocator's
-    own error: torch.OutOfMemoryError ("CUDA out of memory") on CUDA, RuntimeError
-    ("DefaultCPUAllocator: can't allocate memory") on CPU."""
+    no overcommit setting lets it through). Raises the allocator's own error:
+    torch.OutOfMemoryError ("CUDA out of memory") on CUDA, RuntimeError ("DefaultCPUAllocator:
+    can't allocate memory") on CPU."""
     if device.type == "cuda":
         nbytes = 2 * torch.cuda.get_device_properties(device).total_memory
     else:

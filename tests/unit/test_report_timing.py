@@ -50,7 +50,8 @@ def test_the_numbers_of_a_real_run_match_its_metrics():
 
 def test_a_job_cut_short_before_any_metrics_gives_none_not_an_error():
     t = timing({"eval_before_s": 12.0}, "", "", "")
-    assert t["engine"]["generation_tokens_per_s"] == 0.0
+    assert t["engine"]["generation_tokens_per_s"] is None  # no metrics: not 0 tokens/s
+    assert t["rollout"]["action_tokens_per_s"] is None
     assert t["engine"]["decode_step_ms"] is None
     assert t["learner"]["busy_share"]["steps"] is None  # no training phase
     assert t["weight_push"] == {"pushes": 0, "mean_ms": {}}
