@@ -150,6 +150,7 @@ class JobConfig:
                 # nothing trains before the job's evaluation (a rerun's stream may hold
                 # trajectories of the run before): POST /v1/resume when training starts
                 "SHELLRL_START_PAUSED": "true",
+                "SHELLRL_MAX_STEPS": str(self.steps),  # --steps exactly, never a step past
             },
         }
         return StackConfig(

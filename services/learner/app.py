@@ -148,6 +148,7 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
         read_count=s.read_count,
         fault_oom_at_step=s.fault_oom_at_step,
         start_paused=s.start_paused,
+        max_steps=s.max_steps,
     )
     worker = LearnerWorker(
         consumer,

@@ -161,6 +161,13 @@ class LearnerSettings(EngineFleetSettings):
         10, ge=1, description="Checkpoint (then acknowledge) every N steps."
     )
     keep_checkpoints: int = Field(2, ge=1)
+    max_steps: int = Field(
+        0,
+        ge=0,
+        description="Pause training once the policy version reaches this (0 = no limit; POST "
+        "/v1/resume does not go past it). `shellrl run` sets its --steps, so a learner with a "
+        "backlog of trajectories does not train past them before the job's pause lands.",
+    )
     start_paused: bool = Field(
         False,
         description="Start with training paused until POST /v1/resume (the resume push still "

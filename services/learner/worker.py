@@ -59,6 +59,7 @@ class WorkerConfig:
     read_count: int = 64
     fault_oom_at_step: int = 0  # fault drill: `allocate_past_device_memory` before this step
     start_paused: bool = False  # train only after POST /v1/resume
+    max_steps: int = 0  # pause at this policy version (0: never)
     # experiment tracking of every step's metrics (shellrl/tracking.py); its directory defaults
     # to <checkpoint_dir>/../tracking (the TensorBoard run: .../tracking/learner)
     tracking: TrackingConfig = TrackingConfig()
@@ -121,6 +122,8 @@ class LearnerWorker:
             await self.serve_checkpoint_requests()
             if self.data_parallel.keepalive_due():
                 await asyncio.to_thread(self.data_parallel.keepalive)
+            if self.config.max_steps and self.version >= self.config.max_steps:
+                self.running.clear()  # the last step's push and checkpoint are done by now
             if not self.running.is_set():
                 self.paused_idle.set()
                 await _wait_any(self.running, stop, timeout_s=1.0)

@@ -49,6 +49,7 @@ PER_DEPLOYMENT = {
     "SHELLRL_SHARE_PREFIX_MIN_TOKENS",
     # the main job starts the learner paused and resumes it after the evaluation before training
     "SHELLRL_START_PAUSED",
+    "SHELLRL_MAX_STEPS",  # its --steps (a deployment's runs set theirs through POST /v1/runs)
 }
 SERVICES = ("rollout", "sandbox", "verifier", "learner")
 
