@@ -192,42 +192,24 @@ job() {
 }
 
 summarize() {  # the numbers BENCHMARKS.md records, from the job's report dir and the GPU samples
-  python3 - "$@" <<'EOF'
-import collections, json, re, statistics, sys
+  # (run from the repository root: the report's own timing, cli/report_timing.py, is reused)
+  "$PYTHON" - "$@" <<'EOF'
+import collections, json, statistics, sys
 from pathlib import Path
 
+from cli.report_timing import parse, timing, total
+
 report, samples, stack = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
-
-
-def series(text, name):
-    """{labels: value} of one metric in a Prometheus text."""
-    pattern = rf"^{name}(?:\{{(.*?)\}})? (\S+)$"
-    return {m[1] or "": float(m[2]) for m in re.finditer(pattern, text, re.M)}
-
-
-def total(text, name):
-    """Sum of one metric's samples; `name` may carry labels (`x_sum{phase="total"}`)."""
-    base, _, labels = name.partition("{")
-    values = series(text, base)
-    return values.get(labels.rstrip("}"), 0.0) if labels else sum(values.values())
-
-
 phases = json.loads((report / "phases.json").read_text())
 steps = json.loads((report / "steps.json").read_text())
 evals = json.loads((report / "evaluations.json").read_text())
-learner = (report / "metrics_learner.prom").read_text()
-rollout = (report / "metrics_rollout.prom").read_text()
-engine = (report / "metrics_engine.prom").read_text()
+texts = {n: (report / f"metrics_{n}.prom").read_text() for n in ("learner", "rollout", "engine")}
+t = timing(phases, texts["learner"], texts["rollout"], texts["engine"])
+rollout = parse(texts["rollout"])
 trained = [s for s in steps if s.get("trajectories")]
-sync_sum = series(learner, "shellrl_weight_sync_seconds_sum")
-sync_count = series(learner, "shellrl_weight_sync_seconds_count")
-push = {k.split('"')[1]: round(1000 * v / sync_count[k], 2)
-        for k, v in sync_sum.items() if sync_count.get(k)}
-episodes = sum(series(rollout, "shellrl_rollout_episodes_total").values())
+episodes = total(rollout, "shellrl_rollout_episodes_total")
 eval_episodes = sum(len(v.get("results", [])) for side in evals.values() for v in side.values())
-action_tokens = series(rollout, "shellrl_rollout_tokens_total").get('kind="action"', 0.0)
-busy_s = phases["eval_before_s"] + phases["train_s"] + phases["eval_after_s"]
-peak = collections.defaultdict(int)  # service (or pid) -> MiB
+peak = collections.defaultdict(int)  # service (or pid) -> MiB, as nvidia-smi sees it
 pids = json.loads(stack.read_text())["processes"] if stack.exists() else {}
 names = {int(pid): name for name, pid in pids.items()}
 for line in samples.read_text().splitlines() if samples.exists() else []:
@@ -243,33 +225,13 @@ out = {
     if trained else None,
     "learner_tokens_per_s_median_trained": round(median(s["tokens_per_second"] for s in trained))
     if trained else None,
-    "weight_push_ms_mean_by_phase": push, "weight_pushes": sync_count.get('phase="total"'),
     "episodes_total": episodes, "eval_episodes": eval_episodes,
-    "episodes_per_s_job": round(episodes / busy_s, 2),
+    "episodes_per_s_job": round(episodes / t["busy_s"], 2),
     # training episodes also finish while the "after" evaluation runs
     "train_episodes_per_s": round(
         (episodes - eval_episodes) / (phases["train_s"] + phases["eval_after_s"]), 2),
-    "rollout_action_tokens_per_s_job": round(action_tokens / busy_s, 1),
-    "engine_generation_tokens":
-    sum(series(engine, "shellrl_engine_generation_tokens_total").values()),
-    # where the wall time goes: each service's busy share (engine: decode + prefill over the
-    # evaluations and training; learner: its steps, pushes and checkpoints over training) and
-    # what an episode's seconds are spent on, summed over episodes
-    "busy_share": {
-        "engine": round((total(engine, "shellrl_engine_decode_step_seconds_sum")
-                         + total(engine, "shellrl_engine_prefill_seconds_sum")) / busy_s, 3),
-        **{name: round(total(learner, metric) / phases["train_s"], 3) for name, metric in (
-            ("learner_step", "shellrl_learner_step_seconds_sum"),
-            ("weight_push", 'shellrl_weight_sync_seconds_sum{phase="total"}'),
-            ("checkpoint", "shellrl_learner_checkpoint_seconds_sum"))},
-    },
-    "episode_seconds_share": {
-        name: round(total(rollout, f"shellrl_rollout_{name}_seconds_sum")
-                    / max(total(rollout, "shellrl_rollout_episode_seconds_sum"), 1e-9), 3)
-        for name in ("generate", "session_create", "exec")},
-    "admission_wait_s": {k.split('"')[1]: round(v, 1) for k, v in
-                         series(rollout, "shellrl_rollout_admission_wait_seconds_sum").items()},
     "gpu_peak_mib": dict(peak),
+    "timing": t,  # what report.md's "Where the time goes" shows: tokens/s, pushes, busy shares
     "eval": {name: [view.get("success_rate"), evals["after"].get(name, {}).get("success_rate"),
                     view.get("episodes_scored")] for name, view in evals["before"].items()},
 }

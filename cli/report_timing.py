@@ -17,20 +17,24 @@ from prometheus_client.parser import text_string_to_metric_families
 EPISODE_PARTS = ("generate", "session_create", "exec")
 
 
-def samples(text: str, name: str, **labels: str) -> list[float]:
-    """Values of the samples called `name` (e.g. `x_sum`, `x_total`) whose labels include
-    `labels`, over every family of the Prometheus `text`."""
-    out = []
-    for family in text_string_to_metric_families(text or ""):
-        for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
-                out.append(sample.value)
-    return out
+def parse(text: str) -> list:
+    """Every sample (prometheus_client's `Sample`: name, labels, value) of a Prometheus text."""
+    return [s for family in text_string_to_metric_families(text or "") for s in family.samples]
 
 
-def total(text: str, name: str, **labels: str) -> float:
-    """Sum of `samples(text, name, **labels)`; 0.0 when there is none."""
-    return sum(samples(text, name, **labels))
+def samples(parsed: list, name: str, **labels: str) -> list[float]:
+    """Values of the samples of `parsed` (`parse`) called `name` (e.g. `x_sum`, `x_total`) whose
+    labels include `labels`."""
+    return [
+        s.value
+        for s in parsed
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
+
+
+def total(parsed: list, name: str, **labels: str) -> float:
+    """Sum of `samples(parsed, name, **labels)`; 0.0 when there is none."""
+    return sum(samples(parsed, name, **labels))
 
 
 def _ratio(a: float, b: float, digits: int = 3) -> float | None:
@@ -41,6 +45,7 @@ def timing(phases: dict, learner: str, rollout: str, engine: str) -> dict:
     """The numbers of the section (see the module docstring). phases: {"<phase>_s": seconds};
     learner, rollout, engine: each service's last /metrics text ("" when missing). Returns a JSON-
     able dict; tokens/s over the evaluations plus training (`busy_s`)."""
+    learner, rollout, engine = parse(learner), parse(rollout), parse(engine)  # once each
     busy_s = sum(phases.get(f"{p}_s", 0.0) for p in ("eval_before", "train", "eval_after"))
     train_s = phases.get("train_s", 0.0)
     sync = "shellrl_weight_sync_seconds"
@@ -56,11 +61,10 @@ def timing(phases: dict, learner: str, rollout: str, engine: str) -> dict:
     )
     episode_s = total(rollout, "shellrl_rollout_episode_seconds_sum")
     waits: dict[str, float] = {}
-    for family in text_string_to_metric_families(rollout or ""):
-        for s in family.samples:
-            if s.name == "shellrl_rollout_admission_wait_seconds_sum":
-                reason = s.labels.get("reason", "")
-                waits[reason] = round(waits.get(reason, 0.0) + s.value, 1)
+    for s in rollout:
+        if s.name == "shellrl_rollout_admission_wait_seconds_sum":
+            reason = s.labels.get("reason", "")
+            waits[reason] = round(waits.get(reason, 0.0) + s.value, 1)
     gpu_peak = {
         name: int(total(text, "shellrl_gpu_memory_bytes", kind="peak_allocated"))
         for name, text in (("engine", engine), ("learner", learner))

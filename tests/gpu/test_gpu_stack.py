@@ -55,20 +55,34 @@ def test_each_colocated_process_is_held_to_its_gpu_memory_fraction():
     assert probe(base) == "allocated"  # control: the same allocation without the budget
 
 
-def gpu_processes() -> dict[int, int]:
-    """pid -> GPU memory used (MiB) of the processes on the GPU, from nvidia-smi ({} without it)."""
+def gpu_apps() -> list[tuple[int, str, int]]:
+    """(pid, GPU UUID, MiB used) of each process on each GPU, from nvidia-smi ([] without it)."""
     if shutil.which("nvidia-smi") is None:
-        return {}
+        return []
     done = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+        [
+            "nvidia-smi",
+            "--query-compute-apps=pid,gpu_uuid,used_memory",
+            "--format=csv,noheader,nounits",
+        ],
         capture_output=True,
         text=True,
         timeout=30,
     )
-    rows = [line.split(",") for line in done.stdout.splitlines() if line.strip()]
-    return {
-        int(pid): int(mib) for pid, mib in rows if pid.strip().isdigit() and mib.strip().isdigit()
-    }
+    rows = [[x.strip() for x in line.split(",")] for line in done.stdout.splitlines()]
+    return [
+        (int(r[0]), r[1], int(r[2]))
+        for r in rows
+        if len(r) == 3 and r[0].isdigit() and r[2].isdigit()
+    ]
+
+
+def gpu_processes() -> dict[int, int]:
+    """pid -> GPU memory used (MiB, over its GPUs) of the processes on a GPU."""
+    used: dict[int, int] = {}
+    for pid, _, mib in gpu_apps():
+        used[pid] = used.get(pid, 0) + mib
+    return used
 
 
 @pytest.mark.slow
@@ -225,20 +239,10 @@ def test_a_real_cuda_oom_in_the_learner_stops_the_job_and_a_rerun_resumes(tmp_pa
 
 
 def gpu_of_processes() -> dict[int, set[str]]:
-    """pid -> UUIDs of the GPUs it holds memory on, from nvidia-smi ({} without it)."""
-    if shutil.which("nvidia-smi") is None:
-        return {}
-    done = subprocess.run(
-        ["nvidia-smi", "--query-compute-apps=pid,gpu_uuid", "--format=csv,noheader"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
+    """pid -> UUIDs of the GPUs it holds memory on."""
     out: dict[int, set[str]] = {}
-    for line in done.stdout.splitlines():
-        pid, _, uuid = (x.strip() for x in line.partition(","))
-        if pid.isdigit():
-            out.setdefault(int(pid), set()).add(uuid)
+    for pid, uuid, _ in gpu_apps():
+        out.setdefault(pid, set()).add(uuid)
     return out
 
 

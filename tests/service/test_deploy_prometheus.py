@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -18,7 +19,7 @@ import pytest
 import yaml
 
 from cli import prometheus_config
-from tests.helpers.processes import ServiceProcess
+from tests.helpers.processes import REPO, ServiceProcess
 from tests.helpers.prometheus import (
     DASHBOARD_DIR,
     PrometheusServer,
@@ -162,3 +163,26 @@ def test_dashboard_directory_is_where_grafana_provisioning_reads():
         (DASHBOARD_DIR.parent / "provisioning" / "dashboards" / "shellrl.yaml").read_text()
     )
     assert provider["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards/shellrl"
+
+
+def test_the_engine_and_learner_metrics_pass_promtool_check_metrics():
+    """Prometheus' own linter over what the engine and the learner export (their metrics modules,
+    shellrl_gpu_memory_bytes included): names, units, types and help texts."""
+    exposition = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import services.engine.metrics, services.learner.metrics, sys; "
+            "from prometheus_client import generate_latest; "
+            "sys.stdout.buffer.write(generate_latest())",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    assert b"# TYPE shellrl_gpu_memory_bytes gauge" in exposition
+    done = subprocess.run(
+        ["promtool", "check", "metrics"], input=exposition, capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, (done.stdout + done.stderr).decode()

@@ -79,8 +79,17 @@ def test_stage_bucket_refuses_a_wrong_shape_before_copying_anything():
         )
         for m in metadata
     ]
+    engine = TwoLayers()
+    before = {n: t.clone() for n, t in named(engine)}
+    store = WeightStore(engine)
     with pytest.raises(WeightUpdateError, match="a.weight: shape"):
-        WeightStore(TwoLayers()).stage_bucket(buffer, bad)
+        store.stage_bucket(buffer, bad)
+    for name, tensor in named(engine):  # the refused bucket touched no weight
+        assert torch.equal(tensor, before[name]), name
+    # and left nothing half-staged: the right bucket then stages and commits whole
+    store.commit(store.stage_bucket(buffer, metadata))
+    for name, tensor in named(source):
+        assert torch.equal(dict(engine.named_parameters())[name], tensor), name
 
 
 def test_a_shm_payload_from_a_pinned_host_bucket_is_staged_by_the_engine():
