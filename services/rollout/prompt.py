@@ -1,8 +1,8 @@
 """The agent's prompt and observations, in the model's own chat template (DESIGN.md section 7).
 
 Produces token ids only once per piece of text, never re-tokenizing history (iron law 1):
-* `ChatFormat.prompt_ids(instruction)`: system message with the tool protocol, a one-shot
-  example (user -> `<bash>` -> tool response -> `<answer>`), then the instruction, rendered by the
+* `ChatFormat.prompt_ids(instruction)`: system message with the tool protocol, three worked
+  examples (`FEW_SHOT`: user -> `<bash>` -> tool response -> `<answer>`), then the instruction, rendered by the
   tokenizer's chat template with the generation prompt.
 * `ChatFormat.observation_ids(body, action_ids)`: the template text that closes the assistant turn
   (end-of-turn, unless the model already emitted it as its stop token), opens the observation turn,
