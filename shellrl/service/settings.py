@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import ClassVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shellrl.service.auth import check_token
@@ -59,7 +59,10 @@ class ServiceSettings(BaseSettings):
         neighbours) fails naming both. Anything further away passes, because a shared environment
         (compose `.env`, the launcher) carries the other services' settings too; a singular/plural
         twin of a field passes only if it is some service's setting (`SHELLRL_NUM_THREAD` fails).
-        tests/unit/test_settings.py checks that no two services' settings are one typo apart."""
+        tests/unit/test_settings.py checks that no two services' settings are one typo apart.
+        One of this service's fields with the service's name in front
+        (`SHELLRL_SANDBOX_WARM_POOL_PER_SETUP` for the sandbox's `warm_pool_per_setup`) fails too,
+        unless that name is some service's setting or alias (`service_prefixed`)."""
         own = set(type(self).model_fields)
         for name, close in unknown_env_settings(type(self)).items():
             twin = next(
@@ -67,6 +70,8 @@ class ServiceSettings(BaseSettings):
             )
             if not close and twin and name not in known_setting_names():
                 close = twin
+            if not close:
+                close = service_prefixed(name, own, service_of(type(self)))
             if close:
                 raise ValueError(
                     f"{ENV_PREFIX}{name.upper()}: unknown setting; did you mean "
@@ -194,11 +199,32 @@ class EngineFleetSettings(ServiceSettings):
 SERVICES = ("rollout", "sandbox", "verifier", "learner", "engine")
 
 
+def service_of(cls: type) -> str | None:
+    """The service whose settings `cls` is ("sandbox" for services.sandbox.settings), or None."""
+    parts = cls.__module__.split(".")
+    return parts[1] if len(parts) == 3 and parts[0] == "services" and parts[1] in SERVICES else None
+
+
+def service_prefixed(name: str, fields: set[str], service: str | None) -> str | None:
+    """The field of `fields` that `name` is with `service`'s name in front (`sandbox_` +
+    `warm_pool_per_setup`), when `name` itself is no service's setting or `SHELLRL_` alias
+    (`sandbox_url` is the rollout gateway's, `sandbox_isolation` an alias of `isolation`) and not
+    a compose host port (`SHELLRL_ENGINE_PORT` in .env.example: docker compose reads it, not the
+    service); None otherwise."""
+    if service is None:
+        return None
+    rest = name.removeprefix(f"{service}_")
+    if rest == name or rest == "port" or rest not in fields or name in known_setting_names():
+        return None
+    return rest
+
+
 @cache
 def known_setting_names() -> frozenset[str]:
     """The fields of every service's settings classes (services/<name>/settings.py; one image ships
-    them all, and each imports only pydantic and this module). A service missing from the checkout
-    is skipped; any other import error is raised."""
+    them all, and each imports only pydantic and this module), and their `SHELLRL_` aliases less
+    the prefix (`sandbox_isolation`). A service missing from the checkout is skipped; any other
+    import error is raised."""
     import importlib
 
     names: set[str] = set()
@@ -213,7 +239,21 @@ def known_setting_names() -> frozenset[str]:
         for obj in vars(module).values():
             if isinstance(obj, type) and issubclass(obj, ServiceSettings):
                 names.update(obj.model_fields)
+                names.update(env_aliases(obj))
     return frozenset(names)
+
+
+def env_aliases(cls: type[BaseSettings]) -> set[str]:
+    """The `SHELLRL_` environment aliases of `cls`'s fields (AliasChoices), less the prefix and
+    lower-cased: {"sandbox_isolation", ...}."""
+    out: set[str] = set()
+    for field in cls.model_fields.values():
+        alias = field.validation_alias
+        choices = alias.choices if isinstance(alias, AliasChoices) else [alias]
+        for choice in choices:
+            if isinstance(choice, str) and choice.upper().startswith(ENV_PREFIX):
+                out.add(choice[len(ENV_PREFIX) :].lower())
+    return out
 
 
 def unknown_env_settings(

@@ -130,6 +130,25 @@ def test_a_plural_or_singular_twin_that_no_service_has_is_a_typo(monkeypatch):
         EngineSettings()
 
 
+def test_a_services_own_field_with_its_name_in_front_is_a_typo_but_its_aliases_pass(monkeypatch):
+    # BENCHMARKS.md named the warm pool SHELLRL_SANDBOX_WARM_POOL_PER_SETUP: silently ignored
+    from services.rollout.settings import RolloutSettings
+    from services.sandbox.settings import SandboxSettings
+
+    monkeypatch.setenv("SHELLRL_SANDBOX_ISOLATION", "fallback")  # a real alias of `isolation`
+    monkeypatch.setenv("SHELLRL_SANDBOX_URL", "http://s")  # the rollout gateway's setting
+    monkeypatch.setenv("SHELLRL_ENGINE_PORT", "30001")  # compose's host port (.env.example)
+    assert SandboxSettings().isolation == "fallback"
+    monkeypatch.setenv("SHELLRL_SANDBOX_WARM_POOL_PER_SETUP", "2")
+    with pytest.raises(
+        ValidationError,
+        match="SHELLRL_SANDBOX_WARM_POOL_PER_SETUP: unknown setting; did you mean "
+        "SHELLRL_WARM_POOL_PER_SETUP",
+    ):
+        SandboxSettings()
+    assert RolloutSettings().sandbox_url == "http://s"  # another service's field: not its business
+
+
 def test_a_service_started_with_a_bad_setting_exits_with_one_line_naming_it():
     import subprocess
     import sys
