@@ -6,10 +6,12 @@ then kills every process of the session and starts a new runner."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass
 
 from services.sandbox.executor import RawExec, render_output
@@ -18,6 +20,7 @@ from services.sandbox.launch import Launch
 log = logging.getLogger(__name__)
 START_TIMEOUT_S = 20.0
 GRACE_S = 5.0
+EXIT_POLL_S = 0.05  # how often a read checks whether the launcher exited
 
 
 class RunnerFailed(Exception):
@@ -59,15 +62,46 @@ class RunnerLink:
                 os.close(fd)
         self._stderr_task = asyncio.create_task(self._log_stderr(self.proc))
         try:
-            line = await asyncio.wait_for(self.proc.stdout.readline(), START_TIMEOUT_S)
+            line = await self._read(self.proc.stdout.readline(), START_TIMEOUT_S)
         except TimeoutError:
             line = b""
+        except RunnerFailed:
+            await self.stop()
+            raise
         if line != b"READY\n":
             await self.stop()
             raise RunnerFailed(f"runner did not start (first line {line[:200]!r})")
         data, fresh = prelude.encode(), fresh_prelude.encode()
         self.proc.stdin.write(b"INIT %d %d\n" % (len(data), len(fresh)) + data + fresh)
         await self.proc.stdin.drain()
+
+    async def _read(self, read: Awaitable[bytes], timeout_s: float) -> bytes:
+        """The runner's answer (`read` of its stdout) within `timeout_s` (TimeoutError after).
+        RunnerFailed as soon as the launcher exits without one: a sandbox orphaned by a launcher
+        killed right after its start (known_pitfalls D06, bubblewrap#633: the death signal never
+        armed) may hold the pipe open until the caller's cgroup / uid sweep kills it."""
+        reading, exited = asyncio.ensure_future(read), asyncio.ensure_future(self._exited())
+        try:
+            done, _ = await asyncio.wait(
+                {reading, exited}, timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            exited.cancel()
+            if not reading.done():
+                reading.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reading
+        if reading in done:
+            return reading.result()
+        if exited in done:
+            raise RunnerFailed(f"runner launcher exited with status {self.proc.returncode}")
+        raise TimeoutError
+
+    async def _exited(self) -> None:
+        """Returns once the launcher has exited. Polled: before Python 3.12, `Process.wait()`
+        returns only when every pipe is closed too, which an orphaned sandbox prevents."""
+        while self.proc.returncode is None:
+            await asyncio.sleep(EXIT_POLL_S)
 
     async def _log_stderr(self, proc) -> None:
         while line := await proc.stderr.readline():
@@ -90,12 +124,12 @@ class RunnerLink:
         try:
             self.proc.stdin.write(header + command)
             await self.proc.stdin.drain()
-            line = await asyncio.wait_for(self.proc.stdout.readline(), timeout_s + GRACE_S)
+            line = await self._read(self.proc.stdout.readline(), timeout_s + GRACE_S)
             fields = line.split()
             if len(fields) != 10 or fields[0] != b"DONE":
                 raise RunnerFailed(f"runner ended or answered {line[:200]!r}")
             exit_code, timed_out, out_total, err_total, _, *lengths = (int(x) for x in fields[1:])
-            blob = await asyncio.wait_for(self.proc.stdout.readexactly(sum(lengths)), GRACE_S)
+            blob = await self._read(self.proc.stdout.readexactly(sum(lengths)), GRACE_S)
         except TimeoutError:
             raise RunnerFailed(
                 f"runner gave no result within timeout_s + {GRACE_S} s", hung=True
@@ -126,7 +160,7 @@ class RunnerLink:
         try:
             self.proc.stdin.write(b"RESET\n" if remove_ipc else b"KILL\n")
             await self.proc.stdin.drain()
-            line = await asyncio.wait_for(self.proc.stdout.readline(), GRACE_S)
+            line = await self._read(self.proc.stdout.readline(), GRACE_S)
         except (TimeoutError, ConnectionError) as exc:
             raise RunnerFailed(f"runner did not confirm KILL: {exc!r}") from None
         if line != b"KILLED\n":
