@@ -9,14 +9,15 @@
    episode against one bare generate + exec pair (the added latency per turn), and the gateway
    process's CPU time per turn.
 2. Long tail. The real scheduler, admission and worker (`RolloutWorker`, `Admission`, `TaskPool`,
-   real Redis) with an in-process FAKE engine that sleeps: every episode takes 10 s except one
-   episode in every 8th group that takes 80 s, scaled down by `--tail-scale` (default 1/20: 0.5 s
-   and 4 s). 8 groups of 8 fit the in-flight cap; a simulated learner takes complete groups from
-   shellrl:episodes in completion order, 8 groups per step, bumps shellrl:policy:version and
-   records each trajectory's staleness (learner version at training - oldest ACTION version).
-   Batch-synchronous = max_staleness 0 (admit 8 groups, wait for the step); asynchronous =
-   max_staleness k with the strict bound (default) and with DESIGN's plain bound. Slot utilisation =
-   busy episode-seconds / (64 slots x window); trajectories/minute over the same window.
+   real Redis) with in-process FAKE engine and sandbox clients (tests/fakes) where the engine
+   sleeps: every episode takes 10 s except one episode in every 8th group that takes 80 s, scaled
+   down by `--tail-scale` (default 1/20: 0.5 s and 4 s). 8 groups of 8 fit the in-flight cap; a
+   simulated learner takes complete groups from shellrl:episodes in completion order, 8 groups per
+   step, bumps shellrl:policy:version and records each trajectory's staleness (learner version at
+   training - oldest ACTION version). Batch-synchronous = max_staleness 0 (admit 8 groups, wait for
+   the step); asynchronous = max_staleness k with the strict bound (default) and with DESIGN's
+   plain bound. Slot utilisation = busy episode-seconds / (64 slots x window); trajectories/minute
+   over the same window.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -51,11 +52,12 @@ from services.rollout.task_store import TaskStore
 from services.rollout.worker import RolloutConfig, RolloutWorker
 from shellrl import streams
 from shellrl.clients.engine import EngineClient
-from shellrl.clients.engine_responses import GenerateResult
 from shellrl.clients.sandbox import SandboxClient
 from shellrl.contract import min_policy_version, parse_trajectory, task_from_json
 from shellrl.service.aio import cancel_and_wait
 from shellrl.service.main import wait_until_ready
+from tests.fakes.fake_engine import DelayedEngine
+from tests.fakes.fake_sandbox import FakeSandbox
 from tests.helpers.redis_server import RedisServer, free_port
 
 console = Console(width=150)
@@ -234,53 +236,18 @@ async def bench_overhead(
 # --- 2. long tail ----------------------------------------------------------------------------------
 
 
-class FakeTailEngine:
-    """FAKE engine (in process) that sleeps per episode: `long_s` for sample 0 of every 8th group,
-    `short_s` otherwise; replies `<answer>1</answer><|im_end|>` and reports the learner's version
-    at the start of the request (the weights that produced the tokens)."""
+def tail_delays(short_s: float, long_s: float, every: int = 8) -> Callable[[str], float]:
+    """Seconds of one request by its rid (`<group_id>-<index>-a<attempt>-t<turn>-r<k>`, group_id
+    `g-<hex>`: worker.py, agent_loop.py): `long_s` for sample 0 of every `every`-th group seen,
+    `short_s` otherwise."""
+    groups: dict[str, int] = {}
 
-    def __init__(self, chat: ChatFormat, short_s: float, long_s: float, every: int = 8) -> None:
-        self.reply = chat.tokenizer("<answer>1</answer>", add_special_tokens=False)["input_ids"] + [
-            chat.end_of_turn_id
-        ]
-        self.short_s, self.long_s, self.every = short_s, long_s, every
-        self.version = 0
-        self._groups: dict[str, int] = {}
-        self.busy_s: list[tuple[float, float]] = []
+    def delay_s(rid: str) -> float:
+        prefix, group_hex, index = rid.split("-")[:3]
+        ordinal = groups.setdefault(f"{prefix}-{group_hex}", len(groups))
+        return long_s if ordinal % every == 0 and index == "0" else short_s
 
-    async def generate(
-        self, input_ids, sampling_params, *, return_logprob=True, rid=None
-    ) -> GenerateResult:
-        group_id, index = rid.split("-")[0] + "-" + rid.split("-")[1], int(rid.split("-")[2])
-        ordinal = self._groups.setdefault(group_id, len(self._groups))
-        delay = self.long_s if ordinal % self.every == 0 and index == 0 else self.short_s
-        version, start = self.version, time.monotonic()
-        await asyncio.sleep(delay)
-        self.busy_s.append((start, time.monotonic()))
-        return GenerateResult(
-            list(self.reply),
-            [-0.1] * len(self.reply),
-            "stop",
-            self.reply[-1],
-            str(version),
-            len(input_ids),
-            len(self.reply),
-            "",
-            "fake",
-        )
-
-    async def health(self) -> dict:
-        return {"fake": True}
-
-
-class FakeSandbox:
-    """FAKE sandbox (in process): sessions only; the long-tail episodes never run a command."""
-
-    async def create_session(self, **_) -> dict:
-        return {"session_id": uuid.uuid4().hex, "isolation": "fake"}
-
-    async def delete(self, session_id: str) -> None:
-        return None
+    return delay_s
 
 
 @dataclass
@@ -299,7 +266,7 @@ class TailResult:
 
 async def _learner(
     redis,
-    engine: FakeTailEngine,
+    engine: DelayedEngine,
     group_size: int,
     groups_per_step: int,
     result: TailResult,
@@ -344,7 +311,8 @@ async def bench_tail(
     redis_server = RedisServer(Path(tempfile.mkdtemp(prefix="bench-rollout-tail-"))).start()
     redis = streams.connect(redis_server.url)
     chat = ChatFormat.from_tokenizer(load_chat_tokenizer("tiny"))
-    engine = FakeTailEngine(chat, short_s=10 * scale, long_s=80 * scale)
+    reply = chat.tokenizer("<answer>1</answer>", add_special_tokens=False)["input_ids"]
+    engine = DelayedEngine(reply + [chat.end_of_turn_id], tail_delays(10 * scale, 80 * scale))
     store = TaskStore(redis)
     for i in range(16):
         await store.submit(
@@ -392,6 +360,8 @@ async def bench_tail(
     end = time.monotonic()
     stop_admitting.set()
     await cancel_and_wait(main)
+    if not engine.busy_s:  # every episode failed before its first request (the log says why)
+        raise RuntimeError(f"long tail, {mode}: no episode reached the engine in {window_s:g} s")
     finished = sum(1 for s, e in engine.busy_s if e <= end)
     busy = sum(max(0.0, min(e, end) - max(s, start)) for s, e in engine.busy_s)
     await worker.drain(0.0)

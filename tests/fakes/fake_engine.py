@@ -5,12 +5,18 @@
   real model cannot be made to produce on demand, a word split into non-canonical tokens (C01),
   a broken engine's log-probs (NaN, inf, > 0), zero-latency replies (gateway overhead
   benchmark), or a long-tail delay per episode.
+* `DelayedEngine` replaces the engine CLIENT (`shellrl.clients.engine.EngineClient.generate`) in
+  process: a fixed reply after a delay chosen per request id, tagged with the `version` it holds
+  at the start of the request (the long-tail benchmark's episodes of 10 s and 80 s).
 * `RecordingProxy` is not a fake model: it forwards every call to a REAL engine unchanged and
   records the `/generate` request bodies and responses, so a test can compare what the engine
   received and returned with what the trajectory stores; it can also hold requests (`hold`)
   to time a fault exactly.
 
-Both speak SGLang's HTTP API, so the gateway uses its real `EngineClient` against them.
+`ScriptedEngine` and `RecordingProxy` speak SGLang's HTTP API and shellrl's readiness probe
+(`/readyz`, what `shellrl.service.main.wait_until_ready` waits for), so the gateway uses its real
+`EngineClient` against them. tests/unit/test_fakes_match_services.py checks ScriptedEngine's
+routes against the real engine's and DelayedEngine's `generate` against EngineClient's.
 `serve_in_thread(app)` runs an ASGI app on a free port in a background thread.
 `python -m tests.fakes.fake_engine --port P --reply TEXT` runs a zero-latency ScriptedEngine
 as its own process (benchmarks).
@@ -23,13 +29,15 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+
+from shellrl.clients.engine_responses import GenerateResult
 
 
 @dataclass
@@ -96,14 +104,56 @@ class ScriptedEngine:
             return Response(content, media_type="application/json")
 
         @app.get("/health")
-        async def health() -> dict:
-            return {}
+        async def health() -> Response:
+            return Response(status_code=200)  # SGLang's: an empty body
+
+        @app.get("/readyz")
+        async def readyz() -> dict:
+            return {"service": "engine", "ready": True, "weight_version": self.weight_version}
 
         @app.get("/model_info")
         async def model_info() -> dict:
             return {"model_path": "fake", "weight_version": self.weight_version}
 
         return app
+
+
+class DelayedEngine:
+    """In-process FAKE of `EngineClient.generate`: every request answers `reply_ids` (log-prob -0.1
+    each, finish "stop") after `delay_s(rid)` seconds, with the `version` held when it started.
+    `busy_s`: (start, end) monotonic seconds of every finished request."""
+
+    def __init__(self, reply_ids: list[int], delay_s: Callable[[str], float]) -> None:
+        self.reply_ids, self.delay_s = list(reply_ids), delay_s
+        self.version = 0
+        self.busy_s: list[tuple[float, float]] = []
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: dict,
+        *,
+        return_logprob: bool = True,
+        rid: str | None = None,
+        url: str | None = None,
+        avoid: Iterable[str] = (),
+    ) -> GenerateResult:
+        version, start = self.version, time.monotonic()
+        await asyncio.sleep(self.delay_s(rid or ""))
+        self.busy_s.append((start, time.monotonic()))
+        ids = list(self.reply_ids)
+        return GenerateResult(
+            output_ids=ids,
+            output_logprobs=[-0.1] * len(ids) if return_logprob else [],
+            finish_reason="stop",
+            matched_stop=ids[-1],
+            weight_version=str(version),
+            prompt_tokens=len(input_ids),
+            completion_tokens=len(ids),
+            text="",
+            engine_url=url or "fake",
+            rid=rid or "",
+        )
 
 
 class RecordingProxy:
