@@ -30,3 +30,18 @@ def sandbox_services(tmp_path_factory):
     services = SandboxServices(tmp_path_factory.mktemp("sandbox"))
     yield services
     services.stop_all()
+
+
+# --- processes die with pytest (issue 29, item 4: tests/helpers/owned_processes.py) ----------
+@pytest.fixture(scope="session", autouse=True)
+def _sigterm_runs_teardowns():
+    """A SIGTERM to pytest ends the run as Ctrl-C does: the teardowns of the fixtures set up so far
+    run and stop the processes the tests started (a SIGKILL runs none: then the reaper of
+    tests/helpers/owned_processes.py kills them)."""
+    from tests.helpers.owned_processes import sigterm_runs_teardowns
+
+    with sigterm_runs_teardowns():
+        yield
+
+
+# --- end of: processes die with pytest -------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Start shellrl services as real subprocesses (`python -m services.<name>`) and stop them by pid."""
+"""Start shellrl services as real subprocesses (`python -m services.<name>`) and stop them by pid;
+they die with the pytest that started them (tests/helpers/owned_processes.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sys
 from pathlib import Path
 
 from shellrl.service.main import wait_until_ready
+from tests.helpers.owned_processes import popen_owned, stop_owned
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -37,13 +39,12 @@ class ServiceProcess:
     def start(self, ready_timeout_s: float = 60.0) -> ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
+        self.proc = popen_owned(
             [sys.executable, "-m", f"services.{self.name}", *self.args],
             cwd=REPO,
             env=self.env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
         try:
             self.wait_ready(ready_timeout_s)
@@ -72,19 +73,9 @@ class ServiceProcess:
         """SIGTERM, wait, then SIGKILL of the process group we started."""
         if self.proc is None:
             return None
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of our own group only
-        except ProcessLookupError:
-            pass
+        code = stop_owned(self.proc, timeout_s)
         self._log.close()
-        code, self.proc = self.proc.returncode, None
+        self.proc = None
         return code
 
     def kill(self) -> None:
