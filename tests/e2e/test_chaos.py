@@ -49,6 +49,7 @@ from services.learner.checkpoint import surviving_steps
 from shellrl import streams
 from shellrl.contract import is_infra, parse_trajectory
 from shellrl.streams.keys import ADMITTED_KEY, INFLIGHT_KEY
+from tests.helpers.owned_processes import adopt_stack
 from tests.helpers.redis_server import free_port
 from tests.helpers.waiting import wait_until
 
@@ -132,6 +133,7 @@ def start_stack(state: Path) -> Stack:
         ready_timeout_s=240,
     )
     stack = Stack(config).start()
+    adopt_stack(stack)
     print(f"chaos: stack up in {time.monotonic() - started:.1f} s")
     return stack
 
@@ -164,6 +166,7 @@ def apply_fault(stack: Stack, r: redis.Redis, fault: str) -> tuple[float, float,
         stack.restart(name, signal.SIGTERM)
     else:
         raise ValueError(fault)
+    adopt_stack(stack)  # the restarted process
     return start, time.time(), missed
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
+
+from tests.helpers.owned_processes import run_owned
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -17,13 +18,13 @@ REPO = Path(__file__).resolve().parents[2]
 def test_quickest_concurrency_sweep_prints_its_table_and_writes_report_and_figures(tmp_path):
     state = tmp_path / "state"
     argv = ["experiment", "concurrency", "--levels", "2", "--window-s", "4", "--quick"]
-    done = subprocess.run(
+    done = run_owned(
         [sys.executable, "-m", "cli.main", *argv, "--state-dir", str(state)],
         cwd=REPO,
         env={**os.environ, "COLUMNS": "250"},
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout_s=600,
         check=False,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

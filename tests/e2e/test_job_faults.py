@@ -25,6 +25,7 @@ import pytest
 from cli.stack_config import DEFAULT_PORTS, port_is_free
 from cli.stack_status import process_alive
 from services.learner.checkpoint import surviving_steps
+from tests.helpers.owned_processes import popen_owned, run_owned
 from tests.helpers.processes import REPO
 from tests.helpers.waiting import wait_until
 
@@ -47,7 +48,7 @@ def test_a_learner_killed_mid_training_stops_the_job_with_its_class_and_an_incom
     os.chmod(state, 0o755)  # the sandbox's workspace root must be traversable by other uids
     err_path = tmp_path / "job.stderr"
     with open(err_path, "w") as err:
-        job = subprocess.Popen(
+        job = popen_owned(
             [sys.executable, "-m", "cli.main", "run", "--state-dir", str(state), *JOB_FLAGS],
             cwd=REPO,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"},
@@ -94,12 +95,12 @@ def test_a_learner_killed_mid_training_stops_the_job_with_its_class_and_an_incom
     assert "Incomplete run" in (state / "report" / "report.md").read_text()
     assert not (state / "stack.json").exists()  # the stack stopped ...
     assert not [n for n, pid in pids.items() if process_alive(pid)]  # ... every process of it
-    shown = subprocess.run(
+    shown = run_owned(
         [sys.executable, "-m", "cli.main", "status", "--state-dir", str(state)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout_s=60,
     )
     assert shown.returncode == 1
     assert "the last job stopped early: incomplete: learner killed (SIGKILL)" in shown.stderr
@@ -128,14 +129,14 @@ def test_a_learner_oom_stops_the_job_and_the_rerun_evaluates_and_trains_from_its
     flags = [f for f in JOB_FLAGS if f not in ("--steps", "50")] + ["--steps", "4"]
 
     def job(config):
-        return subprocess.run(
+        return run_owned(
             [sys.executable, "-m", "cli.main", "run", "--state-dir", str(state)]
             + ["--config", str(config), *flags],
             cwd=REPO,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"},
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout_s=600,
         )
 
     first = job(drill)

@@ -24,6 +24,7 @@ from cli.launcher import Stack
 from cli.stack_config import SERVICE_ORDER, StackConfig
 from shellrl import streams
 from shellrl.contract import ACTION, parse_trajectory
+from tests.helpers.owned_processes import adopt_stack
 from tests.helpers.redis_server import free_port
 from tests.helpers.waiting import wait_until
 
@@ -91,6 +92,7 @@ def stack(tmp_path_factory):
         ready_timeout_s=240,
     )
     s = Stack(config).start()
+    adopt_stack(s)
     yield s
     s.stop()
 
@@ -173,6 +175,7 @@ def test_kill_9_of_verifier_and_learner_loses_and_duplicates_nothing(stack):
     time.sleep(2)
     stack.restart("verifier")
     stack.restart("learner")
+    adopt_stack(stack)
     _wait(
         lambda: _learner_step(stack) >= max(step_before, 0) + 2,
         420,

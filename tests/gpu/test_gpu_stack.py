@@ -22,6 +22,7 @@ import pytest
 from cli.stack_config import device_env
 from services.learner.checkpoint import surviving_steps
 from tests.gpu.conftest import requires_cuda
+from tests.helpers.owned_processes import popen_owned, run_owned
 from tests.helpers.processes import REPO
 
 torch = pytest.importorskip("torch")
@@ -41,8 +42,8 @@ else:
 
 
 def probe(env: dict[str, str]) -> str:
-    done = subprocess.run(
-        [sys.executable, "-c", BUDGET_PROBE], env=env, capture_output=True, text=True, timeout=120
+    done = run_owned(
+        [sys.executable, "-c", BUDGET_PROBE], env=env, capture_output=True, text=True, timeout_s=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
     return done.stdout.strip()
@@ -59,7 +60,7 @@ def gpu_apps() -> list[tuple[int, str, int]]:
     """(pid, GPU UUID, MiB used) of each process on each GPU, from nvidia-smi ([] without it)."""
     if shutil.which("nvidia-smi") is None:
         return []
-    done = subprocess.run(
+    done = run_owned(
         [
             "nvidia-smi",
             "--query-compute-apps=pid,gpu_uuid,used_memory",
@@ -67,7 +68,7 @@ def gpu_apps() -> list[tuple[int, str, int]]:
         ],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout_s=30,
     )
     rows = [[x.strip() for x in line.split(",")] for line in done.stdout.splitlines()]
     return [
@@ -125,9 +126,7 @@ def test_run_device_cuda_trains_on_the_gpu_and_pushes_every_step(tmp_path):
         "--tracker",
         "none",
     ]
-    job = subprocess.Popen(
-        argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    job = popen_owned(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     seen: dict[str, int] = {}  # service -> peak GPU MiB seen
     deadline = time.monotonic() + 480
     while job.poll() is None and time.monotonic() < deadline:
@@ -200,8 +199,8 @@ def test_a_real_cuda_oom_in_the_learner_stops_the_job_and_a_rerun_resumes(tmp_pa
     plain = tmp_path / "plain.toml"
     plain.write_text(env_common)
 
-    first = subprocess.run(
-        tiny_job(state, drill, 4), cwd=REPO, capture_output=True, text=True, timeout=480
+    first = run_owned(
+        tiny_job(state, drill, 4), cwd=REPO, capture_output=True, text=True, timeout_s=480
     )
     output = first.stdout + first.stderr
     assert first.returncode == 1, output[-4000:]
@@ -216,17 +215,17 @@ def test_a_real_cuda_oom_in_the_learner_stops_the_job_and_a_rerun_resumes(tmp_pa
         "train",
     ), incomplete
     assert incomplete["resume_from_step"] == 2
-    status = subprocess.run(
+    status = run_owned(
         [sys.executable, "-m", "cli.main", "status", "--state-dir", str(state)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout_s=120,
     )
     assert "oom" in status.stdout + status.stderr, status.stdout + status.stderr
 
-    second = subprocess.run(
-        tiny_job(state, plain, 4), cwd=REPO, capture_output=True, text=True, timeout=480
+    second = run_owned(
+        tiny_job(state, plain, 4), cwd=REPO, capture_output=True, text=True, timeout_s=480
     )
     assert second.returncode == 0, (second.stdout + second.stderr)[-4000:]
     ledger = [
@@ -257,7 +256,7 @@ def test_split_layout_puts_the_engine_and_the_learner_on_gpus_of_their_own(tmp_p
     config = tmp_path / "gpu.toml"
     config.write_text("[env]\nSHELLRL_TRAIN_ZERO_VARIANCE_GROUPS = true\n")
     state = tmp_path / "state"
-    job = subprocess.Popen(
+    job = popen_owned(
         tiny_job(state, config, 2, "--gpu-layout", "split"),
         cwd=REPO,
         stdout=subprocess.PIPE,

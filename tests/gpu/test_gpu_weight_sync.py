@@ -161,8 +161,9 @@ def test_sglangs_own_deserializer_in_another_process_reads_the_learners_cuda_buc
     second process: every tensor's bytes equal the learner's."""
     import hashlib
     import importlib.util
-    import subprocess
     import sys
+
+    from tests.helpers.owned_processes import run_owned
 
     if importlib.util.find_spec("sglang") is None:  # its __init__ needs GPU packages: not imported
         pytest.skip("the sglang wheel is not installed")
@@ -170,12 +171,12 @@ def test_sglangs_own_deserializer_in_another_process_reads_the_learners_cuda_buc
     named = [(n, p.detach()) for n, p in learner_model.named_parameters()]
     bucket.fill(named)
     entries = bucket.entries(1)
-    done = subprocess.run(
+    done = run_owned(
         [sys.executable, "-c", SGLANG_READER],
         input=json.dumps(entries),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout_s=300,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from tests.helpers.owned_processes import run_owned
 from tests.helpers.processes import REPO, ServiceProcess
 from tests.helpers.redis_server import free_port
 
@@ -42,11 +42,11 @@ def reference_logprobs(
         return compute({"model": model, "cases": cases})
     source, target = Path(work_dir) / "reference_in.json", Path(work_dir) / "reference_out.json"
     source.write_text(json.dumps({"model": model, "cases": cases}))
-    subprocess.run(
+    run_owned(
         [sys.executable, "-m", "tests.helpers.logprob_reference", str(source), str(target)],
         cwd=REPO,
         check=True,
-        timeout=300,
+        timeout_s=300,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     return json.loads(target.read_text())

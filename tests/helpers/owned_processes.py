@@ -21,7 +21,7 @@ then SIGKILL of the group); the reaper is only the safety net. A SIGTERM to pyte
 teardowns (`sigterm_runs_teardowns`, installed by tests/conftest.py).
 
 Processes the cli launcher starts in this pytest (cli.launcher.Stack) have its own PDEATHSIG
-(SIGTERM) and sessions; tests hand their groups to the reaper with `adopt_group`.
+(SIGTERM) and sessions; tests hand their groups to the reaper with `adopt_stack`.
 """
 
 from __future__ import annotations
@@ -243,9 +243,17 @@ def stop_owned(proc: subprocess.Popen, grace_s: float = 15.0, sig: int = signal.
 
 
 def adopt_group(pgid: int) -> None:
-    """Hand a process group this pytest started some other way (cli.launcher.Stack's services)
-    to the reaper: it is SIGKILLed once pytest is gone. A pgid that no longer runs is ignored."""
+    """Hand a process group this pytest started some other way to the reaper: it is SIGKILLed
+    once pytest is gone. A pgid that no longer runs is ignored."""
     _owned_state()[0].register(pgid)
+
+
+def adopt_stack(stack) -> None:
+    """Hand the process groups of a cli.launcher.Stack started in this pytest (each service and
+    Redis lead one) to the reaper; again after each `stack.restart`. The launcher's own
+    PR_SET_PDEATHSIG sends them SIGTERM when pytest dies; the reaper SIGKILLs what is left."""
+    for proc in stack.procs:
+        adopt_group(proc.popen.pid)
 
 
 @contextmanager

@@ -18,10 +18,8 @@ Install: `apt-get install prometheus` (the Makefile's system-deps does it when t
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -31,6 +29,7 @@ from pathlib import Path
 import httpx
 
 from cli.prometheus_config import render
+from tests.helpers.owned_processes import popen_owned, stop_owned
 from tests.helpers.redis_server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,7 +141,7 @@ class PrometheusServer:
         config = self.directory / "prometheus.yml"
         config.write_text(render(self.targets, self.scrape_interval_s))
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
+        self.proc = popen_owned(
             [
                 exe,
                 f"--config.file={config}",
@@ -153,7 +152,6 @@ class PrometheusServer:
             ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -227,13 +225,7 @@ class PrometheusServer:
     def stop(self, timeout_s: float = 10.0) -> None:
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                os.kill(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_owned(self.proc, timeout_s)
         self._log.close()
         self.proc = None
 

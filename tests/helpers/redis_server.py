@@ -12,6 +12,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from tests.helpers.owned_processes import popen_owned
+
 
 def _ephemeral_low() -> int:
     try:
@@ -53,7 +55,7 @@ class RedisServer:
         exe = shutil.which("redis-server")
         if exe is None:
             raise RuntimeError("redis-server not on PATH (apt-get install redis-server)")
-        self.proc = subprocess.Popen(
+        self.proc = popen_owned(
             [
                 exe,
                 "--port",

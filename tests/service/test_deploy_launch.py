@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ import redis
 
 from shellrl.streams.keys import ENGINES_KEY
 from tests.helpers.engine import running_engine
+from tests.helpers.owned_processes import popen_owned, run_owned, stop_owned
 from tests.helpers.processes import REPO
 from tests.helpers.redis_server import free_port
 from tests.helpers.waiting import wait_until
@@ -83,26 +83,15 @@ def compose_sidecar(engine_url: str, redis_url: str, env_file: Path) -> Sidecar:
 
 
 def start(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
-    """`cmd` in its own process group (stopped by its pid), output appended to `log`."""
+    """`cmd` as an owned process (its own group), output appended to `log`; `stop_owned` stops it."""
     with open(log, "ab") as out:
-        return subprocess.Popen(
+        return popen_owned(
             cmd,
             cwd=REPO,
             env={**os.environ, **env},
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
-
-
-def stop(proc: subprocess.Popen, timeout_s: float = 30) -> int:
-    if proc.poll() is None:
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            return proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # our own process group only
-    return proc.wait()
 
 
 @pytest.mark.parametrize("deployment", ["k8s", "compose"])
@@ -118,11 +107,11 @@ def test_the_registration_sidecar_registers_its_engine_and_withdraws_it_at_sigte
 
     def healthy() -> bool:  # compose's healthcheck of the sidecar, run as in its container
         assert sidecar.healthcheck and sidecar.healthcheck[0] == "python"
-        done = subprocess.run(
+        done = run_owned(
             [sys.executable, *sidecar.healthcheck[1:]],
             env={**os.environ, **sidecar.env},
             capture_output=True,
-            timeout=30,
+            timeout_s=30,
         )
         return done.returncode == 0
 
@@ -138,7 +127,7 @@ def test_the_registration_sidecar_registers_its_engine_and_withdraws_it_at_sigte
         if sidecar.healthcheck:
             assert healthy()
     finally:
-        code = stop(proc)
+        code = stop_owned(proc, grace_s=30)
     assert code == 0, log.read_text()[-3000:]
     assert not client.hexists(ENGINES_KEY, engine.url), "SIGTERM must delete the registration"
 
@@ -180,11 +169,13 @@ def test_the_learner_statefulsets_torchrun_forms_one_learner_across_two_pods(
 
         wait_until(status, 180, "the learner's rank 0 serving")
         assert status()["world_size"] == 2
-        leader_code = stop(procs[0], 90)  # SIGTERM: rank 0 drains and sends the followers STOP
+        leader_code = stop_owned(
+            procs[0], grace_s=90
+        )  # SIGTERM: rank 0 drains and sends the followers STOP
         worker_code = procs[1].wait(60)  # node 1 ends by itself, not by a signal
     finally:
         for proc in procs:
-            stop(proc, 90)
+            stop_owned(proc, grace_s=90)
     leader_log = (tmp_path / "learner.log").read_text()
     logs = leader_log + (tmp_path / "learner-worker.log").read_text()
     assert worker_code == 0, logs[-4000:]

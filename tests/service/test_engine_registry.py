@@ -20,6 +20,7 @@ from services.rollout import metrics as rollout_metrics
 from shellrl.clients.engine_registry import read_registrations, read_sync
 from tests.helpers.engine import running_engine
 from tests.helpers.engine_fleet import GatewaySide, LearnerSide, registering_engine, run_episode
+from tests.helpers.owned_processes import popen_owned, stop_owned
 from tests.helpers.processes import REPO
 from tests.helpers.waiting import wait_until_async
 
@@ -34,13 +35,12 @@ def failovers(reason: str) -> float:
 
 def start_sidecar(engine_url: str, redis_url: str) -> subprocess.Popen:
     """The registration sidecar (as beside an SGLang server) for an engine that does not register."""
-    return subprocess.Popen(
+    return popen_owned(
         [sys.executable, "-m", "services.engine.registration", "--engine-url", engine_url]
         + ["--model-path", "tiny", "--redis-url", redis_url, "--heartbeat-s", "0.3"],
         cwd=REPO,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        start_new_session=True,
     )
 
 
@@ -125,8 +125,7 @@ async def test_joined_restarted_and_leaving_engines_take_traffic_only_with_curre
             task.cancel()
         await asyncio.gather(*loops, return_exceptions=True)
         if sidecar is not None:
-            sidecar.send_signal(signal.SIGTERM)
-            sidecar.wait(15)
+            stop_owned(sidecar, grace_s=15)
         await learner.close()
         await gateway.close()
         a.stop()

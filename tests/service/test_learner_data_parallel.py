@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +30,7 @@ from shellrl.models import load_model
 from shellrl.rl.batch import build_batch
 from shellrl.service.main import wait_until_ready
 from tests.helpers.data_parallel_steps import CONFIG, steps
+from tests.helpers.owned_processes import popen_owned, run_owned, stop_owned
 from tests.helpers.processes import REPO, ServiceProcess
 from tests.helpers.redis_server import free_port
 from tests.helpers.staleness_zero import asynchronous_run, synchronous_run
@@ -86,8 +86,8 @@ def test_two_ranks_hold_the_weights_of_one_process_after_three_steps_on_the_same
     out = tmp_path / "two-ranks.pt"
     script = REPO / "tests" / "helpers" / "data_parallel_steps.py"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [*TORCHRUN, str(script), str(out)], cwd=REPO, env=env, capture_output=True, timeout=300
+    done = run_owned(
+        [*TORCHRUN, str(script), str(out)], cwd=REPO, env=env, capture_output=True, timeout_s=300
     )
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
     two = torch.load(out, weights_only=False)
@@ -121,27 +121,16 @@ class Torchrun:
     def __init__(self, module: str, env: dict, log: Path, max_restarts: int = 1) -> None:
         self.log = log
         self._out = open(log, "ab")
-        self.proc = subprocess.Popen(
+        self.proc = popen_owned(
             [*TORCHRUN, "--max-restarts", str(max_restarts), "-m", module],
             cwd=REPO,
             env=env,
             stdout=self._out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,
         )
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGTERM)  # torchrun passes it to every rank
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                pass
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # leftovers of our own group only
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+        stop_owned(self.proc, grace_s=60)  # torchrun passes the SIGTERM to every rank
         self._out.close()
 
 
@@ -251,13 +240,13 @@ async def test_async_at_staleness_0_trains_the_batches_versions_and_weights_of_a
 
 def run_learner(env: dict, timeout_s: float = 120) -> tuple[subprocess.CompletedProcess, float]:
     start = time.monotonic()
-    done = subprocess.run(
+    done = run_owned(
         [sys.executable, "-m", "services.learner"],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=timeout_s,
+        timeout_s=timeout_s,
     )
     return done, time.monotonic() - start
 

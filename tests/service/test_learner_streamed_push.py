@@ -8,7 +8,6 @@ the same parameters, and rank 0 never holds more than one gathered parameter at 
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -22,6 +21,7 @@ from tests.helpers.data_parallel_push import (
     small_model,
     stagings,
 )
+from tests.helpers.owned_processes import run_owned
 from tests.helpers.processes import REPO
 
 pytestmark = pytest.mark.slow
@@ -54,8 +54,8 @@ def test_two_ranks_push_the_bytes_of_one_process_gathering_one_parameter_at_a_ti
     out = tmp_path / "pushes.pt"
     script = REPO / "tests" / "helpers" / "data_parallel_push.py"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(
-        [*TORCHRUN, str(script), str(out)], cwd=REPO, env=env, capture_output=True, timeout=120
+    done = run_owned(
+        [*TORCHRUN, str(script), str(out)], cwd=REPO, env=env, capture_output=True, timeout_s=120
     )
     assert done.returncode == 0, done.stderr.decode(errors="replace")[-4000:]
     two = torch.load(out, weights_only=False)

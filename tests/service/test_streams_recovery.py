@@ -13,6 +13,7 @@ from pathlib import Path
 
 from shellrl.contract import Trajectory
 from shellrl.streams import OutgoingEntry, StreamConsumer, StreamProducer, connect
+from tests.helpers.owned_processes import popen_owned, run_owned
 
 REPO = Path(__file__).resolve().parents[2]
 STREAM, GROUP, EFFECTS = "shellrl:episodes", "verifier", "shellrl:trajectories"
@@ -64,7 +65,7 @@ async def test_consumer_killed_before_ack_has_every_entry_reclaimed_and_handled_
     await StreamProducer(redis, STREAM).add_many(_trajectories(n))
 
     ready = tmp_path / "ready.json"
-    crashing = subprocess.Popen(
+    crashing = popen_owned(
         _worker(
             redis_server.url,
             "verifier-1",
@@ -78,7 +79,6 @@ async def test_consumer_killed_before_ack_has_every_entry_reclaimed_and_handled_
             str(ready),
         ),
         cwd=REPO,
-        start_new_session=True,
         stderr=subprocess.PIPE,
     )
     try:
@@ -102,7 +102,7 @@ async def test_consumer_killed_before_ack_has_every_entry_reclaimed_and_handled_
     assert await setup.delete_idle_consumers(min_idle_ms=0) == []
     assert (await redis.xpending(STREAM, GROUP))["pending"] == n
 
-    drain = subprocess.run(
+    drain = run_owned(
         _worker(
             redis_server.url,
             "verifier-2",
@@ -115,7 +115,7 @@ async def test_consumer_killed_before_ack_has_every_entry_reclaimed_and_handled_
         ),
         cwd=REPO,
         capture_output=True,
-        timeout=120,
+        timeout_s=120,
     )
     assert drain.returncode == 0, drain.stderr.decode()[-3000:]
     stats = json.loads(drain.stdout.decode().splitlines()[-1])

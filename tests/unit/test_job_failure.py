@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 
 import pytest
@@ -19,6 +18,7 @@ from cli.run_summary import summary_line
 from cli.stack_failure import ServiceExited, failure_class, last_error_line
 from cli.stack_status import down_causes, exited_processes
 from tasksets.generator import generate
+from tests.helpers.owned_processes import popen_owned, run_owned
 from tests.helpers.processes import REPO
 from tests.helpers.redis_server import free_port
 from tests.unit.test_eval_stats import view
@@ -66,7 +66,7 @@ def test_the_oom_drill_on_cpu_raises_torchs_allocator_error_which_classifies_as_
 
 
 def test_a_learner_killed_by_sigkill_is_named_with_its_class_phase_and_resume_step(tmp_path):
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    proc = popen_owned([sys.executable, "-c", "import time; time.sleep(60)"])
     proc.send_signal(signal.SIGKILL)
     failure = ServiceExited("learner", proc.wait(), tmp_path / "learner.log", None)
     assert failure.failure_class == "killed (SIGKILL)" and failure.status == -9
@@ -167,7 +167,7 @@ def test_a_job_cut_short_before_any_evaluation_still_writes_its_report(tmp_path)
 def test_status_names_a_process_that_exited_with_its_class_and_last_error(tmp_path):
     log = tmp_path / "learner.log"
     log.write_text('{"level": "INFO", "msg": "step"}\n' + OOM + "\n")
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead = popen_owned([sys.executable, "-c", "pass"])
     dead.wait()  # reaped: the pid no longer runs
     info = {
         "processes": {"learner": dead.pid, "rollout": os.getpid()},
@@ -181,12 +181,12 @@ def test_status_names_a_process_that_exited_with_its_class_and_last_error(tmp_pa
     nothing = f"127.0.0.1:{free_port()}"
     info |= {"urls": {"learner": f"http://{nothing}"}, "redis_url": f"redis://{nothing}/0"}
     (tmp_path / "stack.json").write_text(json.dumps(info))
-    done = subprocess.run(
+    done = run_owned(
         [sys.executable, "-m", "cli.main", "status", "--state-dir", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout_s=60,
         env={**os.environ, "COLUMNS": "300"},
     )
     assert done.returncode == 1
@@ -199,12 +199,12 @@ def test_status_names_a_process_that_exited_with_its_class_and_last_error(tmp_pa
     (tmp_path / "report" / "summary.json").write_text(
         json.dumps({"incomplete": {"service": "learner"}, "line": line})
     )
-    done = subprocess.run(
+    done = run_owned(
         [sys.executable, "-m", "cli.main", "status", "--state-dir", str(tmp_path)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout_s=60,
     )
     assert done.returncode == 1 and "no stack running" in done.stderr
     assert done.stderr.strip().splitlines()[-1] == f"the last job stopped early: {line}"

@@ -20,6 +20,7 @@ from services.sandbox.cgroup_base import CgroupLimits
 from services.sandbox.cgroups import CgroupSupport
 from services.sandbox.host import OwnCgroups
 from services.sandbox.uids import UidPool
+from tests.helpers.owned_processes import popen_owned
 
 ROOT = Path("/sys/fs/cgroup")
 BWRAP = shutil.which("bwrap", path="/usr/bin:/bin")
@@ -64,14 +65,13 @@ def start(group, uid: int, script: str, procs_files=None, sandbox=()) -> subproc
     procs_files = procs_files or group.procs_files
     join = "; ".join(f"echo 0 > {shlex.quote(str(p))} || exit 125" for p in procs_files)
     setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-    return subprocess.Popen(
+    return popen_owned(
         [*prefix, *setpriv, *sandbox, "/bin/bash", "-c", f"{join}; {script}"],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         cwd="/",
         env={"PATH": "/usr/bin:/bin"},
-        start_new_session=True,
     )
 
 
