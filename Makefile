@@ -7,13 +7,16 @@ STAMP := $(VENV)/.shellrl-installed
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 APT_PACKAGES := redis-server bubblewrap prometheus
 
-.PHONY: run test lint format test-unit test-service test-e2e test-gpu chaos bench fuzz proto setup system-deps clean
+.PHONY: run test test-random lint format test-unit test-service test-e2e test-gpu chaos bench fuzz proto setup system-deps clean
 
 run: setup  ## set up what is missing, then run the main job on the embedded default
 	$(VENV)/bin/shellrl run $(ARGS)
 
 test: setup lint  ## set up, check the house rules, then run the whole test suite
-	$(PY) -m pytest -q -x --durations=15 tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -x --durations=15 -p no:randomly tests $(PYTEST_ARGS)
+
+test-random: setup  ## the whole suite in a random order (SEED=n repeats one; pytest-randomly)
+	$(PY) -m pytest -q -x --durations=15 -p randomly --randomly-seed=$(or $(SEED),default) tests $(PYTEST_ARGS)
 
 lint: setup  ## ruff (lint + format check) and import-linter (layers, independent services, no circles)
 	$(VENV)/bin/ruff check .

@@ -1,10 +1,42 @@
-"""Shared fixtures: a real redis-server per test (or per module), temp dirs."""
+"""Shared fixtures: a real redis-server per test (or per module), temp dirs.
+
+Every test passes alone (`pytest path::test`), every module passes alone, and the whole suite
+passes in any order (`make test-random SEED=n`, pytest-randomly). To check the first for many tests
+in one process, `pytest --each-alone PATH` (or SHELLRL_TEST_EACH_ALONE=1) tears down every fixture,
+of every scope (module, package, session), after each test: each test then builds exactly the
+fixtures it would build alone, and sees nothing another test left in them.
+"""
 
 from __future__ import annotations
 
+import os
+
 import pytest
+from _pytest.runner import runtestprotocol
 
 from tests.helpers.redis_server import RedisServer
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--each-alone",
+        action="store_true",
+        default=os.environ.get("SHELLRL_TEST_EACH_ALONE") == "1",
+        help="tear down fixtures of every scope after each test, as if each test ran alone "
+        "(env SHELLRL_TEST_EACH_ALONE=1)",
+    )
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_protocol(item, nextitem):
+    """pytest's own protocol (_pytest/runner.py) with no next item: the setup state is torn down to
+    the session, so module-, package- and session-scoped fixtures are finished after each test."""
+    if not item.config.getoption("each_alone"):
+        return None
+    item.ihook.pytest_runtest_logstart(nodeid=item.nodeid, location=item.location)
+    runtestprotocol(item, nextitem=None, log=True)
+    item.ihook.pytest_runtest_logfinish(nodeid=item.nodeid, location=item.location)
+    return True
 
 
 @pytest.fixture

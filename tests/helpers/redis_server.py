@@ -22,13 +22,18 @@ def _ephemeral_low() -> int:
         return 32768
 
 
+_PORTS = random.SystemRandom()
+
+
 def free_port() -> int:
     """A free port below the kernel's ephemeral range. A port from bind(0) is an ephemeral one, which
     any outgoing connection (a service's Redis client, say) may take between this call and the
-    server's bind: the e2e stack's learner lost its port that way ("address already in use")."""
+    server's bind: the e2e stack's learner lost its port that way ("address already in use").
+    Drawn from the OS (SystemRandom): pytest-randomly reseeds `random` before every test, which
+    would give every test, and every concurrent run with the same seed, the same ports."""
     low = _ephemeral_low()
     for _ in range(500):
-        port = random.randint(max(1024, low - 12000), low - 1)
+        port = _PORTS.randint(max(1024, low - 12000), low - 1)
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", port))
