@@ -3,8 +3,9 @@ REST validation, a posted task -> trajectories in shellrl:episodes -> scored -> 
 admission against a learner that never advances, `shellrl submit`, an evaluation, and the sandbox
 and then the engine killed mid-episode (INFRA trajectories, nothing lost, gateway healthy).
 
-Its final test kills the package's engine process, and starts it again before it returns (modules
-that sort after this one use it).
+Each test gets its own Redis, verifier and gateway (nothing in Redis, the admission counter or the
+gateway's pool comes from another test) and submits the tasks it needs. The engine (the package's)
+and this module's sandbox are shared; a test that kills one starts it again before it returns.
 """
 
 from __future__ import annotations
@@ -36,13 +37,26 @@ TASK = {
     "tags": ["count"],
     "source": "test",
 }
+EVAL_TASKS = [
+    dict(TASK, task_id=f"eval-{i}", split="eval", instruction=f"How many lines? ({i})")
+    for i in range(3)
+]
 
 
 @pytest.fixture(scope="module")
-def stack(module_redis_server, engine_process, tmp_path_factory):
-    logs = tmp_path_factory.mktemp("gateway-logs")
-    sandbox, root = start_sandbox(logs)
-    env = {"SHELLRL_REDIS_URL": module_redis_server.url}
+def sandbox(tmp_path_factory):
+    """This module's own sandbox process: its sandbox test kills it (the package's stays up)."""
+    proc, root = start_sandbox(tmp_path_factory.mktemp("gateway-sandbox-logs"))
+    yield proc
+    proc.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def stack(redis_server, engine_process, sandbox, tmp_path):
+    """A fresh Redis, verifier and gateway over the shared engine and sandbox."""
+    logs = tmp_path / "logs"
+    env = {"SHELLRL_REDIS_URL": redis_server.url}
     verifier = ServiceProcess(
         "verifier", free_port(), {**env, "SHELLRL_SANDBOX_URL": sandbox.url}, logs
     ).start(120)
@@ -66,19 +80,28 @@ def stack(module_redis_server, engine_process, tmp_path_factory):
             "SHELLRL_SHUTDOWN_GRACE_S": "3",
         },
         logs,
-    ).start(120)
-    client = sync_redis.Redis.from_url(module_redis_server.url)
-    yield {
-        "gateway": gateway,
-        "sandbox": sandbox,
-        "verifier": verifier,
-        "engine": engine_process,
-        "redis": client,
-        "http": httpx.Client(base_url=gateway.url, timeout=30),
-    }
-    for proc in (gateway, verifier, sandbox):
-        proc.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    )
+    try:
+        gateway.start(120)
+        client = sync_redis.Redis.from_url(redis_server.url)
+        http = httpx.Client(base_url=gateway.url, timeout=30)
+        yield {
+            "gateway": gateway,
+            "sandbox": sandbox,
+            "verifier": verifier,
+            "engine": engine_process,
+            "redis": client,
+            "http": http,
+        }
+        http.close()
+        client.close()
+    finally:
+        gateway.stop()
+        verifier.stop()
+
+
+def _running(process: ServiceProcess) -> bool:
+    return process.proc is not None and process.proc.poll() is None
 
 
 def episodes(redis) -> list:
@@ -164,15 +187,24 @@ def test_posted_task_becomes_trajectories_scored_into_task_stats_with_bounded_ad
     wait_until(
         lambda: len(episodes(redis)) >= bound * GROUP_SIZE, 120, "the admitted groups' trajectories"
     )
-    time.sleep(2.0)  # the learner never advances: nothing more may be admitted
+    wait_until(
+        lambda: (
+            (s := http.get("/v1/status").json())["episode_slots_taken"] == GROUP_SIZE
+            and s["episodes_in_flight"] == 0
+        ),
+        60,
+        "the next group holding its slots, waiting for admission",
+    )
+    # the learner never advances: nothing more may be admitted (a bounded look, which can miss a
+    # late admission under load but never fails falsely)
+    time.sleep(2.0)
     status = http.get("/v1/status").json()
     assert status["admission"]["groups_admitted"] == bound == int(redis.get(ADMITTED_KEY))
     assert status["admission"]["can_admit"] is False and status["pool"]["tasks"] == 1
     trajectories = episodes(redis)
     weight_version = httpx.get(f"{stack['engine'].url}/model_info").json()["weight_version"]
-    engine_version = (
-        0 if weight_version == "default" else int(weight_version)
-    )  # earlier tests may have updated it
+    # the package's engine: a test of another module may have pushed weights to it
+    engine_version = 0 if weight_version == "default" else int(weight_version)
     assert (
         len(trajectories) == bound * GROUP_SIZE and len({t.group_id for t in trajectories}) == bound
     )
@@ -209,13 +241,26 @@ def test_posted_task_becomes_trajectories_scored_into_task_stats_with_bounded_ad
     assert stats["rewards"]["mean"] is not None and stats["state"] == "pooled"
     listed = http.get("/v1/tasks", params={"tag": "count", "limit": 10}).json()
     assert [t["task_id"] for t in listed["tasks"]] == ["lines-1"] and listed["next_cursor"] is None
+    _open_admission(redis, 1)  # one learner step: one more step's groups, after a staleness wait
+    wait_until(
+        lambda: (
+            http.get("/v1/status").json()["admission"]["groups_admitted"] == bound + GROUPS_PER_STEP
+        ),
+        60,
+        "the next step's groups admitted",
+    )
+    wait_until(
+        lambda: (
+            'shellrl_rollout_admission_wait_seconds_count{reason="staleness"}'
+            in http.get("/metrics").text
+        ),
+        30,
+        "the time admission waited on staleness, exported",
+    )
 
 
 def test_submit_cli_posts_a_task_file_and_names_the_bad_line(stack, tmp_path):
-    good = [
-        dict(TASK, task_id=f"eval-{i}", split="eval", instruction=f"How many lines? ({i})")
-        for i in range(3)
-    ]
+    good = EVAL_TASKS
     path = tmp_path / "tasks.jsonl"
     path.write_text("\n".join(json.dumps(t) for t in good) + "\n\n")
     cli = [sys.executable, "-m", "cli.main", "submit", str(path), "--url", stack["gateway"].url]
@@ -244,6 +289,7 @@ def test_submit_cli_posts_a_task_file_and_names_the_bad_line(stack, tmp_path):
 
 def test_evaluation_runs_the_eval_split_greedily_outside_the_training_stream(stack):
     http, redis = stack["http"], stack["redis"]
+    assert http.post("/v1/tasks", json=EVAL_TASKS).status_code == 201
     before = redis.xlen(STREAM_EPISODES)
     started = http.post(
         "/v1/evaluations", json={"split": "eval", "episodes_per_task": 1, "max_turns": 1}
@@ -281,80 +327,94 @@ def _open_admission(redis, version: int) -> None:
 def test_sandbox_killed_mid_episode_gives_infra_trajectories_and_the_gateway_stays_up(stack):
     http, redis, sandbox = stack["http"], stack["redis"], stack["sandbox"]
     _open_admission(redis, 1000)  # the learner "jumps ahead": admission runs freely
-    before = redis.xlen(STREAM_EPISODES)
+    assert http.post("/v1/tasks", json=TASK).status_code == 201
+    wait_until(lambda: redis.xlen(STREAM_EPISODES) > 0, 120, "a first finished episode")
     wait_until(
         lambda: http.get("/v1/status").json()["episodes_in_flight"] > 0, 60, "episodes in flight"
     )
-    sandbox.kill()
-    failed = wait_until(
-        lambda: [t for t in episodes(redis)[before:] if t.failure == Failure.FAILURE_INFRA_SANDBOX],
-        60,
-        "an INFRA_SANDBOX trajectory",
-    )
-    assert all(t.reward == 0 and not t.scored and t.sandbox_session_id == "" for t in failed)
-    assert "sandbox" in failed[0].failure_detail
-    wait_until(
-        lambda: http.get("/v1/status").json()["infra_down"] == ["sandbox"],
-        30,
-        "admission gated on the sandbox",
-    )
-    assert http.get("/healthz").status_code == 200 and http.get("/readyz").status_code == 200
-    assert (
-        http.post("/v1/tasks", json=dict(TASK, task_id="while-down", split="eval")).status_code
-        == 201
-    )
-    metrics = http.get("/metrics").text
-    for line in (
-        'shellrl_rollout_failures_total{failure="infra_sandbox"}',
-        'shellrl_rollout_tokens_total{kind="action"}',
-        "shellrl_episodes_in_flight",
-        'shellrl_rollout_admission_wait_seconds_count{reason="staleness"}',
-        "shellrl_rollout_generate_seconds_count",
-        "shellrl_rollout_exec_seconds_count",
-        "shellrl_rollout_episodes_by_version_total{policy_version=",
-    ):
-        assert line in metrics, line
-    sandbox.start(60)  # same port: the gate's probe sees it again and admission resumes
-    wait_until(lambda: http.get("/v1/status").json()["infra_down"] == [], 30, "admission to resume")
-    count = redis.xlen(STREAM_EPISODES)
-    wait_until(
-        lambda: any(t.failure == Failure.FAILURE_NONE for t in episodes(redis)[count:]),
-        60,
-        "a successful episode after the sandbox came back",
-    )
+    before = redis.xlen(STREAM_EPISODES)
+    try:
+        sandbox.kill()
+        failed = wait_until(
+            lambda: [
+                t for t in episodes(redis)[before:] if t.failure == Failure.FAILURE_INFRA_SANDBOX
+            ],
+            60,
+            "an INFRA_SANDBOX trajectory",
+        )
+        assert all(t.reward == 0 and not t.scored and t.sandbox_session_id == "" for t in failed)
+        assert "sandbox" in failed[0].failure_detail
+        wait_until(
+            lambda: http.get("/v1/status").json()["infra_down"] == ["sandbox"],
+            30,
+            "admission gated on the sandbox",
+        )
+        assert http.get("/healthz").status_code == 200 and http.get("/readyz").status_code == 200
+        while_down = dict(TASK, task_id="while-down", split="eval")
+        assert http.post("/v1/tasks", json=while_down).status_code == 201
+        metrics = http.get("/metrics").text
+        for line in (
+            'shellrl_rollout_failures_total{failure="infra_sandbox"}',
+            'shellrl_rollout_tokens_total{kind="action"}',
+            "shellrl_episodes_in_flight",
+            "shellrl_rollout_generate_seconds_count",
+            "shellrl_rollout_exec_seconds_count",
+            "shellrl_rollout_episodes_by_version_total{policy_version=",
+        ):
+            assert line in metrics, line
+        sandbox.stop()
+        sandbox.start(60)  # same port: the gate's probe sees it again and admission resumes
+        wait_until(
+            lambda: http.get("/v1/status").json()["infra_down"] == [], 30, "admission to resume"
+        )
+        count = redis.xlen(STREAM_EPISODES)
+        wait_until(
+            lambda: any(t.failure == Failure.FAILURE_NONE for t in episodes(redis)[count:]),
+            60,
+            "a successful episode after the sandbox came back",
+        )
+    finally:
+        if not _running(sandbox):  # the module's sandbox, back for the tests after this one
+            sandbox.stop()
+            sandbox.start(60)
 
 
 def test_engine_killed_mid_episode_gives_infra_trajectories_nothing_lost_gateway_healthy(stack):
     http, redis, engine = stack["http"], stack["redis"], stack["engine"]
+    _open_admission(redis, 1000)
+    assert http.post("/v1/tasks", json=TASK).status_code == 201
     before = redis.xlen(STREAM_EPISODES)
     wait_until(
         lambda: http.get("/v1/status").json()["episodes_in_flight"] > 0, 60, "episodes in flight"
     )
-    engine.kill()
-    failed = wait_until(
-        lambda: [t for t in episodes(redis)[before:] if t.failure == Failure.FAILURE_INFRA_ENGINE],
-        60,
-        "an INFRA_ENGINE trajectory",
-    )
-    assert all(t.reward == 0 and not t.scored and "engine" in t.failure_detail for t in failed)
-    wait_until(
-        lambda: "engine" in http.get("/v1/status").json()["infra_down"],
-        30,
-        "admission gated on the engine",
-    )
-    time.sleep(1.0)
-    # nothing lost: every sample that started before the kill is in the stream (retries wait for the engine)
-    by_group: dict[str, set[int]] = {}
-    for traj in episodes(redis):
-        by_group.setdefault(traj.group_id, set()).add(int(traj.trajectory_id.rsplit("-", 2)[1]))
-    status = http.get("/v1/status").json()
-    incomplete = [g for g, s in by_group.items() if s != set(range(GROUP_SIZE))]
-    assert len(incomplete) <= status["admission"]["groups_in_flight"]
-    assert http.get("/healthz").status_code == 200 and http.get("/readyz").status_code == 200
-    assert http.get(f"/v1/tasks/{TASK['task_id']}").json()["failures"].get(
-        "infra_engine", 0
-    ) >= len(failed)
-    # the package's engine, back for the test modules that sort after this one
-    # (test_infra_accounting, test_replica_recovery, test_seeded_sampling, ...)
-    engine.stop()
-    engine.start(ready_timeout_s=180)
+    try:
+        engine.kill()
+        failed = wait_until(
+            lambda: [
+                t for t in episodes(redis)[before:] if t.failure == Failure.FAILURE_INFRA_ENGINE
+            ],
+            60,
+            "an INFRA_ENGINE trajectory",
+        )
+        assert all(t.reward == 0 and not t.scored and "engine" in t.failure_detail for t in failed)
+        wait_until(
+            lambda: "engine" in http.get("/v1/status").json()["infra_down"],
+            30,
+            "admission gated on the engine",
+        )
+        # nothing lost: every sample that started before the kill is in the stream (retries wait
+        # for the engine). Admission is gated, so no group starts after `status`, and a group that
+        # leaves flight meanwhile published all its samples first (worker.run_group)
+        status = http.get("/v1/status").json()
+        by_group: dict[str, set[int]] = {}
+        for traj in episodes(redis):
+            index = int(traj.trajectory_id.rsplit("-", 2)[1])
+            by_group.setdefault(traj.group_id, set()).add(index)
+        incomplete = [g for g, s in by_group.items() if s != set(range(GROUP_SIZE))]
+        assert len(incomplete) <= status["admission"]["groups_in_flight"]
+        assert http.get("/healthz").status_code == 200 and http.get("/readyz").status_code == 200
+        task = http.get(f"/v1/tasks/{TASK['task_id']}").json()
+        assert task["failures"].get("infra_engine", 0) >= len(failed)
+    finally:
+        engine.stop()  # the package's engine, back for the tests after this one
+        engine.start(ready_timeout_s=180)
