@@ -10,17 +10,18 @@ import subprocess
 import sys
 import time
 
+from tests.helpers.owned_processes import run_owned
 from tests.helpers.processes import REPO
 from tests.helpers.redis_server import RedisServer, free_port
 
 
 def status(state_dir) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return run_owned(
         [sys.executable, "-m", "cli.main", "status", "--state-dir", str(state_dir)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout_s=60,
     )
 
 
@@ -112,12 +113,12 @@ async def test_status_shows_per_group_the_pending_entries_trimmed_away_before_th
         stats._recovered = False  # as after a failed read: re-read own pending, 2 ids empty
         assert await stats.read(count=10, block_ms=0) == []
         write_stack(state, {}, redis_server.url)
-        shown = subprocess.run(
+        shown = run_owned(
             [sys.executable, "-m", "cli.main", "status", "--state-dir", str(state)],
             cwd=REPO,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout_s=60,
             env={**os.environ, "COLUMNS": "200"},
         )
         assert shown.returncode == 0, shown.stdout + shown.stderr

@@ -14,6 +14,7 @@ import yaml
 from prometheus_client import REGISTRY
 
 from cli import prometheus_config
+from tests.helpers.owned_processes import run_owned
 from tests.service.test_deploy_compose import rendered
 from tests.service.test_deploy_k8s import K8S_DIR, container, manifests
 
@@ -34,7 +35,7 @@ REQUIRED = {
 
 
 def promtool(*args: str, cwd=None) -> subprocess.CompletedProcess:
-    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120, cwd=cwd)
+    return run_owned(["promtool", *args], capture_output=True, text=True, timeout_s=120, cwd=cwd)
 
 
 def rules() -> list[dict]:

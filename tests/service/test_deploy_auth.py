@@ -6,13 +6,13 @@ line), so the header our clients send passes SGLang 0.5.23's own auth decision."
 from __future__ import annotations
 
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
 from shellrl.clients.transport import auth_headers
+from tests.helpers.owned_processes import run_owned
 from tests.service.test_deploy_compose import ENV_EXAMPLE, rendered
 from tests.service.test_deploy_k8s import K8S_DIR, container, manifests, workloads
 
@@ -46,12 +46,13 @@ def _sglang_argv_from(script: str, token_path: str, tmp_path: Path) -> list[str]
     python3.chmod(0o755)
     script = script.replace("/tmp/sglang-auth.yaml", str(tmp_path / "auth.yaml"))
     script = script.replace(token_path, str(token_file))
-    done = subprocess.run(
+    done = run_owned(
         ["sh", "-c", script, "sglang", "--port", "30000"],
         env={"PATH": f"{python3.parent}:/usr/bin:/bin"},
         capture_output=True,
         text=True,
         check=True,
+        timeout_s=120,
     )
     argv = done.stdout.split("\n")[2:-1]  # after "-m sglang.launch_server"
     parser = argparse.ArgumentParser()

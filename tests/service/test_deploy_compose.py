@@ -18,6 +18,8 @@ import dockerfile
 import pytest
 import yaml
 
+from tests.helpers.owned_processes import run_owned
+
 REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 ENV_EXAMPLE = REPO / ".env.example"
@@ -46,7 +48,7 @@ def compose(
         "HOME": os.environ.get("HOME", "/root"),
         "DOCKER_CONFIG": str(env_file.parent / ".docker"),
     }
-    return subprocess.run(
+    return run_owned(
         [
             str(compose_binary()),
             "-f",
@@ -59,7 +61,7 @@ def compose(
         ],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout_s=60,
         env=env,
     )
 

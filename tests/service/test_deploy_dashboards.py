@@ -13,6 +13,7 @@ from pathlib import Path
 
 import yaml
 
+from tests.helpers.owned_processes import run_owned
 from tests.helpers.prometheus import panel_queries
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,8 +22,8 @@ GENERATOR = GRAFANA_DIR / "dashboards.py"
 
 
 def generate(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(GENERATOR), *args], capture_output=True, text=True, timeout=120
+    return run_owned(
+        [sys.executable, str(GENERATOR), *args], capture_output=True, text=True, timeout_s=120
     )
 
 

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from cli import prometheus_config
+from tests.helpers.owned_processes import run_owned
 from tests.helpers.processes import REPO, ServiceProcess
 from tests.helpers.prometheus import (
     DASHBOARD_DIR,
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=60)
+    return run_owned(["promtool", *args], capture_output=True, text=True, timeout_s=60)
 
 
 def test_committed_prometheus_configs_pass_promtool_check_config():
@@ -168,7 +169,7 @@ def test_dashboard_directory_is_where_grafana_provisioning_reads():
 def test_the_engine_and_learner_metrics_pass_promtool_check_metrics():
     """Prometheus' own linter over what the engine and the learner export (their metrics modules,
     shellrl_gpu_memory_bytes included): names, units, types and help texts."""
-    exposition = subprocess.run(
+    exposition = run_owned(
         [
             sys.executable,
             "-c",
@@ -178,11 +179,11 @@ def test_the_engine_and_learner_metrics_pass_promtool_check_metrics():
         ],
         cwd=REPO,
         capture_output=True,
-        timeout=120,
+        timeout_s=120,
         check=True,
     ).stdout
     assert b"# TYPE shellrl_gpu_memory_bytes gauge" in exposition
-    done = subprocess.run(
-        ["promtool", "check", "metrics"], input=exposition, capture_output=True, timeout=60
+    done = run_owned(
+        ["promtool", "check", "metrics"], input=exposition, capture_output=True, timeout_s=60
     )
     assert done.returncode == 0, (done.stdout + done.stderr).decode()

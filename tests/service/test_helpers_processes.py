@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -32,6 +33,31 @@ def _pids_with_env(name: str, value: str) -> list[int]:
             if f"{name}={value}".encode() in environ:
                 pids.append(int(entry))
     return pids
+
+
+# A process started any other way survives a SIGKILLed pytest. Not matched: os.fork, which helper
+# scripts use inside a process that was started owned (its forks stay in its group and environment).
+_SPAWN = re.compile(
+    r"\bsubprocess\.(Popen|run|call|check_call|check_output|getoutput|getstatusoutput)\("
+    r"|\bcreate_subprocess_(exec|shell)\(|\bos\.(system|popen|spawn\w*|posix_spawnp?)\("
+)
+# the mechanism itself, and the session whose family leaves its group on purpose
+_SPAWNS_ITSELF = {"tests/helpers/owned_processes.py", "tests/helpers/session_to_kill.py"}
+
+
+def test_every_process_a_test_starts_goes_through_popen_owned():
+    """tests/ starts processes only with popen_owned / run_owned (or a helper built on them)."""
+    found = [
+        f"{path.relative_to(REPO)}:{n}: {line.strip()}"
+        for path in sorted((REPO / "tests").rglob("*.py"))
+        if path.relative_to(REPO).as_posix() not in _SPAWNS_ITSELF
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if _SPAWN.search(line)
+    ]
+    assert not found, (
+        "start it with tests/helpers/owned_processes.py (popen_owned, run_owned):\n"
+        + ("\n".join(found))
+    )
 
 
 def test_a_service_that_is_not_ready_in_time_is_stopped_not_leaked(tmp_path):

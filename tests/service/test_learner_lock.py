@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -17,6 +16,7 @@ import redis
 
 from services.learner.learner_lock import LearnerLock, LearnerLockHeld
 from shellrl.streams.keys import LEARNER_LOCK_KEY
+from tests.helpers.owned_processes import run_owned
 
 
 @pytest.fixture
@@ -31,8 +31,8 @@ def lock(client, name: str, ttl_s: float = 1.0) -> LearnerLock:
 
 
 def dead_pid() -> int:
-    done = subprocess.run(
-        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True
+    done = run_owned(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, timeout_s=60
     )
     return int(done.stdout)
 

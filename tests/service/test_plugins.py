@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 
 import httpx
 import pytest
 
+from tests.helpers.owned_processes import run_owned
 from tests.helpers.processes import REPO, ServiceProcess
 from tests.helpers.redis_server import free_port
 
@@ -31,7 +31,7 @@ def plugin_path(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("plugin")
     source, target = tmp / "src", tmp / "site"
     shutil.copytree(EXAMPLE, source)  # the build writes build/ and *.egg-info next to the source
-    subprocess.run(
+    run_owned(
         [
             sys.executable,
             "-m",
@@ -47,7 +47,7 @@ def plugin_path(tmp_path_factory):
         ],
         check=True,
         capture_output=True,
-        timeout=300,
+        timeout_s=300,
     )
     assert list(target.glob("shellrl_plugin_example-*.dist-info"))
     return str(target)
@@ -59,13 +59,13 @@ def python_env(plugin_path: str) -> dict[str, str]:
 
 def run_python(plugin_path: str, code: str) -> dict:
     """Run `code` (which prints one JSON line last) with the plug-in importable; its output."""
-    done = subprocess.run(
+    done = run_owned(
         [sys.executable, "-c", code],
         cwd=REPO,
         env=python_env(plugin_path),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout_s=120,
     )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])

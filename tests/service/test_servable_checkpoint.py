@@ -20,6 +20,7 @@ from services.learner.trainer import Trainer, TrainerConfig
 from shellrl.models import load_model, load_tokenizer, resolve_model_path
 from shellrl.rl.batch import build_batch
 from tests.helpers.logprob_reference import compute
+from tests.helpers.owned_processes import run_owned
 from tests.helpers.processes import REPO, ServiceProcess
 from tests.helpers.redis_server import free_port
 from tests.unit.test_rl_logprobs import make_samples
@@ -48,12 +49,12 @@ def checkpoint(tmp_path_factory):
 
 
 def shellrl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return run_owned(
         [sys.executable, "-m", "cli.main", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout_s=300,
     )
 
 

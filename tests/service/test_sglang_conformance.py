@@ -20,13 +20,14 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
-import subprocess
 import sys
 
 import httpx
 import pydantic
 import pytest
 import torch
+
+from tests.helpers.owned_processes import run_owned
 
 if (
     importlib.util.find_spec("sglang") is None
@@ -180,13 +181,13 @@ async def test_every_tensor_push_decodes_with_sglangs_own_code_bit_for_bit_for_e
             assert torch.equal(_bits(tensor), _bits(expected[name])), name
 
         last = bodies[-1]["serialized_named_tensors"][0]  # a second process reads the shared memory
-        out = subprocess.run(
+        out = run_owned(
             [sys.executable, "-c", DECODE_IN_ANOTHER_PROCESS],
             input=last,
             cwd=REPO,
             text=True,
             capture_output=True,
-            timeout=120,
+            timeout_s=120,
         )
         assert out.returncode == 0, out.stderr[-3000:]
         assert [tuple(p) for p in json.loads(out.stdout)] == _digests(received[-1])

@@ -21,19 +21,20 @@ from cli.stack_config import (
     device_env,
     resolve_gpu_layout,
 )
+from tests.helpers.owned_processes import run_owned
 from tests.helpers.processes import REPO
 
 
 def shellrl_without_gpu(*args: str) -> subprocess.CompletedProcess:
     """The real command, with every GPU hidden (so the test means the same on a GPU host)."""
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    return subprocess.run(
+    return run_owned(
         [sys.executable, "-m", "cli.main", *args],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout_s=120,
     )
 
 

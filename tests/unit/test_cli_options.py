@@ -15,16 +15,17 @@ from cli.config_file import apply_config
 from cli.errors import CliError
 from cli.main import build_parser, command_modules, parse
 from cli.model_path import check_model_path
+from tests.helpers.owned_processes import run_owned
 from tests.helpers.processes import REPO
 
 
 def shellrl(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
-    return subprocess.run(
+    return run_owned(
         [sys.executable, "-m", "cli.main", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout_s=120,
     )
 
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.owned_processes import run_owned
 
 REPO = Path(__file__).resolve().parents[2]
 PROTOS = sorted((REPO / "proto" / "shellrl" / "v1").glob("*.proto"))
@@ -15,7 +16,7 @@ PROTOS = sorted((REPO / "proto" / "shellrl" / "v1").glob("*.proto"))
 def test_generated_protobuf_code_is_not_stale(tmp_path):
     pytest.importorskip("grpc_tools")
     assert PROTOS, "no .proto files found"
-    subprocess.run(
+    run_owned(
         [
             sys.executable,
             "-m",
@@ -28,6 +29,7 @@ def test_generated_protobuf_code_is_not_stale(tmp_path):
         ],
         check=True,
         capture_output=True,
+        timeout_s=120,
     )
     stale = []
     for proto in PROTOS:

@@ -1,5 +1,4 @@
 import os
-import subprocess
 import sys
 
 import torch
@@ -9,14 +8,16 @@ from services.learner.weight_transport import (
     remove_orphan_segments,
     split_buckets,
 )
+from tests.helpers.owned_processes import run_owned
 
 
 def test_orphan_segments_of_dead_learners_are_removed_and_live_ones_kept(tmp_path):
-    dead = subprocess.run(
+    dead = run_owned(
         [sys.executable, "-c", "import os; print(os.getpid())"],
         capture_output=True,
         text=True,
         check=True,
+        timeout_s=120,
     )
     dead_pid = int(dead.stdout)
     (tmp_path / f"shellrl_w_{dead_pid}_abc123").write_bytes(b"x")

@@ -26,6 +26,7 @@ from services.verifier.reward_components import (
 )
 from services.verifier.rewards import Shaping, compute_reward
 from shellrl.contract import ToolEvent, task_from_json
+from tests.helpers.owned_processes import run_owned
 
 TASK = task_from_json(
     {
@@ -132,8 +133,8 @@ def traced(tmp_path: Path, command: str) -> tuple[subprocess.CompletedProcess, l
         (state / name).touch()
     (tmp_path / "cmd").write_text(command + "\0")
     prelude = bash_prelude(LIMITS, f"< {tmp_path / 'cmd'}", str(state))
-    done = subprocess.run(
-        ["bash", "-c", prelude], capture_output=True, text=True, cwd=tmp_path, timeout=10
+    done = run_owned(
+        ["bash", "-c", prelude], capture_output=True, text=True, cwd=tmp_path, timeout_s=10
     )
     trace = read_trace(state)
     return done, argv_safety_events(trace, POLICY, POLICY.evaluate(command), False)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import stat
-import subprocess
 import sys
 
 import httpx
@@ -19,6 +18,7 @@ from shellrl.clients.sandbox import SandboxBadRequest, SandboxClient
 from shellrl.service.app import create_app
 from shellrl.service.auth import OPEN_PATHS, new_token
 from shellrl.service.settings import ServiceSettings
+from tests.helpers.owned_processes import run_owned
 from tests.helpers.processes import REPO
 
 TOKEN = "test-token-0123456789abcdef"
@@ -118,13 +118,13 @@ def test_settings_take_one_token_source_and_never_show_it(tmp_path, monkeypatch)
 
 def test_a_service_without_a_token_refuses_to_start_naming_the_settings():
     env = {"PATH": "/usr/bin:/bin", "SHELLRL_PORT": "1"}
-    done = subprocess.run(
+    done = run_owned(
         [sys.executable, "-m", "services.verifier"],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout_s=120,
     )
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "no API token: set SHELLRL_API_TOKEN or SHELLRL_API_TOKEN_FILE" in done.stderr

@@ -150,19 +150,19 @@ def test_a_services_own_field_with_its_name_in_front_is_a_typo_but_its_aliases_p
 
 
 def test_a_service_started_with_a_bad_setting_exits_with_one_line_naming_it():
-    import subprocess
     import sys
 
+    from tests.helpers.owned_processes import run_owned
     from tests.helpers.processes import REPO
 
     env = {"PATH": "/usr/bin:/bin", "SHELLRL_NUM_THREAD": "1", "SHELLRL_PORT": "99999"}
-    done = subprocess.run(
+    done = run_owned(
         [sys.executable, "-m", "services.verifier"],
         cwd=REPO,
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout_s=60,
     )
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "SHELLRL_PORT: Input should be less than or equal to 65535" in done.stderr

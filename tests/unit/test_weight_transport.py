@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import torch
 from shellrl.weights import bucket as wt
 from shellrl.weights import disk as wtd
 from shellrl.weights import shm
+from tests.helpers.owned_processes import run_owned
 
 
 def _tensors():
@@ -73,12 +73,12 @@ def test_shared_memory_bucket_is_read_by_another_process_and_unlinked_on_close(t
     with shm.SharedMemoryBucket(tensors) as bucket:
         payload = json.loads(bucket.payload())
         assert payload["transport"] == "shm" and os.path.exists(f"/dev/shm/{bucket.name}")
-        subprocess.run(
+        run_owned(
             [sys.executable, "-c", reader, str(tmp_path / "out.pt")],
             input=bucket.payload(),
             text=True,
             check=True,
-            timeout=60,
+            timeout_s=60,
         )
         assert os.path.exists(f"/dev/shm/{bucket.name}"), (
             "the reader must not unlink the learner's segment"

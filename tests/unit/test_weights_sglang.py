@@ -7,7 +7,6 @@ from __future__ import annotations
 import base64
 import os
 import pickle
-import subprocess
 import sys
 
 import pytest
@@ -18,6 +17,7 @@ from shellrl.weights import distributed as wdist
 from shellrl.weights import safe_unpickle as wsu
 from shellrl.weights import sglang as wsg
 from shellrl.weights.bucket import unflatten_tensors
+from tests.helpers.owned_processes import run_owned
 
 
 def _named():
@@ -125,8 +125,8 @@ def test_cpu_tensors_shared_by_file_descriptor_are_refused_with_the_reason():
         "from multiprocessing.reduction import ForkingPickler\n"
         "b = io.BytesIO(); ForkingPickler(b).dump(torch.ones(4)); print(base64.b64encode(b.getvalue()).decode())"
     )
-    entry = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    entry = run_owned(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout_s=120
     ).stdout.strip()
     with pytest.raises(wsu.EnvelopeError, match="file descriptor|file_system"):
         wsu.deserialize(entry)

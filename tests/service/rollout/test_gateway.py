@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
 import sys
 import time
 
@@ -23,6 +22,7 @@ import redis as sync_redis
 from shellrl.contract import Failure, SegmentKind, parse_trajectory, trajectory_arrays
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY, STREAM_EPISODES
 from shellrl.streams.keys import ADMITTED_KEY
+from tests.helpers.owned_processes import run_owned
 from tests.helpers.processes import REPO, ServiceProcess
 from tests.helpers.redis_server import free_port
 from tests.helpers.waiting import wait_until
@@ -264,8 +264,8 @@ def test_submit_cli_posts_a_task_file_and_names_the_bad_line(stack, tmp_path):
     path = tmp_path / "tasks.jsonl"
     path.write_text("\n".join(json.dumps(t) for t in good) + "\n\n")
     cli = [sys.executable, "-m", "cli.main", "submit", str(path), "--url", stack["gateway"].url]
-    first = subprocess.run(cli, check=False, capture_output=True, text=True, cwd=REPO, timeout=60)
-    again = subprocess.run(cli, check=False, capture_output=True, text=True, cwd=REPO, timeout=60)
+    first = run_owned(cli, check=False, capture_output=True, text=True, cwd=REPO, timeout_s=60)
+    again = run_owned(cli, check=False, capture_output=True, text=True, cwd=REPO, timeout_s=60)
     assert first.returncode == 0 and "3 created, 0 duplicates, 0 errors" in first.stdout, (
         first.stderr
     )
@@ -273,7 +273,7 @@ def test_submit_cli_posts_a_task_file_and_names_the_bad_line(stack, tmp_path):
     path.write_text(
         json.dumps(good[0]) + "\n" + json.dumps({**good[1], "check": {"type": "nope"}}) + "\n"
     )
-    bad = subprocess.run(cli, check=False, capture_output=True, text=True, cwd=REPO, timeout=60)
+    bad = run_owned(cli, check=False, capture_output=True, text=True, cwd=REPO, timeout_s=60)
     assert bad.returncode == 1 and f"{path}:2: check.type: unknown check type 'nope'" in bad.stderr
     page = stack["http"].get("/v1/tasks", params={"split": "eval", "limit": 2}).json()
     assert [t["task_id"] for t in page["tasks"]] == ["eval-0", "eval-1"] and page["total"] == 3

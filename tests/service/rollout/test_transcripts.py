@@ -24,6 +24,7 @@ from shellrl.contract.trajectory import set_check_results
 from shellrl.streams import STREAM_EVALUATIONS, STREAM_TRAJECTORIES, StreamProducer
 from shellrl.streams import idempotency_key as idem_key
 from shellrl.v1.trajectory_pb2 import EpisodeEnd, Failure, ToolEvent, Trajectory
+from tests.helpers.owned_processes import run_owned
 from tests.helpers.processes import REPO, ServiceProcess
 from tests.helpers.redis_server import free_port
 from tests.service.rollout.conftest import make_task
@@ -175,14 +176,14 @@ def test_an_unknown_id_is_404_naming_it_and_no_token_is_401(gateway, published):
 def show(gateway, *args: str, token: str = TOKEN) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SHELLRL_")}
     env.update(SHELLRL_API_TOKEN=token, COLUMNS="120")
-    return subprocess.run(
+    return run_owned(
         [sys.executable, "-m", "cli.main", "show", *args, "--url", gateway.url],
         check=False,
         capture_output=True,
         text=True,
         cwd=REPO,
         env=env,
-        timeout=60,
+        timeout_s=60,
     )
 
 
