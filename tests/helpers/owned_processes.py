@@ -55,6 +55,7 @@ class _Reaper:
         self.lock = threading.Lock()
         self.lines: list[bytes] = []  # every group registered, for a reaper started again
         self.write_fd: int | None = None
+        self.process: subprocess.Popen | None = None  # kept: never waited for while pytest runs
 
     def register(self, pgid: int) -> None:
         started = start_time(pgid)
@@ -75,7 +76,7 @@ class _Reaper:
     def _start(self) -> None:
         read_fd, write_fd = os.pipe()  # neither end is inherited by the processes pytest starts
         try:
-            subprocess.Popen(
+            self.process = subprocess.Popen(
                 [sys.executable, "-I", "-S", _REAPER_SCRIPT, self.owner],
                 stdin=read_fd,
                 stdout=subprocess.DEVNULL,
