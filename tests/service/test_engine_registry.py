@@ -45,9 +45,9 @@ def start_sidecar(engine_url: str, redis_url: str) -> subprocess.Popen:
 
 
 async def test_joined_restarted_and_leaving_engines_take_traffic_only_with_current_weights(
-    module_redis_server, tmp_path
+    redis_server, tmp_path
 ):
-    redis_url = module_redis_server.url
+    redis_url = redis_server.url
     a = registering_engine(redis_url, tmp_path, **ENGINE_ENV)  # registers itself
     plain = running_engine(tmp_path, **ENGINE_ENV)  # b: joins later through the sidecar
     with ThreadPoolExecutor(2) as pool:
@@ -142,10 +142,10 @@ async def _no_registration(learner: LearnerSide, url: str) -> bool:
 
 
 async def test_an_engine_serving_another_model_is_refused_and_the_refusal_names_it(
-    module_redis_server, tmp_path, caplog
+    redis_server, tmp_path, caplog
 ):
-    learner = LearnerSide(module_redis_server.url, tmp_path / "sync")
-    gateway = GatewaySide(module_redis_server.url)
+    learner = LearnerSide(redis_server.url, tmp_path / "sync")
+    gateway = GatewaySide(redis_server.url)
     smollm2 = {  # SmolLM2-135M's config: the engine at `url` serves it, the learner trains tiny
         "model_type": "llama",
         "vocab_size": 49152,
@@ -185,7 +185,7 @@ async def test_an_engine_serving_another_model_is_refused_and_the_refusal_names_
 
 
 async def test_a_seed_engine_that_restarted_is_out_of_rotation_until_updated(
-    module_redis_server, tmp_path
+    redis_server, tmp_path
 ):
     """A seed engine (SHELLRL_ENGINE_URLS, no registration) that now reports its initial weights
     while the learner had confirmed version 5 was restarted: the learner takes it out of rotation
@@ -196,8 +196,8 @@ async def test_a_seed_engine_that_restarted_is_out_of_rotation_until_updated(
 
     fake = ScriptedEngine(lambda body: None, weight_version="default")
     server = serve_in_thread(fake.app())
-    learner = LearnerSide(module_redis_server.url, tmp_path / "sync", seeds=[server.url])
-    gateway = GatewaySide(module_redis_server.url, seeds=[server.url])
+    learner = LearnerSide(redis_server.url, tmp_path / "sync", seeds=[server.url])
+    gateway = GatewaySide(redis_server.url, seeds=[server.url])
     try:
         state = learner.sync.engines[server.url]
         state.version, state.last_ok_at = "5", 1.0  # as after the push of version 5

@@ -1,8 +1,9 @@
 """Training a running stack (issue 22 item 3) and eval transcripts: a whole stack of real
 processes (Redis, an engine and a learner on the tiny model, sandbox, verifier, rollout gateway,
 bearer token on) that nothing in the test starts training on until `POST /v1/runs` does; then
-`shellrl run --attach URL` drives the main job's phases against it. Runs share the one learner, so
-the tests run in file order and each leaves no run training.
+`shellrl run --attach URL` drives the main job's phases against it. The stack is the module's
+(its learner is slow to start); each test finds it as a fresh one is (`stack`: the learner taking
+steps, no run training) and submits the tasks it needs.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def task(i: int, **fields) -> dict:
 
 
 @pytest.fixture(scope="module")
-def stack(module_redis_server, tmp_path_factory):
+def module_stack(module_redis_server, tmp_path_factory):
     logs, tmp = tmp_path_factory.mktemp("runs-logs"), tmp_path_factory.mktemp("runs")
     task_dir = tmp / "tasks"
     task_dir.mkdir()
@@ -102,6 +103,21 @@ def stack(module_redis_server, tmp_path_factory):
             shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.fixture
+def stack(module_stack):
+    """The module's stack as a test alone finds it: no run training (a failed test may leave one)
+    and the learner taking steps (an attached job pauses it at its end)."""
+    for run in api(module_stack, "GET", "/v1/runs").json()["runs"]:
+        if run["state"] == "training":
+            api(module_stack, "POST", f"/v1/runs/{run['run_id']}/stop").raise_for_status()
+    httpx.post(
+        f"{module_stack['learner'].url}/v1/resume",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=60,
+    ).raise_for_status()
+    return module_stack
+
+
 def api(stack, method: str, path: str, **kwargs) -> httpx.Response:
     return httpx.request(
         method,
@@ -159,17 +175,20 @@ def test_run_of_a_task_file_trains_its_steps_then_its_tasks_leave_the_pool(stack
 
 
 def test_a_stopped_run_ends_at_once_and_a_new_run_puts_known_tasks_back(stack):
-    body = {"tasks": [task(0), task(7)], "steps": 1000, "name": "long"}
+    known = api(stack, "POST", "/v1/runs", json={"tasks": [task(6)], "steps": 1000}).json()
+    assert api(stack, "POST", f"/v1/runs/{known['run_id']}/stop").json()["state"] == "stopped"
+    assert api(stack, "GET", "/v1/tasks/run-task-6").json()["state"] == "retired"
+    body = {"tasks": [task(6), task(7)], "steps": 1000, "name": "long"}
     r = api(stack, "POST", "/v1/runs", json=body)
     assert r.status_code == 201, r.text
     run = r.json()
     assert run["submitted"] == {"created": 1, "duplicates": 1, "repooled": 1}
-    other = {"tasks": [task(8), task(0, instruction="Something else.")], "steps": 1}
+    other = {"tasks": [task(8), task(6, instruction="Something else.")], "steps": 1}
     assert error_field(api(stack, "POST", "/v1/runs", json=other), 409) == "run"
     stopped = api(stack, "POST", f"/v1/runs/{run['run_id']}/stop").json()
     assert stopped["state"] == "stopped" and stopped["name"] == "long"
     assert api(stack, "GET", "/v1/tasks/run-task-7").json()["state"] == "retired"
-    conflict = api(stack, "POST", "/v1/runs", json=other)  # run-task-0 holds other content
+    conflict = api(stack, "POST", "/v1/runs", json=other)  # run-task-6 holds other content
     assert error_field(conflict, 409) == "tasks[1].task_id"
     assert api(stack, "GET", "/v1/tasks/run-task-8").status_code == 404  # nothing stored
 
