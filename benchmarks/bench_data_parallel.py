@@ -8,9 +8,9 @@ Rows: 1 rank as the learner runs alone (no FSDP), 1 rank with FSDP2 on (a proces
 what sharding itself costs), 2 ranks with FSDP2. Also the gather of the full weights that a
 weight push reads (`DataParallel.weights`).
 
-SmolLM2-135M-Instruct in float32 (`--quick`: the tiny test model), `--steps` steps of
-`--trajectories` trajectories of ~`--tokens` tokens after one warm-up step; micro-batch 4,
-gradient checkpointing (the learner's defaults).
+SmolLM2-135M-Instruct in float32, `--steps` steps of `--trajectories` trajectories of ~`--tokens`
+tokens after one warm-up step; micro-batch 4, gradient checkpointing (the learner's defaults).
+`--quick`: the tiny test model, one step of 4 trajectories of ~64 tokens, the 1-rank and 2-rank rows.
 """
 
 from __future__ import annotations
@@ -137,7 +137,11 @@ def run_config(nproc: int, fsdp: str, args) -> dict:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_data_parallel")
-    parser.add_argument("--quick", action="store_true", help="tiny model, short sequences")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny model, 1 step of 4 short trajectories, 1 rank and 2 ranks (a smoke run)",
+    )
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--trajectories", type=int, default=8)
@@ -150,8 +154,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.worker:
         worker(args)
         return
+    configs = CONFIGS
     if args.quick:
-        args.model, args.tokens = "tiny", 64
+        args.model, args.tokens, args.steps, args.trajectories = "tiny", 64, 1, 4
+        configs = (CONFIGS[0], CONFIGS[-1])
 
     from rich.console import Console
     from rich.table import Table
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
     for column in (*columns, "vs 1 rank, CPU", "gather s"):
         table.add_column(column, justify="left" if column == "ranks" else "right")
     base = base_cpu = None
-    for name, nproc, fsdp in CONFIGS:
+    for name, nproc, fsdp in configs:
         result = run_config(nproc, fsdp, args)
         steps = result["steps"]
         total_s = sum(r["seconds"] for r in steps)

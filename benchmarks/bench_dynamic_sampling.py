@@ -22,7 +22,7 @@ the budget, episodes generated per trained group, groups dropped stale, and the 
 spent on templates whose pass rate is below 10 %.
 
 Run: `python -m benchmarks dynamic_sampling` (or `python -m benchmarks.bench_dynamic_sampling
---seeds 3 --learning-logit 0.15`).
+--seeds 3 --learning-logit 0.15`; `--quick`: 1 seed, 2 simulated minutes).
 """
 
 from __future__ import annotations
@@ -241,10 +241,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--steering-window", type=int, default=32, help="episodes of a template's pass rate"
     )
+    parser.add_argument(
+        "--minutes", type=float, default=20.0, help="simulated training time per run"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="1 seed, 2 simulated minutes (a smoke run: seconds)"
+    )
     args = parser.parse_args(argv)
-    overrides = {"learning_logit": args.learning_logit, "steering_window": args.steering_window}
+    if args.quick:
+        args.seeds, args.minutes = 1, 2.0
+    overrides = {
+        "learning_logit": args.learning_logit,
+        "steering_window": args.steering_window,
+        "budget_s": 60 * args.minutes,
+    }
     results = asyncio.run(run(args.seeds, **overrides))
-    print(f"seeds {args.seeds}, {overrides}, 20 min simulated\n")
+    print(f"seeds {args.seeds}, {overrides}, {args.minutes:g} min simulated\n")
     print(table(results))
 
 

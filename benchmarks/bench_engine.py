@@ -1,4 +1,5 @@
-"""Engine benchmarks (issue 4): `python -m benchmarks.bench_engine [--quick] [--threads N]`.
+"""Engine benchmarks (issue 4): `python -m benchmarks.bench_engine [--quick] [--threads N]`
+(`--quick`: the tiny test model, fewer levels, requests and pushes: a smoke run of seconds).
 
 Every measurement goes through a real `python -m services.engine` process with SmolLM2-135M-Instruct
 and the real `EngineClient` over HTTP; each table compares against a baseline of the same run.
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import os
 import random
 import shutil
@@ -28,6 +30,7 @@ import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from rich.console import Console
@@ -44,9 +47,9 @@ from tests.helpers.redis_server import free_port  # noqa: E402
 console = Console()
 
 
-def start_engine(log_dir: Path, threads: int, *args: str) -> ServiceProcess:
+def start_engine(log_dir: Path, threads: int, *args: str, model: str = "smollm2") -> ServiceProcess:
     env = {
-        "SHELLRL_MODEL_PATH": "smollm2",
+        "SHELLRL_MODEL_PATH": model,
         "SHELLRL_LOG_LEVEL": "WARNING",
         "SHELLRL_NUM_THREADS": str(threads),
     }
@@ -65,7 +68,9 @@ async def _wave(client: EngineClient, prompts: list[list[int]], params: dict) ->
     return sum(len(r.output_ids) for r in results), time.perf_counter() - start
 
 
-async def bench_batching(url: str, levels: list[int], new_tokens: int, rounds: int) -> Table:
+async def bench_batching(
+    url: str, levels: list[int], new_tokens: int, rounds: int, model: str = "smollm2"
+) -> Table:
     """Levels interleaved over `rounds` rounds (a noisy shared machine hits all levels alike)."""
     rng = random.Random(0)
     params = {"max_new_tokens": new_tokens, "temperature": 1.0, "ignore_eos": True}
@@ -77,7 +82,7 @@ async def bench_batching(url: str, levels: list[int], new_tokens: int, rounds: i
                 tokens, wall = await _wave(client, [_prompt(rng, 64) for _ in range(level)], params)
                 rates[level].append(tokens / wall)
     table = Table(
-        title=f"Engine batching: output tokens/s (SmolLM2-135M, 64-token prompts, {new_tokens} new "
+        title=f"Engine batching: output tokens/s ({model}, 64-token prompts, {new_tokens} new "
         f"tokens, median and best of {rounds} interleaved rounds)"
     )
     for column in (
@@ -97,6 +102,7 @@ async def bench_batching(url: str, levels: list[int], new_tokens: int, rounds: i
 
 
 async def _episodes(url: str, requests: int) -> float:
+    """Wall seconds of `requests` concurrent requests sharing a 300-token prefix."""
     rng = random.Random(1)
     shared = _prompt(rng, 300)
     prompts = [shared + _prompt(rng, 20) for _ in range(requests)]
@@ -108,7 +114,7 @@ async def _episodes(url: str, requests: int) -> float:
     return wall
 
 
-async def bench_weight_update(url: str, repeats: int) -> Table:
+async def bench_weight_update(url: str, repeats: int, model: str = "smollm2") -> Table:
     """Each transport's pushes run back to back, after one warm-up push of its own, as one learner's
     would (the engine keeps the last segment it mapped, so interleaving transports would measure a
     mapping per push that no learner pays)."""
@@ -118,7 +124,7 @@ async def bench_weight_update(url: str, repeats: int) -> Table:
     from shellrl.weights import disk as wtd
     from shellrl.weights import shm
 
-    named = [(n, p.detach().clone()) for n, p in load_model("smollm2").named_parameters()]
+    named = [(n, p.detach().clone()) for n, p in load_model(model).named_parameters()]
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     times: dict[str, list[float]] = {
         "kept": [],
@@ -234,7 +240,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_engine", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--quick", action="store_true", help="fewer tokens and repeats (smoke run)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the tiny test model, 1 and 4 requests of 8 tokens, 8 prefix requests, 1 push "
+        "(a smoke run: seconds)",
+    )
+    parser.add_argument("--model", default="smollm2", help="smollm2, tiny or a HF directory")
     parser.add_argument(
         "--threads", type=int, default=0, help="engine torch threads (0: torch's default)"
     )
@@ -243,33 +255,57 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", choices=("batching", "prefix", "weights"), action="append")
     args = parser.parse_args(argv)
     parts = args.only or ["batching", "prefix", "weights"]
-    new_tokens = 16 if args.quick else 32
-    repeats, rounds = (1, 1) if args.quick else (args.repeats, args.rounds)
+    new_tokens, levels, prefix_requests = 32, [1, 4, 8, 16], 32
+    repeats, rounds = args.repeats, args.rounds
+    if args.quick:
+        args.model, new_tokens, levels, prefix_requests, repeats, rounds = (
+            "tiny",
+            8,
+            [1, 4],
+            8,
+            1,
+            1,
+        )
     console.print(
         f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
         f"engine threads: {args.threads or 'torch default'}"
     )
-    with tempfile.TemporaryDirectory() as logs:
-        engine = start_engine(Path(logs), args.threads)
+    with tempfile.TemporaryDirectory() as logs, ThreadPoolExecutor(1) as pool:
+        start_uncached = functools.partial(
+            start_engine, Path(logs), args.threads, "--disable-radix-cache", model=args.model
+        )
+        # a smoke run starts the engine without prefix cache while the first one is measured
+        uncached = pool.submit(start_uncached) if args.quick and "prefix" in parts else None
         try:
-            if "batching" in parts:
-                console.print(
-                    asyncio.run(bench_batching(engine.url, [1, 4, 8, 16], new_tokens, rounds))
-                )
-            if "prefix" in parts:
-                with_cache = asyncio.run(_episodes(engine.url, 32))
-            if "weights" in parts:
-                console.print(asyncio.run(bench_weight_update(engine.url, repeats)))
-        finally:
-            engine.stop()
-        if "prefix" in parts:
-            engine = start_engine(Path(logs), args.threads, "--disable-radix-cache")
+            engine = start_engine(Path(logs), args.threads, model=args.model)
             try:
-                without_cache = asyncio.run(_episodes(engine.url, 32))
+                if "batching" in parts:
+                    console.print(
+                        asyncio.run(
+                            bench_batching(engine.url, levels, new_tokens, rounds, model=args.model)
+                        )
+                    )
+                if "prefix" in parts:
+                    with_cache = asyncio.run(_episodes(engine.url, prefix_requests))
+                if "weights" in parts:
+                    console.print(
+                        asyncio.run(bench_weight_update(engine.url, repeats, model=args.model))
+                    )
+            finally:
+                engine.stop()
+        except BaseException:
+            if uncached is not None:
+                uncached.result().stop()
+            raise
+        if "prefix" in parts:
+            engine = uncached.result() if uncached is not None else start_uncached()
+            try:
+                without_cache = asyncio.run(_episodes(engine.url, prefix_requests))
             finally:
                 engine.stop()
             table = Table(
-                title="32 episode-like requests sharing a 300-token prefix (+20 own tokens, 16 new tokens)"
+                title=f"{prefix_requests} episode-like requests sharing a 300-token prefix "
+                "(+20 own tokens, 16 new tokens)"
             )
             for column in ("engine", "wall s", "speed-up"):
                 table.add_column(column, justify="right")

@@ -273,7 +273,11 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_engine_fleet", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--quick", action="store_true", help="tiny model, fewer rounds (smoke)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny model, 1 join, 1 round of 2 + 2 episodes x 2 turns (a smoke run)",
+    )
     parser.add_argument("--model", default="smollm2")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per engine")
     parser.add_argument("--episodes", type=int, default=8)
@@ -285,7 +289,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pushes", type=int, default=3)
     args = parser.parse_args(argv)
     if args.quick:
-        args.model, args.rounds, args.joins, args.pushes, args.episodes = "tiny", 2, 1, 1, 4
+        args.model, args.rounds, args.joins, args.pushes = "tiny", 1, 1, 1
+        args.episodes, args.turns, args.new_tokens, args.exec_ms = 2, 2, 16, 20.0
     console.print(
         f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; model "
         f"{args.model}, {args.threads} torch thread(s) per engine"

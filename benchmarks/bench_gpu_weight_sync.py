@@ -33,6 +33,7 @@ log-prob + backward at B=8, L=1000 (benchmarks/gpu_memory.py).
 
 Run (on the lent nvidia-h200-x2): `python -m benchmarks.bench_gpu_weight_sync --out DIR`; writes
 DIR/results.json and DIR/results.md. Without CUDA it prints a skip line and returns (make bench).
+`--quick`: the 0.5B shape, paths b and w, 2 updates, 2 parity prompts (a smoke run).
 """
 
 from __future__ import annotations
@@ -470,7 +471,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--memory-shape", default="qwen2.5-0.5b")
     parser.add_argument("--work-dir", default="/tmp/shellrl-gpu-bench")
     parser.add_argument("--out", default="", help="directory for results.json and results.md")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="Qwen2.5-0.5B's shape only, paths b and w, 2 updates, 2 parity prompts of 16 tokens "
+        "(a smoke run)",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.shapes, args.paths, args.updates = "qwen2.5-0.5b", "bw", 2
+        args.parity_prompts, args.parity_new_tokens = 2, 16
     import torch
 
     needed = [

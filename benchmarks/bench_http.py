@@ -7,7 +7,7 @@ configuration `--rounds` times interleaved, with the ratio to h11 (uvicorn's pur
 the same round. shellrl's services run with uvicorn's default choice, which is httptools when it is
 installed (a dependency since 2026-11-30); uvloop is not a dependency.
 
-Run: `python -m benchmarks http`.
+Run: `python -m benchmarks http` (`--quick`: 50 requests, 1 round).
 """
 
 from __future__ import annotations
@@ -60,7 +60,12 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--requests", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--quick", action="store_true", help="50 requests, 1 round (a smoke run: seconds)"
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.requests, args.rounds = 50, 1
     configs = [("asyncio", "h11"), ("asyncio", "httptools")]
     if importlib.util.find_spec("uvloop"):
         configs.append(("uvloop", "httptools"))

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import multiprocessing as mp
 import os
 import statistics
@@ -181,7 +182,12 @@ def measure_memory(
 
 
 async def bench_step_and_push(
-    trajectories: int, tokens: int, threads: int, repeats: int, log_dir: Path
+    trajectories: int,
+    tokens: int,
+    threads: int,
+    repeats: int,
+    log_dir: Path,
+    model_path: str = "smollm2",
 ):
     import torch
 
@@ -194,13 +200,13 @@ async def bench_step_and_push(
 
     torch.set_num_threads(threads)
     env = {
-        "SHELLRL_MODEL_PATH": "smollm2",
+        "SHELLRL_MODEL_PATH": model_path,
         "SHELLRL_LOG_LEVEL": "WARNING",
         "SHELLRL_NUM_THREADS": str(threads),
     }
     engine = ServiceProcess("engine", free_port(), env, log_dir).start(ready_timeout_s=300)
     try:
-        model = load_model("smollm2", dtype=torch.float32)
+        model = load_model(model_path, dtype=torch.float32)
         trainer = Trainer(model, TrainerConfig(micro_batch_size=4))
         batch = make_batch(trajectories, tokens)
         t0 = time.perf_counter()
@@ -230,8 +236,12 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m benchmarks.bench_learner", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
-        "--quick", action="store_true", help="4 trajectories of ~256 tokens, 1 push repeat"
+        "--quick",
+        action="store_true",
+        help="the tiny test model, 2 trajectories of ~64 tokens, 1 push repeat, one memory "
+        "process per row (a smoke run)",
     )
+    parser.add_argument("--model", default="smollm2", help="smollm2, tiny or a HF directory")
     parser.add_argument("--trajectories", type=int, default=16)
     parser.add_argument("--tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
@@ -242,16 +252,16 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     reexec_with_jemalloc("benchmarks.bench_learner", list(sys.argv[1:] if argv is None else argv))
     if args.quick:
-        args.trajectories, args.tokens, args.repeats = 4, 256, 1
+        args.model, args.trajectories, args.tokens, args.repeats = "tiny", 2, 64, 1
     b, n = args.trajectories, args.tokens
     with tempfile.TemporaryDirectory(prefix="bench_learner_") as tmp:
         recompute, result, pushes, loss_tokens = asyncio.run(
-            bench_step_and_push(b, n, args.threads, args.repeats, Path(tmp))
+            bench_step_and_push(b, n, args.threads, args.repeats, Path(tmp), args.model)
         )
     fwd_bwd, push = result.duration_s, pushes["shm"]["total"]
     total = recompute + fwd_bwd + push
     table = Table(
-        title=f"Learner step, SmolLM2-135M float32, {b} trajectories x ~{n} tokens "
+        title=f"Learner step, {args.model} float32, {b} trajectories x ~{n} tokens "
         f"({loss_tokens} loss tokens), {args.threads} threads"
     )
     for column in ("phase", "seconds", "share of step"):
@@ -273,12 +283,16 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(("per-sequence float32, glibc malloc", "per_sequence", False))
     results = []
     for name, mode, jemalloc in rows:
-        rss, _, seconds = measure_memory(mode, b, n, args.threads, jemalloc=jemalloc)
-        tensors = (
-            measure_memory(mode, b, n, args.threads, profile_tensors=True, jemalloc=jemalloc)[1]
-            if jemalloc
-            else 0
+        measure = functools.partial(
+            measure_memory, mode, b, n, args.threads, model_path=args.model, jemalloc=jemalloc
         )
+        if (
+            args.quick
+        ):  # one process per row: RSS of the profiled pass (the profiler's own is in it)
+            rss, tensors, seconds = measure(profile_tensors=jemalloc)
+        else:
+            rss, _, seconds = measure()
+            tensors = measure(profile_tensors=True)[1] if jemalloc else 0
         results.append((name, rss, tensors, seconds))
     base_rss, base_tensors = results[0][1], results[0][2]
     table = Table(

@@ -11,7 +11,8 @@ and checks that the shared-prefix log-probs equal the full forward's. The prompt
 service's real one (services/rollout/prompt.py) for a generated task; responses are random tokens of
 `--response-tokens` (the agent's actions and tool outputs).
 
-Run: `python -m benchmarks prefix_sharing` (or `make bench ARGS="prefix_sharing"`).
+Run: `python -m benchmarks prefix_sharing` (or `make bench ARGS="prefix_sharing"`; `--quick`: the
+tiny test model, a group of 2).
 """
 
 from __future__ import annotations
@@ -39,7 +40,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model-path", default="smollm2")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the tiny test model, G=2, ~16 own tokens, 1 repeat (a smoke run: seconds)",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.model_path, args.group_size, args.response_tokens, args.repeats = "tiny", 2, 16, 1
     torch.set_num_threads(args.threads)
 
     from services.rollout.prompt import ChatFormat, load_chat_tokenizer

@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from services.rollout import worker as rollout_worker
 from services.rollout.admission import Admission
 from services.rollout.agent_loop import AgentLoop, EpisodeLimits, EpisodeSpec
 from services.rollout.app import connect_redis
@@ -66,21 +67,29 @@ console = Console(width=150)
 # --- 1. gateway overhead ---------------------------------------------------------------------------
 
 
-def _start(module: str, port: int, *extra: str) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", module, "--port", str(port), *extra],
-        cwd=REPO,
-        env={**os.environ, "SHELLRL_AUTH_DISABLED": "true"},  # a local benchmark's own services
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
+def _start(*commands: tuple[str, int, tuple[str, ...]]) -> list[subprocess.Popen]:
+    """`python -m <module> --port <port> <extra>` for each (module, port, extra), started
+    together; returns once every one answers /readyz (RuntimeError, all killed, when one fails)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", module, "--port", str(port), *extra],
+            cwd=REPO,
+            env={**os.environ, "SHELLRL_AUTH_DISABLED": "true"},  # the benchmark's own services
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        for module, port, extra in commands
+    ]
     try:
-        wait_until_ready(f"http://127.0.0.1:{port}", 60, process=proc, what=module, poll_s=0.1)
+        for proc, (module, port, _) in zip(procs, commands, strict=True):
+            wait_until_ready(f"http://127.0.0.1:{port}", 60, process=proc, what=module, poll_s=0.1)
     except RuntimeError:
-        proc.kill()
+        for proc in procs:
+            proc.kill()
+            proc.wait(10)
         raise
-    return proc
+    return procs
 
 
 @dataclass
@@ -177,16 +186,21 @@ async def _agent_turns(
 
 
 async def bench_overhead(
-    concurrency: int, duration_s: float, turns: int, transport: str = "aiohttp (as shipped)"
+    concurrency: int,
+    duration_s: float,
+    turns: int,
+    transport: str = "aiohttp (as shipped)",
+    single_s: float = 2.0,
 ) -> OverheadResult:
-    """transport: a key of TRANSPORTS, used under both clients."""
+    """transport: a key of TRANSPORTS, used under both clients. `duration_s`: each concurrent run;
+    `single_s`: each single-episode latency run (a warm-up of min(1, duration_s) s first)."""
     engine_port, sandbox_port = free_port(), free_port()
     redis_dir = tempfile.mkdtemp(prefix="bench-rollout-redis-")
     redis_server = RedisServer(Path(redis_dir)).start()
-    procs = [
-        _start("tests.fakes.fake_engine", engine_port, "--model-path", "tiny"),
-        _start("tests.fakes.fake_sandbox", sandbox_port),
-    ]
+    procs = _start(
+        ("tests.fakes.fake_engine", engine_port, ("--model-path", "tiny")),
+        ("tests.fakes.fake_sandbox", sandbox_port, ()),
+    )
     try:
         chat = ChatFormat.from_tokenizer(load_chat_tokenizer("tiny"))
         redis = connect_redis(redis_server.url, concurrency + 32)
@@ -203,17 +217,16 @@ async def bench_overhead(
                 engine, sandbox, chat, EpisodeLimits(max_turns=turns, max_context_tokens=8192)
             )
             prompt = chat.prompt_ids("Print the number of files in this directory.")
-            await _bare_pairs(
-                engine, sandbox, prompt, 4, 1.0
-            )  # warm up connections and both servers
+            # warm up connections and both servers
+            await _bare_pairs(engine, sandbox, prompt, 4, min(1.0, duration_s))
             pairs_per_s, cpu_pair = await _bare_pairs(
                 engine, sandbox, prompt, concurrency, duration_s
             )
             turns_per_s, cpu_ms, episodes = await _agent_turns(
                 agent, producer, concurrency, duration_s, turns
             )
-            one_pair, _ = await _bare_pairs(engine, sandbox, prompt, 1, 2.0)
-            one_turns, _, _ = await _agent_turns(agent, producer, 1, 2.0, turns)
+            one_pair, _ = await _bare_pairs(engine, sandbox, prompt, 1, single_s)
+            one_turns, _, _ = await _agent_turns(agent, producer, 1, single_s, turns)
         await redis.aclose()
     finally:
         for proc in procs:
@@ -365,6 +378,8 @@ async def bench_tail(
     finished = sum(1 for s, e in engine.busy_s if e <= end)
     busy = sum(max(0.0, min(e, end) - max(s, start)) for s, e in engine.busy_s)
     await worker.drain(0.0)
+    if rollout_worker._BOOKKEEPING:  # the cancelled groups' hand-offs, finishing in the background
+        await asyncio.wait(set(rollout_worker._BOOKKEEPING), timeout=10)
     stop.set()
     await cancel_and_wait(*background)
     await redis.aclose()
@@ -397,18 +412,23 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--async-staleness", type=int, nargs="+", default=[2, 4])
     parser.add_argument(
-        "--quick", action="store_true", help="short runs (a smoke test of the benchmark)"
+        "--quick",
+        action="store_true",
+        help="32 episodes x 4 turns for 1 s per run; tail episodes 0.1 s / 0.8 s in 3 s windows, "
+        "k=2 only (a smoke run: seconds)",
     )
     parser.add_argument("--skip-overhead", action="store_true")
     parser.add_argument("--skip-tail", action="store_true")
     args = parser.parse_args(argv)
+    single_s = 2.0
     if args.quick:
-        args.duration_s, args.tail_window_s, args.async_staleness = 3.0, 12.0, [2]
+        args.concurrency, args.turns, args.duration_s, single_s = 32, 4, 1.0, 0.5
+        args.tail_scale, args.tail_window_s, args.async_staleness = 0.01, 3.0, [2]
     console.print(f"[bold]Rollout gateway[/bold] on {os.cpu_count()} CPU cores")
 
     if not args.skip_overhead:
         rows = [
-            asyncio.run(bench_overhead(args.concurrency, args.duration_s, args.turns, t))
+            asyncio.run(bench_overhead(args.concurrency, args.duration_s, args.turns, t, single_s))
             for t in TRANSPORTS
         ]
         table = Table(

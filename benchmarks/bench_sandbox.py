@@ -10,7 +10,8 @@ started; through its HTTP API (shellrl.clients.sandbox) we measure:
   `--seconds`, commands/s.
 
 Baseline in the same run: plain `subprocess.run(["bash", "-c", "true"])` from this process.
-Run: `python -m benchmarks sandbox` or `python -m benchmarks.bench_sandbox --n 300`.
+Run: `python -m benchmarks sandbox` or `python -m benchmarks.bench_sandbox --n 300` (`--quick`: the
+default configuration, a few calls of each kind).
 """
 
 from __future__ import annotations
@@ -140,7 +141,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {list(CONFIGS)}"
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the default configuration only, 20 execs, 3 creates, 2 sessions for 1 s (seconds)",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.n, args.reps, args.sessions, args.seconds = 20, 3, 2, 1.0
+        args.configs = next(iter(CONFIGS))
     if os.geteuid() != 0:
         raise SystemExit("bench_sandbox needs root (the sandbox service does)")
     console = Console(width=200)

@@ -17,7 +17,8 @@ on, at most per-setup x tasks per service. Printed: start latency p50 / p90 / p9
 share of starts served warm, and episodes per second.
 
 Run: `python -m benchmarks sandbox_warm_pool` or
-`python -m benchmarks.bench_sandbox_warm_pool --groups 12 --episodes 48`.
+`python -m benchmarks.bench_sandbox_warm_pool --groups 12 --episodes 48` (`--quick`: the groups
+pattern with the first setup, pool off and on, one service).
 """
 
 from __future__ import annotations
@@ -121,7 +122,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hold-s", type=float, default=0.3, help="an episode's session time, s")
     parser.add_argument("--services", type=int, default=2, help="sandbox services in the fleet")
     parser.add_argument("--per-setup", type=int, default=2, help="warm sessions per setup (on)")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="groups pattern, first setup, pool off and on, 1 service, 3 groups of 2 (seconds)",
+    )
     args = parser.parse_args(argv)
+    patterns, setups = ("groups", "steady"), SETUPS
+    if args.quick:
+        args.services, args.groups, args.group_size, args.gap_s = 1, 3, 2, 0.2
+        args.tasks, args.hold_s, args.per_setup = 1, 0.05, 1
+        patterns, setups = ("groups",), dict(list(SETUPS.items())[:1])
     if os.geteuid() != 0:
         raise SystemExit("bench_sandbox_warm_pool needs root (the sandbox service does)")
     console = Console(width=200)
@@ -130,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     try:
         for pattern, (setup_name, setup), per_setup in itertools.product(
-            ("groups", "steady"), SETUPS.items(), (0, args.per_setup)
+            patterns, setups.items(), (0, args.per_setup)
         ):
             name = f"{pattern}, {setup_name}, pool {'on' if per_setup else 'off'}"
             tag = f"{len(results)}"
@@ -144,11 +155,14 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
+    shapes = {
+        "groups": f"groups: {args.groups} x {args.group_size} with {args.gap_s} s gaps",
+        "steady": f"steady: {args.episodes} episodes, {args.concurrency} in flight",
+    }
     table = Table(
         title=f"episode start (create + setup) over {args.services} sandbox services, "
-        f"{args.tasks} repeating setups, {args.hold_s} s per episode; groups: {args.groups} x "
-        f"{args.group_size} with {args.gap_s} s gaps; steady: {args.episodes} episodes, "
-        f"{args.concurrency} in flight"
+        f"{args.tasks} repeating setups, {args.hold_s} s per episode; "
+        + "; ".join(shapes[p] for p in patterns)
     )
     for col in (
         "pattern, setup, pool",

@@ -15,7 +15,8 @@ Wire forms of the same content, measured in the same run against a real redis-se
                            (built at run time from a descriptor; not part of the contract)
   JSON (orjson)            the same fields, per-token arrays as JSON lists
 
-Run: `python -m benchmarks streams` (or `python -m benchmarks.bench_streams --n 3000 --rounds 3`).
+Run: `python -m benchmarks streams` (or `python -m benchmarks.bench_streams --n 3000 --rounds 3`;
+`--quick`: protobuf and JSON, 100 trajectories, 1 round).
 """
 
 from __future__ import annotations
@@ -416,7 +417,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--role", choices=("producer", "consumer"), help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
     p.add_argument("--format", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="protobuf and JSON only, 100 trajectories, 1 round (a smoke run: seconds)",
+    )
     args = p.parse_args(argv)
+    if args.quick:
+        args.n, args.rounds, args.formats = 100, 1, "pb-bytes,json"
     if args.role:
         _child(args)
         return
@@ -428,7 +436,7 @@ def main(argv: list[str] | None = None) -> None:
     from tests.helpers.redis_server import RedisServer
 
     formats = [f for f in args.formats.split(",") if f]
-    micro = codec_micro()
+    micro = codec_micro(*((10, 2) if args.quick else ()))
     results: dict[str, list[dict]] = {f: [] for f in formats}
     with tempfile.TemporaryDirectory(prefix="shellrl-bench-redis-") as tmp:
         server = RedisServer(Path(tmp)).start()

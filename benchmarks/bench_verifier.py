@@ -15,7 +15,8 @@ verifications/s = episodes / (last scored_at - first XADD); latency per episode 
 XADD time (includes queueing). Baseline in the same run: `true` execs/s with the same number of
 concurrent sandbox sessions.
 
-Run: `python -m benchmarks verifier` (or `python -m benchmarks.bench_verifier --reps 50 --episodes 64`).
+Run: `python -m benchmarks verifier` (or `python -m benchmarks.bench_verifier --reps 50 --episodes 64`;
+`--quick`: 3 verifications per check type, 4 episodes).
 """
 
 from __future__ import annotations
@@ -181,7 +182,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--reps", type=int, default=40, help="verifications per check type")
     p.add_argument("--episodes", type=int, default=64, help="episodes through the stream")
     p.add_argument("--concurrency", type=int, default=8, help="verifier worker concurrency")
+    p.add_argument(
+        "--quick", action="store_true", help="3 verifications per check, 4 episodes (seconds)"
+    )
     args = p.parse_args(argv)
+    if args.quick:
+        args.reps, args.episodes, args.concurrency = 3, 4, 2
 
     from rich.console import Console
     from rich.table import Table

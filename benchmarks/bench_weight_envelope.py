@@ -1,5 +1,6 @@
 """Weight push through SGLang's envelope (issue 16): `python -m benchmarks.bench_weight_envelope
-[--repeats N] [--threads N]`.
+[--repeats N] [--threads N] [--quick]` (`--quick`: the tiny test model, one push per transport,
+the 'before' row on this tree's own engine).
 
 One real `python -m services.engine` process with SmolLM2-135M-Instruct (513 MiB of float32
 parameters); the learner side is this process with the learner's own buckets, through the real
@@ -52,14 +53,16 @@ ROWS = {
 }
 
 
-def start_before_engine(ref: str, tree: Path, log_dir: Path, threads: int) -> ServiceProcess:
+def start_before_engine(
+    ref: str, tree: Path, log_dir: Path, threads: int, model: str = "smollm2"
+) -> ServiceProcess:
     """The engine of git `ref`, from its own extracted tree (the repository is only read)."""
     archive = subprocess.run(
         ["git", "archive", ref], cwd=REPO, check=True, capture_output=True
     ).stdout
     subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
     env = {
-        "SHELLRL_MODEL_PATH": "smollm2",
+        "SHELLRL_MODEL_PATH": model,
         "SHELLRL_LOG_LEVEL": "WARNING",
         "SHELLRL_NUM_THREADS": str(threads),
         "PYTHONPATH": str(tree),
@@ -78,7 +81,9 @@ def start_before_engine(ref: str, tree: Path, log_dir: Path, threads: int) -> Se
     return engine
 
 
-async def bench(url: str, before_url: str, repeats: int) -> tuple[Table, dict[str, float]]:
+async def bench(
+    url: str, before_url: str, repeats: int, model_path: str = "smollm2"
+) -> tuple[Table, dict[str, float]]:
     import torch
 
     from services.learner.weight_transport import EngineGroups
@@ -88,7 +93,7 @@ async def bench(url: str, before_url: str, repeats: int) -> tuple[Table, dict[st
     from shellrl.weights import sglang as wsg
     from shellrl.weights import shm
 
-    model = load_model("smollm2")
+    model = load_model(model_path)
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
     times: dict[str, list[float]] = {k: [] for k in ROWS}
     scratch = tempfile.mkdtemp(prefix="bench-envelope-")
@@ -112,7 +117,7 @@ async def bench(url: str, before_url: str, repeats: int) -> tuple[Table, dict[st
             if i >= warm_up:
                 times[name].append(time.perf_counter() - start)
 
-    async with EngineClient([url, before_url], timeout_s=600) as client:
+    async with EngineClient(sorted({url, before_url}), timeout_s=600) as client:
 
         async def push_disk(version: str) -> None:
             directory = Path(scratch) / version
@@ -207,17 +212,30 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--before-ref", default="HEAD", help="git ref of the 'before' engine and learner"
     )
+    parser.add_argument("--model", default="smollm2", help="smollm2, tiny or a HF directory")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the tiny test model, 1 push each, the 'before' row on this tree's engine (no "
+        "second engine): a smoke run",
+    )
     args = parser.parse_args(argv)
+    if args.quick:
+        args.model, args.repeats = "tiny", 1
     console.print(
         f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}; "
         f"engine threads: {args.threads or 'torch default'}"
     )
     with tempfile.TemporaryDirectory() as logs, tempfile.TemporaryDirectory() as tree:
-        engine = start_engine(Path(logs), args.threads)
+        engine = start_engine(Path(logs), args.threads, model=args.model)
         before = None
         try:
-            before = start_before_engine(args.before_ref, Path(tree), Path(logs), args.threads)
-            table, _ = asyncio.run(bench(engine.url, before.url, args.repeats))
+            if not args.quick:
+                before = start_before_engine(
+                    args.before_ref, Path(tree), Path(logs), args.threads, args.model
+                )
+            before_url = before.url if before is not None else engine.url
+            table, _ = asyncio.run(bench(engine.url, before_url, args.repeats, args.model))
             console.print(table)
         finally:
             engine.stop()
