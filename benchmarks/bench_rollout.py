@@ -92,6 +92,9 @@ def _start(*commands: tuple[str, int, tuple[str, ...]]) -> list[subprocess.Popen
     return procs
 
 
+REPLY = "<bash>true</bash>"  # every turn of the fake engine (+ end of turn)
+
+
 @dataclass
 class OverheadResult:
     transport: str
@@ -197,12 +200,18 @@ async def bench_overhead(
     engine_port, sandbox_port = free_port(), free_port()
     redis_dir = tempfile.mkdtemp(prefix="bench-rollout-redis-")
     redis_server = RedisServer(Path(redis_dir)).start()
+    chat = ChatFormat.from_tokenizer(load_chat_tokenizer("tiny"))
+    reply = chat.tokenizer(REPLY, add_special_tokens=False)["input_ids"]
+    reply_args = ("--reply-ids", ",".join(map(str, reply)))
     procs = _start(
-        ("tests.fakes.fake_engine", engine_port, ("--model-path", "tiny")),
+        (
+            "tests.fakes.fake_engine",
+            engine_port,
+            (*reply_args, "--end-of-turn-id", str(chat.end_of_turn_id)),
+        ),
         ("tests.fakes.fake_sandbox", sandbox_port, ()),
     )
     try:
-        chat = ChatFormat.from_tokenizer(load_chat_tokenizer("tiny"))
         redis = connect_redis(redis_server.url, concurrency + 32)
         producer = streams.StreamProducer(redis, streams.STREAM_EPISODES)
         async with (

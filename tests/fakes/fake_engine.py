@@ -276,22 +276,28 @@ def fixed_reply(ids: list[int], *, eot_id: int, delay_s: float = 0.0) -> Script:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """A zero-latency (or fixed-delay) FAKE engine process: every reply is `--reply` + end-of-turn."""
+    """A zero-latency (or fixed-delay) FAKE engine process: every reply is `--reply` + end-of-turn
+    (tokenized with `--model-path`'s tokenizer), or `--reply-ids` + `--end-of-turn-id` as given
+    (no tokenizer loaded: a faster start)."""
     parser = argparse.ArgumentParser(
         prog="python -m tests.fakes.fake_engine", description=main.__doc__
     )
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--reply", default="<bash>true</bash>")
     parser.add_argument("--model-path", default="tiny")
+    parser.add_argument("--reply-ids", help="comma-separated token ids (instead of --reply)")
+    parser.add_argument("--end-of-turn-id", type=int, help="with --reply-ids")
     parser.add_argument("--delay-ms", type=float, default=0.0)
     args = parser.parse_args(argv)
-    from services.rollout.prompt import ChatFormat, load_chat_tokenizer
+    if args.reply_ids:
+        ids, eot_id = [int(i) for i in args.reply_ids.split(",")], args.end_of_turn_id
+    else:
+        from services.rollout.prompt import ChatFormat, load_chat_tokenizer
 
-    chat = ChatFormat.from_tokenizer(load_chat_tokenizer(args.model_path))
-    ids = chat.tokenizer(args.reply, add_special_tokens=False)["input_ids"]
-    engine = ScriptedEngine(
-        fixed_reply(ids, eot_id=chat.end_of_turn_id, delay_s=args.delay_ms / 1000)
-    )
+        chat = ChatFormat.from_tokenizer(load_chat_tokenizer(args.model_path))
+        ids = chat.tokenizer(args.reply, add_special_tokens=False)["input_ids"]
+        eot_id = chat.end_of_turn_id
+    engine = ScriptedEngine(fixed_reply(ids, eot_id=eot_id, delay_s=args.delay_ms / 1000))
     engine.requests = _Discard()
     uvicorn.run(
         engine.app(), host="127.0.0.1", port=args.port, log_level="warning", access_log=False
