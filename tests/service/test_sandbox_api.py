@@ -16,6 +16,7 @@ from shellrl.clients.sandbox import (
     SandboxSetupFailed,
 )
 from tests.helpers.sandbox_service import wait_no_processes
+from tests.helpers.waiting import wait_until_async
 
 
 @pytest.fixture
@@ -246,6 +247,10 @@ async def test_bad_requests_name_the_field(client, sandbox_services):
     await client.delete(sid)
 
 
+async def _no_sessions(client: SandboxClient) -> bool:
+    return (await client.ready())["sessions"] == 0
+
+
 async def test_session_cap_gives_429_and_idle_sessions_expire(sandbox_services):
     service = sandbox_services.get(
         "bubblewrap", max_sessions=2, session_ttl_s=1.5, ttl_sweep_interval_s=0.2
@@ -260,10 +265,11 @@ async def test_session_cap_gives_429_and_idle_sessions_expire(sandbox_services):
         for _ in range(3):  # keep the first one in use
             await asyncio.sleep(0.5)
             await c.exec(first["session_id"], "true")
-        await asyncio.sleep(2.0)
+        await wait_until_async(  # idle past its TTL: swept (polling /readyz keeps nothing alive)
+            lambda: _no_sessions(c), 30, "both sessions swept after their TTL"
+        )
         with pytest.raises(SandboxNotFound):
             await c.exec(first["session_id"], "true")
-        assert (await c.ready())["sessions"] == 0
         await c.create_session()
         await c.create_session()  # the cap again
         async with httpx.AsyncClient(base_url=service.url) as http:  # the client's poll hint

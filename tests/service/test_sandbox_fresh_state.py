@@ -10,6 +10,7 @@ import shlex
 import pytest
 
 from shellrl.clients.sandbox import SandboxClient, SandboxNotFound
+from tests.helpers.waiting import wait_until_async
 
 CONFIGS = [("bubblewrap", {}), ("bubblewrap", {"exec_mode": "per_command"}), ("fallback", {})]
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -91,10 +92,13 @@ async def test_kill_stops_background_and_setsid_processes_and_keeps_the_session(
         f"mkdir sub && cd sub && ({ticker.format('tick')} &) ;"
         f" setsid sh -c '{ticker.format('tick2')}' >/dev/null 2>&1 & echo started",
     )
-    await asyncio.sleep(0.3)
-    before = await _written(client, sid, "sub/tick")
-    await asyncio.sleep(0.3)
-    assert before != await _written(client, sid, "sub/tick")  # the ticker runs
+    before = await wait_until_async(
+        lambda: _content(client, sid, "sub/tick"), 10, "the ticker's first write"
+    )
+    await wait_until_async(  # the ticker runs
+        lambda: _changed(client, sid, "sub/tick", before), 10, "the ticker's next write"
+    )
+    await wait_until_async(lambda: _content(client, sid, "sub/tick2"), 10, "the setsid ticker")
     reply = await client.kill_processes(sid)
     assert reply["killed"] is True and reply["session_id"] == sid
     stopped = await client.read_file(sid, "sub/tick")
@@ -110,14 +114,16 @@ async def test_kill_stops_background_and_setsid_processes_and_keeps_the_session(
         await client.kill_processes(sid)
 
 
-async def _written(client, sid: str, path: str) -> bytes:
-    """The file's content, read again while empty: `date > file` truncates before it writes, so a
-    read can land between the two."""
-    for _ in range(50):
-        if content := await client.read_file(sid, path):
-            return content
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{path} stayed empty")
+async def _content(client, sid: str, path: str) -> bytes:
+    """The file's content; empty while it does not exist yet (or between truncate and write)."""
+    try:
+        return await client.read_file(sid, path)
+    except SandboxNotFound:
+        return b""
+
+
+async def _changed(client, sid: str, path: str, before: bytes) -> bool:
+    return (await _content(client, sid, path)) not in (b"", before)
 
 
 async def _later(client, sid: str, path: str) -> bytes:

@@ -11,6 +11,7 @@ from services.rollout.policy_version import PolicyVersionWatcher
 from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY, connect
 from shellrl.streams.keys import ADMITTED_KEY
+from tests.helpers.waiting import wait_until_async
 
 
 @pytest.fixture
@@ -43,7 +44,10 @@ async def test_learner_that_never_advances_gets_at_most_k_plus_1_times_groups_pe
         admission(redis, k=k, b=b, replica="rollout-1"),
     ]
     attempts = [asyncio.create_task(replicas[i % 2].admit(f"g{i}")) for i in range(20)]
-    await asyncio.sleep(1.0)
+    await wait_until_async(
+        lambda: sum(t.done() for t in attempts) >= (k + 1) * b, 30, "the bound's groups admitted"
+    )
+    await asyncio.sleep(1.0)  # a bounded look: nothing more is admitted (never fails falsely)
     admitted = [t for t in attempts if t.done()]
     assert len(admitted) == (k + 1) * b == 9
     assert int(await redis.get(ADMITTED_KEY)) == 9
