@@ -82,6 +82,7 @@ def worker(args) -> None:
     from services.learner.ranks import init_ranks
     from services.learner.trainer import Trainer, TrainerConfig
     from shellrl.models import load_model
+    from shellrl.process_groups import exit_process
 
     torch.set_num_threads(1)
     ranks = init_ranks(fsdp=args.fsdp, backend="gloo", device="cpu", timeout_s=1800)
@@ -104,13 +105,14 @@ def worker(args) -> None:
         for _ in dp.weights.named_parameters():
             pass
         gather_s = time.perf_counter() - start
-        dp.stop()
+        dp.stop()  # the followers return and every rank leaves the group together
         Path(args.out).write_text(json.dumps({"steps": rows[1:], "gather_s": gather_s}))
     else:
         follow(trainer, store)
-    ranks.close()
+        ranks.close(together=True)
     cpu = sum(c for _, c in record[1:])
     Path(f"{args.out}.rank{ranks.rank}").write_text(json.dumps({"cpu": cpu}))
+    exit_process(0)  # a rank never meets the interpreter's finalization (shellrl.process_groups)
 
 
 def run_config(nproc: int, fsdp: str, args) -> dict:

@@ -12,6 +12,7 @@ import signal
 import sys
 
 from services.learner.allocator import reexec_with_jemalloc
+from shellrl.process_groups import exit_process
 
 log = logging.getLogger("services.learner")
 
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         from services.learner.follower import run_follower
 
         run_follower(settings)
-        return
+        exit_process(0)  # a rank never meets the interpreter's finalization (process_groups)
     lock = LearnerLock(
         redis.Redis.from_url(settings.redis_url),
         name=settings.consumer_name,
@@ -62,7 +63,10 @@ def main(argv: list[str] | None = None) -> None:
         _serve(argv)
     finally:
         lock.release()
+        had_group = current().control is not None
         current().close()
+    if had_group:
+        exit_process(0)  # a rank never meets the interpreter's finalization (process_groups)
 
 
 def _serve(argv: list[str]) -> None:

@@ -9,7 +9,7 @@ its share, FSDP2 sums the gradients, and rank 0 merges the step's statistics.
                   ◀─ gather "written" ─ commit (then the caller acknowledges)
     load(path) ─ scatter LOAD(path) ─ load_rank ──────────────────────▶ load_rank
     weights.named_parameters() ─ scatter GATHER ─ full_tensor() each ─▶ the same all-gathers
-    keepalive (idle) ─ scatter NOOP;   stop ─ scatter STOP ────────────▶ return (exit 0)
+    keepalive (idle) ─ scatter NOOP;   stop ─ scatter STOP, leave ──────▶ return, leave (exit 0)
 
 At world size 1 the same calls run with every collective the identity. A share is a list of
 TrainSamples (numpy), balanced by tokens (prompt + response: the compute of a row) so that the
@@ -175,10 +175,18 @@ class DataParallel:
         """Tell idle followers the leader lives (they wait for commands within a timeout)."""
         self._send("noop")
 
-    def stop(self) -> None:
-        """The followers return from `follow` (call once, at the end of the run)."""
+    def release_followers(self) -> None:
+        """The followers return from `follow` (they may `follow` again)."""
         if self.ranks.world_size > 1:
             self._send("stop")
+
+    def stop(self) -> None:
+        """The followers return from `follow` and every rank leaves the process group together
+        (`Ranks.close(together=True)`, which each follower calls after STOP); call once, at the
+        end of the run."""
+        if self.ranks.world_size > 1:
+            self.release_followers()
+            self.ranks.close(together=True)
 
 
 def follow(trainer: Trainer, store: CheckpointStore) -> None:

@@ -55,4 +55,4 @@ def run_follower(settings: LearnerSettings) -> None:
     store = CheckpointStore(settings.checkpoint_dir, settings.keep_checkpoints)
     log.info("following rank 0", extra={"rank": ranks.rank, "world_size": ranks.world_size})
     follow(trainer, store)
-    ranks.close()
+    ranks.close(together=True)  # with rank 0, which leaves right after sending STOP

@@ -28,6 +28,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shellrl.process_groups import leave
+
 log = logging.getLogger(__name__)
 
 
@@ -69,11 +71,14 @@ class Ranks:
         dist.gather_object(obj, out, dst=0, group=self.control)
         return out
 
-    def close(self) -> None:
-        """Leave the process group (idempotent)."""
+    def close(self, *, together: bool = False) -> None:
+        """Leave the process group (idempotent): shellrl.process_groups.leave. together: every
+        rank is closing at this point (after STOP), so they first meet at a barrier; never
+        after an error, when a peer may be inside another collective. A process that had a
+        group ends with shellrl.process_groups.exit_process, never the interpreter's own exit."""
         global _current
-        if self.control is not None and dist.is_initialized():
-            dist.destroy_process_group()
+        if self.control is not None:
+            leave(together=together)
         _current = None
 
 

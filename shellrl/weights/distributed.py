@@ -80,13 +80,11 @@ def init_custom_process_group(
 
 
 def destroy(pg) -> None:
-    """Destroy a group made by init_custom_process_group (errors ignored: it may be broken)."""
-    import torch.distributed as dist
+    """Destroy a group made by init_custom_process_group (errors ignored: it may be broken), and
+    free it while the interpreter is alive (shellrl.process_groups.leave)."""
+    from shellrl.process_groups import leave
 
-    try:
-        dist.destroy_process_group(pg)
-    except Exception:  # noqa: BLE001 (a broken group still has to go)
-        pass
+    leave(pg)
 
 
 def bucket_layout(names: list, dtypes: list, shapes: list) -> tuple[list[TensorMeta], int]:

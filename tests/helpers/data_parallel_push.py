@@ -27,6 +27,7 @@ from services.learner.ranks import init_ranks  # noqa: E402
 from services.learner.sharding import FullWeights  # noqa: E402
 from services.learner.trainer import Trainer  # noqa: E402
 from services.learner.weight_transport import WeightStaging  # noqa: E402
+from shellrl.process_groups import exit_process  # noqa: E402
 from shellrl.weights.disk import load_safetensors_dir  # noqa: E402
 from shellrl.weights.safe_unpickle import decode_flattened_bucket, deserialize  # noqa: E402
 from tests.helpers.data_parallel_steps import CONFIG  # noqa: E402
@@ -123,8 +124,8 @@ def main(out: Path) -> None:
         follow(trainer, store)  # the first pushes
         change_weights(trainer.model)
         follow(trainer, store)  # the second
-        ranks.close()
-        return
+        ranks.close(together=True)  # with the leader's dp.stop()
+        exit_process(0)
     dp = DataParallel(trainer, store, pad_token_id=2)
     weights = GatherCounter(dp.weights.model, dp.weights.announce)
     kept = stagings(out.parent / "sync")
@@ -132,14 +133,14 @@ def main(out: Path) -> None:
     before_streaming = [(n, t) for n, t in weights.named_parameters()]  # prepare's old first line
     result["whole_model_first_peak_bytes"] = weights.peak_bytes
     del before_streaming
-    dp.stop()
+    dp.release_followers()
     change_weights(trainer.model)
     result["second"] = push_all(weights, kept, 2)
-    dp.stop()
+    dp.stop()  # the followers return and every rank leaves the group together
     for staging in kept.values():
         staging.close()
-    ranks.close()
     torch.save(result, out)
+    exit_process(0)  # a rank never meets the interpreter's finalization (process_groups)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from services.learner.data_parallel import DataParallel, follow  # noqa: E402
 from services.learner.ranks import init_ranks  # noqa: E402
 from services.learner.trainer import Trainer, TrainerConfig  # noqa: E402
 from shellrl.models import load_model  # noqa: E402
+from shellrl.process_groups import exit_process  # noqa: E402
 from tests.unit.test_rl_logprobs import make_samples  # noqa: E402
 
 CONFIG = TrainerConfig(lr=1e-3, micro_batch_size=2, grad_clip_norm=1.0)
@@ -32,16 +33,6 @@ def steps() -> list:
     return [make_samples(n, seed=10 + i) for i, n in enumerate(STEP_SIZES)]
 
 
-def leave(ranks) -> None:
-    """Both ranks leave the group together: a rank whose peer had already torn down gloo aborted
-    once in CI ("terminate called without an active exception", exit -6) after a passing run."""
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        dist.barrier()
-    ranks.close()
-
-
 def main(out: Path) -> None:
     torch.set_num_threads(1)
     ranks = init_ranks(fsdp="auto", backend="gloo", device="cpu", timeout_s=120)
@@ -50,14 +41,14 @@ def main(out: Path) -> None:
     store = CheckpointStore(out.parent / f"unused-{ranks.rank}")
     if not ranks.leader:
         follow(trainer, store)
-        leave(ranks)
-        return
+        ranks.close(together=True)  # with the leader's dp.stop()
+        exit_process(0)
     dp = DataParallel(trainer, store, pad_token_id=2)
     results = [dp.step(samples, learner_version=k) for k, samples in enumerate(steps())]
     weights = {name: tensor.clone() for name, tensor in dp.weights.named_parameters()}
-    dp.stop()
-    leave(ranks)
+    dp.stop()  # the followers return and every rank leaves the group together
     torch.save({"weights": weights, "results": results}, out)
+    exit_process(0)  # a rank never meets the interpreter's finalization (process_groups)
 
 
 if __name__ == "__main__":
