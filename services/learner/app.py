@@ -95,6 +95,7 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
         timeout_s=s.weight_sync_timeout_s,
         connect_retries=1,
         api_token=s.api_token_value(),
+        admin_api_token=s.engine_admin_api_key_value(),
         allow_empty=True,  # registered engines join (engine_membership.py)
     )
     transport = choose_transport(
@@ -109,6 +110,7 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
         retry_interval_s=s.engine_retry_interval_s,
         engine_device=s.engine_cuda_device or None,
         share_parameters=s.shm_share_parameters,
+        bucket_bytes=s.weight_bucket_bytes,
         backend=s.weight_sync_backend,
         master_address=s.weight_sync_master_address,
         pause_mode=s.weight_sync_pause,

@@ -75,11 +75,15 @@ async def _transfer(
     group = await groups.group(url, tp_size) if "broadcast" in prepared else None
     buckets = prepared.get("buckets") or prepared["broadcast"]
     for i, bucket in enumerate(buckets):
-        last = i == len(buckets) - 1  # the last flushes the KV of the old weights
+        # the last flushes the KV of the old weights and alone carries the version: SGLang
+        # records a bucket's weight_version as soon as it loaded it (scheduler_components/
+        # weight_updater.py 242-246), so an earlier label would name weights half loaded
+        last = i == len(buckets) - 1
+        version_label = weight_version if last else None
         if group is None:
             await client.update_weights_from_tensor(
                 bucket(tp_size),
-                weight_version=weight_version,
+                weight_version=version_label,
                 session=False,
                 flush_cache=last,
                 urls=urls,
@@ -93,7 +97,7 @@ async def _transfer(
                 client.update_weights_from_distributed(
                     **fields,
                     group_name=group.name,
-                    weight_version=weight_version,
+                    weight_version=version_label,
                     flush_cache=last,
                     urls=urls,
                 ),

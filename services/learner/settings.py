@@ -7,10 +7,12 @@ Defaults suit SmolLM2-135M in float32 on a 2-core CPU with one local engine
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, model_validator
 
+from shellrl.service.auth import check_token
 from shellrl.service.settings import EngineFleetSettings
 
 
@@ -214,11 +216,30 @@ class LearnerSettings(EngineFleetSettings):
         ".shellrl/weight_sync",
         description="Safetensors of the disk transport (must be readable by the engines).",
     )
-    weight_sync_pause: Literal["off", "retract", "in_place"] = Field(
-        "off",
-        description="Pause each engine around its update: off (SGLang runs it under its writer lock, "
-        "after in-flight requests), retract or in_place (in-flight requests keep their tokens "
-        "and continue on the new weights).",
+    weight_sync_pause: Literal["auto", "off", "retract", "in_place"] = Field(
+        "auto",
+        description="Pause each engine around its update: retract or in_place (in-flight requests "
+        "keep their tokens and continue on the new weights; no token is sampled between two "
+        "buckets), off (SGLang runs each bucket under its writer lock, after in-flight requests), "
+        "auto (retract when a push takes more than one bucket, else off). in_place against "
+        "SGLang needs --disable-radix-cache (refused otherwise).",
+    )
+    engine_admin_api_key: SecretStr | None = Field(
+        None,
+        description="SGLang's --admin-api-key: sent instead of the stack's token on the routes "
+        "SGLang guards with it (weight updates, pause/continue, flush, abort). Served as "
+        "'**********' in /v1/config.",
+    )
+    engine_admin_api_key_file: Path | None = Field(
+        None,
+        description="File holding engine_admin_api_key instead (a mounted secret); read at "
+        "start-up, surrounding whitespace dropped.",
+    )
+    weight_bucket_bytes: int = Field(
+        512 << 20,
+        ge=1 << 20,
+        description="shm and distributed: the most bytes of one bucket (one update call); a "
+        "tensor larger than this goes alone. cuda_ipc sends one bucket.",
     )
     weight_sync_timeout_s: float = Field(
         60.0,
@@ -240,3 +261,32 @@ class LearnerSettings(EngineFleetSettings):
         "entries idle for a day are re-claimed (one learner consumer).",
     )
     max_deliveries: int = Field(5, ge=1)
+
+    @model_validator(mode="after")
+    def _one_admin_key_source(self):
+        """At most one of engine_admin_api_key and engine_admin_api_key_file; the key must be a
+        bearer token (`check_token`)."""
+        if self.engine_admin_api_key is not None and self.engine_admin_api_key_file is not None:
+            raise ValueError(
+                "engine_admin_api_key and engine_admin_api_key_file: give one of them, not both"
+            )
+        if self.engine_admin_api_key is not None:
+            self.engine_admin_api_key_value()
+        return self
+
+    def engine_admin_api_key_value(self) -> str | None:
+        """SGLang's admin key the learner sends on its admin routes (None: not set). Reads the
+        file on every call; ValueError naming the setting when it cannot be read or is no token."""
+        if self.engine_admin_api_key is not None:
+            try:
+                return check_token(self.engine_admin_api_key.get_secret_value())
+            except ValueError as exc:
+                raise ValueError(f"engine_admin_api_key: {exc}") from None
+        if self.engine_admin_api_key_file is None:
+            return None
+        try:
+            return check_token(self.engine_admin_api_key_file.read_text().strip())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise ValueError(
+                f"engine_admin_api_key_file {str(self.engine_admin_api_key_file)!r}: {exc}"
+            ) from None

@@ -11,8 +11,14 @@ disk) and the buffers kept across pushes are in weight_transport.py (`WeightStag
 `EngineGroups`); this module talks to the engines, keeps their rotation and publishes the version.
 An engine's TP size (one `serialized_named_tensors` entry per rank) and kind come from its
 /server_info on first contact. The last bucket of a push sets `flush_cache` (SGLang would keep KV
-computed by the old weights). With `pause_mode` each engine's update runs between
-pause_generation and continue_generation. Phases are timed into `shellrl_weight_sync_seconds{phase}`.
+computed by the old weights) and alone carries `weight_version`: SGLang records the version of
+every bucket that carries one as soon as it loaded it, so a label on an earlier bucket would name
+weights half loaded. With a pause (`pause_mode`; "auto": retract when the push takes more than one
+bucket) each engine's update runs between pause_generation and continue_generation: SGLang
+releases its writer lock between two bucket calls, and without the pause it would sample between
+them on a mix of old and new weights; paused, in-flight requests keep their tokens and continue on
+the new weights, and a push never waits for them to finish. Phases are timed into
+`shellrl_weight_sync_seconds{phase}`.
 
 Guarantees:
 * Never hangs: each engine's whole update runs under `deadline_s`; at the deadline the call is
@@ -22,6 +28,9 @@ Guarantees:
   `status()` for GET /v1/status, and the Redis hash `shellrl:engines` that the gateway can read)
   and taken out of rotation; `reconcile()` probes it every `retry_interval_s` and, when it
   answers, brings it back with a full update to the current version.
+* An engine whose update answered an error but that reports the new version when read back
+  (SGLang answers `success: false` when a flush it was asked for is refused after loading) is
+  confirmed, not taken out: its label and its weights agree.
 * The version is published only when every engine still in rotation confirmed it and at least
   one did. When engines were taken out on this push, the publication says so (a warning log
   naming them, the `partial` flag, the status); with no engine confirming nothing is published.
@@ -39,7 +48,7 @@ import redis.asyncio as aioredis
 import torch
 
 from services.learner import metrics
-from services.learner.engine_load import load_engine
+from services.learner.engine_load import load_engine, weight_version_of
 from services.learner.engine_rotation import (
     EngineState,
     SyncResult,
@@ -60,6 +69,42 @@ from shellrl.clients.engine_responses import EngineError, EngineUnavailable
 log = logging.getLogger(__name__)
 
 
+PAUSE_MODES = ("auto", "off", "retract", "in_place")
+
+
+class PauseModeRefused(ValueError):
+    """A pause mode an engine cannot honour (the learner stops, naming the setting)."""
+
+
+def pause_for(pause_mode: str, buckets: int) -> str:
+    """The pause of one push of `buckets` update calls: "auto" is retract for more than one, else
+    off; the other modes as they are."""
+    if pause_mode != "auto":
+        return pause_mode
+    return "retract" if buckets > 1 else "off"
+
+
+def radix_cache_refusal(infos: dict[str, dict]) -> str | None:
+    """Why `in_place` cannot work with these engines (their /server_info), or None: SGLang (any
+    engine but shellrl's, whose version starts "shellrl-engine") refuses the flush of a radix cache
+    while a batch is paused in place (scheduler_components/weight_updater.py 120-133), so the
+    push's last bucket would fail after loading. shellrl's engine drops its prefix cache at the
+    commit, paused or not."""
+    blocked = [
+        url
+        for url, info in infos.items()
+        if not str(info.get("version", "")).startswith("shellrl-engine")
+        and not info.get("disable_radix_cache", False)
+    ]
+    if not blocked:
+        return None
+    return (
+        "SHELLRL_WEIGHT_SYNC_PAUSE=in_place: SGLang cannot flush its radix cache while requests "
+        f"are paused in place ({', '.join(blocked)} run with the radix cache on); use retract "
+        "(or auto), or start SGLang with --disable-radix-cache"
+    )
+
+
 class WeightSync:
     """Pushes weights to `client.urls`. redis: where the version is published (None: never)."""
 
@@ -77,17 +122,20 @@ class WeightSync:
         share_parameters: bool = False,
         backend: str = "auto",
         master_address: str = "",
-        pause_mode: str = "off",
+        pause_mode: str = "auto",
     ) -> None:
         """transport, sync_dir, bucket_bytes, engine_device, share_parameters: see `WeightStaging`
         (ValueError for a transport outside weight_transport.TRANSPORTS). backend, master_address:
         the distributed transport's (`EngineGroups`; backend "auto": NCCL for a model on a GPU,
         else gloo). pause_mode: "off", or "retract" / "in_place": each engine's update runs
         between pause_generation(mode) and continue_generation, so in-flight requests keep their
-        tokens and resume on the new weights; nothing publishes the version with
-        update_weight_version, whose abort_all_requests defaults to true (known_pitfalls D01)."""
-        if pause_mode not in ("off", "retract", "in_place"):
-            raise ValueError(f"pause_mode must be off, retract or in_place; got {pause_mode!r}")
+        tokens and resume on the new weights; "auto": retract when a push takes more than one
+        bucket, else off. Nothing publishes the version with update_weight_version, whose
+        abort_all_requests defaults to true (known_pitfalls D01). in_place against an SGLang
+        engine whose radix cache is on raises PauseModeRefused at the first push (SGLang cannot
+        flush the cache while a batch is paused in place)."""
+        if pause_mode not in PAUSE_MODES:
+            raise ValueError(f"pause_mode must be one of {PAUSE_MODES}; got {pause_mode!r}")
         self.pause_mode = pause_mode
         self._staging_args = dict(
             sync_dir=sync_dir,
@@ -109,6 +157,7 @@ class WeightSync:
         # joins, leaves and restarts from the shellrl:engines registry, applied at each reconcile
         # (engine_membership.EngineMembership; None: the seed engines only)
         self.membership = None
+        self._in_place_checked = False
 
     def close(self) -> None:
         """Release the kept buckets (unlink the shared-memory segments) and the process groups."""
@@ -131,6 +180,15 @@ class WeightSync:
                 timeout_s=self.deadline_s,
                 master_address=self.master_address,
             )
+        if self.pause_mode == "in_place" and targets and not self._in_place_checked:
+            infos = await bounded(
+                self.client.get_server_info(urls=targets), min(self.deadline_s, 5.0)
+            )
+            if infos is not None:
+                self._in_place_checked = True
+                refusal = radix_cache_refusal(infos)
+                if refusal is not None:
+                    raise PauseModeRefused(refusal)
         if self._resolved or not targets:
             return
         infos = await bounded(self.client.get_server_info(urls=targets), min(self.deadline_s, 5.0))
@@ -237,12 +295,13 @@ class WeightSync:
         failed: dict[str, str] = {}
         confirmed: list[str] = []
         if targets:
+            pause = pause_for(self.pause_mode, self.staging.bucket_count(model))
             # Tensor transports: each engine's weight-update session (SGLang 0.5.23 requires one) opens
             # while the weights are copied, so its round trip costs no time of its own.
             # (not with a pause: SGLang's begin would wait behind in-flight requests before it)
             opening = (
                 {}
-                if self.transport == "disk" or self.pause_mode != "off"
+                if self.transport == "disk" or pause != "off"
                 else {
                     u: asyncio.ensure_future(self.client.begin_weight_update(urls=[u]))
                     for u in targets
@@ -262,7 +321,7 @@ class WeightSync:
             phases["flatten"] = time.perf_counter() - t0
             outcomes = await asyncio.gather(
                 *(
-                    self._update_within_deadline(u, prepared, version, opening.get(u))
+                    self._update_within_deadline(u, prepared, version, pause, opening.get(u))
                     for u in targets
                 )
             )
@@ -322,13 +381,18 @@ class WeightSync:
             await bounded(self.client.end_weight_update(urls=[url]), min(self.deadline_s, 5.0))
 
     async def _update_within_deadline(
-        self, url: str, prepared: dict, version: int, begin: asyncio.Future | None = None
+        self,
+        url: str,
+        prepared: dict,
+        version: int,
+        pause: str = "off",
+        begin: asyncio.Future | None = None,
     ) -> tuple[bool, dict | str]:
         """The engine's update under `deadline_s` (from after the weights were prepared: flattening or
         writing them is the learner's time, not the engine's). The HTTP client's timeout is the same
         length, so a call that timed out (EngineUnavailable.timed_out) is reported as the deadline
         too: the session opened during the flatten can time out just before the deadline's timer."""
-        task = asyncio.ensure_future(self._update(url, prepared, version, begin))
+        task = asyncio.ensure_future(self._update(url, prepared, version, pause, begin))
         done, _ = await asyncio.wait({task}, timeout=self.deadline_s)
         deadline = f"deadline: no confirmation within {self.deadline_s:g} s"
         if not done:
@@ -340,18 +404,34 @@ class WeightSync:
         except EngineUnavailable as exc:
             return False, f"{deadline} ({exc})" if exc.timed_out else f"{type(exc).__name__}: {exc}"
         except EngineError as exc:
+            if await self._reports(url, version):
+                log.warning(
+                    "engine answered an error but reports the new version; kept in rotation",
+                    extra={"engine": url, "policy_version": version, "error": str(exc)[:500]},
+                )
+                return True, {}
             return False, f"{type(exc).__name__}: {exc}"
         except Exception as exc:  # a broken payload or client bug: report, never crash the loop
             log.exception("weight update failed", extra={"engine": url})
             return False, f"{type(exc).__name__}: {exc}"
 
+    async def _reports(self, url: str, version: int) -> bool:
+        """Whether the engine's weight_version, read back (bounded, errors: False), is `version`."""
+        got = await bounded(weight_version_of(self.client, url), min(self.deadline_s, 5.0))
+        return got == str(version)
+
     async def _update(
-        self, url: str, prepared: dict, version: int, begin: asyncio.Future | None = None
+        self,
+        url: str,
+        prepared: dict,
+        version: int,
+        pause: str = "off",
+        begin: asyncio.Future | None = None,
     ) -> dict[str, float]:
         """begin: the engine's begin_weight_update, already sent (None: send it here)."""
-        if self.pause_mode == "off":
+        if pause == "off":
             return await self._load(url, prepared, version, begin)
-        await self.client.pause_generation(self.pause_mode, urls=[url])
+        await self.client.pause_generation(pause, urls=[url])
         try:
             return await self._load(url, prepared, version, begin)
         finally:

@@ -41,10 +41,8 @@ from shellrl.weights import distributed as wdist
 from shellrl.weights import gpu as wtg
 from shellrl.weights import sglang as wsg
 
-BUCKET_BYTES = (
-    1 << 30
-)  # shm: segments of at most this size. cuda_ipc: one bucket (the kept buckets hold
-# the whole model however it is split, so a split only adds update calls: 15 for a 7B model in bf16)
+BUCKET_BYTES = 512 << 20  # shm and distributed: buckets of at most this size (slime and verl's
+# default). cuda_ipc: one bucket (the kept buckets hold the whole model however it is split)
 TRANSPORTS = ("shm", "cuda_ipc", "distributed", "disk")
 
 
@@ -122,6 +120,18 @@ class WeightStaging:
         for bucket in self._kept:
             bucket.close()
         self._kept = []
+
+    def bucket_count(self, model: torch.nn.Module) -> int:
+        """How many update calls `prepare(model, ...)` will need (1 for disk and cuda_ipc), from
+        the parameters' sizes alone: nothing is gathered or copied."""
+        if self.transport in ("disk", "cuda_ipc"):
+            return 1
+        layout = (
+            model.layout()
+            if isinstance(model, FullWeights)
+            else [(n, p) for n, p in model.named_parameters()]
+        )
+        return len(split_buckets(layout, self.bucket_bytes))
 
     def prepare(self, model: torch.nn.Module, version: int) -> dict:
         """Write the weights once for every engine (blocking: disk, shm and distributed run it in a

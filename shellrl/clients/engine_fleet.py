@@ -27,6 +27,26 @@ from shellrl.clients.engine_retry import resends, send_once
 from shellrl.clients.engine_routing import EngineRouting
 from shellrl.clients.transport import AiohttpTransport, auth_headers
 
+ADMIN_PATHS = frozenset(
+    {
+        "/abort_request",
+        "/begin_weight_update",
+        "/continue_generation",
+        "/destroy_weights_update_group",
+        "/end_weight_update",
+        "/flush_cache",
+        "/init_weights_update_group",
+        "/pause_generation",
+        "/update_weight_version",
+        "/update_weights_from_disk",
+        "/update_weights_from_distributed",
+        "/update_weights_from_tensor",
+    }
+)
+"""The routes this client calls that SGLang 0.5.23 marks `AuthLevel.ADMIN_OPTIONAL`
+(sglang/srt/entrypoints/http_server.py; sglang/srt/utils/auth.py `decide_request_auth`): with
+`--admin-api-key` set they need `Authorization: Bearer <admin key>` and refuse the `--api-key`.
+tests/service/test_sglang_conformance.py reads the levels from the wheel's source."""
 DEFAULT_TIMEOUT_S = 600.0  # a long CPU generation or a whole-model weight update
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
 
@@ -45,10 +65,13 @@ class EngineFleet:
         max_connections: int = 256,
         transport: httpx.AsyncBaseTransport | None = None,
         api_token: str | None = None,
+        admin_api_token: str | None = None,
         route_wait_s: float = 0.0,
         allow_empty: bool = False,
     ) -> None:
-        """urls: the seed members. route_wait_s: how long a `generate` waits for a routable
+        """urls: the seed members. api_token: the bearer token of every call (SGLang's
+        `--api-key`). admin_api_token: SGLang's `--admin-api-key`, sent instead on ADMIN_PATHS
+        (None: api_token there too). route_wait_s: how long a `generate` waits for a routable
         engine when none is (EngineRouting). allow_empty: start with no member (the gateway's
         directory adds registered engines); else ValueError for an empty list."""
         urls = [urls] if isinstance(urls, str) else list(urls)
@@ -68,6 +91,7 @@ class EngineFleet:
             headers=auth_headers(api_token),
             transport=transport if transport is not None else AiohttpTransport(max_connections),
         )
+        self._admin_headers = auth_headers(admin_api_token) if admin_api_token else None
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -113,6 +137,8 @@ class EngineFleet:
 
     async def _request(self, method: str, url: str, path: str, **kwargs) -> httpx.Response:
         """One HTTP call with retries on connect errors only; raises EngineUnavailable/EngineError."""
+        if self._admin_headers is not None and path in ADMIN_PATHS:
+            kwargs["headers"] = {**kwargs.get("headers", {}), **self._admin_headers}
         async for attempt in resends(self.connect_retries, self.retry_backoff_s):
             with attempt:
                 response = await send_once(self._http, method, url, path, **kwargs)

@@ -21,6 +21,7 @@ import hashlib
 import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import httpx
 import pydantic
@@ -155,10 +156,23 @@ async def test_every_tensor_push_decodes_with_sglangs_own_code_bit_for_bit_for_e
         bodies = fake.bodies("/update_weights_from_tensor")
         assert len(bodies) >= 2  # several buckets: the last one flushes the cache
         assert [b["flush_cache"] for b in bodies] == [False] * (len(bodies) - 1) + [True]
+        # the version only with the last bucket (SGLang records each one it is given at once),
+        # all of it inside a retract pause (the default for a push of several buckets)
+        assert [b["weight_version"] for b in bodies] == [None] * (len(bodies) - 1) + ["1"]
+        calls = [p for p, _ in fake.requests if p not in ("/model_info", "/server_info")]
+        assert calls == [
+            "/pause_generation",
+            "/begin_weight_update",
+            *["/update_weights_from_tensor"] * len(bodies),
+            "/end_weight_update",
+            "/continue_generation",
+        ]
+        assert fake.bodies("/pause_generation") == [{"mode": "retract"}]
         received = []
         for body in bodies:
             request = _validate(sgl.io_struct.UpdateWeightsFromTensorReqInput, body)
-            assert request.load_format == "flattened_bucket" and request.weight_version == "1"
+            assert request.load_format == "flattened_bucket"
+            assert request.weight_version == ("1" if body is bodies[-1] else None)
             assert len(request.serialized_named_tensors) == TP_SIZE and all(
                 isinstance(e, bytes) for e in request.serialized_named_tensors
             )
@@ -342,3 +356,142 @@ def test_our_allow_list_is_sglangs_less_what_shellrl_refuses(sgl):
     assert all(m.startswith(("sglang.", "torch_npu.")) for m, _ in missing), (
         missing
     )  # SGLang's own containers
+
+
+def _sglang_auth_levels() -> dict[str, str]:
+    """{route path: its `auth_level` (AuthLevel member name; NORMAL when undecorated)} read from
+    the wheel's http_server.py: the `@app.get/post/api_route("<path>")` and `@auth_level(...)`
+    decorators of each endpoint."""
+    import ast
+
+    srt = Path(importlib.import_module("sglang.srt.utils.auth").__file__).parents[1]
+    tree = ast.parse((srt / "entrypoints" / "http_server.py").read_text())
+    levels = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        paths, level = [], "NORMAL"
+        for decorator in node.decorator_list:
+            if not isinstance(decorator, ast.Call):
+                continue
+            name = getattr(decorator.func, "attr", getattr(decorator.func, "id", None))
+            if name in ("get", "post", "put", "api_route") and decorator.args:
+                if isinstance(decorator.args[0], ast.Constant):
+                    paths.append(decorator.args[0].value)
+            if name == "auth_level":
+                level = ast.unparse(decorator.args[0]).rsplit(".", 1)[-1]
+        levels.update({p: level for p in paths})
+    return levels
+
+
+class RecordingSGLang(FakeSGLang):
+    """FakeSGLang that also records each request's method and Authorization header."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.auth: list[tuple[str, str, str | None]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.auth.append((request.method, request.url.path, request.headers.get("authorization")))
+        return super().__call__(request)
+
+
+API_KEY, ADMIN_KEY = "api-key-for-every-route-0123456789", "admin-key-for-weights-0123456789"
+
+
+async def test_the_admin_key_goes_where_sglangs_own_auth_asks_for_it(sgl, tmp_path):
+    """With SGLang's --api-key and --admin-api-key both set, SGLang's own decision function
+    (sglang/srt/utils/auth.py `decide_request_auth`, at each route's level read from the wheel)
+    lets every request of a learner's push, pause, flush and abort through, and a generate and
+    the info reads carry the api key."""
+    from shellrl.clients.engine_fleet import ADMIN_PATHS
+
+    auth = importlib.import_module("sglang.srt.utils.auth")
+    levels = _sglang_auth_levels()
+    assert {p for p in ADMIN_PATHS if levels.get(p) != "ADMIN_OPTIONAL"} == set()
+    fake = RecordingSGLang()
+    client = EngineClient(
+        [URL],
+        transport=httpx.MockTransport(fake),
+        api_token=API_KEY,
+        admin_api_token=ADMIN_KEY,
+    )
+    sync = WeightSync(
+        client, None, transport="shm", deadline_s=30, sync_dir=tmp_path, bucket_bytes=1 << 20
+    )
+    try:
+        await sync.push(load_model("tiny"), 1)  # pause, begin, buckets, end, continue, read back
+        await client.flush_cache()
+        await client.abort_request(abort_all=True)
+        await client.generate([1, 2, 3], {"max_new_tokens": 1})
+        await client.health()
+        await client.init_weights_update_group(
+            "10.0.0.1", 29500, 1, 2, group_name="g", backend="gloo"
+        )
+        await client.destroy_weights_update_group("g")
+        called = {path for _, path, _ in fake.auth}
+        assert {"/update_weights_from_tensor", "/pause_generation", "/generate"} <= called
+        for method, path, header in fake.auth:
+            level = auth.AuthLevel[levels.get(path, "NORMAL")]
+            decision = auth.decide_request_auth(
+                method=method,
+                path=path,
+                authorization_header=header,
+                api_key=API_KEY,
+                admin_api_key=ADMIN_KEY,
+                auth_level=level,
+            )
+            assert decision.allowed, (method, path, header)
+            if path not in ("/health", "/health_generate"):
+                expected = ADMIN_KEY if level == auth.AuthLevel.ADMIN_OPTIONAL else API_KEY
+                assert header == f"Bearer {expected}", path
+    finally:
+        sync.close()
+        await client.close()
+
+
+async def test_in_place_is_refused_against_sglang_with_its_radix_cache_on(tmp_path):
+    """SGLang refuses the last bucket's flush while a batch is paused in place; the first push
+    stops with one line naming the setting instead of loading weights it would then disown."""
+    from services.learner.weight_sync import PauseModeRefused
+
+    fake = FakeSGLang()  # its /server_info has no disable_radix_cache: SGLang's default, on
+    client = _client(fake)
+    sync = WeightSync(
+        client, None, transport="shm", deadline_s=30, sync_dir=tmp_path, pause_mode="in_place"
+    )
+    try:
+        with pytest.raises(PauseModeRefused, match="SHELLRL_WEIGHT_SYNC_PAUSE=in_place"):
+            await sync.push(load_model("tiny"), 1)
+        assert fake.bodies("/update_weights_from_tensor") == []
+    finally:
+        sync.close()
+        await client.close()
+
+
+class FlushRefusingSGLang(FakeSGLang):
+    """SGLang whose last bucket loads, records the version, then answers `success: false`
+    (a flush refused after loading, scheduler_components/weight_updater.py 120-133)."""
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        response = super().__call__(request)
+        body = json.loads(request.content) if request.content else None
+        if request.url.path == "/update_weights_from_tensor" and body["flush_cache"]:
+            return httpx.Response(
+                400,
+                json={"success": False, "message": "Cache flush failed", "num_paused_requests": 0},
+            )
+        return response
+
+
+async def test_an_engine_that_reports_the_new_version_after_an_error_stays_in_rotation(tmp_path):
+    fake = FlushRefusingSGLang()
+    client = _client(fake)
+    sync = WeightSync(client, None, transport="shm", deadline_s=30, sync_dir=tmp_path)
+    try:
+        result = await sync.push(load_model("tiny"), 1)
+        assert result.confirmed == (URL,) and result.failed == {}
+        assert sync.engines[URL].in_rotation and sync.engines[URL].version == "1"
+    finally:
+        sync.close()
+        await client.close()

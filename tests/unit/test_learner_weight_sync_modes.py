@@ -1,0 +1,47 @@
+"""The learner's choices around a push (issue 30): which pause a push takes, when `in_place` is
+refused, and the admin key's settings."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.learner.settings import LearnerSettings
+from services.learner.weight_sync import pause_for, radix_cache_refusal
+
+KEY = "admin-key-for-weights-0123456789"
+
+
+def test_auto_pauses_with_retract_only_when_a_push_takes_more_than_one_bucket():
+    assert pause_for("auto", 1) == "off"
+    assert pause_for("auto", 2) == "retract"
+    assert [pause_for(m, 5) for m in ("off", "retract", "in_place")] == [
+        "off",
+        "retract",
+        "in_place",
+    ]
+
+
+def test_in_place_is_refused_only_for_sglang_engines_with_their_radix_cache_on():
+    sglang = {"version": "0.5.23"}
+    ours = {"version": "shellrl-engine-0.1.0", "disable_radix_cache": False}
+    assert radix_cache_refusal({"u": {**sglang, "disable_radix_cache": True}}) is None
+    assert radix_cache_refusal({"u": ours}) is None
+    refusal = radix_cache_refusal({"http://a:30000": sglang, "http://b:30000": ours})
+    assert refusal.startswith("SHELLRL_WEIGHT_SYNC_PAUSE=in_place") and "http://a:30000" in refusal
+    assert "http://b:30000" not in refusal and "--disable-radix-cache" in refusal
+
+
+def test_the_admin_key_comes_from_one_source_and_must_be_a_token(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHELLRL_AUTH_DISABLED", "true")
+    assert LearnerSettings().engine_admin_api_key_value() is None
+    assert LearnerSettings(engine_admin_api_key=KEY).engine_admin_api_key_value() == KEY
+    path = tmp_path / "admin_key"
+    path.write_text(f"  {KEY}\n")
+    assert LearnerSettings(engine_admin_api_key_file=path).engine_admin_api_key_value() == KEY
+    with pytest.raises(ValueError, match="give one of them"):
+        LearnerSettings(engine_admin_api_key=KEY, engine_admin_api_key_file=path)
+    with pytest.raises(ValueError, match="engine_admin_api_key"):
+        LearnerSettings(engine_admin_api_key="short")
+    missing = LearnerSettings(engine_admin_api_key_file=tmp_path / "absent")
+    with pytest.raises(ValueError, match="engine_admin_api_key_file"):
+        missing.engine_admin_api_key_value()
