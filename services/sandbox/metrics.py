@@ -56,8 +56,9 @@ PROC_MASKED = gauge(
 )
 EGRESS_REQUESTS = counter(
     "shellrl_sandbox_egress_requests_total",
-    "Requests to the egress proxy by verdict (allow/deny) and reason (rule, no_rule, rate_limit, "
-    "byte_limit, internal_address, header_timeout, header_too_large, bad_request ...).",
+    "Connections to the egress proxy by verdict (allow/deny/refused) and reason (rule, no_rule, "
+    "rate_limit, byte_limit, internal_address, connection_limit, header_timeout, "
+    "header_too_large, control_character, obs_fold, framing, malformed ...).",
     ("verdict", "reason"),
 )
 EGRESS_BYTES = counter(

@@ -187,12 +187,12 @@ print(talk(b"GET http://127.0.0.1:PORT/ok HTTP/1.1\r\n" + b"X-Big: " + b"a" * 20
 start = time.monotonic()
 print(talk(b"GET http://127.0.0.1:PORT/ok HTTP/1.1\r\nHost: x\r\nX-Slow: 1\r\n\r\n", 0.1),
       round(time.monotonic() - start))
-print(talk(b"CONNECT 127.0.0.1:22 HTTP/1.1\r\n\r\n"))
+print(talk(b"CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\n\r\n"))
 print(talk(b"\x16\x03\x01garbage\r\n\r\n"))
 print(talk(b"GET http://127.0.0.1:PORT/ok/../secret HTTP/1.1\r\n\r\n"))
 unix = socket.socket(socket.AF_UNIX)
 unix.connect(os.environ["SHELLRL_EGRESS_SOCKET"])
-unix.sendall(b"GET http://127.0.0.1:PORT/ok/unix HTTP/1.1\r\n\r\n")
+unix.sendall(b"GET http://127.0.0.1:PORT/ok/unix HTTP/1.1\r\nHost: x\r\n\r\n")
 print(unix.recv(65536).split(b"\r\n", 1)[0].decode())
 """
 

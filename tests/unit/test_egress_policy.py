@@ -1,5 +1,6 @@
 """Egress allow-rules (services/sandbox/egress/rules.py), the policy file's `egress` block, the
-proxy's request-head parser and its per-session token bucket; offline."""
+proxy's request-head parser and its per-session token bucket; offline. Hostile heads:
+test_egress_head.py; internal addresses: test_egress_addresses.py."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ import ipaddress
 
 import pytest
 
+from services.sandbox.egress.addresses import is_internal
 from services.sandbox.egress.doors import proxy_env, unavailable_reason
 from services.sandbox.egress.head import Refusal, parse_head
 from services.sandbox.egress.proxy import EgressState
-from services.sandbox.egress.rules import EgressPolicy, is_internal
+from services.sandbox.egress.rules import EgressPolicy
 from services.sandbox.policy import PolicySet
 
 RULES = {
@@ -86,10 +88,13 @@ def test_policy_file_egress_block_is_inherited_and_excludes_network(tmp_path):
 
 
 def test_request_heads_parse_to_what_the_rules_check():
-    request = parse_head(b"GET http://Example.org:8080/a%20b/c?q=1 HTTP/1.1\r\nAccept: */*\r\n\r\n")
+    request = parse_head(
+        b"GET http://Example.org:8080/a%20b/c?q=1 HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n"
+    )
     assert (request.method, request.host, request.port) == ("GET", "example.org", 8080)
     assert (request.path, request.target) == ("/a b/c", "/a%20b/c?q=1")
-    connect = parse_head(b"CONNECT [::1]:443 HTTP/1.1\r\n\r\n")
+    assert request.headers == (("Host", "x"), ("Accept", "*/*"))
+    connect = parse_head(b"CONNECT [::1]:443 HTTP/1.1\r\nHost: [::1]:443\r\n\r\n")
     assert (connect.host, connect.port, connect.path) == ("::1", 443, "")
     assert parse_head(b"GET http://h/ HTTP/1.0\r\n\r\n").port == 80
 
@@ -97,16 +102,16 @@ def test_request_heads_parse_to_what_the_rules_check():
 @pytest.mark.parametrize(
     ("head", "status", "code"),
     [
-        (b"GET /origin-form HTTP/1.1\r\n\r\n", 400, "bad_request"),
-        (b"GET https://h/ HTTP/1.1\r\n\r\n", 400, "bad_request"),
-        (b"GET http://h/ok/../admin HTTP/1.1\r\n\r\n", 400, "bad_path"),
-        (b"GET http://h/ok/%2e%2e/admin HTTP/1.1\r\n\r\n", 400, "bad_path"),
-        (b"GET http://user:pw@h/ HTTP/1.1\r\n\r\n", 400, "bad_request"),
-        (b"CONNECT h HTTP/1.1\r\n\r\n", 400, "bad_request"),
-        (b"CONNECT h:99999 HTTP/1.1\r\n\r\n", 400, "bad_request"),
-        (b"GET http://h/ HTTP/1.1\r\n folded\r\n\r\n", 400, "bad_request"),
+        (b"GET /origin-form HTTP/1.1\r\nHost: h\r\n\r\n", 400, "bad_request"),
+        (b"GET https://h/ HTTP/1.1\r\nHost: h\r\n\r\n", 400, "bad_request"),
+        (b"GET http://h/ok/../admin HTTP/1.1\r\nHost: h\r\n\r\n", 400, "bad_path"),
+        (b"GET http://h/ok/%2e%2e/admin HTTP/1.1\r\nHost: h\r\n\r\n", 400, "bad_path"),
+        (b"GET http://user:pw@h/ HTTP/1.1\r\nHost: h\r\n\r\n", 400, "bad_request"),
+        (b"CONNECT h HTTP/1.1\r\nHost: h\r\n\r\n", 400, "bad_request"),
+        (b"CONNECT h:99999 HTTP/1.1\r\nHost: h\r\n\r\n", 400, "bad_request"),
+        (b"GET http://h/ HTTP/1.1\r\nHost: h\r\n folded\r\n\r\n", 400, "bad_request"),
         (b"POST http://h/ HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", 400, None),
-        (b"POST http://h/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", 411, "chunked_body"),
+        (b"POST http://h/ HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n", 411, None),
         (b"\x16\x03\x01\x00\r\n\r\n", 400, "bad_request"),
     ],
 )
@@ -121,7 +126,7 @@ def test_token_bucket_allows_requests_per_minute_then_refuses():
     assert [state.take_token() for _ in range(3)] == [True, True, False]
     state.refilled_at -= 30.0  # half a minute later: one more token (2 per minute)
     assert state.take_token() and not state.take_token()
-    assert state.summary() == {"allow": 0, "deny": 0, "bytes": 0, "max_bytes": 1000}
+    assert state.summary() == {"allow": 0, "deny": 0, "refused": 0, "bytes": 0, "max_bytes": 1000}
 
 
 def test_proxy_environment_and_where_egress_is_unavailable():

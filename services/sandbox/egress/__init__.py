@@ -9,7 +9,8 @@ audit stream.
                                                                 └──▶ audit.py: XADD shellrl:egress,
                                                                      denials as safety events
 
-rules.py: the allow-rules; head.py: request heads and refusals; proxy.py: one client
-connection; doors.py: the two ways in;
-audit.py: the audit stream. Nothing here imports the session manager: it passes what a door needs.
+rules.py: the allow-rules; addresses.py: which addresses are internal (not global); head.py:
+request heads (strict bytes, then h11) and refusals; proxy.py: one client connection, its verdict;
+relay.py: the bytes of an allowed request; doors.py: the two ways in; audit.py: the audit stream.
+Nothing here imports the session manager: it passes what a door needs.
 """

@@ -3,8 +3,12 @@
 
 Entry fields (all strings): `session_id`, `time` (unix seconds), `phase` (`decision`: the verdict,
 before anything is forwarded; `closed`: an allowed exchange ended, with its byte counts), `method`,
-`host`, `port`, `path` (at most 2,000 characters; "" for CONNECT), `verdict` (allow / deny),
-`rule` ("" when none), `reason`, `bytes_sent` (client to upstream), `bytes_received`.
+`host`, `port`, `path` (at most 2,000 characters; "" for CONNECT; all three empty when no request
+could be read), `verdict` (`allow`; `deny`: a request was read and a rule or a limit refused it;
+`refused`: the proxy could not or would not read one: malformed, ambiguous, too large, too slow,
+cut short, past the session's open connections), `rule` ("" when none), `reason`, `bytes_sent`
+(client to upstream), `bytes_received`. Every connection to the proxy gets exactly one
+`decision` entry.
 
 The decision entry of an allowed request is written before the request is forwarded: when Redis
 cannot take it, the proxy refuses the request (fail closed: no unaudited egress).

@@ -33,14 +33,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.sandbox.egress.audit import AuditLog
-from services.sandbox.egress.head import Refusal, send_error
+from services.sandbox.egress.head import Refusal
 from services.sandbox.egress.proxy import EgressProxy, EgressState, ProxyLimits
 
 log = logging.getLogger(__name__)
 LISTEN_PORT = 3128  # the session's own loopback: every session has its own network namespace
 IN_SANDBOX_SOCKET = "/run/shellrl/egress.sock"
 SOCKET_NAME = "egress.sock"
-MAX_CONNECTIONS = 64  # open proxy connections per session; more get 429 at once
+MAX_CONNECTIONS = 64  # open proxy connections per session; more get an audited 429 at once
 CLONE_NEWNET = 0x40000000
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
@@ -154,8 +154,8 @@ class EgressDoors:
     async def _serve(self, doors: _Doors, reader, writer) -> None:
         if len(doors.connections) >= MAX_CONNECTIONS:
             message = f"more than {MAX_CONNECTIONS} open egress connections"
-            await send_error(writer, Refusal(429, "egress_connections", message))
-            writer.close()
+            refusal = Refusal(429, "egress_connections", message, reason="connection_limit")
+            await self.proxy.turn_away(doors.state, reader, writer, refusal)
             return
         task = asyncio.current_task()
         doors.connections.add(task)

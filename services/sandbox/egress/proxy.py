@@ -1,22 +1,27 @@
 """The egress proxy: one client connection from a session's door (doors.py) → one request.
 
-Consumes an HTTP/1.x request head (at most `max_header_bytes`, all of it within
-`header_timeout_s`: a slow sender gets 408, a huge head 431), asks the session's `EgressPolicy`
-(rules.py) and its rate and byte limits, writes the verdict to the audit log (audit.py), then:
+Consumes an HTTP/1.x request head (head.py: strict byte checks, then h11; at most
+`max_header_bytes`, all of it within `header_timeout_s`: a slow sender gets 408, a huge head 431),
+asks the session's `EgressPolicy` (rules.py) and its rate and byte limits, writes the verdict to
+the audit log (audit.py), then relays (relay.py):
 
 * `CONNECT host:port` → a TCP tunnel (HTTPS; no TLS interception: the host and port are checked,
   the path and method inside the tunnel cannot be);
-* `METHOD http://host[:port]/path` (absolute form) → the request is sent upstream in origin form
+* `METHOD http://host[:port]/path` (absolute form) → the request rebuilt by h11 in origin form
   with `Host` set to the target and `Connection: close`, its body (Content-Length only; a chunked
-  request body gets 411) and the response are copied, and the connection closes: one request per
-  connection, so a second request can never ride on a checked one.
+  request body gets 411), the response re-framed by h11, and the connection closes: one request
+  per connection, so a second request can never ride on a checked one.
 
-Refusals are `HTTP/1.1 <status>` with a JSON body `{"error": {"code", "message", "rule"}}` and
-the connection closed. Host names are resolved here, on the host; an internal address (loopback,
-private, link-local) is reached only for a rule naming it literally (rules.py), and the proxy
-connects to the address it checked (no second lookup to rebind). Guarantees: nothing reaches an
-upstream without an allowing rule and an audit entry written first; a session's bytes through the
-proxy (both directions) stop at its policy's `max_bytes`.
+Every connection gets exactly one verdict on the audit stream (`decision` entry): `allow`, `deny`
+(a request was read; a rule or a limit refused it) or `refused` (the proxy could not or would not
+read one: malformed, ambiguous, too large, too slow, cut short, past the session's open
+connections); a refusal is audited before the client gets its `HTTP/1.1 <status>` with a JSON
+body `{"error": {"code", "message", "rule"}}` and the connection is closed without a reset
+(`_lingering_close`). Host names are resolved here, on the host; an address that is not global
+(addresses.py) is reached only for a rule naming it literally, and the proxy connects to the
+address it checked (no second lookup to rebind). Guarantees: nothing reaches an upstream without
+an allowing rule and an audit entry written first; a session's bytes through the proxy (both
+directions) stop at its policy's `max_bytes`.
 """
 
 from __future__ import annotations
@@ -30,21 +35,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from services.sandbox import metrics
+from services.sandbox.egress.addresses import is_internal
 from services.sandbox.egress.audit import AuditLog, EgressRecord
-from services.sandbox.egress.head import (
-    HOP_BY_HOP,
-    Refusal,
-    Request,
-    authority,
-    content_length,
-    parse_head,
-    send_error,
-)
-from services.sandbox.egress.rules import EgressPolicy, EgressRule, EgressVerdict, is_internal
+from services.sandbox.egress.head import Refusal, Request, parse_head, read_head, send_error
+from services.sandbox.egress.relay import READ_BYTES, Budget, exchange, tunnel
+from services.sandbox.egress.rules import EgressPolicy, EgressRule, EgressVerdict
 
 log = logging.getLogger(__name__)
-CHUNK_BYTES = 64 << 10
 LINGER_BYTES = 1 << 20
+NO_REQUEST = Request("", "", 0, "", "", ())
 
 
 @dataclass(frozen=True)
@@ -60,8 +59,9 @@ class ProxyLimits:
 @dataclass
 class EgressState:
     """One session's egress: its policy, its token bucket (`requests_per_minute`, refilled
-    evenly, burst = one minute's worth), the bytes it has moved, and `on_denial`, called with
-    each denial as a safety event of the session (the verifier's safety signal)."""
+    evenly, burst = one minute's worth), the bytes it has moved, its verdicts by kind, and
+    `on_denial`, called with each deny or refusal as a safety event of the session (the
+    verifier's safety signal)."""
 
     session_id: str
     policy: EgressPolicy
@@ -69,7 +69,7 @@ class EgressState:
     tokens: float = 0.0
     refilled_at: float = field(default_factory=time.monotonic)
     bytes_used: int = 0
-    counts: dict[str, int] = field(default_factory=lambda: {"allow": 0, "deny": 0})
+    counts: dict[str, int] = field(default_factory=lambda: {"allow": 0, "deny": 0, "refused": 0})
 
     def __post_init__(self) -> None:
         self.tokens = float(self.policy.requests_per_minute)
@@ -105,21 +105,31 @@ class EgressProxy:
         """Serve one connection to its end; never raises (errors are answered or logged)."""
         try:
             await self._serve(state, reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
+        except (ConnectionError, TimeoutError):
             pass
         except Exception:  # a bug must not take the door down
             log.exception("egress proxy connection failed", extra={"session_id": state.session_id})
         finally:
             await _lingering_close(reader, writer)
 
+    async def turn_away(self, state: EgressState, reader, writer, refusal: Refusal) -> None:
+        """Refuse a connection without reading it (a door's cap): audited, answered, closed."""
+        try:
+            await self._refuse(state, writer, None, refusal)
+        finally:
+            await _lingering_close(reader, writer)
+
     async def _serve(self, state, reader, writer) -> None:
         request = None
         try:
-            request = parse_head(await self._read_head(reader))
+            head, rest = await self._read_head(reader)
+            request = parse_head(head)
             verdict, address = await self._decide(state, request)
-        except asyncio.IncompleteReadError:
-            return
         except Refusal as refusal:
+            return await self._refuse(state, writer, request, refusal)
+        except Exception:  # a bug in reading: still one verdict for the connection
+            log.exception("egress request failed", extra={"session_id": state.session_id})
+            refusal = Refusal(500, "proxy_error", "the proxy failed on this request")
             return await self._refuse(state, writer, request, refusal)
         try:
             await self.audit.append(_record(state, "decision", request, verdict))
@@ -130,7 +140,7 @@ class EgressProxy:
             return await send_error(writer, Refusal(503, "audit_unavailable", message))
         state.counts["allow"] += 1
         metrics.EGRESS_REQUESTS.labels("allow", "rule").inc()
-        sent = received = 0
+        budget = Budget(state, self.limits.idle_timeout_s)
         try:
             try:
                 async with asyncio.timeout(self.limits.connect_timeout_s):
@@ -142,30 +152,31 @@ class EgressProxy:
                 )
                 return
             try:
-                sent, received = await self._exchange(
-                    state, request, reader, writer, up_reader, up_writer
-                )
+                if request.method == "CONNECT":
+                    await tunnel(rest, reader, writer, up_reader, up_writer, budget)
+                else:
+                    await exchange(request, rest, reader, writer, up_reader, up_writer, budget)
             finally:
                 up_writer.close()
         finally:
-            await self._closed(state, request, verdict, sent, received)
+            await self._closed(state, request, verdict, budget.sent, budget.received)
 
-    async def _read_head(self, reader: asyncio.StreamReader) -> bytes:
-        """The request head; Refusal 408 past header_timeout_s, 431 past max_header_bytes."""
+    async def _read_head(self, reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
+        """The request head and the bytes after it; Refusal 408 past header_timeout_s (head.py:
+        400 for a bad byte or a cut-short head, 431 past max_header_bytes)."""
         try:
             async with asyncio.timeout(self.limits.header_timeout_s):
-                return await reader.readuntil(b"\r\n\r\n")
+                return await read_head(reader, self.limits.max_header_bytes)
         except TimeoutError:
             limit_s = self.limits.header_timeout_s
             raise Refusal(
                 408, "header_timeout", f"request head not complete in {limit_s} s"
             ) from None
-        except asyncio.LimitOverrunError:
-            limit = self.limits.max_header_bytes
-            raise Refusal(431, "header_too_large", f"request head over {limit} bytes") from None
+        except (ConnectionError, OSError) as exc:
+            raise Refusal(400, "incomplete_head", f"the connection failed: {exc!r}") from None
 
     async def _decide(self, state: EgressState, request: Request) -> tuple[EgressVerdict, str]:
-        """The allowing verdict and the address to connect to; Refusal otherwise."""
+        """The allowing verdict and the address to connect to; Refusal (deny) otherwise."""
         verdict = self._verdict(state, request)
         if verdict.verdict != "allow":
             message = {
@@ -175,7 +186,7 @@ class EgressProxy:
                 "byte_limit": f"the session's {state.policy.max_bytes} egress bytes are used up",
             }[verdict.reason]
             status = 403 if verdict.reason == "no_rule" else 429
-            raise Refusal(status, f"egress_{verdict.reason}", message, None, verdict.reason)
+            raise Refusal(status, f"egress_{verdict.reason}", message, None, verdict.reason, "deny")
         rule = state.policy.rule(verdict.rule)
         address = await self._resolve(request.host, request.port, rule)
         return verdict, address
@@ -191,8 +202,8 @@ class EgressProxy:
         return verdict
 
     async def _resolve(self, host: str, port: int, rule: EgressRule) -> str:
-        """The address to connect to: `host` looked up once (refused when unknown, or internal
-        without a rule naming it literally)."""
+        """The address to connect to: `host` looked up once (refused when unknown, or when any
+        answer is not global and the rule does not name it literally)."""
         try:
             async with asyncio.timeout(self.limits.connect_timeout_s):
                 infos = await asyncio.get_running_loop().getaddrinfo(
@@ -200,68 +211,20 @@ class EgressProxy:
                 )
         except (OSError, TimeoutError) as exc:
             message = f"cannot resolve {host!r}: {exc}"
-            raise Refusal(502, "egress_unresolved", message, rule.name, "unresolved") from None
+            raise Refusal(
+                502, "egress_unresolved", message, rule.name, "unresolved", "deny"
+            ) from None
         for info in infos:
             address = info[4][0]
             if is_internal(ipaddress.ip_address(address.split("%")[0])) and not rule.names_internal:
                 message = (
-                    f"{host!r} resolves to the internal address {address}; only a rule naming "
-                    "it literally allows that"
+                    f"{host!r} resolves to the internal (not global) address {address}; only a "
+                    "rule naming it literally allows that"
                 )
                 raise Refusal(
-                    403, "egress_internal_address", message, rule.name, "internal_address"
+                    403, "egress_internal_address", message, rule.name, "internal_address", "deny"
                 )
         return infos[0][4][0]
-
-    async def _exchange(self, state, request, reader, writer, up_reader, up_writer):
-        budget = _Budget(state)
-        if request.method == "CONNECT":
-            writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-            await writer.drain()
-            await asyncio.gather(
-                self._copy(reader, up_writer, budget, "sent"),
-                self._copy(up_reader, writer, budget, "received"),
-            )
-        else:
-            length = content_length(request.headers)
-            lines = [f"{request.method} {request.target} HTTP/1.1", f"Host: {authority(request)}"]
-            lines += [f"{k}: {v}" for k, v in request.headers if k.lower() not in HOP_BY_HOP]
-            lines.append("Connection: close")
-            head = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-            budget.count("sent", len(head))
-            up_writer.write(head)
-            await up_writer.drain()
-            await asyncio.gather(
-                self._copy(reader, up_writer, budget, "sent", length, eof=False),
-                self._copy(up_reader, writer, budget, "received"),
-            )
-        return budget.sent, budget.received
-
-    async def _copy(self, src, dst, budget: _Budget, direction: str, limit=None, eof=True):
-        """Copy `src` → `dst` until EOF (or `limit` bytes); stops when the session's byte budget
-        is spent or neither direction moved a byte for idle_timeout_s. With `eof`, half-closes
-        `dst` at the end."""
-        left = limit
-        try:
-            while left is None or left > 0:
-                want = CHUNK_BYTES if left is None else min(CHUNK_BYTES, left)
-                try:
-                    async with asyncio.timeout(self.limits.idle_timeout_s):
-                        data = await src.read(min(want, max(budget.left, 1)))
-                except TimeoutError:
-                    if time.monotonic() - budget.active_at < self.limits.idle_timeout_s:
-                        continue  # the other direction is busy
-                    raise
-                if not data or not budget.count(direction, len(data)):
-                    break
-                dst.write(data)
-                await dst.drain()
-                if left is not None:
-                    left -= len(data)
-            if eof and dst.can_write_eof():
-                dst.write_eof()
-        except (ConnectionError, TimeoutError, OSError):
-            dst.close()
 
     async def _closed(self, state, request, verdict, sent: int, received: int) -> None:
         metrics.EGRESS_BYTES.labels("sent").inc(sent)
@@ -273,14 +236,14 @@ class EgressProxy:
             log.error("egress audit write failed (closed entry)", extra={"error": repr(exc)})
 
     async def _refuse(self, state, writer, request, refusal: Refusal) -> None:
-        """Answer `refusal`, count and audit it, and append it to the session's safety events
-        (rule `egress_<reason>`: a malformed or slow head is hostile input too)."""
-        verdict = EgressVerdict("deny", refusal.rule, refusal.reason)
-        state.counts["deny"] += 1
-        metrics.EGRESS_REQUESTS.labels("deny", verdict.reason).inc()
+        """Count and audit `refusal`, then answer it, and append it to the session's safety
+        events (rule `egress_<reason>`: a malformed or slow head is hostile input too)."""
+        verdict = EgressVerdict(refusal.verdict, refusal.rule, refusal.reason)
+        state.counts[verdict.verdict] += 1
+        metrics.EGRESS_REQUESTS.labels(verdict.verdict, verdict.reason).inc()
         event = {
             "kind": "egress",
-            "verdict": "deny",
+            "verdict": verdict.verdict,
             "rule": f"egress_{verdict.reason.removeprefix('egress_')}",
             "reason": verdict.reason,
         }
@@ -289,32 +252,11 @@ class EgressProxy:
                 :2000
             ]
         state.on_denial(event)
-        record = _record(state, "decision", request or Request("", "", 0, "", "", ()), verdict)
         try:
-            await self.audit.append(record)
+            await self.audit.append(_record(state, "decision", request or NO_REQUEST, verdict))
         except Exception as exc:
-            log.error("egress audit write failed (denial)", extra={"error": repr(exc)})
+            log.error("egress audit write failed (refusal)", extra={"error": repr(exc)})
         await send_error(writer, refusal)
-
-
-class _Budget:
-    def __init__(self, state: EgressState) -> None:
-        self.state, self.sent, self.received = state, 0, 0
-        self.active_at = time.monotonic()
-
-    @property
-    def left(self) -> int:
-        return self.state.bytes_left
-
-    def count(self, direction: str, n: int) -> bool:
-        """Charge `n` bytes; False (and nothing charged) when that would pass the budget."""
-        if n > self.state.bytes_left:
-            self.state.bytes_used = self.state.policy.max_bytes
-            return False
-        self.state.bytes_used += n
-        self.active_at = time.monotonic()
-        setattr(self, direction, getattr(self, direction) + n)
-        return True
 
 
 def _record(state, phase, request, verdict, sent=0, received=0) -> EgressRecord:
@@ -337,13 +279,13 @@ def _record(state, phase, request, verdict, sent=0, received=0) -> EgressRecord:
 async def _lingering_close(reader, writer, linger_s: float = 1.0) -> None:
     """Half-close, discard what the client still sends (at most LINGER_BYTES, `linger_s`
     seconds), then close: closing a socket with unread input sends RST, which would destroy an
-    answer (a 431, a 408) still on its way to the client."""
+    answer (a 429, a 431, a 408) still on its way to the client."""
     try:
         if not writer.is_closing() and writer.can_write_eof():
             writer.write_eof()
         async with asyncio.timeout(linger_s):
             discarded = 0
-            while discarded < LINGER_BYTES and (data := await reader.read(CHUNK_BYTES)):
+            while discarded < LINGER_BYTES and (data := await reader.read(READ_BYTES)):
                 discarded += len(data)
     except (ConnectionError, OSError, TimeoutError):
         pass

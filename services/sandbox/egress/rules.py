@@ -13,14 +13,17 @@
 `EgressPolicy.evaluate(method, host, port, path)` is deterministic: the first rule in file order
 that matches host, port, method and path prefix allows the request; no match denies it (rule
 None). A policy without an `egress` block has no network at all (the default). A rule naming an
-internal address (loopback, private, link-local: see `is_internal`) must name it literally
-(an IP literal or `localhost`): a public name that resolves to one is refused by the proxy.
+internal address (every address that is not globally routable: addresses.py) must name it
+literally (an IP literal or `localhost`): a public name that resolves to one is refused by the
+proxy. An address in a rule is written as `ipaddress` prints it (`127.0.0.1`, not `0x7f.1` or
+`2130706433`; IPv6 compressed or not), and a wildcard rule never matches an IP literal.
 """
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass
+
+from services.sandbox.egress.addresses import NotAnAddress, is_internal, literal_address
 
 DEFAULT_METHODS = ("GET", "HEAD")
 DEFAULT_REQUESTS_PER_MINUTE = 120
@@ -52,9 +55,11 @@ class EgressRule:
         return method == "CONNECT" or path.startswith(self.path_prefix)
 
     def host_matches(self, host: str) -> bool:
+        """Exact (case and a trailing dot aside) or below a wildcard's suffix; `host` an IP
+        literal as head.py passes it (canonical: `ipaddress`'s form)."""
         host = host.lower().rstrip(".")
         if self.host.startswith("*."):
-            return host.endswith(self.host[1:])
+            return host.endswith(self.host[1:]) and _literal(host) is None
         return host == self.host
 
     @property
@@ -63,25 +68,15 @@ class EgressRule:
         one for it)."""
         if self.host == "localhost":
             return True
-        try:
-            return is_internal(ipaddress.ip_address(self.host))
-        except ValueError:
-            return False
+        address = _literal(self.host)
+        return address is not None and is_internal(address)
 
 
-def is_internal(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Loopback, private (RFC 1918, ULA), link-local, unspecified, multicast or reserved."""
-    mapped = getattr(address, "ipv4_mapped", None)
-    if mapped is not None:
-        address = mapped
-    return (
-        address.is_loopback
-        or address.is_private
-        or address.is_link_local
-        or address.is_unspecified
-        or address.is_multicast
-        or address.is_reserved
-    )
+def _literal(host: str):
+    try:
+        return literal_address(host)
+    except NotAnAddress:
+        return None
 
 
 @dataclass(frozen=True)
@@ -130,8 +125,18 @@ def _parse_rule(where: str, r: object) -> EgressRule:
         )
     name = r["name"]
     host = str(r["host"]).lower().rstrip(".").strip("[]")
-    if not host or any(c in host for c in "/@ \t?#"):
+    if not host or any(c in host for c in "/@ \t?#%"):
         raise ValueError(f"{where} ({name}): bad host {r['host']!r}")
+    try:
+        address = literal_address(host)
+    except NotAnAddress:
+        raise ValueError(
+            f"{where} ({name}): bad host {r['host']!r} (numeric, no address)"
+        ) from None
+    if address is not None and address.version == 4 and str(address) != host:
+        raise ValueError(f"{where} ({name}): write the address {r['host']!r} as {address}")
+    if address is not None:
+        host = str(address)
     if host.startswith("*") and (not host.startswith("*.") or "*" in host[1:] or len(host) < 4):
         raise ValueError(f"{where} ({name}): a wildcard host is '*.suffix', got {r['host']!r}")
     ports = r["ports"]
