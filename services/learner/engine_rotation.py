@@ -35,6 +35,9 @@ class EngineState:
     last_ok_at: float | None = None
     failures: int = 0
     tp_size: int | None = None  # from /server_info on first contact (again after a failure)
+    # shellrl's engine (/server_info version "shellrl-engine-..."): stages every bucket of a
+    # session and swaps them in at its end, so no token is ever sampled on a mix
+    commits_atomically: bool | None = None
     last_probe_s: float = field(default=0.0, repr=False)
 
     def to_json(self) -> dict:
@@ -114,7 +117,7 @@ def take_out_of_rotation(state: EngineState, reason: str) -> None:
     """Mark `state` out of rotation so that `WeightSync.reconcile` probes it at once and brings it
     back with a full update (its confirmed version no longer holds)."""
     state.in_rotation, state.version, state.last_error = False, None, reason
-    state.tp_size, state.last_probe_s = None, 0.0
+    state.tp_size, state.commits_atomically, state.last_probe_s = None, None, 0.0
 
 
 async def write_engine_states(

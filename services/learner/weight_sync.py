@@ -13,12 +13,12 @@ An engine's TP size (one `serialized_named_tensors` entry per rank) and kind com
 /server_info on first contact. The last bucket of a push sets `flush_cache` (SGLang would keep KV
 computed by the old weights) and alone carries `weight_version`: SGLang records the version of
 every bucket that carries one as soon as it loaded it, so a label on an earlier bucket would name
-weights half loaded. With a pause (`pause_mode`; "auto": retract when the push takes more than one
-bucket) each engine's update runs between pause_generation and continue_generation: SGLang
-releases its writer lock between two bucket calls, and without the pause it would sample between
-them on a mix of old and new weights; paused, in-flight requests keep their tokens and continue on
-the new weights, and a push never waits for them to finish. Phases are timed into
-`shellrl_weight_sync_seconds{phase}`.
+weights half loaded. With a pause (`pause_mode`; "auto": retract when the push takes more than
+one bucket, except on shellrl's engine, which swaps a session's buckets in at once) each engine's
+update runs between pause_generation and continue_generation: SGLang releases its writer lock
+between two bucket calls, and without the pause it would sample between them on a mix of old and
+new weights; paused, in-flight requests keep their tokens and continue on the new weights, and a
+push never waits for them to finish. Phases are timed into `shellrl_weight_sync_seconds{phase}`.
 
 Guarantees:
 * Never hangs: each engine's whole update runs under `deadline_s`; at the deadline the call is
@@ -76,12 +76,13 @@ class PauseModeRefused(ValueError):
     """A pause mode an engine cannot honour (the learner stops, naming the setting)."""
 
 
-def pause_for(pause_mode: str, buckets: int) -> str:
-    """The pause of one push of `buckets` update calls: "auto" is retract for more than one, else
-    off; the other modes as they are."""
+def pause_for(pause_mode: str, buckets: int, commits_atomically: bool = False) -> str:
+    """The pause of one engine's push of `buckets` update calls: "auto" is retract for more than
+    one, unless the engine commits a session's buckets at once (shellrl's engine), else off; the
+    other modes as they are."""
     if pause_mode != "auto":
         return pause_mode
-    return "retract" if buckets > 1 else "off"
+    return "retract" if buckets > 1 and not commits_atomically else "off"
 
 
 def radix_cache_refusal(infos: dict[str, dict]) -> str | None:
@@ -207,9 +208,27 @@ class WeightSync:
     async def _tp_size(self, url: str) -> int:
         state = self.engines[url]
         if state.tp_size is None:
-            info = (await self.client.get_server_info(urls=[url]))[url]
-            state.tp_size = int(info.get("tp_size") or 1)
+            await self._read_server_info(url)
         return state.tp_size
+
+    async def _read_server_info(self, url: str) -> None:
+        state = self.engines[url]
+        info = (await self.client.get_server_info(urls=[url]))[url]
+        state.tp_size = int(info.get("tp_size") or 1)
+        state.commits_atomically = str(info.get("version", "")).startswith("shellrl-engine")
+
+    async def _pauses(self, targets: list[str], buckets: int) -> dict[str, str]:
+        """Each target's pause for a push of `buckets` calls (`pause_for`); "auto" asks an engine
+        it has not met its /server_info (bounded; no answer: treated as SGLang, paused)."""
+        if self.pause_mode == "auto" and buckets > 1:
+            unknown = [u for u in targets if self.engines[u].commits_atomically is None]
+            await asyncio.gather(
+                *(bounded(self._read_server_info(u), min(self.deadline_s, 5.0)) for u in unknown)
+            )
+        return {
+            u: pause_for(self.pause_mode, buckets, bool(self.engines[u].commits_atomically))
+            for u in targets
+        }
 
     def status(self) -> dict:
         return {
@@ -295,16 +314,17 @@ class WeightSync:
         failed: dict[str, str] = {}
         confirmed: list[str] = []
         if targets:
-            pause = pause_for(self.pause_mode, self.staging.bucket_count(model))
+            pauses = await self._pauses(targets, self.staging.bucket_count(model))
             # Tensor transports: each engine's weight-update session (SGLang 0.5.23 requires one) opens
             # while the weights are copied, so its round trip costs no time of its own.
             # (not with a pause: SGLang's begin would wait behind in-flight requests before it)
             opening = (
                 {}
-                if self.transport == "disk" or pause != "off"
+                if self.transport == "disk"
                 else {
                     u: asyncio.ensure_future(self.client.begin_weight_update(urls=[u]))
                     for u in targets
+                    if pauses[u] == "off"
                 }
             )
             t0 = time.perf_counter()
@@ -321,7 +341,7 @@ class WeightSync:
             phases["flatten"] = time.perf_counter() - t0
             outcomes = await asyncio.gather(
                 *(
-                    self._update_within_deadline(u, prepared, version, pause, opening.get(u))
+                    self._update_within_deadline(u, prepared, version, pauses[u], opening.get(u))
                     for u in targets
                 )
             )

@@ -14,6 +14,7 @@ KEY = "admin-key-for-weights-0123456789"
 def test_auto_pauses_with_retract_only_when_a_push_takes_more_than_one_bucket():
     assert pause_for("auto", 1) == "off"
     assert pause_for("auto", 2) == "retract"
+    assert pause_for("auto", 2, commits_atomically=True) == "off"  # shellrl's engine
     assert [pause_for(m, 5) for m in ("off", "retract", "in_place")] == [
         "off",
         "retract",
