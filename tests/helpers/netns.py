@@ -23,12 +23,13 @@ import os
 import shlex
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.owned_processes import run_owned
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT_MARK = "NETNS-RESULT "
@@ -55,12 +56,12 @@ def run_isolated(
         steps.append(f"mount --bind {shlex.quote(str(hosts_file))} /etc/hosts")
         steps.append(f"exec {shlex.quote(sys.executable)} -m tests.helpers.netns {target}")
         argv = ["unshare", "--net", "--mount", "--pid", "--fork", "--kill-child", "--"]
-        proc = subprocess.run(
+        proc = run_owned(
             [*argv, "sh", "-ec", " && ".join(steps)],
             input=json.dumps({**spec, "tmp": tmp}),
             capture_output=True,
             text=True,
-            timeout=timeout_s,
+            timeout_s=timeout_s,
             cwd=ROOT,
         )
     marked = [line for line in proc.stdout.splitlines() if line.startswith(RESULT_MARK)]
