@@ -5,7 +5,8 @@ config, tokenizer, safetensors; no optimizer or RNG state), for `transformers`, 
     shellrl export .shellrl/checkpoints/step-000040 out/policy-v40 [--dtype bfloat16]
 
 A checkpoint written before checkpoints carried the tokenizer needs `--tokenizer-from MODEL`
-(smollm2, tiny or a model directory: the base model it was trained from).
+(smollm2, tiny or a model directory: the base model it was trained from). The directory is
+world-readable (files 0644, directories 0755: shellrl/files.py).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def run(args) -> int:
     from cli.errors import CliError
     from cli.model_path import check_model_path
     from services.learner.servable import export_checkpoint
+    from shellrl.files import share_readable
     from shellrl.models import resolve_model_path
 
     tokenizer_from = None
@@ -51,6 +53,7 @@ def run(args) -> int:
         )
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    share_readable(out)  # for a server that runs as another user (safetensors writes 0600)
     check_model_path(str(out))
     print(f"exported {args.checkpoint} -> {out} (dtype {args.dtype or 'as trained'})")
     return 0
