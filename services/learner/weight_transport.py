@@ -23,6 +23,7 @@ weight_sync.py sends the payloads to the engines.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import shutil
@@ -44,6 +45,8 @@ from shellrl.weights import sglang as wsg
 BUCKET_BYTES = 512 << 20  # shm and distributed: buckets of at most this size (slime and verl's
 # default). cuda_ipc: one bucket (the kept buckets hold the whole model however it is split)
 TRANSPORTS = ("shm", "cuda_ipc", "distributed", "disk")
+_OVERSIZE_REPORTED: set[str] = set()  # tensors split_buckets has said are larger than a bucket
+log = logging.getLogger(__name__)
 
 
 def choose_transport(setting: str, device: torch.device, urls: list[str]) -> str:
@@ -255,10 +258,17 @@ class WeightStaging:
 def split_buckets(
     named: list[tuple[str, torch.Tensor]], bucket_bytes: int
 ) -> list[list[tuple[str, torch.Tensor]]]:
-    """Split named tensors, in order, into buckets of at most bucket_bytes (a larger tensor alone)."""
+    """Split named tensors, in order, into buckets of at most bucket_bytes (a larger tensor alone,
+    said once in the log)."""
     out, current, size = [], [], 0
     for name, tensor in named:
         nbytes = tensor.numel() * tensor.element_size()
+        if nbytes > bucket_bytes and name not in _OVERSIZE_REPORTED:
+            _OVERSIZE_REPORTED.add(name)
+            log.warning(
+                "a tensor larger than the bucket budget goes in a bucket of its own",
+                extra={"tensor": name, "bytes": nbytes, "bucket_bytes": bucket_bytes},
+            )
         if current and size + nbytes > bucket_bytes:
             out.append(current)
             current, size = [], 0

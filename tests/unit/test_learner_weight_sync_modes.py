@@ -46,3 +46,20 @@ def test_the_admin_key_comes_from_one_source_and_must_be_a_token(tmp_path, monke
     missing = LearnerSettings(engine_admin_api_key_file=tmp_path / "absent")
     with pytest.raises(ValueError, match="engine_admin_api_key_file"):
         missing.engine_admin_api_key_value()
+
+
+def test_a_tensor_larger_than_the_bucket_budget_goes_alone_and_the_log_says_so(caplog):
+    import torch
+
+    from services.learner.weight_transport import split_buckets
+
+    named = [
+        ("a", torch.zeros(10)),
+        ("lm_head.only_in_this_test", torch.zeros(1000)),
+        ("b", torch.zeros(10)),
+    ]
+    with caplog.at_level("WARNING", logger="services.learner.weight_transport"):
+        buckets = split_buckets(named, bucket_bytes=1024)
+    assert [[n for n, _ in b] for b in buckets] == [["a"], ["lm_head.only_in_this_test"], ["b"]]
+    said = [r for r in caplog.records if getattr(r, "tensor", None) == "lm_head.only_in_this_test"]
+    assert len(said) == 1 and said[0].bytes == 4000 and said[0].bucket_bytes == 1024
