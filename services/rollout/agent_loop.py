@@ -228,7 +228,7 @@ class AgentLoop:
     async def _turns(self, spec: EpisodeSpec, traj: Trajectory, session_id: str) -> None:
         prompt = self.prompt_ids(spec.task.instruction)
         traj.prompt_ids = encode_token_ids(prompt)
-        m.TOKENS.labels("prompt").inc(len(prompt))
+        m.PROMPT_TOKENS.inc(len(prompt))
         input_ids = list(prompt)
         max_turns = spec.task.max_turns or self.limits.max_turns
         pin = EnginePin(
@@ -270,7 +270,7 @@ class AgentLoop:
             if overflow:
                 obs = []
             traj.segments.append(observation_segment(obs, tool_event=event, turn=turn))
-            m.TOKENS.labels("observation").inc(len(obs))
+            m.OBSERVATION_TOKENS.inc(len(obs))
             input_ids += obs
             if overflow and not last:
                 _end(traj, EpisodeEnd.EPISODE_END_CONTEXT, truncated=True)
@@ -308,7 +308,7 @@ class AgentLoop:
             m.GENERATE_SECONDS.observe(time.monotonic() - start)
             self._append_action(traj, result, rid, sampling, turn)
             turn_ids += result.output_ids
-            m.TOKENS.labels("action").inc(len(result.output_ids))
+            m.ACTION_TOKENS.inc(len(result.output_ids))
             if result.finish_reason != "abort":
                 return turn_ids, result.finish_reason
             if len(turn_ids) >= max_new:

@@ -13,6 +13,11 @@ TOKENS = metrics.counter(
     "Tokens by kind: prompt, action (engine-sampled), observation (harness).",
     ("kind",),
 )
+# the agent loop counts tokens every turn: its series bound once (a `labels()` lookup per turn is
+# a lock and a dict; each series exists from the start)
+PROMPT_TOKENS, ACTION_TOKENS, OBSERVATION_TOKENS = (
+    TOKENS.labels(kind) for kind in ("prompt", "action", "observation")
+)
 TURNS = metrics.counter("shellrl_rollout_turns_total", "Agent turns (one model reply each).")
 EPISODES = metrics.counter(
     "shellrl_rollout_episodes_total",

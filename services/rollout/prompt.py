@@ -152,6 +152,8 @@ class ChatFormat:
     special_ids: dict[str, int] = field(init=False, repr=False, compare=False)
     _special_split: re.Pattern = field(init=False, repr=False, compare=False)
     _plain_backend: object = field(init=False, repr=False, compare=False)
+    _template_ids: dict[str, tuple[int, ...]] = field(init=False, repr=False, compare=False)
+    _template_parts: dict[str, list[str]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         added = self.tokenizer.added_tokens_decoder.items()
@@ -160,6 +162,8 @@ class ChatFormat:
         object.__setattr__(self, "special_ids", special)
         object.__setattr__(self, "_special_split", re.compile(f"({alternatives or '(?!)'})"))
         object.__setattr__(self, "_plain_backend", _plain_backend(self.tokenizer))
+        object.__setattr__(self, "_template_ids", {})  # a run of template text only -> its ids
+        object.__setattr__(self, "_template_parts", {})  # template piece -> its special split
 
     @classmethod
     def from_tokenizer(
@@ -248,21 +252,42 @@ class ChatFormat:
         only; in a content their text is plain text (`<|im_end|>` -> `<`, `|`, `im`, ... ids).
 
         The tokenizer splits its input at special tokens and encodes the text between them on
-        its own; this does the same, so clean contents get the ids of the joined text.
+        its own; this does the same, so clean contents get the ids of the joined text. A run of
+        template text alone (e.g. the "\n" after `<|im_end|>`) is encoded once and remembered:
+        of an observation's four runs, only the one holding the body is encoded per turn.
         """
         ids: list[int] = []
         run: list[str] = []  # text since the last special token of the template
+        template_only = True  # the run holds no content: its ids are always the same
         for i, piece in enumerate(template):
-            for j, part in enumerate(self._special_split.split(piece)):
+            for j, part in enumerate(self._split(piece)):
                 if j % 2:
-                    ids += self._encode_plain("".join(run))
+                    ids += self._encode_run("".join(run), template_only)
                     ids.append(self.special_ids[part])
                     run.clear()
+                    template_only = True
                 else:
                     run.append(part)
             if i < len(contents):
                 run.append(contents[i])
-        return ids + self._encode_plain("".join(run))
+                template_only = False
+        ids += self._encode_run("".join(run), template_only)
+        return ids
+
+    def _split(self, piece: str) -> list[str]:
+        """A template piece split at special tokens (texts at even, tokens at odd indices)."""
+        parts = self._template_parts.get(piece)
+        if parts is None:
+            parts = self._template_parts[piece] = self._special_split.split(piece)
+        return parts
+
+    def _encode_run(self, text: str, template_only: bool) -> list[int] | tuple[int, ...]:
+        if not template_only:
+            return self._encode_plain(text)
+        ids = self._template_ids.get(text)
+        if ids is None:
+            ids = self._template_ids[text] = tuple(self._encode_plain(text))
+        return ids
 
     def _encode_plain(self, text: str) -> list[int]:
         if not text:

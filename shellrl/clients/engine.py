@@ -25,8 +25,12 @@ breaks the contract; carries `status`, `body`, `url`).
 
 from __future__ import annotations
 
+import json
+import math
 import uuid
 from collections.abc import Iterable
+
+import orjson
 
 from shellrl.clients.engine_fleet import EngineFleet
 from shellrl.clients.engine_responses import (
@@ -73,6 +77,7 @@ class EngineClient(EngineFleet):
             "return_logprob": return_logprob,
             "rid": rid,
         }
+        content = _json_bytes(body)  # once: a re-send sends the same bytes
         routing = self.routing
         tried: set[str] = {u.rstrip("/") for u in avoid}
         async for attempt in resends(self.connect_retries, self.retry_backoff_s):
@@ -81,7 +86,9 @@ class EngineClient(EngineFleet):
                 tried.add(target)
                 routing.in_flight[target] += 1
                 try:
-                    response = await send_once(self._http, "POST", target, "/generate", json=body)
+                    response = await send_once(
+                        self._http, "POST", target, "/generate", content=content, headers=_JSON
+                    )
                 except (Resend, EngineUnavailable):
                     routing.mark_suspect(target)
                     raise
@@ -107,3 +114,20 @@ class EngineClient(EngineFleet):
                 routing.clear_suspect(target)
                 return result
         raise AssertionError("unreachable")
+
+
+_JSON = {"content-type": "application/json"}
+
+
+def _json_bytes(body: dict) -> bytes:
+    """`body` as JSON bytes: orjson (~20x faster than json.dumps on a few hundred token ids: the
+    largest part of a request's client CPU after the HTTP stack, issue 37), or json.dumps when a
+    sampling parameter is a non-finite float (orjson would write null where json writes the NaN /
+    Infinity literal that the engine refuses with a 400 naming it) or orjson cannot encode it."""
+    params = body["sampling_params"].values()
+    if not any(isinstance(v, float) and not math.isfinite(v) for v in params):
+        try:
+            return orjson.dumps(body)
+        except orjson.JSONEncodeError:  # e.g. an integer past 64 bits: json writes it exactly
+            pass
+    return json.dumps(body).encode()

@@ -145,3 +145,27 @@ async def test_generate_from_an_http_engine_answering_a_bad_logprob_raises_engin
     finally:
         server.stop()
     assert len(fake.requests) == 2  # not re-sent: a body out of contract is no connect error
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"max_new_tokens": 3, "temperature": 0.7, "stop": ["</bash>"], "no_stop_trim": True},
+        {"max_new_tokens": 3, "temperature": math.nan},  # json's NaN literal: the engine's 400
+        {"max_new_tokens": 3, "sampling_seed": 2**70},  # past 64 bits: json writes it exactly
+    ],
+)
+async def test_generate_sends_the_body_json_would_send(params):
+    """The body goes out through orjson (fast) unless only json can write it as it is."""
+    from tests.fakes.fake_engine import Reply, ScriptedEngine, serve_in_thread
+
+    fake = ScriptedEngine(lambda body: Reply([11], [-0.1], matched=11))
+    server = serve_in_thread(fake.app())
+    try:
+        async with EngineClient(server.url) as client:
+            await client.generate([1, 2, 3], params, rid="r")
+    finally:
+        server.stop()
+    sent = fake.requests[0]
+    assert sent["input_ids"] == [1, 2, 3] and sent["rid"] == "r" and sent["return_logprob"]
+    assert repr(sent["sampling_params"]) == repr(params)  # nan == nan by repr
