@@ -181,6 +181,23 @@ def measure_memory(
     return result
 
 
+class _Sent:
+    """The `out` of `_memory_child` when it runs in this process."""
+
+    def send(self, value) -> None:
+        self.value = value
+
+
+def measure_here(
+    mode: str, trajectories: int, tokens: int, threads: int, model_path: str
+) -> tuple[int, int, float]:
+    """`measure_memory` with the profiler, in this process (a quick run: no process to start; the
+    RSS peak is not isolated from what this process allocated before)."""
+    sent = _Sent()
+    _memory_child(mode, trajectories, tokens, threads, sent, model_path, True)
+    return sent.value
+
+
 async def bench_step_and_push(
     trajectories: int,
     tokens: int,
@@ -238,8 +255,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="the tiny test model, 2 trajectories of ~64 tokens, 1 push repeat, one memory "
-        "process per row (a smoke run)",
+        help="the tiny test model, 2 trajectories of ~64 tokens, 1 push repeat, memory measured "
+        "in this process (a smoke run)",
     )
     parser.add_argument("--model", default="smollm2", help="smollm2, tiny or a HF directory")
     parser.add_argument("--trajectories", type=int, default=16)
@@ -283,21 +300,24 @@ def main(argv: list[str] | None = None) -> None:
         rows.append(("per-sequence float32, glibc malloc", "per_sequence", False))
     results = []
     for name, mode, jemalloc in rows:
-        measure = functools.partial(
-            measure_memory, mode, b, n, args.threads, model_path=args.model, jemalloc=jemalloc
-        )
-        if (
-            args.quick
-        ):  # one process per row: RSS of the profiled pass (the profiler's own is in it)
-            rss, tensors, seconds = measure(profile_tensors=jemalloc)
+        if args.quick:  # a smoke run: in this process (RSS not isolated), profiled once
+            rss, tensors, seconds = measure_here(mode, b, n, args.threads, args.model)
         else:
+            measure = functools.partial(
+                measure_memory, mode, b, n, args.threads, model_path=args.model, jemalloc=jemalloc
+            )
             rss, _, seconds = measure()
             tensors = measure(profile_tensors=True)[1] if jemalloc else 0
         results.append((name, rss, tensors, seconds))
-    base_rss, base_tensors = results[0][1], results[0][2]
+    base_rss, base_tensors = results[0][1] or 1, results[0][2]
+    where = (
+        "quick: in this process, RSS not isolated"
+        if args.quick
+        else "jemalloc, as the learner runs"
+    )
     table = Table(
         title=f"Peak memory of one forward+backward over {b} x ~{n} tokens above the loaded model: "
-        "RSS (VmHWM; jemalloc, as the learner runs) and live tensors (profiler)"
+        f"RSS (VmHWM; {where}) and live tensors (profiler)"
     )
     for column in (
         "log-probs",

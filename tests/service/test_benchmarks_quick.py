@@ -2,16 +2,20 @@
 benchmark broke unseen because nothing ran it).
 
 Each `benchmarks/bench_<name>.py --quick` runs as its own subprocess, as `python -m benchmarks`
-runs it; the test checks the exit code and that the output has the table's headings and row
-labels, never its numbers (these machines are noisy). A new benchmark needs an entry in PRINTS.
+runs it, two at a time (they start together with the module's first test); each test checks one
+benchmark's exit code and that its output has the tables' headings and row labels, never their
+numbers (these machines are noisy). A new benchmark needs an entry in PRINTS.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -38,7 +42,72 @@ PRINTS = {
     "verifier": ["Verifier: latency", "Verifier stream", "file_exists", "p50 ms"],
     "weight_envelope": ["Whole-model push", "SGLang envelope", "gloo broadcast", "vs disk"],
 }
-TIMEOUT_S = 420  # a quick form takes seconds to a minute and a half on 2 busy cores
+TIMEOUT_S = 480  # a quick form takes seconds to a minute and a half on 2 busy cores
+WORKERS = (
+    2  # at a time: CI has 2 cores, and most quick forms wait on their services part of the time
+)
+LONGEST_FIRST = ["engine", "learner", "engine_fleet", "data_parallel", "rollout", "weight_envelope"]
+
+
+class QuickRuns:
+    """Every quick form started, WORKERS at a time, longest first, each in its own process group
+    (its services in theirs); `result(name)` waits for one. `stop()` interrupts what still runs
+    (SIGINT: a benchmark's finally blocks stop its services), then kills it by pid."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.procs: dict[str, subprocess.Popen] = {}
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        order = sorted(names, key=lambda n: (rank.get(n, len(rank)), n))
+        self.pool = ThreadPoolExecutor(WORKERS)
+        self.futures = {name: self.pool.submit(self._run, name) for name in order}
+
+    def _run(self, name: str) -> tuple[int, str, str, float]:
+        env = {**os.environ, "COLUMNS": "240", "SHELLRL_AUTH_DISABLED": "true"}
+        start = time.monotonic()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", f"benchmarks.bench_{name}", "--quick"],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
+        self.procs[name] = proc
+        try:
+            out, err = proc.communicate(timeout=TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self._interrupt(proc)
+            out, err = proc.communicate()
+            err += f"\n[timed out after {TIMEOUT_S} s]"
+        return proc.returncode, out, err, time.monotonic() - start
+
+    def result(self, name: str) -> tuple[int, str, str, float]:
+        return self.futures[name].result()
+
+    @staticmethod
+    def _interrupt(proc: subprocess.Popen) -> None:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGINT)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+    def stop(self) -> None:
+        for future in self.futures.values():
+            future.cancel()
+        for proc in list(self.procs.values()):
+            self._interrupt(proc)
+        self.pool.shutdown(wait=True)
+
+
+@pytest.fixture(scope="module")
+def quick_runs():
+    names = [n for n in PRINTS if n not in GPU_ONLY or _two_cuda_devices()]
+    runs = QuickRuns(names)
+    yield runs
+    runs.stop()
 
 
 def test_every_benchmark_has_a_quick_form_checked_here():
@@ -52,20 +121,13 @@ def _two_cuda_devices() -> bool:
 
 
 @pytest.mark.parametrize("name", sorted(PRINTS))
-def test_quick_form_runs_to_its_end_and_prints_its_tables(name, tmp_path):
+def test_quick_form_runs_to_its_end_and_prints_its_tables(name, quick_runs):
     if name in GPU_ONLY and not _two_cuda_devices():
         pytest.skip(f"bench_{name} needs two CUDA devices")
-    env = {**os.environ, "COLUMNS": "240", "SHELLRL_AUTH_DISABLED": "true"}
-    run = subprocess.run(
-        [sys.executable, "-m", f"benchmarks.bench_{name}", "--quick"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        check=False,
+    returncode, stdout, stderr, seconds = quick_runs.result(name)
+    printed = re.sub(r"\s+", " ", stdout)
+    assert returncode == 0, (
+        f"exit {returncode} after {seconds:.0f} s\n{stdout[-3000:]}\n{stderr[-3000:]}"
     )
-    printed = re.sub(r"\s+", " ", run.stdout)
-    assert run.returncode == 0, f"exit {run.returncode}\n{run.stdout[-3000:]}\n{run.stderr[-3000:]}"
     missing = [text for text in PRINTS[name] if text not in printed]
-    assert not missing, f"{missing} not printed:\n{run.stdout[-4000:]}"
+    assert not missing, f"{missing} not printed:\n{stdout[-4000:]}"
