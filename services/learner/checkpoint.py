@@ -38,6 +38,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from services.learner.servable import write_servable
+from shellrl.files import DIRECTORY_MODE, FILE_MODE
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,13 @@ class CheckpointStore:
         step-N (replacing a checkpoint of that step from before a crash), prune; returns step-N."""
         final = self.directory / f"step-{state.step:06d}"
         (tmp / "state.json").write_text(json.dumps(asdict(state)))
+        # the servable model (config, tokenizer, model.safetensors, which safetensors writes 0600)
+        # is for other programs to read, an SGLang server under another user say: 0644 in a 0755
+        # directory (shellrl.files); the training state under train/ keeps its modes
+        os.chmod(tmp, DIRECTORY_MODE)
+        for path in tmp.iterdir():
+            if path.is_file() and not path.is_symlink():
+                os.chmod(path, FILE_MODE)
         for path in sorted(tmp.rglob("*"), reverse=True):  # files before their directories
             _fsync(path)
         _fsync(tmp)

@@ -186,12 +186,6 @@ def test_shellrl_export_writes_world_readable_files_in_the_users_directory(check
     assert {p.stat().st_uid for p in [out, *out.rglob("*")]} == {os.getuid()}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 32.5, left to services/learner/: the checkpoint writer (servable.write_servable, "
-    "model.save_pretrained through safetensors) leaves model.safetensors 0600; "
-    "shellrl.files.share_readable(tmp) in CheckpointStore.commit before the fsync would fix it",
-)
 def test_a_learner_checkpoints_model_files_are_world_readable(checkpoint):
     path, _ = checkpoint
     modes = {k: v for k, v in _modes(path).items() if not k.startswith("train")}
