@@ -2,7 +2,8 @@
 each under `<root>/<controller>/`.
 
 The session's runner stays outside the session groups; each command joins them by writing its
-pid into their `cgroup.procs` (chowned to the session uid). Kill = freeze, SIGKILL every member,
+pid into their `cgroup.procs` through an fd the service opened (launch.py): the files stay root's
+(0644), so no process of the session can move a process by path. Kill = freeze, SIGKILL every member,
 thaw, until empty (v1 has no `cgroup.kill`; freezing makes it atomic against forks). A child's
 CPU quota may not exceed its parent's in v1: `CgroupSupport.session_limits` clamps it.
 """
@@ -10,7 +11,6 @@ CPU quota may not exceed its parent's in v1: `CgroupSupport.session_limits` clam
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from services.sandbox.cgroup_base import (
@@ -43,12 +43,12 @@ class V1SessionCgroup:
         return any(d.exists() for d in self.dirs.values())
 
     def create(self, uid: int, limits: CgroupLimits) -> None:
-        """mkdir the groups, set `limits`, let `uid` move its own processes in."""
+        """mkdir the groups (root's: `uid` joins them only through the fds of launch.py), set
+        `limits`."""
         if self.exists():
             self.remove()
         for d in self.dirs.values():
             d.mkdir()
-            os.chown(d / "cgroup.procs", uid, uid)
         _set_limits(self.dirs, limits)
 
     def pids(self) -> list[int]:

@@ -17,7 +17,9 @@ Ladder, best first, chosen by a start-up probe that really runs `true` in the la
   file-view isolation; the host's /tmp, /var/tmp and /dev/shm are shared (see README, Security).
 
 Where cgroup v2 needs it (`LaunchSpec.launcher_procs`), the launcher first moves itself, as root,
-into the session's cgroup, so the whole sandbox starts inside it.
+into the session's cgroup, so the whole sandbox starts inside it. Commands join the session's
+cgroups through fds of their `cgroup.procs` that the service opens as root at each start
+(launch.py); no layer binds a cgroup file into the sandbox.
 
 The launch itself (`LaunchSpec`, `Launch`, the host programs run as root) is launch.py; the bash
 preludes and environments are preludes.py; probing which layer works is isolation_probe.py.
@@ -33,6 +35,7 @@ from pathlib import Path
 from services.sandbox import mounts, proc_view
 from services.sandbox.launch import (
     BWRAP,
+    CGROUP_FDS,
     ENV_BIN,
     IP,
     LAUNCHER_ENV,
@@ -42,9 +45,15 @@ from services.sandbox.launch import (
     UNSHARE,
     Launch,
     LaunchSpec,
+    cgroup_fd,
     setpriv_argv,
 )
-from services.sandbox.preludes import FRESH_BASH, bash_prelude, fresh_env
+from services.sandbox.preludes import (
+    FRESH_BASH,
+    RUNNER_CGROUP_FD_FIRST,
+    bash_prelude,
+    fresh_env,
+)
 from services.sandbox.workspace import WorkspacePaths
 
 LAYERS = ("bubblewrap", "unshare", "fallback")
@@ -137,15 +146,11 @@ class Isolation:
                 "command": f"{IN_SANDBOX_RUN}/command",
                 "state": f"{IN_SANDBOX_RUN}/state",
                 "runner": f"{IN_SANDBOX_RUN}/runner.py",
-                "cgroups": tuple(
-                    f"{IN_SANDBOX_RUN}/cgroup/{i}" for i in range(len(spec.cgroup_procs))
-                ),
             }
         return {
             "command": str(p.command_file),
             "state": str(p.state),
             "runner": str(spec.runner_file),
-            "cgroups": tuple(str(c) for c in spec.cgroup_procs),
         }
 
     def command(self, spec: LaunchSpec, fresh_state: bool = False) -> Launch:
@@ -153,17 +158,14 @@ class Isolation:
         (`bash --noprofile --norc -c <fresh prelude>` in `fresh_env` with `fresh_state`)."""
         inside = self._inside(spec)
         source = f"< {shlex.quote(inside['command'])}"
+        cgroups = tuple(cgroup_fd(i) for i in range(len(spec.cgroup_procs)))
         if fresh_state:
             prelude = bash_prelude(
-                spec.limits,
-                source,
-                inside["state"],
-                inside["cgroups"],
-                self.workspace_path(spec.paths),
+                spec.limits, source, inside["state"], cgroups, self.workspace_path(spec.paths)
             )
             spec = replace(spec, env=fresh_env(spec.env))
             return self._wrap(spec, [*FRESH_BASH, prelude, "bash"], as_pid1=False)
-        prelude = bash_prelude(spec.limits, source, inside["state"], inside["cgroups"])
+        prelude = bash_prelude(spec.limits, source, inside["state"], cgroups)
         return self._wrap(spec, ["/usr/bin/bash", "-c", prelude, "bash"], as_pid1=False)
 
     def runner(self, spec: LaunchSpec) -> tuple[Launch, str, str]:
@@ -171,15 +173,14 @@ class Isolation:
         two preludes it runs before each command, saved-state and fresh-state (sent in its INIT
         message, so `ps` stays readable)."""
         inside = self._inside(spec)
-        prelude = bash_prelude(spec.limits, "<&3", inside["state"], inside["cgroups"])
+        n = len(spec.cgroup_procs)
+        cgroups = tuple(str(RUNNER_CGROUP_FD_FIRST + i) for i in range(n))
+        prelude = bash_prelude(spec.limits, "<&3", inside["state"], cgroups)
         fresh = bash_prelude(
-            spec.limits, "<&3", inside["state"], inside["cgroups"], self.workspace_path(spec.paths)
+            spec.limits, "<&3", inside["state"], cgroups, self.workspace_path(spec.paths)
         )
-        return (
-            self._wrap(spec, ["/usr/bin/python3", "-I", "-S", inside["runner"]], as_pid1=True),
-            prelude,
-            fresh,
-        )
+        program = ["/usr/bin/python3", "-I", "-S", inside["runner"], *([CGROUP_FDS] if n else [])]
+        return self._wrap(spec, program, as_pid1=True), prelude, fresh
 
     def _wrap(self, spec: LaunchSpec, program: list[str], as_pid1: bool) -> Launch:
         p = spec.paths
@@ -247,15 +248,19 @@ class Isolation:
                 argv += ["--ro-bind", str(spec.runner_file), f"{IN_SANDBOX_RUN}/runner.py"]
             if spec.egress_socket is not None:  # the egress proxy's door (egress/doors.py)
                 argv += ["--ro-bind", str(spec.egress_socket), f"{IN_SANDBOX_RUN}/egress.sock"]
-            for i, procs in enumerate(spec.cgroup_procs):
-                argv += ["--bind", str(procs), f"{IN_SANDBOX_RUN}/cgroup/{i}"]
             argv += ["--remount-ro", "/", "--chdir", IN_SANDBOX_WORKSPACE, "--clearenv"]
             if self.seccomp_path is not None:
                 argv += ["--seccomp", SECCOMP_FD]
             for key, value in spec.env.items():
                 argv += ["--setenv", key, value]
             argv = _join_cgroup(spec) + argv
-            return Launch(argv + ["--", *program], dict(LAUNCHER_ENV), "/", self.seccomp_path)
+            return Launch(
+                argv + ["--", *program],
+                dict(LAUNCHER_ENV),
+                "/",
+                self.seccomp_path,
+                spec.cgroup_procs,
+            )
         env = {**spec.env, "TMPDIR": str(p.tmp)}
         # the task environment only after the drop to the session uid (module doc)
         assignments = [f"{k}={v}" for k, v in env.items()]
@@ -290,8 +295,10 @@ class Isolation:
                 str(p.ctl / "fstab"),
                 *dropped,
             ]
-            return Launch(_join_cgroup(spec) + argv, dict(LAUNCHER_ENV), str(p.ctl))
-        return Launch(_join_cgroup(spec) + dropped, dict(LAUNCHER_ENV), str(p.ctl))
+            argv = _join_cgroup(spec) + argv
+            return Launch(argv, dict(LAUNCHER_ENV), str(p.ctl), None, spec.cgroup_procs)
+        argv = _join_cgroup(spec) + dropped
+        return Launch(argv, dict(LAUNCHER_ENV), str(p.ctl), None, spec.cgroup_procs)
 
 
 def _join_cgroup(spec: LaunchSpec) -> list[str]:

@@ -17,6 +17,9 @@ from services.sandbox.limits import Limits
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 FRESH_BASH = ["/usr/bin/bash", "--noprofile", "--norc", "-c"]
 FRESH_ENV_DROPPED = ("BASH_ENV", "ENV")  # startup files a non-interactive bash would source
+RUNNER_CGROUP_FD_FIRST = (
+    4  # where runner.py puts the cgroup.procs fds of a command (its CGROUP_FD_FIRST)
+)
 
 
 def base_env(workspace: str) -> dict[str, str]:
@@ -42,12 +45,13 @@ def bash_prelude(
     limits: Limits,
     command_source: str,
     state_dir: str,
-    cgroup_procs: tuple[str, ...] = (),
+    cgroup_fds: tuple[str, ...] = (),
     fresh_cwd: str | None = None,
 ) -> str:
     """Bash run before the command, on one line (so the command's own line numbers start at 1).
 
-    Joins the session cgroups (per-command mode; the runner joins them itself in session mode),
+    Joins the session cgroups by writing its pid to `cgroup_fds` (fds of their `cgroup.procs`,
+    opened by the service: launch.py; no cgroup file is in the session's reach) and closes them,
     sets hard rlimits (they cannot be raised again), restores the saved cwd and exported
     variables, installs an EXIT trap that saves them again, then evals the command read from
     `command_source` (a redirection such as `<&3` or `< /path`). Error messages read like
@@ -57,7 +61,9 @@ def bash_prelude(
     read or written: PATH becomes SANDBOX_PATH, the cwd `fresh_cwd`, and no EXIT trap is set.
     """
     st = shlex.quote(state_dir)
-    steps = [f"echo 0 > {shlex.quote(p)} || exit 125" for p in cgroup_procs]
+    steps = [f"echo 0 >&{fd} || exit 125" for fd in cgroup_fds]
+    if cgroup_fds:
+        steps.append("exec " + " ".join(f"{fd}>&-" for fd in cgroup_fds))
     steps += [
         (
             f"ulimit -HS -c 0 -t {limits.cpu_s} -v {limits.address_space_bytes // 1024}"

@@ -25,6 +25,11 @@ and unshare).
 Start-up: the runner writes b"READY\n", then reads b"INIT <len> <fresh_len>\n" + the bash prelude
 every command runs first (it joins the session cgroup, sets rlimits, restores cwd/env: see
 isolation.py) + the fresh-state prelude.
+The session's cgroups: argv[1], when given, lists fds (comma-separated) of their `cgroup.procs`
+files, opened for writing by the service (root). No cgroup file is in the sandbox's file tree and
+none is writable by the session uid: each command gets the fds at CGROUP_FD_FIRST, CGROUP_FD_FIRST
++ 1 ... (its prelude writes its pid there, then closes them); the runner keeps its copies
+close-on-exec, and commands cannot take them (PR_SET_DUMPABLE 0: no ptrace, no /proc/1/fd).
 """
 
 import _signal
@@ -40,6 +45,8 @@ SIGKILL = 9
 TIMEOUT_EXIT_CODE = 124  # like timeout(1)
 RESET_SIGNALS = [s for s in range(1, 65) if s not in (9, 19, 32, 33)]
 FRESH_ENV_DROPPED = ("BASH_ENV", "ENV")  # as services/sandbox/preludes.py fresh_env
+CGROUP_FD_FIRST = 4  # as services/sandbox/preludes.py RUNNER_CGROUP_FD_FIRST (fd 3: the command)
+KEPT_FD_FIRST = 100  # where the runner keeps its own copies (never a target of a command's dup2)
 
 
 class Capture:
@@ -66,8 +73,9 @@ class Capture:
 
 
 class Runner:
-    def __init__(self, prelude, fresh_prelude=""):
+    def __init__(self, prelude, fresh_prelude="", cgroup_fds=()):
         self.prelude, self.fresh_prelude = prelude, fresh_prelude
+        self.cgroup_fds = keep_fds(cgroup_fds)
         self.env = dict(os.environ)
         self.fresh_env = {
             k: v
@@ -201,6 +209,10 @@ class Runner:
                     (os.POSIX_SPAWN_DUP2, out_w, 1),
                     (os.POSIX_SPAWN_DUP2, err_w, 2),
                     (os.POSIX_SPAWN_DUP2, memfd, 3),
+                    *[
+                        (os.POSIX_SPAWN_DUP2, fd, CGROUP_FD_FIRST + i)
+                        for i, fd in enumerate(self.cgroup_fds)
+                    ],
                 ],
                 setsid=True,
                 setsigdef=RESET_SIGNALS,
@@ -294,6 +306,15 @@ class Runner:
                 payload = payload[os.write(1, payload) :]
 
 
+def keep_fds(fds):
+    """The inherited fds moved to KEPT_FD_FIRST, KEPT_FD_FIRST + 1 ..., close-on-exec."""
+    kept = []
+    for i, fd in enumerate(fds):
+        kept.append(os.dup2(fd, KEPT_FD_FIRST + i, inheritable=False))
+        os.close(fd)
+    return kept
+
+
 def harden():
     """PR_SET_DUMPABLE 0: commands (same uid) cannot ptrace or read /proc of the runner.
     Outside a pid namespace (fallback layer) also PR_SET_PDEATHSIG: die with the service."""
@@ -314,7 +335,8 @@ def main():
     harden()
     _signal.signal(_signal.SIGINT, _signal.SIG_DFL)
     os.write(1, b"READY\n")
-    runner = Runner("")
+    cgroup_fds = [int(fd) for fd in sys.argv[1].split(",")] if len(sys.argv) > 1 else []
+    runner = Runner("", cgroup_fds=cgroup_fds)
     header = runner.read_line().split()
     if len(header) != 3 or header[0] != b"INIT":
         sys.stderr.write(f"runner: expected INIT, got {header!r}\n")

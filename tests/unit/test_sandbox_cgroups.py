@@ -54,25 +54,31 @@ def make_support(uids):
         support.remove()
 
 
-def start(group, uid: int, script: str, procs_files=None, sandbox=()) -> subprocess.Popen:
+def start(group, uid: int, script: str, sandbox=()) -> subprocess.Popen:
     """`script` in bash as `uid`, inside `group` the way a sandbox command gets there: the launcher
-    joins as root where v2 needs it, then the command writes 0 into each cgroup.procs (its paths
-    as the command sees them: `procs_files`, in the `sandbox` argv prefix)."""
+    joins as root where v2 needs it, then the command writes 0 into each cgroup.procs through an
+    fd opened here as root (launch.py) and closes the fds (inside the `sandbox` argv prefix)."""
     prefix = []
     if group.launcher_procs is not None:
         prefix = ["/bin/sh", "-c", 'echo $$ > "$1" || exit 125; shift; exec "$@"', "sh"]
         prefix.append(str(group.launcher_procs))
-    procs_files = procs_files or group.procs_files
-    join = "; ".join(f"echo 0 > {shlex.quote(str(p))} || exit 125" for p in procs_files)
+    fds = [os.open(p, os.O_WRONLY | os.O_CLOEXEC) for p in group.procs_files]
+    join = "; ".join(f"echo 0 >&{fd} || exit 125" for fd in fds)
+    join += "; exec " + " ".join(f"{fd}>&-" for fd in fds)
     setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-    return popen_owned(
-        [*prefix, *setpriv, *sandbox, "/bin/bash", "-c", f"{join}; {script}"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd="/",
-        env={"PATH": "/usr/bin:/bin"},
-    )
+    try:
+        return popen_owned(
+            [*prefix, *setpriv, *sandbox, "/bin/bash", "-c", f"{join}; {script}"],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd="/",
+            env={"PATH": "/usr/bin:/bin"},
+            pass_fds=fds,
+        )
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def wait_for(condition, timeout_s: float = 20.0):
@@ -166,22 +172,18 @@ def test_kill_all_ends_setsid_and_double_forked_processes(make_support, uids):
 
 def test_a_command_in_bubblewraps_cgroup_namespace_joins_its_session_group(make_support, uids):
     """As the bubblewrap layer runs commands: a new user and cgroup namespace, the session's
-    cgroup.procs files bound in (v2: the namespace is rooted at the session's group)."""
+    cgroup.procs files as fds opened outside (v2: the namespace is rooted at the session's group)."""
     if BWRAP is None:
         pytest.skip("no bwrap on this host")
     support = make_support()
     uid = uids.take()
     group = support.group(f"u{uid}")
     group.create(uid, BIG)
-    inside = [f"/run/cgroup/{i}" for i in range(len(group.procs_files))]
     sandbox = [BWRAP, "--unshare-all", "--unshare-user", "--die-with-parent"]
     sandbox += ["--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib"]
     sandbox += ["--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin"]
-    sandbox += ["--proc", "/proc", "--dev", "/dev"]
-    for procs, path in zip(group.procs_files, inside, strict=True):
-        sandbox += ["--bind", str(procs), path]
-    sandbox.append("--")
-    proc = start(group, uid, "cat /proc/self/cgroup; exec sleep 60", inside, sandbox)
+    sandbox += ["--proc", "/proc", "--dev", "/dev", "--"]
+    proc = start(group, uid, "cat /proc/self/cgroup; exec sleep 60", sandbox)
     assert wait_for(lambda: len(group.pids()) >= 1), proc.stderr.read1()
     if support.version == "v2":  # the namespace's root is the session's group: no host path
         assert proc.stdout.readline() == b"0::/cmds\n"
@@ -189,6 +191,25 @@ def test_a_command_in_bubblewraps_cgroup_namespace_joins_its_session_group(make_
     assert group.pids() == []
     group.remove()
     proc.wait(10)
+
+
+def test_the_session_uid_cannot_write_its_groups_cgroup_procs_by_path(make_support, uids):
+    """Issue 32: the files were chowned to the session uid, so a command could move any of its
+    session's processes (the runner) into the session's group. v1: they stay root's (commands
+    join through fds); v2 still chowns them (its migration rule on kernels before 5.16)."""
+    support = make_support()
+    uid = uids.take()
+    group = support.group(f"u{uid}")
+    group.create(uid, BIG)
+    if support.version == "v2":
+        pytest.skip("cgroup v2 keeps the chown (not changed here: this host runs v1)")
+    paths = " ".join(shlex.quote(str(p)) for p in group.procs_files)
+    script = f"for f in {paths}; do (echo $$ > $f) 2>/dev/null && echo WROTE $f; done; echo done"
+    proc = start(group, uid, script)
+    out, err = proc.communicate(timeout=30)
+    assert out == b"done\n", (out, err)
+    assert all(os.stat(p).st_uid == 0 for p in group.procs_files)
+    group.remove()
 
 
 def test_usage_counts_what_the_sessions_hold(make_support, uids):
