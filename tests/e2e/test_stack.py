@@ -4,7 +4,8 @@ steps, pushes weights and bumps versions; faults (kill -9 of verifier and learne
 duplicate nothing; every dashboard panel's PromQL returns data from a real Prometheus; and the
 stack leaves no process behind.
 
-One stack serves the module's tests (starting it costs ~1 min on 2 cores); tests run in file order.
+One stack serves the module's tests (starting it costs ~1 min on 2 cores); each test submits the
+tasks it needs, and the test that stops a stack starts its own.
 """
 
 from __future__ import annotations
@@ -28,16 +29,19 @@ from tests.helpers.owned_processes import adopt_stack
 from tests.helpers.redis_server import free_port
 from tests.helpers.waiting import wait_until
 
-TASKS = [
-    {
-        "task_id": f"e2e-{i}",
-        "instruction": f"Print the number {i}. Answer with just the number.",
-        "check": {"type": "answer_integer_equals", "expected": i},
-        "split": "train",
-        "max_turns": 2,
-    }
-    for i in range(4)
-]
+
+def tasks(prefix: str) -> list[dict]:
+    """Four training tasks whose ids start with `prefix` (each test its own)."""
+    return [
+        {
+            "task_id": f"{prefix}-{i}",
+            "instruction": f"Print the number {i}. Answer with just the number.",
+            "check": {"type": "answer_integer_equals", "expected": i},
+            "split": "train",
+            "max_turns": 2,
+        }
+        for i in range(4)
+    ]
 
 
 def _process_alive(pid: int) -> bool:
@@ -64,9 +68,7 @@ def _group_members(pgid: int) -> list[int]:
     return out
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    state = tmp_path_factory.mktemp("stack")
+def start_stack(state: Path) -> Stack:
     os.chmod(state, 0o755)  # the sandbox's workspace root must be traversable by other uids
     ports = {name: free_port() for name in ("redis", *SERVICE_ORDER)}
     env = {
@@ -93,6 +95,12 @@ def stack(tmp_path_factory):
     )
     s = Stack(config).start()
     adopt_stack(s)
+    return s
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    s = start_stack(tmp_path_factory.mktemp("stack"))
     yield s
     s.stop()
 
@@ -120,21 +128,35 @@ def _trajectories(r: redis.Redis, stream: str) -> list:
     return [parse_trajectory(fields[b"pb"]) for _, fields in r.xrange(stream)]
 
 
+def _submit(stack: Stack, prefix: str) -> httpx.Response:
+    resp = httpx.post(
+        f"{stack.config.url('rollout')}/v1/tasks",
+        json=tasks(prefix),
+        timeout=30,
+        headers=_auth(stack),
+    )
+    assert resp.status_code == 201, resp.text
+    return resp
+
+
 def test_tasks_posted_over_rest_lead_to_learner_steps_weight_pushes_and_version_bumps(stack):
     rollout = stack.config.url("rollout")
-    refused = httpx.post(f"{rollout}/v1/tasks", json=TASKS, timeout=30)  # the stack's token only
+    refused = httpx.post(f"{rollout}/v1/tasks", json=tasks("rest"), timeout=30)  # the token only
     assert refused.status_code == 401 and refused.json()["error"]["field"] == "Authorization"
-    resp = httpx.post(f"{rollout}/v1/tasks", json=TASKS, timeout=30, headers=_auth(stack))
-    assert resp.status_code == 201, resp.text
-    assert resp.json()["created"] == 4
-    _wait(lambda: _learner_step(stack) >= 2, 420, "2 learner steps")
     r = redis.Redis.from_url(stack.config.redis_url)
+    step, version = max(_learner_step(stack), 0), int(r.get(streams.POLICY_VERSION_KEY) or 0)
+    assert _submit(stack, "rest").json()["created"] == 4
+    _wait(lambda: _learner_step(stack) >= step + 2, 420, "2 learner steps")
     # the step counts once the optimizer stepped; its version is published after the weight push
-    _wait(lambda: int(r.get(streams.POLICY_VERSION_KEY) or 0) >= 2, 60, "version 2 published")
+    _wait(
+        lambda: int(r.get(streams.POLICY_VERSION_KEY) or 0) >= version + 2,
+        60,
+        "2 more versions published",
+    )
     engine_version = httpx.get(
         f"{stack.config.url('engine')}/get_weight_version", timeout=5, headers=_auth(stack)
     ).json()
-    assert int(engine_version["weight_version"]) >= 2
+    assert int(engine_version["weight_version"]) >= version + 2
     status = httpx.get(
         f"{stack.config.url('learner')}/v1/status", timeout=5, headers=_auth(stack)
     ).json()
@@ -143,7 +165,7 @@ def test_tasks_posted_over_rest_lead_to_learner_steps_weight_pushes_and_version_
 
 def test_trajectories_carry_the_versions_that_produced_them(stack):
     r = redis.Redis.from_url(stack.config.redis_url)
-    final = int(r.get(streams.POLICY_VERSION_KEY))
+    _submit(stack, "versions")
     _wait(
         lambda: any(
             s.policy_version >= 1
@@ -155,11 +177,13 @@ def test_trajectories_carry_the_versions_that_produced_them(stack):
         "a trajectory sampled after a weight push",
     )
     versions = set()
-    for traj in _trajectories(r, streams.STREAM_TRAJECTORIES):
+    trajectories = _trajectories(r, streams.STREAM_TRAJECTORIES)
+    final = int(r.get(streams.POLICY_VERSION_KEY))  # read after the trajectories: none is newer
+    for traj in trajectories:
         actions = [s for s in traj.segments if s.kind == ACTION]
         assert actions, traj.trajectory_id
         for seg in actions:
-            assert 0 <= seg.policy_version <= max(final, int(r.get(streams.POLICY_VERSION_KEY)))
+            assert 0 <= seg.policy_version <= final
             versions.add(seg.policy_version)
         # admission bounds staleness: a trajectory is never started more than max_staleness + 1
         # versions before the learner version that was current when it was admitted
@@ -169,6 +193,7 @@ def test_trajectories_carry_the_versions_that_produced_them(stack):
 
 def test_kill_9_of_verifier_and_learner_loses_and_duplicates_nothing(stack):
     r = redis.Redis.from_url(stack.config.redis_url)
+    _submit(stack, "kill-9")
     step_before = _learner_step(stack)
     stack.kill("verifier")
     stack.kill("learner")
@@ -181,31 +206,34 @@ def test_kill_9_of_verifier_and_learner_loses_and_duplicates_nothing(stack):
         420,
         "2 more learner steps after the restart",
     )
-    httpx.post(f"{stack.config.url('learner')}/v1/pause", timeout=30, headers=_auth(stack))
+    learner = stack.config.url("learner")
+    httpx.post(f"{learner}/v1/pause", timeout=30, headers=_auth(stack))
+    try:
+        # every published episode is scored exactly once (or still on its way: wait for the
+        # verifier)
+        def drained():
+            episodes = {t.trajectory_id for t in _trajectories(r, streams.STREAM_EPISODES)}
+            scored = [t.trajectory_id for t in _trajectories(r, streams.STREAM_TRAJECTORIES)]
+            return episodes <= set(scored) and (episodes, scored)
 
-    # every published episode is scored exactly once (or still on its way: wait for the verifier)
-    def drained():
-        episodes = {t.trajectory_id for t in _trajectories(r, streams.STREAM_EPISODES)}
-        scored = [t.trajectory_id for t in _trajectories(r, streams.STREAM_TRAJECTORIES)]
-        return episodes <= set(scored) and (episodes, scored)
+        episodes, scored = _wait(drained, 180, "the verifier to score every episode")
+        assert len(scored) == len(set(scored)), "a trajectory was scored twice"
 
-    episodes, scored = _wait(drained, 180, "the verifier to score every episode")
-    assert len(scored) == len(set(scored)), "a trajectory was scored twice"
-
-    # no trajectory trained twice: the ledger's last record of each step (a resume rolls back the
-    # steps after its checkpoint) names disjoint trajectory ids
-    ledger = Path(stack.config.env["SHELLRL_CHECKPOINT_DIR"]) / "steps.jsonl"
-    records: dict[int, dict] = {}
-    for line in ledger.read_text().splitlines():
-        rec = json.loads(line)
-        if "event" in rec:
-            records = {k: v for k, v in records.items() if k <= rec["step"]}
-        else:
-            records[rec["step"]] = rec
-    trained = [tid for rec in records.values() for tid in rec.get("trajectory_ids", [])]
-    assert len(trained) == len(set(trained)), "a trajectory was trained twice"
-    assert set(trained) <= set(scored)
-    httpx.post(f"{stack.config.url('learner')}/v1/resume", timeout=30, headers=_auth(stack))
+        # no trajectory trained twice: the ledger's last record of each step (a resume rolls back
+        # the steps after its checkpoint) names disjoint trajectory ids
+        ledger = Path(stack.config.env["SHELLRL_CHECKPOINT_DIR"]) / "steps.jsonl"
+        records: dict[int, dict] = {}
+        for line in ledger.read_text().splitlines():
+            rec = json.loads(line)
+            if "event" in rec:
+                records = {k: v for k, v in records.items() if k <= rec["step"]}
+            else:
+                records[rec["step"]] = rec
+        trained = [tid for rec in records.values() for tid in rec.get("trajectory_ids", [])]
+        assert len(trained) == len(set(trained)), "a trajectory was trained twice"
+        assert set(trained) <= set(scored)
+    finally:  # the module's learner takes steps again, for the tests after this one
+        httpx.post(f"{learner}/v1/resume", timeout=30, headers=_auth(stack))
 
 
 @pytest.mark.skipif(
@@ -214,6 +242,7 @@ def test_kill_9_of_verifier_and_learner_loses_and_duplicates_nothing(stack):
 def test_every_dashboard_panel_returns_data_from_the_running_stack(stack, tmp_path):
     from tests.helpers.prometheus import PrometheusServer, evaluate, panel_queries
 
+    _submit(stack, "panels")
     targets = {name: [f"127.0.0.1:{stack.config.ports[name]}"] for name in SERVICE_ORDER}
     queries = panel_queries()
     assert queries
@@ -231,7 +260,17 @@ def test_every_dashboard_panel_returns_data_from_the_running_stack(stack, tmp_pa
     )
 
 
-def test_stop_leaves_no_process_behind(stack):
+def test_stop_leaves_no_process_behind(tmp_path):
+    """A stack of its own (stopping the module's would leave the other tests none), stopped after
+    its first episodes were scored: sandbox sessions, engine and learner all had work."""
+    stack = start_stack(tmp_path)
+    try:
+        _submit(stack, "stop")
+        r = redis.Redis.from_url(stack.config.redis_url)
+        _wait(lambda: r.xlen(streams.STREAM_TRAJECTORIES) > 0, 300, "a first scored episode")
+    except BaseException:
+        stack.stop()
+        raise
     pids = {p.name: p.popen.pid for p in stack.procs}
     assert set(pids) == {"redis", *SERVICE_ORDER}
     stack.stop()
