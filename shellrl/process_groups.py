@@ -10,10 +10,11 @@ returned and the interpreter is finalizing, taking the GIL ends the worker threa
 pthread_exit, whose forced unwind through a noexcept frame calls std::terminate (pytorch PR
 179291, issue 190489). `destroy_process_group` alone does not prevent it: the group's C++ object
 (and its worker threads) lives on while any Python object refers to it, and it is freed during
-that same finalization. Reproduced here: two gloo ranks doing 20 `scatter_object_list` calls
-then exiting aborted 1 run in 25 without a destroy and 3 in 40 with `destroy_process_group`
-(2 cores, CPU burners beside them); with `leave` + `exit_process`, 0 in 60
-(tests/service/test_process_groups.py).
+that same finalization. Reproduced here (tests/helpers/two_rank_exit.py: two gloo ranks under
+torchrun, 20 `scatter_object_list` calls, then the end of the process; 2 cores with other tests
+running): the old `Ranks.close` (destroy_process_group, the group still referenced) aborted 8
+runs in 60; `leave` + `exit_process` 0 in 60 (tests/service/test_process_groups.py runs it 20
+times beside CPU burners).
 
 The rule: a rank leaves with `leave(together=True)` once every rank knows the run is over (a
 barrier, so no peer is inside a collective when the sockets close), and a process that was a

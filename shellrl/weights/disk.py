@@ -18,6 +18,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from shellrl.files import FILE_MODE
+
 if TYPE_CHECKING:
     import torch
 
@@ -40,6 +42,7 @@ def save_safetensors_dir(
         str(tmp),
         metadata={"format": "pt"},
     )
+    os.chmod(tmp, FILE_MODE)  # safetensors writes 0600: an engine of another user must read it
     os.replace(tmp, target)
     return target
 
@@ -119,6 +122,7 @@ def save_safetensors_stream(
                 f.seek(start + offsets[i])
                 f.write(memoryview(data))
                 del data
+        os.chmod(tmp, FILE_MODE)  # an engine of another user must read it (shellrl.files)
         os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)

@@ -11,8 +11,8 @@ tensors, 20 times: the commands of data_parallel.follow, ending with STOP), then
   learner's ranks and the two-rank test helpers do now;
 * destroy_only: what `Ranks.close` did before (dist.destroy_process_group() with the group still
   referenced by the Ranks), then the interpreter's own exit.
-Measured on 2 cores beside CPU burners and other tests: destroy_only aborted 3 runs in 40, leave
-0 in 40 (the closing note of issue 29 has the commands). `runs(...)` is what
+Measured on 2 cores with other tests running (`--repeat 60 --parallel 2`): destroy_only aborted
+8 runs in 60, leave 0 in 60. `runs(...)` is what
 tests/service/test_process_groups.py calls; as a script without torchrun's environment it prints
 one JSON line {"mode", "runs", "aborts", "returncodes"}.
 """
@@ -40,7 +40,6 @@ def run_rank(mode: str) -> None:
     from services.learner.ranks import init_ranks
     from shellrl.process_groups import exit_process
 
-    torch.set_num_threads(1)
     ranks = init_ranks(fsdp="on", backend="gloo", device="cpu", timeout_s=60)
     for _ in range(EXCHANGES):
         out = [None]

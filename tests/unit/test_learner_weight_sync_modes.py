@@ -63,3 +63,16 @@ def test_a_tensor_larger_than_the_bucket_budget_goes_alone_and_the_log_says_so(c
     assert [[n for n, _ in b] for b in buckets] == [["a"], ["lm_head.only_in_this_test"], ["b"]]
     said = [r for r in caplog.records if getattr(r, "tensor", None) == "lm_head.only_in_this_test"]
     assert len(said) == 1 and said[0].bytes == 4000 and said[0].bucket_bytes == 1024
+
+
+def test_the_disk_transports_safetensors_are_readable_by_an_engine_of_another_user(tmp_path):
+    import torch
+
+    from services.learner.weight_transport import WeightStaging
+
+    staging = WeightStaging("disk", tmp_path)
+    model = torch.nn.Linear(4, 2)
+    whole = staging.prepare(model, 1)["model_path"]
+    files = list((tmp_path / "v00000001").glob("*.safetensors"))
+    assert files and whole.endswith("v00000001")
+    assert {f.stat().st_mode & 0o777 for f in files} == {0o644}  # safetensors writes 0600
