@@ -62,7 +62,7 @@ async def test_fork_bomb_is_denied_by_policy_and_contained_when_run(client):
     result = await client.exec(
         sid, "bomb() { bomb | bomb & }; bomb; sleep 1; echo survived", timeout_s=2
     )
-    assert time.monotonic() - start < 6
+    assert time.monotonic() - start < 15  # an uncontained bomb holds the exec to the client's 30 s
     assert "fork" in result.stderr or result.timed_out or "survived" in result.stdout
     assert (await client.exec(sid, "echo still-works")).stdout == "still-works\n"
     await delete_and_check_nothing_left(client, sid)
@@ -72,7 +72,8 @@ async def test_sleep_past_the_timeout_is_killed(client):
     sid = await new_session(client)
     start = time.monotonic()
     result = await client.exec(sid, "sleep 1000", timeout_s=1)
-    assert result.timed_out and result.exit_code == 124 and time.monotonic() - start < 3
+    assert result.timed_out and result.exit_code == 124
+    assert time.monotonic() - start < 15  # a missed timeout sleeps on to the client's 30 s
     await delete_and_check_nothing_left(client, sid)
 
 
@@ -88,8 +89,10 @@ async def test_sleep_past_the_timeout_is_killed(client):
 async def test_background_processes_holding_stdout_do_not_hang_exec(client, command):
     sid = await new_session(client)
     start = time.monotonic()
-    result = await client.exec(sid, command, timeout_s=5)
-    assert result.stdout == "started\n" and result.exit_code == 0 and time.monotonic() - start < 2
+    result = await client.exec(sid, command, timeout_s=20)
+    assert result.stdout == "started\n" and result.exit_code == 0, result  # not the 20 s timeout
+    # the runner's own clock: tens of ms, 2 s or more had it waited on the job's pipes
+    assert result.duration_ms < 1500 and time.monotonic() - start < 5, result
     await delete_and_check_nothing_left(client, sid)
 
 
@@ -136,7 +139,8 @@ async def test_writing_a_10gb_file_or_many_files_stops_at_the_caps(client):
     )
     assert "No space left on device" in many.stderr
     assert int(many.stdout.split()[0]) <= 32
-    assert time.monotonic() - start < 8
+    # a write the caps did not stop runs into its exec's 10 s timeout (and fails the checks above)
+    assert time.monotonic() - start < 15
     await client.delete(sid)
 
 
@@ -281,8 +285,9 @@ async def test_command_with_a_nul_byte_is_rejected_naming_the_field(client):
 async def test_cat_waiting_on_stdin_returns_at_once(client):
     sid = await new_session(client)
     start = time.monotonic()
-    result = await client.exec(sid, "cat; read x; echo rc=$?", timeout_s=5)
-    assert result.stdout == "rc=1\n" and not result.timed_out and time.monotonic() - start < 1.5
+    result = await client.exec(sid, "cat; read x; echo rc=$?", timeout_s=20)
+    assert result.stdout == "rc=1\n" and not result.timed_out  # an open stdin: the 20 s timeout
+    assert time.monotonic() - start < 5
     await client.delete(sid)
 
 
@@ -378,7 +383,8 @@ async def test_three_parallel_pathological_commands_leave_readyz_responsive(
             *(client.exec(s, command) for s in sids), readyz_worst_s()
         )
     assert all(r.policy.verdict == "allow" and r.exit_code == 0 for r in results), results
-    assert worst_s < 0.5, f"/readyz took {worst_s:.2f} s"
+    # tens of ms; evaluated on the event loop, each command stalled it 2.3 s (three: 5.1 s)
+    assert worst_s < 1.0, f"/readyz took {worst_s:.2f} s"
     for sid in sids:
         await client.delete(sid)
 

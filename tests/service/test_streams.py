@@ -311,19 +311,19 @@ async def test_block_ms_at_or_above_half_the_socket_timeout_is_refused(redis_ser
 async def test_blocking_read_returns_empty_after_block_ms_and_block_ms_zero_never_blocks(
     redis_server,
 ):
-    client = connect(redis_server.url, socket_timeout=1.0)
-    consumer = StreamConsumer(client, STREAM, GROUP, "c", block_ms=300, claim_interval_s=3600)
+    # each read takes at most its 0.3 s block; a bug costs the consumer's 3 s block_ms or the 10 s
+    # socket timeout, so the 2 s bounds hold on a busy machine and still catch it
+    client = connect(redis_server.url, socket_timeout=10.0)
+    consumer = StreamConsumer(client, STREAM, GROUP, "c", block_ms=3000, claim_interval_s=3600)
     await consumer.ensure_group()
     start = time.monotonic()
-    assert await asyncio.wait_for(consumer.read(), 5) == []
-    assert (
-        0.25 <= time.monotonic() - start < 0.9
-    )  # one BLOCK, not a re-sent one after a socket timeout
+    assert await asyncio.wait_for(consumer.read(block_ms=300), 5) == []
+    # one BLOCK of 300 ms, not the consumer's 3 s nor a re-sent one after the 10 s socket timeout
+    assert 0.25 <= time.monotonic() - start < 2.0
     start = time.monotonic()
-    assert (
-        await asyncio.wait_for(consumer.read(block_ms=0), 5) == []
-    )  # Redis' BLOCK 0 would hang forever
-    assert time.monotonic() - start < 0.2
+    # Redis' BLOCK 0 would hang forever (the wait_for ends it); the consumer's block_ms, 3 s
+    assert await asyncio.wait_for(consumer.read(block_ms=0), 5) == []
+    assert time.monotonic() - start < 2.0
     await client.aclose()
 
 

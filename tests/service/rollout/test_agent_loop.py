@@ -267,7 +267,7 @@ async def test_malformed_actions_get_an_observation_that_says_so_and_the_episode
 async def test_episode_budget_and_unreachable_engine_are_failure_classes_not_rewards(
     sandbox_process, chat
 ):
-    slow = ScriptedEngine(lambda body: Reply([chat.end_of_turn_id], delay_s=2.0))
+    slow = ScriptedEngine(lambda body: Reply([chat.end_of_turn_id], delay_s=10.0))
     server = serve_in_thread(slow.app())
     try:
         async with (
@@ -277,7 +277,8 @@ async def test_episode_budget_and_unreachable_engine_are_failure_classes_not_rew
             agent = make_agent(engine, sandbox, chat, episode_timeout_s=0.5)
             start = time.monotonic()
             traj = await agent.run(EpisodeSpec(make_task(), "budget"))
-            assert time.monotonic() - start < 1.9
+            # the 0.5 s budget; waiting for the engine's reply (the bug) would take its 10 s
+            assert time.monotonic() - start < 5
         async with (
             EngineClient("http://127.0.0.1:9", connect_retries=0) as dead,
             SandboxClient(sandbox_process.url) as sandbox,
@@ -286,6 +287,7 @@ async def test_episode_budget_and_unreachable_engine_are_failure_classes_not_rew
                 EpisodeSpec(make_task(), "dead-engine")
             )
     finally:
+        server.server.force_exit = True  # the abandoned 10 s reply: not waited out
         server.stop()
     assert (
         traj.failure == Failure.FAILURE_TIMEOUT_BUDGET
