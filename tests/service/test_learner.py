@@ -201,8 +201,8 @@ async def test_weight_sync_reports_a_frozen_or_killed_engine_within_the_deadline
             e = (await asyncio.to_thread(status, learner, 2.0))["weight_sync"]["engines"][0]
             return e if not e["in_rotation"] else None
 
-        e = await wait_until_async(reported, 30, "frozen engine reported")
-        assert time.monotonic() - added < deadline_s + 10  # training + the deadline, not a hang
+        e = await wait_until_async(reported, 90, "frozen engine reported")  # without it: a hang
+        assert time.monotonic() - added < deadline_s + 30  # a training step plus the deadline
         assert e["last_error"].startswith("deadline") and e["version"] == "0"
         await add_trajectories(redis, groups[1])
         await step_reaches(learner, 2, timeout_s=30)  # the learner continues without its engine

@@ -45,7 +45,7 @@ async def test_gloo_pushes_and_an_engine_that_never_joins_freezes_or_dies_is_rep
             engine.signal(signal.SIGSTOP)  # frozen before the group exists: it never joins
             started = time.monotonic()
             result = await sync.push(model, 1)
-            assert time.monotonic() - started < DEADLINE_S + 3
+            assert time.monotonic() - started < DEADLINE_S + 20  # without it: minutes
             assert result.failed[engine.url].startswith("deadline") and not result.published
             engine.signal(signal.SIGCONT)
 
@@ -78,7 +78,7 @@ async def test_gloo_pushes_and_an_engine_that_never_joins_freezes_or_dies_is_rep
             step(model)
             started = time.monotonic()
             result = await sync.push(model, 4)
-            assert time.monotonic() - started < DEADLINE_S + 3
+            assert time.monotonic() - started < DEADLINE_S + 20  # without it: minutes
             assert result.failed[engine.url].startswith("deadline")
             assert not sync.engines[engine.url].in_rotation
             engine.signal(signal.SIGCONT)
