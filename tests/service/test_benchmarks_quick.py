@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.__main__ import available
+from tests.helpers.owned_processes import kill_group, popen_owned
 
 pytestmark = pytest.mark.slow
 
@@ -64,14 +65,13 @@ class QuickRuns:
     def _run(self, name: str) -> tuple[int, str, str, float]:
         env = {**os.environ, "COLUMNS": "240", "SHELLRL_AUTH_DISABLED": "true"}
         start = time.monotonic()
-        proc = subprocess.Popen(
+        proc = popen_owned(  # its own session, dies with this pytest (owned_processes)
             [sys.executable, "-m", f"benchmarks.bench_{name}", "--quick"],
             cwd=REPO,
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            start_new_session=True,
         )
         self.procs[name] = proc
         try:
@@ -92,7 +92,7 @@ class QuickRuns:
             try:
                 proc.wait(30)
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+                kill_group(proc)
 
     def stop(self) -> None:
         for future in self.futures.values():
