@@ -34,11 +34,19 @@ SCHEDULE_BATCH_NAMES = (
 )
 
 
+def _wheel_root() -> Path:
+    """The installed wheel's `sglang` directory; read from the bare package an earlier `load` in
+    this process registered (it has no __spec__, so find_spec raises on it)."""
+    registered = sys.modules.get("sglang")
+    if registered is not None and registered.__spec__ is None:
+        return Path(registered.__path__[0])
+    return Path(importlib.util.find_spec("sglang").origin).parent
+
+
 def load() -> types.SimpleNamespace:
     """SGLang's modules: common (MultiprocessingSerializer), tensor_bucket (FlattenedTensorBucket),
     io_struct (request structs), api_types (GenerateRequest), sampling_params (SamplingParams)."""
-    spec = importlib.util.find_spec("sglang")
-    root = Path(spec.origin).parent
+    root = _wheel_root()
     for name, path in (("sglang", root), ("sglang.srt", root / "srt")):
         if name not in sys.modules or not hasattr(sys.modules[name], "__file__"):
             package = types.ModuleType(name)
