@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         try:
-            init_ranks(
+            ranks = init_ranks(
                 fsdp=settings.fsdp,
                 backend=settings.distributed_backend,
                 device=settings.device,
@@ -63,9 +63,8 @@ def main(argv: list[str] | None = None) -> None:
         _serve(argv)
     finally:
         lock.release()
-        had_group = current().control is not None
-        current().close()
-    if had_group:
+        current().close()  # a no-op after DataParallel.stop left the group
+    if ranks.control is not None:
         exit_process(0)  # a rank never meets the interpreter's finalization (process_groups)
 
 
