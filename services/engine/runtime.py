@@ -380,6 +380,8 @@ class EngineRuntime:
     def server_info(self) -> dict:
         return {
             **self.settings.public_dict(),
+            # the dtype it serves in (the setting says "auto"): the learner sends buckets in it
+            "dtype": str(self.weights.dtype).removeprefix("torch."),
             "port": self.settings.listen_port,
             "tp_size": 1,
             "dp_size": 1,

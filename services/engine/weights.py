@@ -24,6 +24,7 @@ reachable by both names.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -33,6 +34,8 @@ from shellrl.weights import disk as wtd
 from shellrl.weights import gpu as wtg
 from shellrl.weights import safe_unpickle as wsu
 from shellrl.weights import shm
+
+log = logging.getLogger(__name__)
 
 
 class WeightUpdateError(ValueError):
@@ -71,6 +74,7 @@ class WeightStore:
             [(n, p.detach()) for n, p in unique], wt.layout_align(p.dtype for _, p in unique)
         )
         self._layout = {m.name: m for m in layout}
+        self._casts_noted: set[str] = set()  # bucket dtypes _note_cast has logged
         self._arenas: list[torch.Tensor | None] = [None, None]
         self._slots: list[dict[str, torch.Tensor]] = [
             {},
@@ -176,6 +180,7 @@ class WeightStore:
         """
         if not validated:
             self._check_metadata(metadata, buffer.numel())
+        self._note_cast(metadata)
         if not self._arena_layout(metadata):
             views = wt.unflatten_tensors(buffer, metadata)
             self._check(views)
@@ -188,6 +193,18 @@ class WeightStore:
                 buffer[metadata[0].start_idx : metadata[0].start_idx + used]
             )
         return StagedWeights({m.name: self._slot(m.name, index) for m in metadata})
+
+    def _note_cast(self, metadata: list[wt.TensorMeta]) -> None:
+        """Log once per dtype a bucket arrives in that is not the model's: its tensors are cast by
+        their copy into the model's dtype (tensor by tensor; a bfloat16 bucket into a float32
+        model is exact, a float32 one into a bfloat16 model rounds)."""
+        model_dtype = str(self.dtype).removeprefix("torch.")
+        for dtype in {m.dtype for m in metadata} - {model_dtype} - self._casts_noted:
+            self._casts_noted.add(dtype)
+            log.warning(
+                "weight bucket in another dtype than the model's: cast while copying",
+                extra={"bucket_dtype": dtype, "model_dtype": model_dtype},
+            )
 
     def _arena_layout(self, metadata: list[wt.TensorMeta]) -> bool:
         dtype_name = str(self.dtype).removeprefix("torch.")
@@ -270,10 +287,14 @@ class WeightStore:
         raise WeightUpdateError(f"unknown transport {transport!r} (expected 'shm' or 'cuda_ipc')")
 
     def _stage_envelope(self, entry: str, load_format: str | None) -> StagedWeights:
-        """SGLang's envelope: unpickled under the allow-list, validated, staged. The flattened tensor
-        is kept (`_envelope_buffer`) until the next one: for a CPU bucket in torch's file-system
-        shared memory, torch's receiver cache then returns the same mapping for the learner's kept
-        bucket next push (no new mmap and page faults); a CUDA one stays open the same way."""
+        """SGLang's envelope: unpickled under the allow-list, validated, staged. A flattened tensor
+        that holds the whole model is kept (`_envelope_buffer`) until the next one: for a CPU
+        bucket in torch's file-system shared memory, torch's receiver cache then returns the same
+        mapping for the learner's kept bucket next push (no new mmap and page faults); a CUDA one
+        stays open the same way. A bucket of part of the model is one of a streamed push, whose
+        two slots alternate (services/learner/bucket_stream.py): it is dropped after its copy, so
+        this engine never keeps a learner's slot alive past its update call (for CUDA IPC that
+        memory would stay allocated on the GPU until the engine let go)."""
         try:
             obj = wsu.deserialize(entry)
             if load_format is None:
@@ -287,7 +308,8 @@ class WeightStore:
             if buffer.is_cuda
             else self.stage_bucket(buffer, metadata)
         )
-        self._envelope_buffer = buffer
+        if len({self._canonical.get(m.name) for m in metadata}) == len(self._layout):
+            self._envelope_buffer = buffer
         return staged
 
     def _shm_buffer(self, segment: str) -> torch.Tensor:

@@ -30,13 +30,14 @@ from services.learner.engine_membership import EngineMembership
 from services.learner.group_assembler import DROP_REASONS, GroupAssembler
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import Trainer, TrainerConfig
+from services.learner.weight_dtype import checkpoint_dtype
 from services.learner.weight_sync import WeightSync
 from services.learner.weight_transport import choose_transport
 from services.learner.worker import LearnerWorker, WorkerConfig
 from shellrl import streams
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_registry import model_fingerprint, model_summary
-from shellrl.models import load_model, load_tokenizer
+from shellrl.models import load_model, load_tokenizer, resolve_model_path
 from shellrl.rl.losses import PPOConfig
 from shellrl.service.aio import cancel_and_wait
 from shellrl.service.app import ApiError, create_app
@@ -114,6 +115,8 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
         backend=s.weight_sync_backend,
         master_address=s.weight_sync_master_address,
         pause_mode=s.weight_sync_pause,
+        dtype=s.weight_sync_dtype,
+        checkpoint_dtype=checkpoint_dtype(resolve_model_path(s.model_path)),
     )
     config = model.config.to_dict()
     sync.membership = EngineMembership(

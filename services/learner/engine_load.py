@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 
@@ -70,8 +71,28 @@ async def _transfer(
     weight_version: str,
     tp_size: int,
 ) -> None:
-    """Every bucket of `prepared` into the engine's open session (tensor envelope or broadcast)."""
-    urls = [url]
+    """Every bucket of `prepared` into the engine's open session (tensor envelope or broadcast),
+    one at a time. A streamed push (`prepared["stream"]`, weight_transport.WeightStaging) gives
+    awaitable buckets, filled into their slot on demand; the stream is told when this engine's
+    update for a bucket returned (its slot may then take a later bucket) and when the engine is
+    done, by success or failure (it then holds no slot, so no other engine waits on it)."""
+    stream = prepared.get("stream")
+    try:
+        await _send_buckets(client, groups, url, prepared, weight_version, tp_size)
+    finally:
+        if stream is not None:
+            stream.leave(url)
+
+
+async def _send_buckets(
+    client: EngineClient,
+    groups: EngineGroups | None,
+    url: str,
+    prepared: dict,
+    weight_version: str,
+    tp_size: int,
+) -> None:
+    urls, stream = [url], prepared.get("stream")
     group = await groups.group(url, tp_size) if "broadcast" in prepared else None
     buckets = prepared.get("buckets") or prepared["broadcast"]
     for i, bucket in enumerate(buckets):
@@ -81,13 +102,18 @@ async def _transfer(
         last = i == len(buckets) - 1
         version_label = weight_version if last else None
         if group is None:
+            entries = bucket(tp_size)
+            if inspect.isawaitable(entries):  # a streamed bucket, filled when first asked for
+                entries = await entries
             await client.update_weights_from_tensor(
-                bucket(tp_size),
+                entries,
                 weight_version=version_label,
                 session=False,
                 flush_cache=last,
                 urls=urls,
             )
+            if stream is not None:  # the engine copied the bucket during the call
+                stream.answered(url, i)
         else:
             fields, flat = bucket
             await groups.broadcast(

@@ -38,11 +38,14 @@ class EngineState:
     # shellrl's engine (/server_info version "shellrl-engine-..."): stages every bucket of a
     # session and swaps them in at its end, so no token is ever sampled on a mix
     commits_atomically: bool | None = None
+    dtype: str | None = None  # what it serves in (weight_dtype.engine_dtype; None: unknown)
+    info_read: bool = field(default=False, repr=False)  # /server_info read since (re)contact
     last_probe_s: float = field(default=0.0, repr=False)
 
     def to_json(self) -> dict:
         out = asdict(self)
         out.pop("last_probe_s")
+        out.pop("info_read")
         return out
 
 

@@ -58,6 +58,11 @@ WEIGHT_SYNC_SECONDS = m.histogram(
     "copy the bucket), load (engines swap weights in), verify, total.",
     ("phase",),
 )
+WEIGHT_SYNC_RESIDENT_BYTES = m.gauge(
+    "shellrl_weight_sync_resident_bytes",
+    "Most bytes the learner's push buckets held at once during the last streamed push (on the "
+    "engines' GPU for cuda_ipc, in shared memory for shm): at most two buckets.",
+)
 WEIGHT_SYNC_FAILURES = m.counter(
     "shellrl_weight_sync_failures_total",
     "Engine updates that failed or missed the deadline, by reason.",

@@ -239,8 +239,19 @@ class LearnerSettings(EngineFleetSettings):
     weight_bucket_bytes: int = Field(
         512 << 20,
         ge=1 << 20,
-        description="shm and distributed: the most bytes of one bucket (one update call); a "
-        "tensor larger than this goes alone. cuda_ipc sends one bucket.",
+        description="The most bytes of one bucket (one update call), in the dtype it is sent in; "
+        "a tensor larger than this goes alone. cuda_ipc and shm without shared parameters stream "
+        "the buckets through two kept slots, so a push adds at most two buckets of memory (a "
+        "bucket larger than the model: the whole model at once, the old single-bucket push).",
+    )
+    weight_sync_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto",
+        description="The dtype cuda_ipc and streamed shm pushes are sent in (the copy into the "
+        "bucket casts; services/learner/weight_dtype.py): auto = the engines' dtype from their "
+        "/server_info (SGLang's 'auto': the checkpoint's torch_dtype when 16-bit) when every "
+        "engine serves the same 16-bit dtype, else float32; bfloat16 / float16 = that dtype; "
+        "float32 = the learner's float32 (no cast). Never cast down for an engine that serves "
+        "float32 or does not say (CPU engines).",
     )
     weight_sync_timeout_s: float = Field(
         60.0,

@@ -1,14 +1,19 @@
 """Weight sync: push the learner's weights to every engine after each step, then publish the version.
 
-    flatten (one bucket; meanwhile each engine's session opens: begin_weight_update)
-    ─▶ per engine, under one deadline: update_weights_from_tensor
-    (engine copies the bucket: "transfer") ─▶ end session (engine swaps the weights in: "load")
-    ─▶ read back weight_version ("verify") ─▶ all engines in rotation confirmed: SET
-    shellrl:policy:version, PUBLISH shellrl:policy:updates
+    flatten (plan the buckets; shm with shared parameters, distributed and disk also write them
+    here; meanwhile each engine's session opens: begin_weight_update)
+    ─▶ per engine, under one deadline: update_weights_from_tensor per bucket (streamed: each
+    bucket filled into one of two slots when first asked for, "fill"; the engine copies it:
+    "transfer") ─▶ end session (engine swaps the weights in: "load") ─▶ read back
+    weight_version ("verify") ─▶ all engines in rotation confirmed: SET shellrl:policy:version,
+    PUBLISH shellrl:policy:updates
 
 Transports (SGLang's envelope over shared memory, CUDA IPC, a gloo/NCCL broadcast, safetensors on
 disk) and the buffers kept across pushes are in weight_transport.py (`WeightStaging`,
-`EngineGroups`); this module talks to the engines, keeps their rotation and publishes the version.
+`EngineGroups`; cuda_ipc and unshared shm stream through two slots, `bucket_stream.py`, in the
+engines' dtype, `weight_dtype.py`); this module talks to the engines, keeps their rotation and
+publishes the version. Phase "fill" is the host time spent filling slots during the transfer (a
+CUDA fill only enqueues its copies; the engine waits for them inside "transfer").
 An engine's TP size (one `serialized_named_tensors` entry per rank) and kind come from its
 /server_info on first contact. The last bucket of a push sets `flush_cache` (SGLang would keep KV
 computed by the old weights) and alone carries `weight_version`: SGLang records the version of
@@ -47,7 +52,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 import torch
 
-from services.learner import metrics
+from services.learner import metrics, weight_dtype
 from services.learner.engine_load import load_engine, weight_version_of
 from services.learner.engine_rotation import (
     EngineState,
@@ -124,6 +129,8 @@ class WeightSync:
         backend: str = "auto",
         master_address: str = "",
         pause_mode: str = "auto",
+        dtype: str = "auto",
+        checkpoint_dtype: str | None = None,
     ) -> None:
         """transport, sync_dir, bucket_bytes, engine_device, share_parameters: see `WeightStaging`
         (ValueError for a transport outside weight_transport.TRANSPORTS). backend, master_address:
@@ -134,10 +141,16 @@ class WeightSync:
         bucket, else off. Nothing publishes the version with update_weight_version, whose
         abort_all_requests defaults to true (known_pitfalls D01). in_place against an SGLang
         engine whose radix cache is on raises PauseModeRefused at the first push (SGLang cannot
-        flush the cache while a batch is paused in place)."""
+        flush the cache while a batch is paused in place). dtype: the push's dtype setting
+        (weight_dtype.push_dtype: auto, float32, bfloat16, float16; streamed transports cast
+        to it); checkpoint_dtype: the checkpoint's config dtype (for an SGLang engine whose
+        /server_info says "auto")."""
         if pause_mode not in PAUSE_MODES:
             raise ValueError(f"pause_mode must be one of {PAUSE_MODES}; got {pause_mode!r}")
         self.pause_mode = pause_mode
+        weight_dtype.push_dtype(dtype, {})  # ValueError for an unknown setting
+        self.dtype_setting, self.checkpoint_dtype = dtype, checkpoint_dtype
+        self.push_dtype: str | None = None  # resolved at the first push (weight_dtype.push_dtype)
         self._staging_args = dict(
             sync_dir=sync_dir,
             bucket_bytes=bucket_bytes,
@@ -216,6 +229,31 @@ class WeightSync:
         info = (await self.client.get_server_info(urls=[url]))[url]
         state.tp_size = int(info.get("tp_size") or 1)
         state.commits_atomically = str(info.get("version", "")).startswith("shellrl-engine")
+        state.dtype = weight_dtype.engine_dtype(info, self.checkpoint_dtype)
+        state.info_read = True
+
+    async def _resolve_dtype(self, targets: list[str]) -> None:
+        """The dtype of this push (`weight_dtype.push_dtype`) into `staging.dtype`, from the
+        engines' /server_info (read for those not met yet, bounded; no answer: unknown, so float32
+        this push). Logged when it changes."""
+        if not self.staging.streams() or self.dtype_setting == "float32":
+            chosen, why = "float32", "the learner's dtype"
+        else:
+            unknown = [u for u in targets if not self.engines[u].info_read]
+            await asyncio.gather(
+                *(bounded(self._read_server_info(u), min(self.deadline_s, 5.0)) for u in unknown)
+            )
+            chosen, why = weight_dtype.push_dtype(
+                self.dtype_setting, {u: self.engines[u].dtype for u in targets}
+            )
+        if chosen != self.push_dtype:
+            refused = self.dtype_setting in weight_dtype.SIXTEEN_BIT and chosen == "float32"
+            (log.warning if refused else log.info)(
+                "weight pushes travel in this dtype",
+                extra={"dtype": chosen, "reason": why, "setting": self.dtype_setting},
+            )
+            self.push_dtype = chosen
+        self.staging.dtype = weight_dtype.as_torch(chosen)
 
     async def _pauses(self, targets: list[str], buckets: int) -> dict[str, str]:
         """Each target's pause for a push of `buckets` calls (`pause_for`); "auto" asks an engine
@@ -314,6 +352,7 @@ class WeightSync:
         failed: dict[str, str] = {}
         confirmed: list[str] = []
         if targets:
+            await self._resolve_dtype(targets)
             pauses = await self._pauses(targets, self.staging.bucket_count(model))
             # Tensor transports: each engine's weight-update session (SGLang 0.5.23 requires one) opens
             # while the weights are copied, so its round trip costs no time of its own.
@@ -329,22 +368,33 @@ class WeightSync:
             )
             t0 = time.perf_counter()
             try:
-                # cuda_ipc: fill(sync=False) only enqueues the copies: ~1 ms of host time, less than
-                # a thread hop and its GIL waits
-                if self.transport == "cuda_ipc":
-                    prepared = self.staging.prepare(model, version)
+                # streamed: only the plan (buckets are filled as engines ask for them); cuda_ipc of
+                # a sharded model: fill(sync=False) only enqueues the copies (~1 ms of host time,
+                # less than a thread hop and its GIL waits); else copies, in a thread
+                if self.transport == "cuda_ipc" or self.staging.streams(model):
+                    prepared = self.staging.prepare(model, version, targets)
                 else:
                     prepared = await asyncio.to_thread(self.staging.prepare, model, version)
             except BaseException:
                 await self._abandon_sessions(opening)
                 raise
             phases["flatten"] = time.perf_counter() - t0
-            outcomes = await asyncio.gather(
-                *(
-                    self._update_within_deadline(u, prepared, version, pauses[u], opening.get(u))
-                    for u in targets
+            stream = prepared.get("stream")
+            try:
+                outcomes = await asyncio.gather(
+                    *(
+                        self._update_within_deadline(
+                            u, prepared, version, pauses[u], opening.get(u)
+                        )
+                        for u in targets
+                    )
                 )
-            )
+            finally:
+                if stream is not None:
+                    self.staging.end_push()
+            if stream is not None:
+                phases["fill"] = stream.fill_s
+                metrics.WEIGHT_SYNC_RESIDENT_BYTES.set(stream.peak_resident_bytes)
             for url, (ok, detail) in zip(targets, outcomes):
                 if ok:
                     confirmed.append(url)
@@ -378,6 +428,7 @@ class WeightSync:
         for url, reason in failed.items():
             e = self.engines[url]
             e.in_rotation, e.last_error, e.failures, e.tp_size = False, reason, e.failures + 1, None
+            e.info_read = False  # a restarted engine may serve another dtype
             if self.groups is not None:
                 self.groups.forget(url)
             self.client.set_available(url, False)
@@ -414,6 +465,8 @@ class WeightSync:
         too: the session opened during the flatten can time out just before the deadline's timer."""
         task = asyncio.ensure_future(self._update(url, prepared, version, pause, begin))
         done, _ = await asyncio.wait({task}, timeout=self.deadline_s)
+        if "stream" in prepared:  # done with the buckets, whatever happened: no engine waits on it
+            prepared["stream"].leave(url)
         deadline = f"deadline: no confirmation within {self.deadline_s:g} s"
         if not done:
             task.cancel()  # not awaited: its clean-up must not hold the learner past the deadline

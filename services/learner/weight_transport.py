@@ -4,12 +4,20 @@ engines to read, and the payload that tells an engine where to find them.
 Transports (DESIGN.md section 6, shellrl.weights):
 * shm: SGLang's envelope for `/update_weights_from_tensor` (`shellrl.weights.sglang`) over a
   flattened bucket in torch's file-system shared memory; any engine on this host, SGLang or ours.
-* cuda_ipc: SGLang's envelope over a kept bucket on the engine's GPU, the CUDA tensor shared by
-  torch's IPC reduction with the GPU named by UUID (`CudaIpcBucket.entries`), as SGLang's own
-  client sends it: SGLang on a GPU or shellrl's engine on a GPU.
+* cuda_ipc: SGLang's envelope over buckets on the engine's GPU, the CUDA tensor shared by torch's
+  IPC reduction with the GPU named by UUID (`CudaIpcBucket.entries`), as SGLang's own client
+  sends it: SGLang on a GPU or shellrl's engine on a GPU. Streamed: the model is split into
+  buckets of at most `bucket_bytes` (in the engine's dtype when `dtype` is set: the copy into the
+  bucket casts), which pass through two kept slots (`bucket_stream.BucketStream`: bucket i is
+  filled into slot i % 2 when an engine first asks for it, and the slot takes bucket i+2 only
+  once every engine answered bucket i), so the learner adds at most two buckets to the engine's
+  GPU, never the model (`resident_bytes`; a tensor over the budget makes its bucket larger).
 * distributed: one broadcast per bucket through a torch process group per engine (gloo on CPU,
   NCCL on GPU; `shellrl.weights.distributed`), for engines on other GPUs or hosts.
 * disk: safetensors (`update_weights_from_disk`) in a directory the engines can read.
+shm streams through the same two slots when its parameters are not shared (share_parameters
+off, or a cast: a bf16 bucket cannot hold float32 parameters); with share_parameters the model's
+parameters live in one kept bucket per split and a push adds and copies nothing.
 The buckets are kept and refilled push after push (no page faults, a stable IPC handle; with
 share_parameters the CPU bucket holds the parameters themselves, so a refill copies nothing);
 after a push that an engine abandoned they are dropped (`close`) and made anew, because that
@@ -28,12 +36,14 @@ import os
 import re
 import shutil
 import socket
+from collections.abc import Sequence
 from contextlib import closing
 from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
 
+from services.learner.bucket_stream import SLOTS, BucketStream
 from services.learner.pids import pid_alive
 from services.learner.sharding import FullWeights
 from shellrl.weights import bucket as wt
@@ -42,8 +52,8 @@ from shellrl.weights import distributed as wdist
 from shellrl.weights import gpu as wtg
 from shellrl.weights import sglang as wsg
 
-BUCKET_BYTES = 512 << 20  # shm and distributed: buckets of at most this size (slime and verl's
-# default). cuda_ipc: one bucket (the kept buckets hold the whole model however it is split)
+BUCKET_BYTES = 512 << 20  # buckets of at most this size (slime and verl's default); a larger
+# tensor alone
 TRANSPORTS = ("shm", "cuda_ipc", "distributed", "disk")
 _OVERSIZE_REPORTED: set[str] = set()  # tensors split_buckets has said are larger than a bucket
 log = logging.getLogger(__name__)
@@ -91,12 +101,15 @@ class WeightStaging:
 
     transport: "shm", "cuda_ipc" or "disk" (ValueError otherwise; resolve "auto" with
     `choose_transport` first). sync_dir: the disk transport's safetensors (one `v<version>`
-    directory per push, the newest two kept). bucket_bytes: shm segment size bound.
-    engine_device: the engines' CUDA device for cuda_ipc (None: the model's device).
-    share_parameters: shm and distributed on CPU; the model's parameters are moved into the kept buckets
-    (`SharedMemoryBucket.adopt`), so a push writes nothing on the learner side: the optimizer
-    already wrote the weights there. After a push an engine abandoned, they move back out
-    (close) and into fresh segments at the next push.
+    directory per push, the newest two kept). bucket_bytes: the most bytes of one bucket (one
+    update call). engine_device: the engines' CUDA device for cuda_ipc (None: the model's
+    device). share_parameters: shm and distributed on CPU; the model's parameters are moved into
+    the kept buckets (`SharedMemoryBucket.adopt`), so a push writes nothing on the learner side:
+    the optimizer already wrote the weights there. After a push an engine abandoned, they move
+    back out (close) and into fresh segments at the next push. dtype: None, or the torch dtype
+    the floating tensors are sent in (the engines' bfloat16 or float16; set by WeightSync from
+    `weight_dtype.push_dtype`): cuda_ipc and shm cast while copying into the bucket.
+    Streamed transports (`streams`): cuda_ipc, and shm without shared parameters.
     """
 
     def __init__(
@@ -107,6 +120,7 @@ class WeightStaging:
         bucket_bytes: int = BUCKET_BYTES,
         engine_device: str | None = None,
         share_parameters: bool = False,
+        dtype=None,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(
@@ -114,34 +128,66 @@ class WeightStaging:
             )
         self.transport, self.sync_dir, self.bucket_bytes = transport, Path(sync_dir), bucket_bytes
         self.engine_device, self.share_parameters = engine_device, share_parameters
-        self._kept: list = []  # SharedMemoryBucket or CudaIpcBucket per bucket, refilled by every push
+        self.dtype = dtype
+        # streamed: the SLOTS kept slots (CudaIpcBucket / SharedTensorBucket, None until first
+        # filled); else one kept bucket per split (SharedTensorBucket / FlatBucket / CudaIpcBucket)
+        self._kept: list = []
+        self.stream: BucketStream | None = None  # the last push's schedule (streamed transports)
         if transport == "shm":
             remove_orphan_segments()
 
     def close(self) -> None:
-        """Release the kept buckets (unlink the shared-memory segments)."""
+        """Release the kept buckets (unlink the shared-memory segments, free the CUDA buffers)."""
+        if self.stream is not None:
+            self.stream.close()
         for bucket in self._kept:
-            bucket.close()
+            if bucket is not None:
+                bucket.close()
         self._kept = []
 
+    def streams(self, model: torch.nn.Module | None = None) -> bool:
+        """Whether a push of `model` streams through the two slots: cuda_ipc, and shm unless its
+        parameters live in the kept buckets (share_parameters without a cast); not a sharded
+        model's `FullWeights` (`_prepare_streamed` keeps its own buckets)."""
+        if isinstance(model, FullWeights):
+            return False
+        if self.transport == "cuda_ipc":
+            return True
+        return self.transport == "shm" and (not self.share_parameters or self.dtype is not None)
+
+    @property
+    def resident_bytes(self) -> int:
+        """Bytes the kept buckets hold now: on the engine's GPU (cuda_ipc) or in shared memory
+        (shm); 0 for disk. Streamed: at most two slots (`BucketStream`)."""
+        return sum(bucket.capacity_bytes for bucket in self._kept if bucket is not None)
+
     def bucket_count(self, model: torch.nn.Module) -> int:
-        """How many update calls `prepare(model, ...)` will need (1 for disk and cuda_ipc), from
-        the parameters' sizes alone: nothing is gathered or copied."""
-        if self.transport in ("disk", "cuda_ipc"):
+        """How many update calls `prepare(model, ...)` will need (1 for disk and a sharded
+        model's cuda_ipc), from the parameters' sizes alone: nothing is gathered or copied."""
+        if self.transport == "disk" or (
+            self.transport == "cuda_ipc" and isinstance(model, FullWeights)
+        ):
             return 1
         layout = (
             model.layout()
             if isinstance(model, FullWeights)
             else [(n, p) for n, p in model.named_parameters()]
         )
-        return len(split_buckets(layout, self.bucket_bytes))
+        dtype = self.dtype if self.streams(model) else None
+        return len(split_buckets(layout, self.bucket_bytes, dtype))
 
-    def prepare(self, model: torch.nn.Module, version: int) -> dict:
-        """Write the weights once for every engine (blocking: disk, shm and distributed run it in a
-        thread; cuda_ipc only enqueues GPU copies and runs it on the event loop). Returns
-        {"model_path": directory} (disk), {"buckets": [entries(tp_size) -> serialized_named_tensors]}
-        (shm, cuda_ipc) or {"broadcast": [(tensor fields, flattened uint8 tensor)]} (distributed).
-        model: an nn.Module, or a sharded model's `FullWeights` (streamed: `_prepare_streamed`)."""
+    def prepare(
+        self, model: torch.nn.Module, version: int, engines: Sequence[str] = ("engine",)
+    ) -> dict:
+        """Write or plan the weights once for every engine. Returns {"model_path": directory}
+        (disk), {"broadcast": [(tensor fields, flattened uint8 tensor)]} (distributed),
+        {"buckets": [entries(tp_size) -> serialized_named_tensors]} (shm with shared parameters)
+        or, streamed (`streams`), {"buckets": [provider(tp_size) -> awaitable entries], "stream":
+        BucketStream}: nothing is copied here, bucket i is filled into its slot when the first of
+        `engines` (the push's engine urls, each of which must `leave` the stream) asks for it.
+        Blocking where it copies (disk, shm with shared parameters, distributed: run it in a
+        thread); the streamed plan only splits the list. model: an nn.Module, or a sharded
+        model's `FullWeights` (`_prepare_streamed`)."""
         if isinstance(model, FullWeights):
             return self._prepare_streamed(model, version)
         named = [(n, p.detach()) for n, p in model.named_parameters()]
@@ -150,20 +196,11 @@ class WeightStaging:
             wtd.save_safetensors_dir(named, directory)
             self._prune_sync_dir()
             return {"model_path": str(directory.resolve())}
-        buckets = (
-            [named] if self.transport == "cuda_ipc" else split_buckets(named, self.bucket_bytes)
-        )
-        if len(self._kept) != len(buckets):
+        if self.streams(model):
+            return self._prepare_stream(named, engines)
+        buckets = split_buckets(named, self.bucket_bytes)
+        if len(self._kept) != len(buckets) or None in self._kept:
             self.close()
-        if self.transport == "cuda_ipc":
-            device = self.engine_device or named[0][1].device
-            if not self._kept:
-                self._kept = [wtg.CudaIpcBucket(device) for _ in buckets]
-            # sync=False: the copies are enqueued, not awaited; each envelope entry shares the bucket
-            # with an interprocess event recorded after them, which the engine waits on
-            for kept, bucket in zip(self._kept, buckets):
-                kept.fill(bucket, sync=False)
-            return {"buckets": [kept.entries for kept in self._kept]}
         kept = [self._refilled(model, i, bucket) for i, bucket in enumerate(buckets)]
         if self.transport == "distributed":
             return {
@@ -172,6 +209,60 @@ class WeightStaging:
                 ]
             }
         return {"buckets": [k.entries for k in kept]}
+
+    def _prepare_stream(self, named: list, engines: Sequence[str]) -> dict:
+        """The streamed plan (see `prepare`): buckets in the sent dtype, two kept slots."""
+        if len(self._kept) != SLOTS:
+            self.close()
+            self._kept = [None] * SLOTS
+        if self.stream is not None:
+            self.stream.close()
+        buckets = split_buckets(named, self.bucket_bytes, self.dtype)
+        self.stream = BucketStream(
+            buckets,
+            engines,
+            self._fill_slot,
+            in_thread=self.transport == "shm",  # a memcpy; cuda_ipc only enqueues copies
+            resident_bytes=lambda: self.resident_bytes,
+        )
+        return {"buckets": self.stream.providers, "stream": self.stream}
+
+    def _fill_slot(self, slot: int, bucket: list):
+        """Bucket into kept slot `slot` (made, grown, or shrunk back to the budget after an
+        over-budget bucket); returns its entries(tp_size). cuda_ipc: fill(sync=False) enqueues the
+        copies; each envelope entry shares the bucket with an interprocess event recorded after
+        them, which the engine waits on before it reads."""
+        kept = self._kept[slot]
+        needed = wt.plan_bucket(wt.describe(bucket, self.dtype), 1)[1]
+        if kept is not None and kept.capacity_bytes > max(self.bucket_bytes, needed):
+            kept.close()  # an over-budget bucket's buffer: back to the budget
+            kept = self._kept[slot] = None
+            if self.transport == "cuda_ipc":
+                torch.cuda.ipc_collect()  # buffers no engine maps any more are freed now
+        if self.transport == "cuda_ipc":
+            if kept is None:
+                kept = self._kept[slot] = wtg.CudaIpcBucket(
+                    self.engine_device or bucket[0][1].device
+                )
+            kept.fill(bucket, sync=False, dtype=self.dtype)
+            return kept.entries
+        if kept is not None and kept.fits(bucket) and kept.cast == self.dtype:
+            kept.refill(bucket)
+        else:
+            if kept is not None:
+                kept.close()
+            kept = self._kept[slot] = wsg.SharedTensorBucket(bucket, dtype=self.dtype)
+        return kept.entries
+
+    def end_push(self) -> None:
+        """After a streamed push: every engine has left; a slot still holding an over-budget
+        bucket is freed, so that the next push starts from at most two buckets of the budget."""
+        if self.stream is not None:
+            self.stream.close()
+        for slot, kept in enumerate(self._kept):
+            if kept is not None and kept.capacity_bytes > self.bucket_bytes:
+                kept.close()
+                self._kept[slot] = None
 
     def _prepare_streamed(self, weights: FullWeights, version: int) -> dict:
         """`prepare` for a sharded model, in the same buckets and layouts as the unsharded one:
@@ -192,7 +283,7 @@ class WeightStaging:
                 if self.transport == "cuda_ipc"
                 else split_buckets(layout, self.bucket_bytes)
             )
-            if len(self._kept) != len(buckets):
+            if len(self._kept) != len(buckets) or None in self._kept:
                 self.close()
             if self.transport == "cuda_ipc":
                 if not self._kept:
@@ -256,13 +347,14 @@ class WeightStaging:
 
 
 def split_buckets(
-    named: list[tuple[str, torch.Tensor]], bucket_bytes: int
+    named: list[tuple[str, torch.Tensor]], bucket_bytes: int, dtype=None
 ) -> list[list[tuple[str, torch.Tensor]]]:
     """Split named tensors, in order, into buckets of at most bucket_bytes (a larger tensor alone,
-    said once in the log)."""
+    said once in the log). dtype: None, or the dtype floating tensors are sent in (sizes count
+    in it: `bucket.sent_dtype`)."""
     out, current, size = [], [], 0
     for name, tensor in named:
-        nbytes = tensor.numel() * tensor.element_size()
+        nbytes = tensor.numel() * wt.sent_dtype(tensor, dtype).itemsize
         if nbytes > bucket_bytes and name not in _OVERSIZE_REPORTED:
             _OVERSIZE_REPORTED.add(name)
             log.warning(

@@ -139,26 +139,46 @@ def layout_align(dtypes: Iterable) -> int:
 
 
 def flatten_into(
-    named_tensors: list[tuple[str, torch.Tensor]], buffer: torch.Tensor, align: int = ALIGN_BYTES
+    named_tensors: list[tuple[str, torch.Tensor]],
+    buffer: torch.Tensor,
+    align: int = ALIGN_BYTES,
+    dtype=None,
 ) -> list[TensorMeta]:
-    """Copy the tensors into `buffer` (1-D uint8 of at least `plan_bucket(..., align)[1]` bytes,
-    any device); returns their metadata."""
+    """Copy the tensors into `buffer` (1-D uint8 of at least `plan_bucket(..., align)[1]` bytes of
+    their layout, any device); returns their metadata. dtype: None, or the torch dtype floating
+    tensors travel in (`sent_dtype`): the layout is planned in it and each such tensor is cast by
+    its copy (no temporary); the metadata names it."""
     torch = _torch()
-    metadata, nbytes = plan_bucket(named_tensors, align)
+    planned = named_tensors if dtype is None else describe(named_tensors, dtype)
+    metadata, nbytes = plan_bucket(planned, align)
     if buffer.dtype != torch.uint8 or buffer.dim() != 1 or buffer.numel() < nbytes:
         raise ValueError(f"buffer must be 1-D uint8 of >= {nbytes} bytes")
-    for meta, (_, tensor) in zip(metadata, named_tensors):
-        buffer[meta.start_idx : meta.end_idx].copy_(
-            tensor.detach().contiguous().reshape(-1).view(torch.uint8)
-        )
+    for meta, (_, tensor), (_, slot) in zip(metadata, named_tensors, planned):
+        raw = buffer[meta.start_idx : meta.end_idx]
+        if slot.dtype == tensor.dtype:
+            raw.copy_(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
+        else:  # start aligned to the cast dtype's size: plan_bucket(layout_align(...)) of the plan
+            raw.view(slot.dtype).copy_(tensor.detach().reshape(-1))
     return metadata
 
 
-def describe(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-    """`(name, meta tensor)` of the same dtype and shape per tensor: a layout without the data, for
-    `plan_bucket` and a bucket filled by `fill_from` (a DTensor gives its global shape)."""
+def sent_dtype(tensor: torch.Tensor, dtype) -> torch.dtype:
+    """The dtype `tensor` travels in when a push casts to `dtype` (None: no cast): floating tensors
+    take `dtype`, others (integer buffers) keep theirs."""
+    return tensor.dtype if dtype is None or not tensor.is_floating_point() else dtype
+
+
+def describe(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], dtype=None
+) -> list[tuple[str, torch.Tensor]]:
+    """`(name, meta tensor)` of the same shape per tensor, in its dtype or the one it travels in
+    (`sent_dtype(t, dtype)`): a layout without the data, for `plan_bucket` and a bucket filled by
+    `fill_from` (a DTensor gives its global shape)."""
     torch = _torch()
-    return [(n, torch.empty(t.shape, dtype=t.dtype, device="meta")) for n, t in named_tensors]
+    return [
+        (n, torch.empty(t.shape, dtype=sent_dtype(t, dtype), device="meta"))
+        for n, t in named_tensors
+    ]
 
 
 def fill_from(

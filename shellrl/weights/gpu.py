@@ -20,6 +20,7 @@ from shellrl.weights.bucket import (
     _metadata_json,
     _torch,
     _views,
+    describe,
     fill_from,
     flatten_into,
     layout_align,
@@ -209,12 +210,13 @@ class CudaIpcBucket:
             return _torch().empty(nbytes, dtype=_torch().uint8, device=device)
         return buffer
 
-    def _layout(self, named_tensors: list, source) -> None:
-        key = (source, tuple((n, t.dtype, tuple(t.shape)) for n, t in named_tensors))
+    def _layout(self, named_tensors: list, source, dtype=None) -> None:
+        key = (source, dtype, tuple((n, t.dtype, tuple(t.shape)) for n, t in named_tensors))
         if key == self._key:
             return
+        planned = named_tensors if dtype is None else describe(named_tensors, dtype)
         self._metadata, self._nbytes = plan_bucket(
-            named_tensors, layout_align(t.dtype for _, t in named_tensors)
+            planned, layout_align(t.dtype for _, t in planned)
         )
         self._metadata_json = json.dumps(_metadata_json(self._metadata))
         self.buffer = self._ensure(self.buffer, self._nbytes, self.device)
@@ -227,8 +229,13 @@ class CudaIpcBucket:
         staging: str = "bucket",
         sync: bool = True,
         values: Iterator[tuple[str, torch.Tensor]] | None = None,
+        dtype=None,
     ) -> str:
         """Copy `named_tensors` into the bucket; returns the CUDA IPC payload (JSON string).
+
+        dtype: None, or the torch dtype floating tensors are sent in (e.g. the engine's bfloat16
+        for a float32 learner): the layout and metadata name it and each copy casts (no
+        temporary copy of a tensor; not with `values`).
 
         values: None, or an iterator of (name, tensor) streamed into the layout of `named_tensors`
         (then descriptions: `bucket.describe`) one tensor at a time, each copied straight into its
@@ -252,7 +259,9 @@ class CudaIpcBucket:
         source = named_tensors[0][1].device
         if self._shares >= SHARES_PER_BUFFER:
             self._rotate()
-        self._layout(named_tensors, source)
+        if values is not None and dtype is not None:
+            raise ValueError("a streamed fill (values) cannot cast; give dtype=None")
+        self._layout(named_tensors, source, dtype)
         tensors = [t for _, t in named_tensors]
         sources = {source}
         if values is not None:
@@ -316,6 +325,11 @@ class CudaIpcBucket:
         self._shares += count
         flat = self.buffer[: self._nbytes]
         return [to_entry(self._envelope.serialize(flat, self._metadata)) for _ in range(count)]
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Bytes of the bucket's buffer on `device` (0 before the first fill and once closed)."""
+        return 0 if self.buffer is None else self.buffer.numel()
 
     def _rotate(self) -> None:
         """A fresh buffer for the next fill: the old one (and torch's per-share events and

@@ -40,7 +40,6 @@ from shellrl.weights.bucket import (
     TensorMeta,
     _torch,
     layout_align,
-    plan_bucket,
 )
 from shellrl.weights.shm import KeptHostBucket
 
@@ -264,20 +263,25 @@ class SharedTensorBucket(KeptHostBucket):
     unlinks what is left when they exit.
     """
 
-    def __init__(self, named_tensors, values=None) -> None:
+    def __init__(self, named_tensors, values=None, *, dtype=None, capacity_bytes: int = 0) -> None:
         """values: None, or an iterator of (name, tensor) streamed into the layout of
-        `named_tensors` (descriptions; `KeptHostBucket._fill`)."""
+        `named_tensors` (descriptions; `KeptHostBucket._fill`). dtype: None, or the torch dtype
+        floating tensors are sent in (cast by the copy; the metadata names it). capacity_bytes:
+        the least size of the shared file (a slot later refilled with larger buckets)."""
         torch = _torch()
         named_tensors = list(named_tensors)
         if not named_tensors:
             raise ValueError("cannot share an empty list of tensors")
-        self.align = layout_align(t.dtype for _, t in named_tensors)
-        _, nbytes = plan_bucket(named_tensors, self.align)
+        self.cast = dtype
+        nbytes = max(self._bytes_of(named_tensors), capacity_bytes)
         storage = torch.UntypedStorage._new_using_filename_cpu(max(nbytes, 1))
         self._flat = torch.empty(0, dtype=torch.uint8).set_(storage)
         self._adopted = None
         self._pickled: tuple[tuple, bytes] | None = None
         self._fill(named_tensors, values)
+
+    def _align_of(self, planned: list) -> int:
+        return layout_align(t.dtype for _, t in planned)  # SGLang's unpadded layout for one dtype
 
     @property
     def shm_handle(self) -> str:

@@ -27,6 +27,7 @@ from shellrl.weights.bucket import (
     _metadata_json,
     _torch,
     _views,
+    describe,
     fill_from,
     flatten_into,
     plan_bucket,
@@ -42,10 +43,12 @@ class KeptHostBucket:
     push. Subclasses own the memory (`_buffer`, `_capacity`, `_free`) and the payload format:
     `SharedMemoryBucket` (a named POSIX segment, shellrl's JSON payload) and
     `shellrl.weights.sglang.SharedTensorBucket` (torch's file-system shared memory, SGLang's
-    envelope). `align`: the start alignment of each tensor in bytes (`plan_bucket`).
+    envelope). `align`: the start alignment of each tensor in bytes (`plan_bucket`). `cast`: None,
+    or the torch dtype floating tensors are written in (`bucket.sent_dtype`; the copy casts).
     """
 
     align = ALIGN_BYTES
+    cast = None
 
     def _buffer(self, nbytes: int):
         """A 1-D uint8 tensor over the first `nbytes` bytes of the memory (a fresh view)."""
@@ -62,18 +65,37 @@ class KeptHostBucket:
     def _fill(self, named_tensors: list, values: Iterator | None = None) -> None:
         """values: None (copy `named_tensors`), or an iterator of (name, tensor) that `fill_from`
         streams into the layout of `named_tensors` (descriptions: meta tensors will do)."""
-        metadata, nbytes = plan_bucket(named_tensors, self.align)
+        planned = self._planned(named_tensors)
+        self.align = self._align_of(planned)
+        metadata, nbytes = plan_bucket(planned, self.align)
         buffer = self._buffer(nbytes)
         if values is None:
-            metadata = flatten_into(named_tensors, buffer, self.align)
+            metadata = flatten_into(named_tensors, buffer, self.align, self.cast)
         else:
             fill_from(metadata, values, buffer)
         self.metadata, self.nbytes = metadata, nbytes
         del buffer  # no exported view may outlive the memory (close() unmaps)
 
+    def _planned(self, named_tensors: list) -> list:
+        """The tensors as they are laid out: their descriptions in `cast` (themselves without)."""
+        return named_tensors if self.cast is None else describe(named_tensors, self.cast)
+
+    def _align_of(self, planned: list) -> int:
+        """The start alignment of a layout of `planned` (subclasses may pick it per layout)."""
+        return self.align
+
+    def _bytes_of(self, named_tensors: list) -> int:
+        planned = self._planned(named_tensors)
+        return plan_bucket(planned, self._align_of(planned))[1]
+
     def fits(self, named_tensors: list) -> bool:
         """The tensors (or their descriptions) fit the memory in this bucket's layout."""
-        return plan_bucket(named_tensors, self.align)[1] <= self._capacity()
+        return self._bytes_of(named_tensors) <= self._capacity()
+
+    @property
+    def capacity_bytes(self) -> int:
+        """Bytes of memory this bucket holds (0 once closed)."""
+        return self._capacity()
 
     def adopt(self, parameters: list) -> None:
         """Make `parameters` (the tensors this bucket holds, in order, CPU) live in the segment: each
@@ -127,7 +149,7 @@ class KeptHostBucket:
         if values is None and self._holds([t for _, t in named_tensors]):
             return self
         self._release_adopted()
-        _, nbytes = plan_bucket(named_tensors, self.align)
+        nbytes = self._bytes_of(named_tensors)
         if nbytes > self._capacity():
             raise ValueError(f"{nbytes} bytes do not fit the segment ({self._capacity()} bytes)")
         self._fill(named_tensors, values)
