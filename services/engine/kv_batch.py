@@ -151,10 +151,20 @@ class BatchKV:
         self.valid = torch.zeros(rows, capacity, dtype=torch.bool, device=shape.device)
 
     def release(self) -> None:
-        """Give the KV buffer back to the pool; this BatchKV must not be used afterwards."""
+        """Give the KV buffer back to the pool; this BatchKV must not be used afterwards. A batch
+        that lives in a `GraphDecoder`'s arena (`move_to`) owns no buffer: nothing is freed."""
         if self._block is not None:
             POOL.give(self._block)
             self._block = self.kv = None
+
+    def move_to(self, kv: torch.Tensor, valid: torch.Tensor) -> None:
+        """Live in `kv` [layers, 2, rows, kv_heads, capacity, head_dim] and `valid` [rows, capacity]
+        from now on (views of a `graph_decode.GraphDecoder` arena, already holding this batch's
+        columns); the own buffer goes back to the pool. Growth (`ensure_capacity`) moves it out."""
+        own = self._block
+        self.kv, self.valid, self._block = kv, valid, None
+        if own is not None:
+            POOL.give(own)
 
     @property
     def bytes(self) -> int:

@@ -42,6 +42,16 @@ KV_BYTES = gauge(
 DECODE_STEP_SECONDS = histogram(
     "shellrl_engine_decode_step_seconds", "Wall time of one batched decode step."
 )
+DECODE_STEPS = counter(
+    "shellrl_engine_decode_steps_total",
+    "Decode steps, by how they ran: graph (a CUDA graph replay over the static KV arena), "
+    "static (the same step without graphs) or eager (transformers' forward over the batch's own KV).",
+    ("mode",),
+)
+DECODE_GRAPH_BYTES = gauge(
+    "shellrl_engine_decode_graph_bytes",
+    "Bytes of the decode graphs' static KV arena (0: no graphs).",
+)
 PREFILL_SECONDS = histogram("shellrl_engine_prefill_seconds", "Wall time of one batched prefill.")
 WEIGHT_UPDATE_SECONDS = histogram(
     "shellrl_engine_weight_update_seconds",

@@ -13,6 +13,7 @@ import torch
 
 from services.engine import metrics
 from services.engine.admission import Admitted
+from services.engine.graph_decode import GraphDecoder
 from services.engine.kv_batch import BatchKV, KVShape, forward_columns
 from services.engine.prefix_cache import PrefixCache
 from services.engine.request_state import RequestState
@@ -34,9 +35,11 @@ class RunningBatch:
         *,
         max_prefill_tokens: int,
         fp32_lm_head: bool,
+        graph: GraphDecoder | None = None,
     ) -> None:
         self.model, self.kv_shape, self.prefix_cache = model, kv_shape, prefix_cache
         self.max_prefill_tokens, self.fp32_lm_head = max_prefill_tokens, fp32_lm_head
+        self.graph = graph  # decode steps replayed over its static arena where they fit
         self.rows: list[RequestState | None] = []  # None = finished, awaiting compaction
         self.kv: BatchKV | None = None
 
@@ -52,6 +55,8 @@ class RunningBatch:
         if self.kv is not None and self.kv is not kv:
             self.kv.release()
         self.kv, self.rows = kv, rows
+        if self.graph is not None and kv is not None:
+            self.graph.adopt(kv)  # one copy into the static arena, unless it does not fit
 
     def clear(self) -> None:
         self.replace(None, [])
@@ -143,6 +148,16 @@ class RunningBatch:
         (finished rows: padding)."""
         device = self.kv_shape.device
         rows = self.rows  # finished rows (None) ride along as padding until compaction
+        graph = self.graph
+        if graph is not None and len(rows) <= graph.max_rows and graph.can_replay(self.kv):
+            metrics.DECODE_STEPS.labels("graph" if graph.use_graphs else "static").inc()
+            return graph.decode(
+                self.kv,
+                [s.output_ids[-1] if s else 0 for s in rows],
+                [len(s.spec.input_ids) + len(s.output_ids) - 1 if s else 0 for s in rows],
+                [s is not None for s in rows],
+            )
+        metrics.DECODE_STEPS.labels("eager").inc()
         ids = torch.tensor(
             [[s.output_ids[-1] if s else 0] for s in rows], dtype=torch.long, device=device
         )

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from services.engine import metrics
+from services.engine.graph_decode import GraphDecoder
+from services.engine.kv_batch import KVShape
 from services.engine.prefix_cache import PrefixCache
 from services.engine.protocol import ModelLimits, RequestSpec
 from services.engine.sampling import SamplingSpec
@@ -71,7 +73,9 @@ class EngineRuntime:
         eos_ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         if self.tokenizer.eos_token_id is not None:
             eos_ids.add(self.tokenizer.eos_token_id)
-        self.weights = WeightStore(self.model)
+        self.graph = self._graph_decoder(settings)
+        # graphs read the parameters' storages: updates are copied into them, never re-pointed
+        self.weights = WeightStore(self.model, copy_on_commit=self.graph is not None)
         self.prefix_cache = PrefixCache(
             settings.prefix_cache_max_bytes, enabled=settings.prefix_cache
         )
@@ -84,11 +88,26 @@ class EngineRuntime:
             prefix_cache=self.prefix_cache,
             eos_token_ids=eos_ids,
             fp32_lm_head=settings.fp32_lm_head,
+            graph=self.graph,
         )
         self.started_at = time.time()
         self._session: _Session | None = None
         self._update_lock = asyncio.Lock()
         self.groups = wd.ReceiverGroups(self.weights.device, GROUP_TIMEOUT_S)
+
+    def _graph_decoder(self, settings: EngineSettings) -> GraphDecoder | None:
+        """The decode graphs on a CUDA device (captured here, before the engine serves)."""
+        if not settings.cuda_graph or self.model.device.type != "cuda":
+            return None
+        graph = GraphDecoder(
+            self.model,
+            KVShape.of(self.model),
+            max_rows=settings.cuda_graph_max_bs or settings.max_running_requests,
+            columns=settings.cuda_graph_kv_columns,
+            fp32_lm_head=settings.fp32_lm_head,
+        )
+        graph.capture()
+        return graph
 
     # ----- lifecycle -----------------------------------------------------------------------------------
 

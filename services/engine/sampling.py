@@ -39,22 +39,53 @@ def sample_next(
 
     logits: [B, V] float32. specs, generators: one per row (a generator makes a row's draws depend
     only on its own seed, not on the batch). Returns (tokens [B] int64, logprobs [B] float32).
+    Greedy rows take the argmax; unseeded rows are drawn together (one truncation and one
+    multinomial over all of them, each row from its own softmax(logits / T) after its own top-k,
+    top-p and min-p); seeded rows one by one from their generators.
     """
-    rows = logits.shape[0]
+    device = logits.device
     temperatures = torch.tensor(
-        [1.0 if s.greedy else s.temperature for s in specs],
-        dtype=logits.dtype,
-        device=logits.device,
+        [1.0 if s.greedy else s.temperature for s in specs], dtype=logits.dtype, device=device
     )
     logprobs_all = torch.log_softmax(logits / temperatures[:, None], dim=-1)
-    tokens = torch.empty(rows, dtype=torch.long, device=logits.device)
+    tokens = torch.argmax(logits, dim=-1)
+    drawn = [row for row, s in enumerate(specs) if not s.greedy and generators[row] is None]
+    if drawn:
+        index = torch.tensor(drawn, dtype=torch.long, device=device)
+        probs = _truncated_probs_rows(
+            logprobs_all.index_select(0, index), [specs[r] for r in drawn]
+        )
+        tokens.index_copy_(0, index, torch.multinomial(probs, 1).squeeze(1))
     for row, (spec, generator) in enumerate(zip(specs, generators)):
-        if spec.greedy:
-            tokens[row] = torch.argmax(logits[row])
+        if spec.greedy or generator is None:
             continue
         probs = _truncated_probs(logprobs_all[row], spec)
         tokens[row] = torch.multinomial(probs, 1, generator=generator)[0]
     return tokens, logprobs_all.gather(1, tokens[:, None]).squeeze(1)
+
+
+def _truncated_probs_rows(logprobs: torch.Tensor, specs: list[SamplingSpec]) -> torch.Tensor:
+    """`_truncated_probs` of every row of `logprobs` [n, V] at once (each row its own spec);
+    [n, V] float32, rows summing to 1."""
+    probs = logprobs.exp()
+    rows, vocab = probs.shape
+    device = probs.device
+    if any((0 < s.top_k < vocab) or s.top_p < 1.0 for s in specs):
+        top_k = torch.tensor(
+            [s.top_k if 0 < s.top_k < vocab else vocab for s in specs], device=device
+        )
+        top_p = torch.tensor([s.top_p for s in specs], dtype=probs.dtype, device=device)
+        sorted_probs, order = torch.sort(probs, dim=-1, descending=True)
+        rank = torch.arange(vocab, device=device)[None, :]
+        before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        # keep the first top_k, and the smallest head whose mass reaches top_p (the first always)
+        keep = (rank < top_k[:, None]) & ((before <= top_p[:, None]) | (top_p[:, None] >= 1.0))
+        probs = torch.zeros_like(probs).scatter_(1, order, sorted_probs * keep)
+    if any(s.min_p > 0.0 for s in specs):
+        min_p = torch.tensor([s.min_p for s in specs], dtype=probs.dtype, device=device)
+        floor = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        probs = torch.where(probs >= floor, probs, torch.zeros_like(probs))
+    return probs / probs.sum(dim=-1, keepdim=True)
 
 
 def _truncated_probs(logprobs: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:

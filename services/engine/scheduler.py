@@ -28,6 +28,7 @@ import torch
 
 from services.engine import metrics
 from services.engine.admission import Admitted, select_prefill
+from services.engine.graph_decode import GraphDecoder
 from services.engine.intake import Intake
 from services.engine.kv_batch import POOL, KVShape
 from services.engine.prefix_cache import PrefixCache
@@ -60,6 +61,7 @@ class Scheduler(SchedulerCommands):
         prefix_cache: PrefixCache,
         eos_token_ids: set[int],
         fp32_lm_head: bool = False,
+        graph: GraphDecoder | None = None,
     ) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.weight_version = weight_version
@@ -79,7 +81,9 @@ class Scheduler(SchedulerCommands):
             prefix_cache,
             max_prefill_tokens=max_prefill_tokens,
             fp32_lm_head=fp32_lm_head,
+            graph=graph,
         )
+        metrics.DECODE_GRAPH_BYTES.set(graph.bytes if graph is not None else 0)
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="engine-scheduler", daemon=True)
 

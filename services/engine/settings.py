@@ -49,6 +49,23 @@ class EngineSettings(ServiceSettings):
         description="LM head in float32 (hidden and weight cast up), as the learner "
         "computes it; bf16 logits cost ~0.03 nats of log-prob parity.",
     )
+    cuda_graph: bool = Field(
+        True,
+        description="On a CUDA device, replay decode steps from CUDA graphs over a static KV arena "
+        "(SGLang: not --disable-cuda-graph); ignored on CPU.",
+    )
+    cuda_graph_max_bs: int = Field(
+        0,
+        ge=0,
+        description="Largest batch captured (SGLang --cuda-graph-max-bs); 0 = max_running_requests. "
+        "A larger running batch decodes eagerly.",
+    )
+    cuda_graph_kv_columns: int = Field(
+        2048,
+        ge=16,
+        description="KV columns of the graphs' static arena (positions on the running batch's "
+        "shared time axis); a batch whose axis outgrows it decodes eagerly.",
+    )
     health_check_timeout_s: float = Field(
         20.0, gt=0, description="/health_generate gives 503 after this."
     )

@@ -59,8 +59,12 @@ class WeightStore:
     parameter with a different payload (the runtime serializes updates).
     """
 
-    def __init__(self, model) -> None:
+    def __init__(self, model, *, copy_on_commit: bool = False) -> None:
         self.model = model
+        # copy_on_commit: `commit` copies the staged tensors into the parameters' own storages
+        # (the decode graphs captured those addresses: services/engine/graph_decode.py) instead
+        # of re-pointing the parameters; one device copy of the update per commit
+        self.copy_on_commit = copy_on_commit
         self.params = dict(model.named_parameters(remove_duplicate=False))
         first = next(iter(self.params.values()))
         self.dtype, self.device = first.dtype, first.device
@@ -350,8 +354,16 @@ class WeightStore:
         return self.stage((n, t) for n, t in named if n not in buffers)
 
     def commit(self, staged: StagedWeights) -> int:
-        """Point the parameters at their staged arena slots (scheduler thread, between steps; no copy).
-        Returns the number of tensors."""
+        """Point the parameters at their staged arena slots (scheduler thread, between steps; no copy),
+        or with `copy_on_commit` copy the slots into the parameters' storages (which then never
+        move, so the next update stages into the same arena). Returns the number of tensors."""
+        if self.copy_on_commit:
+            names = list(staged.tensors)
+            with torch.no_grad():  # one fused launch, not one copy per tensor
+                torch._foreach_copy_(
+                    [self.params[n].data for n in names], [staged.tensors[n] for n in names]
+                )
+            return len(staged.tensors)
         homes = {
             self._canonical[name]: self._target(name) for name in staged.tensors
         }  # before any flips
