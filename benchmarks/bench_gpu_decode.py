@@ -142,6 +142,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--parity-tokens", type=int, default=48)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/gpu-decode"))
+    parser.add_argument(
+        "--model-dir", type=Path, default=None, help="where the random checkpoint goes (OUT/SHAPE)"
+    )
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args(argv)
     import torch
@@ -155,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
         args.levels, args.rounds, args.new_tokens, args.parity_tokens = "1,8", 1, 16, 8
     levels = [int(x) for x in args.levels.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
-    model_dir = args.out / args.shape
+    model_dir = args.model_dir or args.out / args.shape
     if not (model_dir / "config.json").exists():
         save_random_model(args.shape, model_dir, device=args.device, logit_std=4.0)
     torch.cuda.empty_cache()

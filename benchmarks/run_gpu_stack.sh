@@ -154,6 +154,20 @@ push() {  # a standalone push of the main job's model size, learner and engine o
     --sections sync --updates 20 --out "$OUT/push" 2>&1 | grep -v "it/s\]" | tail -20
 }
 
+decode() {  # issue 36.1: the decode graphs' GPU test, then eager vs CUDA-graph decode steps of two
+  # engines on the one GPU (random weights of SmolLM2-135M's shapes: no GGUF needed)
+  # -> $OUT/decode/{results.json,results.md,eager.log,graphs.log}, $OUT/decode-pytest.log
+  device_env
+  [ -d "$T/site" ] || { echo "run the setup stage first (no $T/site)"; return 1; }
+  timeout 180 python3 -m pytest -q -p no:cacheprovider -rs tests/gpu/test_gpu_engine_graphs.py \
+    2>&1 | tee "$OUT/decode-pytest.log" | tail -25
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT_S:-420}" python3 -m benchmarks.bench_gpu_decode --out "$OUT/decode" \
+    --model-dir "$T/models/smollm2-135m-random" ${DECODE_ARGS:-} 2>&1 | tail -30
+  for f in "$OUT"/decode/*.log; do [ -f "$f" ] && tail -c 4000 "$f" > "$f.tail" && mv "$f.tail" "$f"; done
+  return 0
+}
+
 tests() {  # the GPU stack's tests on the tiny model (carried by setup: models/), or built from
   # the whole GGUF (its tokenizer is SmolLM2's)
   keep_parts
@@ -297,9 +311,10 @@ case $what in
   setup) setup ;;
   push) push ;;
   tests) tests ;;
+  decode) decode ;;
   job) job ;;
   seeds) seeds ;;  # ARMS, SEEDS, JOB_ARGS, JOB_TIMEOUT_S: several jobs at once, compared
   all) setup && push && tests && SKIP_PYTEST=1 job ;;
   summarize) shift; summarize "$@" ;;  # summarize REPORT_DIR GPU_MEM_CSV STACK_JSON
-  *) echo "usage: $0 prepare|setup|push|tests|job|seeds|all|summarize"; exit 2 ;;
+  *) echo "usage: $0 prepare|setup|push|decode|tests|job|seeds|all|summarize"; exit 2 ;;
 esac

@@ -83,6 +83,10 @@ def timing(phases: dict, learner: str, rollout: str, engine: str) -> dict:
                 1000 * total(engine, "shellrl_engine_decode_step_seconds_sum"), decode_steps, 2
             ),
             "busy_share": _ratio(engine_busy, busy_s),
+            # decode steps replayed from CUDA graphs (services/engine/graph_decode.py)
+            "graph_step_share": _ratio(
+                total(engine, "shellrl_engine_decode_steps_total", mode="graph"), decode_steps
+            ),
         },
         "rollout": {
             "action_tokens_per_s": _ratio(
@@ -130,7 +134,8 @@ def timing_section(t: dict) -> list[str]:
         "episode-seconds.",
         "",
         f"- engine: {_show(engine['generation_tokens_per_s'])} generated tokens/s; decode step "
-        f"{_show(engine['decode_step_ms'], ' ms')} mean over {engine['decode_steps']} steps; busy "
+        f"{_show(engine['decode_step_ms'], ' ms')} mean over {engine['decode_steps']} steps "
+        f"({_show(engine.get('graph_step_share'))} from CUDA graphs); busy "
         f"(decode + prefill) {_show(engine['busy_share'])} of the time",
         f"- rollout: {_show(rollout['action_tokens_per_s'])} ACTION tokens/s; an episode's "
         f"seconds: {' / '.join(EPISODE_PARTS)} {_shares(rollout['episode_seconds_share'])}",

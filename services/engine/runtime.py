@@ -106,7 +106,13 @@ class EngineRuntime:
             columns=settings.cuda_graph_kv_columns,
             fp32_lm_head=settings.fp32_lm_head,
         )
-        graph.capture()
+        try:
+            graph.capture()
+        except Exception:  # a model whose forward cannot be captured still serves, eagerly
+            log.exception("decode graphs could not be captured; decoding eagerly")
+            del graph
+            torch.cuda.empty_cache()
+            return None
         return graph
 
     # ----- lifecycle -----------------------------------------------------------------------------------
