@@ -27,6 +27,12 @@ Paths (sync section):
                     session opened during the copies, then the /model_info check)
   floor             raw device-to-device copy of the same bytes (cuda:0 -> cuda:1), no engine
 
+Sizes section (`--sections sizes`, benchmarks/gpu_push_sizes.py): the learner's WeightSync.push
+from a float32 model at --sizes-shapes, the old whole-model float32 bucket against streamed
+buckets of --bucket-mib in the engine's dtype: push time, slots, learner and GPU memory added,
+the stream / old ratio and the memory bound (2 x bucket + the largest tensor). Also runs on CPU
+(`--learner-device cpu --engine-device cpu --sizes-shapes qwen2-small`: shm, float32).
+
 Parity section: shellrl/rl/logprobs.py (float32 per sequence) vs the engine's sampled log-probs,
 before and after one Trainer step + weight push (benchmarks/gpu_parity.py). Memory section:
 log-prob + backward at B=8, L=1000 (benchmarks/gpu_memory.py).
@@ -34,6 +40,9 @@ log-prob + backward at B=8, L=1000 (benchmarks/gpu_memory.py).
 Run (on the lent nvidia-h200-x2): `python -m benchmarks.bench_gpu_weight_sync --out DIR`; writes
 DIR/results.json and DIR/results.md. Without CUDA it prints a skip line and returns (make bench).
 `--quick`: the 0.5B shape, paths b and w, 2 updates, 2 parity prompts (a smoke run).
+One H200, both sizes, old vs streamed (benchmarks/run_gpu_stack.sh push-sizes): `python -m
+benchmarks.bench_gpu_weight_sync --learner-device cuda:0 --engine-device cuda:0 --sections sizes
+--updates 10 --out DIR`.
 """
 
 from __future__ import annotations
@@ -448,6 +457,10 @@ def write_results(results: dict, args) -> None:
         from benchmarks.gpu_memory import memory_table
 
         record.print(memory_table(results["memory"]))
+    if "sizes" in results:
+        from benchmarks.gpu_push_sizes import sizes_table
+
+        record.print(sizes_table(results["sizes"]))
     (out / "results.md").write_text(record.export_text())
 
 
@@ -469,6 +482,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--parity-prompts", type=int, default=40)
     parser.add_argument("--parity-new-tokens", type=int, default=256)
     parser.add_argument("--memory-shape", default="qwen2.5-0.5b")
+    parser.add_argument(
+        "--sizes-shapes", default="qwen2.5-0.5b,qwen2.5-7b", help="shapes of the sizes section"
+    )
+    parser.add_argument(
+        "--bucket-mib", type=int, default=512, help="sizes: the streamed variant's bucket budget"
+    )
+    parser.add_argument(
+        "--variants", default="stream,old", help="sizes: variants in order (gpu_push_sizes.py)"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="sizes: times the variants alternate per shape"
+    )
     parser.add_argument("--work-dir", default="/tmp/shellrl-gpu-bench")
     parser.add_argument("--out", default="", help="directory for results.json and results.md")
     parser.add_argument(
@@ -512,6 +537,12 @@ def main(argv: list[str] | None = None) -> None:
         from benchmarks.gpu_parity import parity_table
 
         console.print(parity_table(results["parity"]))
+    if "sizes" in sections:
+        from benchmarks.gpu_push_sizes import sizes_section, sizes_table
+
+        sizes_section(args, results)
+        console.print(sizes_table(results["sizes"]))
+        write_results(results, args)
     if "memory" in sections:
         from benchmarks.gpu_memory import memory_section, memory_table
 

@@ -17,6 +17,12 @@
 #   device, call 2 (within the machine's warm time), carry ["benchmarks/out/gpu-stack/gguf.part2"]:
 #            bash benchmarks/run_gpu_stack.sh push
 #            -> a standalone push of SmolLM2-135M's size on the one GPU ($OUT/push/results.json)
+#   device, one call (issue 30/36.3: push time and memory at 0.5B and 7B, old whole-model float32
+#            bucket vs streamed bf16 buckets), carry ["benchmarks/out/gpu-stack/wheels",
+#            "benchmarks/out/gpu-stack/bin", "benchmarks/out/gpu-stack/models"]:
+#            bash benchmarks/run_gpu_stack.sh setup && bash benchmarks/run_gpu_stack.sh push-sizes
+#            -> $OUT/push-sizes/results.json and results.md (benchmarks/gpu_push_sizes.py; knobs
+#               SIZES_ARGS, default "--updates 10", and BENCH_TIMEOUT_S, default 420)
 #   device, call 3, carry ["benchmarks/out/gpu-stack/gguf.part3",
 #            "benchmarks/out/gpu-stack/gguf.sha256"]:
 #            SKIP_PYTEST=1 JOB_ARGS="..." bash benchmarks/run_gpu_stack.sh job
@@ -168,6 +174,19 @@ decode() {  # issue 36.1: the decode graphs' GPU test, then eager vs CUDA-graph 
   return 0
 }
 
+push_sizes() {  # the learner's WeightSync.push at the shapes of Qwen2.5-0.5B and 7B, learner
+  # (float32) and engine (bf16) on the one GPU: the old whole-model float32 bucket against
+  # streamed 512 MiB buckets in bf16; time, slots, memory added on the GPU, the bound
+  device_env
+  [ -d "$T/site" ] || { echo "run the setup stage first (no $T/site)"; return 1; }
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv
+  # shellcheck disable=SC2086
+  timeout "${BENCH_TIMEOUT_S:-420}" python3 -m benchmarks.bench_gpu_weight_sync \
+    --learner-device cuda:0 --engine-device cuda:0 --sections sizes \
+    --sizes-shapes qwen2.5-0.5b,qwen2.5-7b ${SIZES_ARGS:---updates 10} --out "$OUT/push-sizes" \
+    2>&1 | grep -v "it/s\]" | tail -40
+}
+
 tests() {  # the GPU stack's tests on the tiny model (carried by setup: models/), or built from
   # the whole GGUF (its tokenizer is SmolLM2's)
   keep_parts
@@ -310,11 +329,12 @@ case $what in
   prepare) prepare ;;
   setup) setup ;;
   push) push ;;
+  push-sizes) push_sizes ;;
   tests) tests ;;
   decode) decode ;;
   job) job ;;
   seeds) seeds ;;  # ARMS, SEEDS, JOB_ARGS, JOB_TIMEOUT_S: several jobs at once, compared
   all) setup && push && tests && SKIP_PYTEST=1 job ;;
   summarize) shift; summarize "$@" ;;  # summarize REPORT_DIR GPU_MEM_CSV STACK_JSON
-  *) echo "usage: $0 prepare|setup|push|decode|tests|job|seeds|all|summarize"; exit 2 ;;
+  *) echo "usage: $0 prepare|setup|push|push-sizes|decode|tests|job|seeds|all|summarize"; exit 2 ;;
 esac
