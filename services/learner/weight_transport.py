@@ -244,7 +244,7 @@ class WeightStaging:
                 kept = self._kept[slot] = wtg.CudaIpcBucket(
                     self.engine_device or bucket[0][1].device
                 )
-            kept.fill(bucket, sync=False, dtype=self.dtype)
+            kept.fill(bucket, sync=False, dtype=self.dtype, payload=False)
             return kept.entries
         if kept is not None and kept.fits(bucket) and kept.cast == self.dtype:
             kept.refill(bucket)

@@ -192,6 +192,7 @@ class CudaIpcBucket:
         self._metadata_json = "[]"
         self._nbytes = 0
         self._views: list | None = None
+        self._layouts: dict[tuple, list] = {}  # layout key -> [metadata, nbytes, views or None]
         self._source_views: list | None = None
         self._payload: tuple[tuple, str] | None = (
             None  # ((buffer address, layout key), payload JSON)
@@ -211,16 +212,29 @@ class CudaIpcBucket:
         return buffer
 
     def _layout(self, named_tensors: list, source, dtype=None) -> None:
+        """The layout of these tensors (sent in `dtype`) and the buffer's views for it. Layouts are
+        remembered (`_layouts`, views while the buffer stays): a streamed push's slot takes the
+        same few buckets in turn, push after push, so planning and ~10 us of host time per view
+        are paid once per bucket, not per fill."""
         key = (source, dtype, tuple((n, t.dtype, tuple(t.shape)) for n, t in named_tensors))
         if key == self._key:
             return
-        planned = named_tensors if dtype is None else describe(named_tensors, dtype)
-        self._metadata, self._nbytes = plan_bucket(
-            planned, layout_align(t.dtype for _, t in planned)
-        )
-        self._metadata_json = json.dumps(_metadata_json(self._metadata))
-        self.buffer = self._ensure(self.buffer, self._nbytes, self.device)
-        self._views = _views(self.buffer, self._metadata)
+        known = self._layouts.get(key)
+        if known is None:
+            planned = named_tensors if dtype is None else describe(named_tensors, dtype)
+            known = self._layouts[key] = [
+                *plan_bucket(planned, layout_align(t.dtype for _, t in planned)),
+                None,
+            ]
+        self._metadata, self._nbytes = known[0], known[1]
+        buffer = self._ensure(self.buffer, self._nbytes, self.device)
+        if buffer is not self.buffer:  # views of the old buffer are no use
+            for layout in self._layouts.values():
+                layout[2] = None
+            self.buffer = buffer
+        if known[2] is None:
+            known[2] = _views(self.buffer, self._metadata)
+        self._views, self._metadata_json = known[2], None
         self._source_views, self._key = None, key
 
     def fill(
@@ -230,8 +244,11 @@ class CudaIpcBucket:
         sync: bool = True,
         values: Iterator[tuple[str, torch.Tensor]] | None = None,
         dtype=None,
+        payload: bool = True,
     ) -> str:
-        """Copy `named_tensors` into the bucket; returns the CUDA IPC payload (JSON string).
+        """Copy `named_tensors` into the bucket; returns the CUDA IPC payload (JSON string), or ""
+        with payload=False (a caller that sends `entries`, SGLang's envelope, needs none: making
+        it costs a CUDA IPC share of the buffer).
 
         dtype: None, or the torch dtype floating tensors are sent in (e.g. the engine's bfloat16
         for a float32 learner): the layout and metadata name it and each copy casts (no
@@ -292,8 +309,12 @@ class CudaIpcBucket:
         # reduce_tensor is not relied on (a fresh reduce_tensor per push would make a new event and
         # ref-counter slot, and a new string, which defeats the engine's cache of the opened bucket
         # and its validated layout).
+        if not payload:
+            return ""
         key = (self.buffer.data_ptr(), self._key, ready is not None)
         if self._payload is None or self._payload[0] != key:
+            if self._metadata_json is None:
+                self._metadata_json = json.dumps(_metadata_json(self._metadata))
             self._payload = (
                 key,
                 serialize_cuda_bucket(
@@ -366,6 +387,7 @@ class CudaIpcBucket:
         self.buffer = self._source = self._views = self._source_views = self._key = (
             self._payload
         ) = None
+        self._layouts = {}
         self._ready = None
 
 

@@ -44,6 +44,7 @@ from shellrl.weights.bucket import (
 from shellrl.weights.shm import KeptHostBucket
 
 LOAD_FORMAT = "flattened_bucket"
+MAX_LAYOUTS = 256  # BucketEnvelope: layouts whose metadata pickle is kept
 TENSOR_BUCKET_MODULE = "sglang.srt.weight_sync.tensor_bucket"
 PATCH_TORCH_MODULE = "sglang.srt.utils.patch_torch"
 
@@ -200,26 +201,26 @@ class BucketEnvelope:
     """
 
     def __init__(self) -> None:
-        self._layout: tuple | None = None
-        self._metadata_part = b""
-        self._memo_after_metadata = 0
+        # layout -> (its metadata pair's opcodes, the memo size after them); a streamed push's
+        # slot takes the same few layouts in turn, so each is pickled once
+        self._parts: dict[tuple, tuple[bytes, int]] = {}
 
     def serialize(self, flattened_tensor, metadata: list[TensorMeta]) -> bytes:
         key = tuple(metadata)
-        if key != self._layout:
+        if key not in self._parts:
+            if len(self._parts) >= MAX_LAYOUTS:
+                self._parts.clear()
             entries = [FlattenedTensorMetadata.of(m) for m in metadata]
-            self._metadata_part, self._memo_after_metadata = _pickle_pair(
-                "metadata", entries, memo_start=1
-            )
-            self._layout = key
+            self._parts[key] = _pickle_pair("metadata", entries, memo_start=1)
+        metadata_part, memo_after_metadata = self._parts[key]
         tensor_part, _ = _pickle_pair(
-            "flattened_tensor", flattened_tensor, memo_start=self._memo_after_metadata
+            "flattened_tensor", flattened_tensor, memo_start=memo_after_metadata
         )
         return b"".join(
             (
                 pickle.PROTO + bytes([4]),
                 pickle.EMPTY_DICT + pickle.MEMOIZE + pickle.MARK,  # memo index 0: the dict
-                self._metadata_part,
+                metadata_part,
                 tensor_part,
                 pickle.SETITEMS + pickle.STOP,
             )
