@@ -210,6 +210,71 @@ async def test_every_tensor_push_decodes_with_sglangs_own_code_bit_for_bit_for_e
         await client.close()
 
 
+class DecodingSGLang(FakeSGLang):
+    """FakeSGLang serving bfloat16 ("dtype" in /server_info) that decodes each tensor push with
+    SGLang's own code during the call, as SGLang's scheduler copies the bucket before it answers:
+    a streamed push refills a slot once the call for its bucket returned."""
+
+    def __init__(self, sgl) -> None:
+        super().__init__()
+        self.sgl, self.decoded = sgl, []  # per call: [(name, tensor) per TP rank]
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/server_info":
+            info = {"version": "0.5.23", "tp_size": TP_SIZE, "dtype": "bfloat16"}
+            return httpx.Response(200, json=info)
+        if request.url.path == "/update_weights_from_tensor":
+            body = _validate(
+                self.sgl.io_struct.UpdateWeightsFromTensorReqInput, json.loads(request.content)
+            )
+            ranks = []
+            for rank_entry in body.serialized_named_tensors:
+                obj = self.sgl.common.MultiprocessingSerializer.deserialize(rank_entry)
+                bucket = self.sgl.tensor_bucket.FlattenedTensorBucket(
+                    flattened_tensor=obj["flattened_tensor"], metadata=obj["metadata"]
+                )
+                ranks.append([(n, t.clone()) for n, t in bucket.reconstruct_tensors()])
+            self.decoded.append(ranks)
+        return super().__call__(request)
+
+
+async def test_a_streamed_bf16_push_decodes_with_sglangs_own_code_in_every_call(sgl, tmp_path):
+    """Unshared shm streams through two slots (the cuda_ipc schedule, on CPU) in the dtype
+    SGLang reports: every bucket decodes with SGLang's deserializer in bfloat16, equal to the
+    learner's float32 parameters cast, for every TP rank."""
+    model = load_model("tiny")
+    fake = DecodingSGLang(sgl)
+    client = _client(fake)
+    sync = WeightSync(
+        client,
+        None,
+        transport="shm",
+        deadline_s=30,
+        sync_dir=tmp_path,
+        bucket_bytes=40_000,
+        share_parameters=False,
+    )
+    try:
+        result = await sync.push(model, 1)
+        assert result.confirmed == (URL,), result.failed
+        assert sync.push_dtype == "bfloat16" and sync.staging.stream.filled_at_once <= 2
+        assert len(fake.decoded) == len(sync.staging.stream.buckets) > 2
+        bodies = fake.bodies("/update_weights_from_tensor")
+        assert [b["weight_version"] for b in bodies] == [None] * (len(bodies) - 1) + ["1"]
+        assert fake.bodies("/pause_generation") == [{"mode": "retract"}]  # several buckets
+        for ranks in fake.decoded:
+            assert len(ranks) == TP_SIZE and [n for n, _ in ranks[0]] == [n for n, _ in ranks[1]]
+        got = {n: t for ranks in fake.decoded for n, t in ranks[0]}
+        expected = dict(model.named_parameters())
+        assert list(got) == list(expected)
+        for name, tensor in got.items():
+            want = expected[name].detach().to(torch.bfloat16)
+            assert tensor.dtype == torch.bfloat16 and torch.equal(_bits(tensor), _bits(want)), name
+    finally:
+        sync.close()
+        await client.close()
+
+
 async def test_the_distributed_path_speaks_sglangs_structs_and_its_receive_layout(sgl, tmp_path):
     model = load_model("tiny")
     fake = FakeSGLang()
