@@ -54,7 +54,8 @@ PHASE_SECONDS = m.histogram(
 )
 WEIGHT_SYNC_SECONDS = m.histogram(
     "shellrl_weight_sync_seconds",
-    "Weight sync phases: flatten, transfer (engines "
+    "Weight sync phases: flatten (plan; unstreamed transports also copy), fill (streamed: "
+    "slots filled, host time), transfer (engines "
     "copy the bucket), load (engines swap weights in), verify, total.",
     ("phase",),
 )
