@@ -232,11 +232,11 @@ class WeightSync:
         state.dtype = weight_dtype.engine_dtype(info, self.checkpoint_dtype)
         state.info_read = True
 
-    async def _resolve_dtype(self, targets: list[str]) -> None:
+    async def _resolve_dtype(self, targets: list[str], model: torch.nn.Module) -> None:
         """The dtype of this push (`weight_dtype.push_dtype`) into `staging.dtype`, from the
         engines' /server_info (read for those not met yet, bounded; no answer: unknown, so float32
         this push). Logged when it changes."""
-        if not self.staging.streams() or self.dtype_setting == "float32":
+        if not self.staging.streams(model) or self.dtype_setting == "float32":
             chosen, why = "float32", "the learner's dtype"
         else:
             unknown = [u for u in targets if not self.engines[u].info_read]
@@ -352,7 +352,7 @@ class WeightSync:
         failed: dict[str, str] = {}
         confirmed: list[str] = []
         if targets:
-            await self._resolve_dtype(targets)
+            await self._resolve_dtype(targets, model)
             pauses = await self._pauses(targets, self.staging.bucket_count(model))
             # Tensor transports: each engine's weight-update session (SGLang 0.5.23 requires one) opens
             # while the weights are copied, so its round trip costs no time of its own.

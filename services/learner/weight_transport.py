@@ -177,14 +177,15 @@ class WeightStaging:
         return len(split_buckets(layout, self.bucket_bytes, dtype))
 
     def prepare(
-        self, model: torch.nn.Module, version: int, engines: Sequence[str] = ("engine",)
+        self, model: torch.nn.Module, version: int, engines: Sequence[str] | None = None
     ) -> dict:
         """Write or plan the weights once for every engine. Returns {"model_path": directory}
         (disk), {"broadcast": [(tensor fields, flattened uint8 tensor)]} (distributed),
         {"buckets": [entries(tp_size) -> serialized_named_tensors]} (shm with shared parameters)
         or, streamed (`streams`), {"buckets": [provider(tp_size) -> awaitable entries], "stream":
         BucketStream}: nothing is copied here, bucket i is filled into its slot when the first of
-        `engines` (the push's engine urls, each of which must `leave` the stream) asks for it.
+        `engines` (the push's engine urls, each of which must `leave` the stream; ValueError
+        without them) asks for it.
         Blocking where it copies (disk, shm with shared parameters, distributed: run it in a
         thread); the streamed plan only splits the list. model: an nn.Module, or a sharded
         model's `FullWeights` (`_prepare_streamed`)."""
@@ -210,8 +211,10 @@ class WeightStaging:
             }
         return {"buckets": [k.entries for k in kept]}
 
-    def _prepare_stream(self, named: list, engines: Sequence[str]) -> dict:
+    def _prepare_stream(self, named: list, engines: Sequence[str] | None) -> dict:
         """The streamed plan (see `prepare`): buckets in the sent dtype, two kept slots."""
+        if engines is None:
+            raise ValueError("a streamed push needs its engines' urls (prepare(..., engines))")
         if len(self._kept) != SLOTS:
             self.close()
             self._kept = [None] * SLOTS
