@@ -26,12 +26,13 @@ from tests.helpers.owned_processes import kill_group, popen_owned
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
-GPU_ONLY = {"gpu_weight_sync"}  # two CUDA devices; elsewhere it prints a skip line
+CUDA_DEVICES = {"gpu_decode": 1, "gpu_weight_sync": 2}  # needed; elsewhere it prints a skip line
 PRINTS = {
     "data_parallel": ["Learner tokens/s on CPU", "1 rank, no FSDP", "2 ranks, FSDP2", "gather s"],
     "dynamic_sampling": ["| setting |", "| baseline |", "| dynamic sampling |", "| groups trained"],
     "engine": ["Engine batching", "Whole-model weight update", "with prefix cache", "speed-up"],
     "engine_fleet": ["joining engine", "x one full push", "pinned", "unpinned"],
+    "gpu_decode": ["Decode step", "eager vs CUDA graphs", "graphs / eager", "parity (greedy)"],
     "gpu_weight_sync": ["bucket, one copy + CUDA IPC", "WeightSync"],
     "http": ["round trip", "h11", "httptools", "vs h11"],
     "learner": ["Learner step", "Peak memory", "Weight push end to end", "disk (baseline)"],
@@ -104,7 +105,7 @@ class QuickRuns:
 
 @pytest.fixture(scope="module")
 def quick_runs():
-    names = [n for n in PRINTS if n not in GPU_ONLY or _two_cuda_devices()]
+    names = [n for n in PRINTS if _cuda_devices() >= CUDA_DEVICES.get(n, 0)]
     runs = QuickRuns(names)
     yield runs
     runs.stop()
@@ -114,16 +115,16 @@ def test_every_benchmark_has_a_quick_form_checked_here():
     assert sorted(PRINTS) == available()
 
 
-def _two_cuda_devices() -> bool:
+def _cuda_devices() -> int:
     import torch
 
-    return torch.cuda.device_count() >= 2
+    return torch.cuda.device_count()
 
 
 @pytest.mark.parametrize("name", sorted(PRINTS))
 def test_quick_form_runs_to_its_end_and_prints_its_tables(name, quick_runs):
-    if name in GPU_ONLY and not _two_cuda_devices():
-        pytest.skip(f"bench_{name} needs two CUDA devices")
+    if _cuda_devices() < CUDA_DEVICES.get(name, 0):
+        pytest.skip(f"bench_{name} needs {CUDA_DEVICES[name]} CUDA device(s)")
     returncode, stdout, stderr, seconds = quick_runs.result(name)
     printed = re.sub(r"\s+", " ", stdout)
     assert returncode == 0, (
