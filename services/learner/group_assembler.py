@@ -55,7 +55,7 @@ from shellrl.contract import (
 from shellrl.rl.advantages import group_advantages
 from shellrl.rl.batch import TrainSample
 from shellrl.rl.dynamic_sampling import has_variance, reward_key
-from shellrl.rl.staleness import staleness
+from shellrl.rl.staleness import is_too_stale, staleness
 
 _NOT_SAMPLES = frozenset({"infra_failure", "verifier_failure", "eval"})  # never usable
 _AWAITING_RERUN = frozenset(
@@ -209,7 +209,7 @@ class GroupAssembler:
         stale = None
         if reason is None:
             stale = staleness(learner_version, oldest)
-            if stale > self.max_staleness:
+            if is_too_stale(learner_version, oldest, self.max_staleness):
                 reason = "stale"
         if reason is not None:
             pending.dropped.append(Dropped(entry_id, traj.trajectory_id, group_id, reason, stale))
@@ -258,7 +258,7 @@ class GroupAssembler:
         members, dropped = [], list(group.dropped)
         for m in group.members:
             stale = staleness(learner_version, m.min_policy_version)
-            if stale > self.max_staleness:
+            if is_too_stale(learner_version, m.min_policy_version, self.max_staleness):
                 dropped.append(Dropped(m.entry_id, m.trajectory_id, group.group_id, "stale", stale))
             else:
                 members.append(m)

@@ -13,10 +13,13 @@ from typing import ClassVar, Literal
 from pydantic import Field, SecretStr, model_validator
 
 from shellrl.service.auth import check_token
-from shellrl.service.settings import EngineFleetSettings
+from shellrl.service.settings import TrainingScheduleSettings
 
 
-class LearnerSettings(EngineFleetSettings):
+class LearnerSettings(TrainingScheduleSettings):
+    """The learner's settings; groups_per_step, max_staleness and dynamic_sampling are the
+    gateway's too (`TrainingScheduleSettings`)."""
+
     default_port: ClassVar[int] = 8103
 
     # model and engines
@@ -75,23 +78,11 @@ class LearnerSettings(EngineFleetSettings):
     )
 
     # batches and groups (DESIGN.md section 5)
-    groups_per_step: int = Field(
-        4, ge=1, description="Counted groups per learner step (= policy version bump)."
-    )
     group_timeout_s: float = Field(
         900.0,
         gt=0,
         description="Seconds after a group's first arrival before it is "
         "used incomplete (>= 2 valid members) or dropped.",
-    )
-    max_staleness: int = Field(
-        1, ge=0, description="Versions a trajectory may lag the learner at training time."
-    )
-    dynamic_sampling: bool = Field(
-        False,
-        description="DAPO dynamic sampling: a complete group whose usable members all scored the "
-        "same reward does not count toward groups_per_step, so a step waits for groups with a "
-        "gradient (the gateway's setting of the same name must match; group_assembler.py).",
     )
     train_zero_variance_groups: bool = Field(
         False,

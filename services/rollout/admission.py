@@ -54,6 +54,7 @@ from services.rollout import metrics as m
 from services.rollout.policy_version import PolicyVersionWatcher
 from shellrl.contract import Trajectory
 from shellrl.rl.dynamic_sampling import reward_key
+from shellrl.rl.staleness import admission_bound_terms, max_admitted_groups
 from shellrl.streams import POLICY_VERSION_KEY
 from shellrl.streams.keys import ADMITTED_KEY, INFLIGHT_KEY, group_accounting_key
 
@@ -64,7 +65,8 @@ GROUP_ACCOUNTING_TTL_S = 24 * 3600  # how long a finished group's counts wait fo
 
 
 # KEYS[1] policy version, KEYS[2] admitted counter, KEYS[3] in-flight zset
-# ARGV[1] max_staleness, ARGV[2] groups_per_step, ARGV[3] strict 0/1, ARGV[4] member
+# ARGV[1] the bound at version 0, ARGV[2] groups per version (groups_per_step; both from
+# shellrl.rl.staleness.admission_bound_terms), ARGV[3] strict 0/1, ARGV[4] member
 _ADMIT = """
 local v = tonumber(redis.call('GET', KEYS[1]) or '0') or 0
 local raw = redis.call('GET', KEYS[2])
@@ -78,7 +80,7 @@ if ARGV[3] == '1' then
   local oldest = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   if oldest[2] then base = math.min(base, tonumber(oldest[2])) end
 end
-local bound = (base + tonumber(ARGV[1]) + 1) * tonumber(ARGV[2])
+local bound = tonumber(ARGV[1]) + base * tonumber(ARGV[2])
 if admitted < bound then
   redis.call('INCR', KEYS[2])
   redis.call('ZADD', KEYS[3], v, ARGV[4])
@@ -218,6 +220,9 @@ class Admission:
         )
         self.dynamic_sampling = dynamic_sampling
         self._dynamic = "1" if dynamic_sampling else "0"
+        self._bound_at_zero, self._groups_per_version = admission_bound_terms(
+            max_staleness, groups_per_step
+        )
         self._admit = redis.register_script(_ADMIT)
         self._finish = redis.register_script(_FINISH)
         self._member_lost = redis.register_script(_MEMBER_LOST)
@@ -227,7 +232,12 @@ class Admission:
         member = f"{self.replica}|{group_id}"
         ok, admitted, version, bound = await self._admit(
             keys=[POLICY_VERSION_KEY, ADMITTED_KEY, INFLIGHT_KEY],
-            args=[self.max_staleness, self.groups_per_step, "1" if self.strict else "0", member],
+            args=[
+                self._bound_at_zero,
+                self._groups_per_version,
+                "1" if self.strict else "0",
+                member,
+            ],
         )
         if not ok:
             return None
@@ -342,7 +352,7 @@ class Admission:
         return AdmissionState(
             v,
             int(admitted) if admitted is not None else v * self.groups_per_step,
-            (base + self.max_staleness + 1) * self.groups_per_step,
+            max_admitted_groups(base, self.max_staleness, self.groups_per_step),
             oldest_v,
             int(inflight),
         )

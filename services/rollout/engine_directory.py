@@ -37,6 +37,7 @@ from shellrl.clients.engine_registry import (
     read_sync,
 )
 from shellrl.clients.engine_routing import weight_version_number
+from shellrl.rl.staleness import oldest_trainable_version
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class EngineDirectory:
 
     def floor(self) -> int:
         """The oldest weight version an episode may still be sampled with now."""
-        return self.current_version() - self.max_staleness
+        return oldest_trainable_version(self.current_version(), self.max_staleness)
 
     def floor_for(self, url: str) -> int | None:
         """`floor()` for an engine the learner reports on; None (not judged) for others."""

@@ -10,10 +10,13 @@ from typing import ClassVar
 
 from pydantic import Field, field_validator
 
-from shellrl.service.settings import EngineFleetSettings
+from shellrl.service.settings import TrainingScheduleSettings
 
 
-class RolloutSettings(EngineFleetSettings):
+class RolloutSettings(TrainingScheduleSettings):
+    """The gateway's settings; groups_per_step, max_staleness and dynamic_sampling are the
+    learner's too (`TrainingScheduleSettings`)."""
+
     default_port: ClassVar[int] = 8100
 
     # where the other services are
@@ -40,23 +43,10 @@ class RolloutSettings(EngineFleetSettings):
     group_size: int = Field(
         8, ge=1, le=256, description="G: episodes per group (same task, same sampling)."
     )
-    groups_per_step: int = Field(
-        4, ge=1, description="Groups the learner trains per optimizer step."
-    )
-    max_staleness: int = Field(
-        1, ge=0, description="Max policy versions between admission and training."
-    )
     strict_staleness: bool = Field(
         True,
         description="Also bound admission by the oldest in-flight group's version, so a long-tail group "
         "can never be overtaken by more than max_staleness steps (see admission.py).",
-    )
-    dynamic_sampling: bool = Field(
-        False,
-        description="DAPO dynamic sampling: a group whose usable members all score the same "
-        "reward gives its admission back, so another is admitted in its place and each learner "
-        "step trains groups_per_step groups with reward variance (the learner's setting of the "
-        "same name must match; admission.py, shellrl/rl/dynamic_sampling.py).",
     )
     pass_rate_steering: bool = Field(
         False,

@@ -28,12 +28,28 @@ def is_too_stale(learner_version: int, min_policy_version: int, max_staleness: i
     return staleness(learner_version, min_policy_version) > max_staleness
 
 
+def oldest_trainable_version(learner_version: int, max_staleness: int) -> int:
+    """The oldest policy version a token may be sampled with and still be trained at
+    `learner_version`: is_too_stale(learner_version, v, max_staleness) exactly when v is below it
+    (the gateway routes episodes only to engines serving at least this, engine_directory.py)."""
+    return int(learner_version) - int(max_staleness)
+
+
 def max_admitted_groups(learner_version: int, max_staleness: int, groups_per_step: int) -> int:
     """Groups the gateway may have admitted in total: (learner_version + max_staleness + 1) * groups_per_step.
 
     A new group is admitted while groups_admitted < this bound.
     """
     return (int(learner_version) + int(max_staleness) + 1) * int(groups_per_step)
+
+
+def admission_bound_terms(max_staleness: int, groups_per_step: int) -> tuple[int, int]:
+    """`max_admitted_groups` as (bound at version 0, groups each version adds), for code that
+    learns the version later (the gateway's admission script reads it inside Redis):
+    bound(version) = at_zero + version * per_version, the same numbers as `max_admitted_groups`
+    (tests/unit/test_staleness_rule.py checks the script against it on a grid)."""
+    at_zero = max_admitted_groups(0, max_staleness, groups_per_step)
+    return at_zero, max_admitted_groups(1, max_staleness, groups_per_step) - at_zero
 
 
 def fresh_token_mask(policy_versions: np.ndarray, learner_version: int) -> np.ndarray:

@@ -196,6 +196,36 @@ class EngineFleetSettings(ServiceSettings):
         return [u.strip().rstrip("/") for u in self.engine_urls.split(",") if u.strip()]
 
 
+class TrainingScheduleSettings(EngineFleetSettings):
+    """What the rollout gateway and the learner must agree on, read by both (DESIGN.md section 5):
+    the staleness bound, the groups of one learner step, dynamic sampling. One class, so the two
+    services read the same `SHELLRL_MAX_STALENESS`, `SHELLRL_GROUPS_PER_STEP` and
+    `SHELLRL_DYNAMIC_SAMPLING` with one description and one default; the rules they feed live in
+    `shellrl.rl.staleness` and `shellrl.rl.dynamic_sampling`."""
+
+    groups_per_step: int = Field(
+        4,
+        ge=1,
+        description="Counted groups per learner step (= policy version bump): the learner trains "
+        "this many per optimizer step, and the gateway's admission bound grows by this many per "
+        "version (services/rollout/admission.py).",
+    )
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="Versions a trajectory may lag the learner at training time: the learner "
+        "drops staler ones (services/learner/group_assembler.py), and the gateway admits a group "
+        "only while the bound keeps it within this (shellrl/rl/staleness.py).",
+    )
+    dynamic_sampling: bool = Field(
+        False,
+        description="DAPO dynamic sampling: a group whose usable members all score the same "
+        "reward gives its admission back at the gateway, so another is admitted in its place, "
+        "and does not count toward groups_per_step at the learner, so each step trains "
+        "groups_per_step groups with reward variance (shellrl/rl/dynamic_sampling.py).",
+    )
+
+
 SERVICES = ("rollout", "sandbox", "verifier", "learner", "engine")
 
 
