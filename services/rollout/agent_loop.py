@@ -56,6 +56,7 @@ from shellrl.contract import (
     Trajectory,
     action_segment,
     encode_token_ids,
+    failure_label,
     min_policy_version,
     observation_segment,
     split_name,
@@ -448,13 +449,12 @@ def _end(traj: Trajectory, end: int, *, terminated: bool = False, truncated: boo
 def _fail(traj: Trajectory, failure: int, detail: str) -> None:
     traj.failure, traj.failure_detail = failure, detail[:2000]
     traj.end, traj.terminated = EpisodeEnd.EPISODE_END_FAILURE, False
-    log.warning("episode failed", extra={"failure": Failure.Name(failure), "detail": detail[:500]})
+    log.warning("episode failed", extra={"failure": failure_label(failure), "detail": detail[:500]})
 
 
 def _count(traj: Trajectory) -> None:
     if traj.failure != Failure.FAILURE_NONE:
-        name = Failure.Name(traj.failure).removeprefix("FAILURE_").lower()
-        m.FAILURES.labels(name).inc()
+        m.FAILURES.labels(failure_label(traj.failure)).inc()
     m.EPISODES.labels(EpisodeEnd.Name(traj.end).removeprefix("EPISODE_END_").lower()).inc()
     version = min_policy_version(traj)
     if version is not None and not traj.eval:

@@ -36,7 +36,14 @@ from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling
 from services.rollout.seeding import eval_episode_seed
 from services.rollout.task_store import TaskStore
 from shellrl.clients.verifier import VerifierClient
-from shellrl.contract import EpisodeEnd, Failure, Task, Trajectory, min_policy_version
+from shellrl.contract import (
+    EpisodeEnd,
+    Failure,
+    Task,
+    Trajectory,
+    failure_label,
+    min_policy_version,
+)
 from shellrl.contract.trajectory import set_check_results
 from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import POLICY_VERSION_KEY, STREAM_EVALUATIONS, StreamProducer
@@ -184,7 +191,7 @@ class Evaluations:
         if traj.failure != Failure.FAILURE_NONE:
             return {
                 **out,
-                "outcome": Failure.Name(traj.failure).removeprefix("FAILURE_").lower(),
+                "outcome": failure_label(traj.failure),
                 "failure_detail": traj.failure_detail,
             }
         try:

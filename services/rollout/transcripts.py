@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 import redis.asyncio as aioredis
 
-from shellrl.contract import ContractError, parse_trajectory, task_to_json
+from shellrl.contract import ContractError, failure_label, parse_trajectory, task_to_json
 from shellrl.contract.trajectory import ACTION, decode_token_ids
 from shellrl.streams import STREAM_EVALUATIONS, STREAM_TRAJECTORIES, idempotency_key
-from shellrl.v1.trajectory_pb2 import EpisodeEnd, Failure, FinishReason, Segment, Trajectory
+from shellrl.v1.trajectory_pb2 import EpisodeEnd, FinishReason, Segment, Trajectory
 
 STREAMS = (STREAM_TRAJECTORIES, STREAM_EVALUATIONS)
 # entries per stream searched, newest first, when the idempotency key is gone (past its 7 days):
@@ -103,7 +103,7 @@ def trajectory_summary(traj: Trajectory, *, stream: str = "", entry_id: str = ""
         "evaluation_id": traj.evaluation_id,
         "scored": traj.scored,
         "reward": _finite(traj.reward),
-        "failure": Failure.Name(traj.failure).removeprefix("FAILURE_").lower(),
+        "failure": failure_label(traj.failure),
         "checks_passed": sum(c.passed for c in traj.checks),
         "checks": len(traj.checks),
         "finished_at": traj.finished_at,
@@ -161,7 +161,7 @@ def transcript(
             {"type": c.type, "passed": c.passed, "detail": c.detail, "duration_ms": c.duration_ms}
             for c in traj.checks
         ],
-        "failure": Failure.Name(traj.failure).removeprefix("FAILURE_").lower(),
+        "failure": failure_label(traj.failure),
         "failure_detail": traj.failure_detail,
         "safety_events": list(traj.safety_events),
         "policy_versions": sorted(

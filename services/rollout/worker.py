@@ -46,7 +46,14 @@ from services.rollout.gates import Capacity, GroupSlots, HealthGate, InfraGate
 from services.rollout.seeding import episode_seed
 from services.rollout.task_pool import TaskPool
 from services.rollout.task_store import TaskStore
-from shellrl.contract import Failure, Task, Trajectory, is_infra, min_policy_version
+from shellrl.contract import (
+    Failure,
+    Task,
+    Trajectory,
+    failure_label,
+    is_infra,
+    min_policy_version,
+)
 from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import GROUP_VERIFIER, STREAM_EPISODES, StreamProducer
 
@@ -209,7 +216,7 @@ class RolloutWorker:
                 await _uncancellable(
                     self.store.episode_finished(
                         task.task_id,
-                        failure=failure_name(traj.failure) if traj.failure else None,
+                        failure=failure_label(traj.failure) if traj.failure else None,
                         policy_version=min_policy_version(traj),
                         final=final,
                     )
@@ -262,11 +269,6 @@ def usable_members(trajectories: list[Trajectory | None]) -> int:
     """Members that count toward a learner step: finished (not None) and not INFRA
     (`shellrl.contract.is_infra`; the learner's GroupAssembler counts the same way)."""
     return sum(1 for t in trajectories if t is not None and not is_infra(t.failure))
-
-
-def failure_name(failure: int) -> str:
-    """Failure.FAILURE_INFRA_ENGINE -> "infra_engine" (metric labels, task statistics)."""
-    return Failure.Name(failure).removeprefix("FAILURE_").lower()
 
 
 def new_group_id() -> str:

@@ -11,7 +11,7 @@ POST /v1/verify body:
    "tool_events": [{"exit_code", "timed_out", "policy_verdict", "policy_rule", "duration_ms"}] = [],
    "release_session": false, "trajectory_id": ""}
 → 200 {"reward", "training_reward", "reward_components", "checks": [{"type", "passed", "detail", "duration_ms"}],
-       "failure": null|"INFRA_VERIFIER", "failure_detail", "safety_events", "verifier_version", "duration_ms"}
+       "failure": null|"infra_verifier", "failure_detail", "safety_events", "verifier_version", "duration_ms"}
 A verification that cannot complete is still a 200 with `failure` set and `reward` null; a bad
 request is a 422 naming the field (`task.check[0].pattern`, `tool_events.1.exit_code` …).
 """

@@ -30,7 +30,7 @@ from services.verifier.rewards import (
 )
 from services.verifier.sandbox_view import ReferenceCache, SandboxWorkspace
 from services.verifier.workspace_checks import CheckInfraError
-from shellrl.contract import Failure, Task, ToolEvent, Trajectory, split_name
+from shellrl.contract import Failure, Task, ToolEvent, Trajectory, failure_label, split_name
 from shellrl.contract.trajectory import set_check_results
 
 log = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class Verification:
             "training_reward": self.reward.training_reward if self.reward else None,
             "reward_components": dict(self.reward.components) if self.reward else {},
             "checks": [c.to_json() for c in self.checks],
-            "failure": None if self.scored else Failure.Name(self.failure).removeprefix("FAILURE_"),
+            "failure": None if self.scored else failure_label(self.failure),
             "failure_detail": self.failure_detail or None,
             "safety_events": list(self.safety_events),
             "verifier_version": VERIFIER_VERSION,

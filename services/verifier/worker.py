@@ -27,7 +27,14 @@ from redis.exceptions import RedisError
 from services.verifier import metrics
 from services.verifier.verification import Verification, Verifier
 from shellrl.clients.sandbox import SandboxNotFound
-from shellrl.contract import ContractError, EpisodeEnd, Failure, Trajectory, parse_trajectory
+from shellrl.contract import (
+    ContractError,
+    EpisodeEnd,
+    Failure,
+    Trajectory,
+    failure_label,
+    parse_trajectory,
+)
 from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import (
     StreamConsumer,
@@ -182,7 +189,7 @@ class VerifierWorker:
                 "task_id": traj.task_id,
                 "reward": traj.reward,
                 "scored": traj.scored,
-                "failure": Failure.Name(traj.failure),
+                "failure": failure_label(traj.failure),
                 "duration_ms": round(result.duration_ms, 1),
             },
         )

@@ -24,7 +24,13 @@ uint8 loss mask), see trajectory.proto. Decoders validate byte lengths and raise
 
 from shellrl.contract.errors import ContractError, TaskValidationError
 from shellrl.contract.exec import ExecResult, PolicyVerdict
-from shellrl.contract.failures import INFRA_FAILURES, RERUN_FAILURES, is_infra, is_rerun
+from shellrl.contract.failures import (
+    INFRA_FAILURES,
+    RERUN_FAILURES,
+    failure_label,
+    is_infra,
+    is_rerun,
+)
 from shellrl.contract.tasks import (
     CHECK_TYPES,
     LIMITS,
@@ -103,6 +109,7 @@ __all__ = [
     "PolicyVerdict",
     "INFRA_FAILURES",
     "RERUN_FAILURES",
+    "failure_label",
     "is_infra",
     "is_rerun",
     "ACTION",

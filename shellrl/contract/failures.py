@@ -24,6 +24,13 @@ RERUN_FAILURES: frozenset[int] = INFRA_FAILURES - {Failure.FAILURE_INFRA_VERIFIE
 the group off; the verifier's come after the hand-off and are never re-run."""
 
 
+def failure_label(failure: int) -> str:
+    """The one spelling of a failure class outside the proto (the HTTP APIs, metric labels, task
+    statistics, transcripts, logs): Failure.FAILURE_INFRA_ENGINE -> "infra_engine",
+    FAILURE_NONE -> "none". ValueError for a value the enum does not have."""
+    return Failure.Name(failure).removeprefix("FAILURE_").lower()
+
+
 def is_infra(failure: int | None) -> bool:
     """True when `failure` (a `Failure` enum value; None = no failure) is an INFRA class."""
     return failure in INFRA_FAILURES

@@ -148,7 +148,7 @@ def test_the_verifier_runs_plugin_checks_and_reports_the_plugin_reward(verifier)
     assert result["reward_components"]["few_commands"] == pytest.approx(0.1)
     assert result["training_reward"] == pytest.approx(1.05)  # + weight 0.5 * 0.1
     wrong = http.post("/v1/verify", json={"task": task, "answer": "abc"}).json()
-    assert wrong["failure"] == "INFRA_VERIFIER"  # file_line_count without a session cannot run
+    assert wrong["failure"] == "infra_verifier"  # file_line_count without a session cannot run
     answer_only = {"instruction": "x", "check": {"type": "answer_is_palindrome"}}
     wrong = http.post("/v1/verify", json={"task": answer_only, "answer": "abc"}).json()
     assert wrong["reward"] == 0.0 and wrong["checks"][0]["detail"] == "'abc' is not"

@@ -396,7 +396,7 @@ async def test_a_released_session_is_an_infra_failure_not_a_zero(sandbox, verifi
         task({"type": "file_exists", "path": "a"}), None, session["session_id"]
     )
     assert result.failure == Failure.FAILURE_INFRA_VERIFIER and result.reward is None
-    assert result.to_json()["reward"] is None and result.to_json()["failure"] == "INFRA_VERIFIER"
+    assert result.to_json()["reward"] is None and result.to_json()["failure"] == "infra_verifier"
 
 
 async def test_an_unreachable_sandbox_is_an_infra_failure(sandbox_url):

@@ -355,7 +355,7 @@ async def test_http_verify_and_checks(redis_server, sandbox_url, tmp_path):
             with pytest.raises(SandboxNotFound):  # release_session
                 await sandbox.session_info(sid)
             again = (await http.post("/v1/verify", json=body)).json()
-            assert again["reward"] is None and again["failure"] == "INFRA_VERIFIER"
+            assert again["reward"] is None and again["failure"] == "infra_verifier"
 
             bad = dict(
                 body,

@@ -193,3 +193,12 @@ def test_token_ids_outside_int32_are_rejected_instead_of_wrapping():
 def test_arrays_are_little_endian_on_the_wire():
     assert contract.encode_token_ids([1]) == b"\x01\x00\x00\x00"
     assert contract.encode_logprobs([-1.0]) == b"\x00\x00\x80\xbf"
+
+
+def test_failure_label_is_the_lower_case_class_without_its_prefix_for_every_failure():
+    labels = {name: contract.failure_label(value) for name, value in contract.Failure.items()}
+    assert labels["FAILURE_NONE"] == "none"
+    assert labels["FAILURE_INFRA_ENGINE"] == "infra_engine"
+    assert labels["FAILURE_INFRA_VERIFIER"] == "infra_verifier"
+    assert all(label == label.lower() and "failure" not in label for label in labels.values())
+    assert len(set(labels.values())) == len(labels)

@@ -219,7 +219,7 @@ def test_an_unscored_verification_writes_nan_and_its_failure_only_into_its_own_t
     assert members[0].reward == members[2].reward == 1.0 and members[0].training_reward == 1.0
     assert math.isnan(members[1].reward) and math.isnan(members[1].training_reward)
     assert members[1].failure == Failure.FAILURE_INFRA_VERIFIER and not members[1].reward_components
-    assert failed.to_json()["reward"] is None and failed.to_json()["failure"] == "INFRA_VERIFIER"
+    assert failed.to_json()["reward"] is None and failed.to_json()["failure"] == "infra_verifier"
 
 
 def test_the_per_check_results_are_written_into_the_trajectory_and_replaced_on_rescoring():
