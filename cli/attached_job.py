@@ -2,14 +2,17 @@
 compose, Kubernetes or another `shellrl up`. Nothing is started or stopped; the job uses the
 stack's URLs and its bearer token and runs the phases of cli/main_job.py:
 
-    submit eval tasks ─▶ eval @ v ─▶ resume learner ─▶ POST /v1/runs (train set, steps)
-                                                          │ GET /v1/runs/{id} (live progress)
+    submit eval tasks ─▶ eval @ v ─▶ POST /v1/runs (train set, steps) ─▶ resume learner
+                                        │ until the run's target version; GET /v1/runs/{id}
     report ◀─ eval @ v' ◀─ pause learner ◀─ run done / time up (or stop) ◀┘
 
 The stack's own settings (group size, learning rate, staleness, temperature ...) apply; the job
 chooses the train set, the steps, the time budget and the eval sets. The learner is resumed
-before the run (an earlier attached job leaves it paused) and paused after it, so the "after"
-evaluation runs on one policy version. The report has the learner's steps as the job saw them
+once the run started (an earlier attached job leaves it paused) with the run's
+`target_policy_version` as its step target, so `--steps N` ends at the start version + N: it
+pauses itself there, never training the groups still in flight when the run is done; the job's
+pause after the run then waits for that last step's push, so the "after" evaluation runs on one
+policy version. The report has the learner's steps as the job saw them
 in its status polls (every `POLL_S`; the learner's own ledger stays on its volume).
 """
 
@@ -53,10 +56,12 @@ class AttachTarget:
     verifier_url: str | None = None
 
 
-def default_learner_url(rollout_url: str) -> str:
-    """The learner beside a gateway: the gateway's host on LEARNER_PORT."""
+def default_learner_url(rollout_url: str, port_offset: int = 0) -> str:
+    """The learner beside a gateway: the gateway's host on LEARNER_PORT + `port_offset` (a local
+    stack started with `--port-offset`)."""
     parts = urlsplit(rollout_url)
-    return urlunsplit((parts.scheme, f"{parts.hostname}:{LEARNER_PORT}", "", "", ""))
+    port = LEARNER_PORT + port_offset
+    return urlunsplit((parts.scheme, f"{parts.hostname}:{port}", "", "", ""))
 
 
 def run_attached(cfg: JobConfig, target: AttachTarget) -> Path:
@@ -86,9 +91,11 @@ def run_attached(cfg: JobConfig, target: AttachTarget) -> Path:
         before = evaluate(client, eval_ids, "before", cfg.eval_samples, cfg.eval_temperature)
         phases["eval_before_s"] = time.time() - t_eval
         log_evaluations(tracker, before, tasks_by_id)
-        _learner(target, "resume")
         t_train = time.time()
         run = start_run(client, train_pool, cfg)
+        # no step past the run's target: groups still in flight when the run is done would
+        # otherwise train one more step before the pause below lands
+        _learner(target, "resume", until_version=run["target_policy_version"])
         console.print(f"run {run['run_id']} started ({run['submitted']})")
         snapshots = follow_run(client, target, run["run_id"], cfg)
         phases["train_s"] = time.time() - t_train
@@ -200,9 +207,12 @@ def _check_reachable(client: httpx.Client, target: AttachTarget) -> None:
         ) from None
 
 
-def _learner(target: AttachTarget, action: str) -> None:
-    """POST /v1/resume or /v1/pause (waiting for the step in progress) to the learner."""
-    params = {"wait": "true"} if action == "pause" else None
+def _learner(target: AttachTarget, action: str, until_version: int | None = None) -> None:
+    """POST /v1/resume (up to `until_version`) or /v1/pause (waiting for the step in progress)
+    to the learner."""
+    params = {"wait": "true"} if action == "pause" else {}
+    if until_version is not None:
+        params["until_version"] = until_version
     httpx.post(
         f"{target.learner_url.rstrip('/')}/v1/{action}",
         params=params,

@@ -47,6 +47,7 @@ from cli.stack_config import (
     StackConfig,
     api_headers,
     device_env,
+    shifted_ports,
 )
 from cli.stack_failure import ServiceExited, StackError
 from cli.stack_status import collect
@@ -68,6 +69,7 @@ class JobConfig:
     gpu_layout: str = "colocated"  # with device 'cuda': what check_device resolved (GPU_LAYOUTS)
     engine_gpu_memory: float = GPU_MEMORY_FRACTIONS["engine"]
     learner_gpu_memory: float = GPU_MEMORY_FRACTIONS["learner"]
+    port_offset: int = 0  # every port of the stack moved by this (cli/stack_config.py)
     steps: int = 40
     # training time; the job adds ~7 min (start, evaluations before and after, report): runs 4-5 took
     # 23.9-25.2 min with 17 min, so 20 min keeps the whole job under 30 min with more steps
@@ -162,6 +164,7 @@ class JobConfig:
             device=self.device,
             gpu_memory=self.gpu_memory(),
             gpu_layout=self.gpu_layout,
+            ports=shifted_ports(self.port_offset),
         )
 
     def gpu_memory(self) -> dict[str, float]:

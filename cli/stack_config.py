@@ -28,6 +28,9 @@ DEFAULT_PORTS = {
     "rollout": 8100,
     "learner": 8103,
 }
+# --port-offset N moves every one of them by N (two stacks on one machine: `shellrl up
+# --port-offset 1000 --state-dir .shellrl-b`); an offset leaving the port range is refused
+MAX_PORT = 65535
 DEVICES = ("cpu", "cuda")
 GPU_SERVICES = ("engine", "learner")
 # --device cuda colocates engine and learner on one GPU (the current one: CUDA_VISIBLE_DEVICES picks
@@ -154,6 +157,23 @@ def device_env(
                 "SHELLRL_ENGINE_CUDA_DEVICE": "cuda:0",
             }
     return env
+
+
+def shifted_ports(offset: int = 0) -> dict[str, int]:
+    """DEFAULT_PORTS, each moved by `offset` ({service: port}, Redis included). Raises CliError
+    (one line) for a negative offset or one that moves a port past MAX_PORT."""
+    highest = max(DEFAULT_PORTS.values())
+    if not 0 <= offset <= MAX_PORT - highest:
+        raise CliError(
+            f"--port-offset {offset}: expected 0 to {MAX_PORT - highest} (the default ports "
+            f"{default_ports_text()} move by it; the highest must stay <= {MAX_PORT})"
+        )
+    return {name: port + offset for name, port in DEFAULT_PORTS.items()}
+
+
+def default_ports_text() -> str:
+    """'redis 6399, engine 30000, ...': the default ports, for help texts and errors."""
+    return ", ".join(f"{name} {port}" for name, port in DEFAULT_PORTS.items())
 
 
 def api_headers(state_dir: Path = STATE_DIR, environ: dict[str, str] | None = None) -> dict:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 
 def add_stack_arguments(parser) -> None:
-    """--config, --model-path, --state-dir (JobConfig's defaults), --device and the engine's and
-    learner's GPU memory fractions."""
+    """--config, --model-path, --state-dir (JobConfig's defaults), --port-offset, --device and the
+    engine's and learner's GPU memory fractions."""
     from cli.main_job import JobConfig
     from cli.stack_config import DEVICES, GPU_LAYOUTS, GPU_MEMORY_FRACTIONS
 
@@ -26,6 +26,7 @@ def add_stack_arguments(parser) -> None:
     parser.add_argument(
         "--state-dir", default=str(d.state_dir), help="Redis AOF, logs, checkpoints, report"
     )
+    add_port_offset_argument(parser)
     parser.add_argument(
         "--device",
         choices=DEVICES,
@@ -50,3 +51,17 @@ def add_stack_arguments(parser) -> None:
             metavar="FRACTION",
             help=f"with --device cuda: fraction of its GPU's memory the {name} may allocate",
         )
+
+
+def add_port_offset_argument(parser) -> None:
+    """--port-offset: every port of the stack (Redis and each service) moved by N."""
+    from cli.stack_config import default_ports_text
+
+    parser.add_argument(
+        "--port-offset",
+        type=int,
+        default=0,
+        metavar="N",
+        help="move every port of the stack by N, so that a second stack can run beside the "
+        f"first (with a --state-dir of its own); the default ports: {default_ports_text()}",
+    )

@@ -6,7 +6,7 @@ this command starts without a learner (Redis, engine, sandbox, verifier, rollout
 done.
 
     shellrl eval [--url http://127.0.0.1:8100 | --model-path DIR [--state-dir .shellrl-eval]
-                 [--device cpu]] [--sets eval_id,eval_ood,seeds,agentbench]
+                 [--device cpu]] [--port-offset N] [--sets eval_id,eval_ood,seeds,agentbench]
                  [--tasks FILE.jsonl] [--episodes K] [--temperature T] [--out results.json]
 
 The sets are the ones `shellrl run` evaluates before and after training (cli/main_job.py
@@ -35,8 +35,9 @@ SETS = ("eval_id", "eval_ood", "seeds", "agentbench")
 def add_arguments(parser) -> None:
     parser.add_argument(
         "--url",
-        default=os.environ.get("SHELLRL_ROLLOUT_URL", "http://127.0.0.1:8100"),
-        help="rollout gateway base URL (SHELLRL_ROLLOUT_URL, else port 8100)",
+        default=os.environ.get("SHELLRL_ROLLOUT_URL"),
+        help="rollout gateway base URL (None: SHELLRL_ROLLOUT_URL, else http://127.0.0.1 on "
+        "port 8100 + --port-offset)",
     )
     parser.add_argument(
         "--sets", default=",".join(SETS), help=f"comma-separated eval sets of {', '.join(SETS)}"
@@ -57,10 +58,12 @@ def add_arguments(parser) -> None:
         help="with --model-path: the started stack's state (deleted first)",
     )
     from cli.stack_config import DEVICES
+    from cli.stack_options import add_port_offset_argument
 
     parser.add_argument(
         "--device", choices=DEVICES, default="cpu", help="with --model-path: where the engine runs"
     )
+    add_port_offset_argument(parser)
 
 
 def load_sets(names: str, tasks_file: Path | None) -> dict[str, list]:
@@ -125,11 +128,13 @@ def render(name: str, view: dict, tasks_by_id: dict):
 
 
 def run(args) -> int:
-    from cli.stack_config import api_headers
+    from cli.stack_config import api_headers, shifted_ports
 
     sets = load_sets(args.sets, args.tasks)
+    ports = shifted_ports(args.port_offset)
     if args.model_path is None:
-        return evaluate_sets(args, sets, args.url, api_headers())
+        url = args.url or f"http://127.0.0.1:{ports['rollout']}"
+        return evaluate_sets(args, sets, url, api_headers())
     import shutil
 
     from cli.launcher import Stack
@@ -151,6 +156,7 @@ def run(args) -> int:
         model_path=args.model_path,
         device=args.device,
         echo_logs=False,
+        ports=ports,
         services=tuple(s for s in SERVICE_ORDER if s != "learner"),  # nothing trains
     )
     with Stack(config) as stack:

@@ -128,7 +128,8 @@ def add_attach_arguments(parser) -> None:
     parser.add_argument(
         "--learner-url",
         default=os.environ.get("SHELLRL_LEARNER_URL"),
-        help="with --attach: the learner (SHELLRL_LEARNER_URL, else the gateway's host, port 8103)",
+        help="with --attach: the learner (SHELLRL_LEARNER_URL, else the gateway's host, port "
+        "8103 + --port-offset)",
     )
     parser.add_argument(
         "--verifier-url",
@@ -195,6 +196,7 @@ def job_config(args):
         device=args.device,
         engine_gpu_memory=args.engine_gpu_memory,
         learner_gpu_memory=args.learner_gpu_memory,
+        port_offset=args.port_offset,
         time_budget_s=args.time_budget_min * 60,
         require_command=args.require_command,
         tracker=args.tracker,
@@ -211,9 +213,10 @@ def run_attach(args, cfg) -> int:
     from shellrl.clients.transport import auth_headers
 
     token = args.token or os.environ.get("SHELLRL_API_TOKEN")
+    learner_url = args.learner_url or default_learner_url(args.attach, args.port_offset)
     target = AttachTarget(
         rollout_url=args.attach.rstrip("/"),
-        learner_url=(args.learner_url or default_learner_url(args.attach)).rstrip("/"),
+        learner_url=learner_url.rstrip("/"),
         headers=auth_headers(token) if token else api_headers(cfg.state_dir),
         verifier_url=args.verifier_url,
     )

@@ -2,6 +2,7 @@
 learner), each after the previous one's /readyz; Ctrl-C (or `shellrl down`) stops it cleanly.
 
     shellrl up [--config shellrl.toml] [--model-path smollm2] [--state-dir .shellrl] [--device cuda]
+    shellrl up --port-offset 1000 --state-dir .shellrl-b    # a second stack beside the first
 """
 
 from __future__ import annotations
@@ -20,11 +21,18 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
+    from cli.launcher import up
+
+    return up(stack_config(args))
+
+
+def stack_config(args):
+    """The StackConfig of the parsed options. Raises CliError (before anything starts) for a
+    device that cannot run here, a bad model path or a port offset out of range."""
     from pathlib import Path
 
-    from cli.launcher import up
     from cli.model_path import check_model_path
-    from cli.stack_config import StackConfig, check_device
+    from cli.stack_config import StackConfig, check_device, shifted_ports
 
     gpu_memory = {"engine": args.engine_gpu_memory, "learner": args.learner_gpu_memory}
     layout = check_device(args.device, gpu_memory, args.gpu_layout)
@@ -34,7 +42,7 @@ def run(args) -> int:
         "SHELLRL_CHECKPOINT_DIR": str((state / "checkpoints").resolve()),
         **(getattr(args, "config_env", None) or {}),
     }
-    config = StackConfig(
+    return StackConfig(
         state_dir=state,
         model_path=args.model_path,
         echo_logs=not args.quiet,
@@ -42,5 +50,5 @@ def run(args) -> int:
         device=args.device,
         gpu_memory=gpu_memory,
         gpu_layout=layout,
+        ports=shifted_ports(args.port_offset),
     )
-    return up(config)

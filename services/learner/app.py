@@ -7,7 +7,10 @@ POST /v1/pause        stop taking steps (the step in progress finishes) -> {"pau
                      ?wait=true it answers once that step and its weight push are done, so N is the
                      version the engines serve until /v1/resume (409 pause_timeout when that takes
                      longer than ?timeout_s; the learner stays paused)
-POST /v1/resume       take steps again -> {"paused": false}
+POST /v1/resume       take steps again -> {"paused": false, "step": N, "step_target": T}; with
+                     ?until_version=T the learner pauses itself once its policy version reaches T
+                     (a training run's target_policy_version: no step past it), without it at
+                     SHELLRL_MAX_STEPS (0: never)
 """
 
 from __future__ import annotations
@@ -244,10 +247,11 @@ def build_app(settings: LearnerSettings) -> FastAPI:
                 ) from None
         return {"paused": True, "step": worker.version}
 
-    @app.post("/v1/resume", tags=["learner"])
-    async def resume() -> dict:
-        state["worker"].running.set()
-        return {"paused": False, "step": state["worker"].version}
+    @app.post("/v1/resume", tags=["learner"], responses=error_responses(422))
+    async def resume(until_version: int | None = Query(None, ge=0)) -> dict:
+        worker = state["worker"]
+        worker.resume_training(until_version)
+        return {"paused": False, "step": worker.version, "step_target": worker.step_target}
 
     return app
 

@@ -158,7 +158,8 @@ class LearnerSettings(TrainingScheduleSettings):
         0,
         ge=0,
         description="Pause training once the policy version reaches this (0 = no limit; POST "
-        "/v1/resume does not go past it). `shellrl run` sets its --steps, so a learner with a "
+        "/v1/resume does not go past it, unless given ?until_version=N, which replaces it until "
+        "the next resume). `shellrl run` sets its --steps, so a learner with a "
         "backlog of trajectories does not train past them before the job's pause lands.",
     )
     start_paused: bool = Field(

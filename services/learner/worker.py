@@ -59,7 +59,7 @@ class WorkerConfig:
     read_count: int = 64
     fault_oom_at_step: int = 0  # fault drill: `allocate_past_device_memory` before this step
     start_paused: bool = False  # train only after POST /v1/resume
-    max_steps: int = 0  # pause at this policy version (0: never)
+    max_steps: int = 0  # pause at this policy version (0: never); the default `step_target`
     # experiment tracking of every step's metrics (shellrl/tracking.py); its directory defaults
     # to <checkpoint_dir>/../tracking (the TensorBoard run: .../tracking/learner)
     tracking: TrackingConfig = TrackingConfig()
@@ -101,6 +101,7 @@ class LearnerWorker:
         self.resumed_step: int | None = None  # the checkpoint's step `resume` restored, if any
         self.last: dict = {}
         self.started_s, self.trained_total = time.monotonic(), 0
+        self.step_target = config.max_steps  # pause at this version (0: never): resume_training
         self.running = asyncio.Event()
         if not config.start_paused:
             self.running.set()
@@ -122,7 +123,7 @@ class LearnerWorker:
             await self.serve_checkpoint_requests()
             if self.data_parallel.keepalive_due():
                 await asyncio.to_thread(self.data_parallel.keepalive)
-            if self.config.max_steps and self.version >= self.config.max_steps:
+            if self.step_target and self.version >= self.step_target:
                 self.running.clear()  # the last step's push and checkpoint are done by now
             if not self.running.is_set():
                 self.paused_idle.set()
@@ -297,6 +298,12 @@ class LearnerWorker:
 
     # ----- control (HTTP) ----------------------------------------------------------------------------
 
+    def resume_training(self, until_version: int | None = None) -> None:
+        """Take steps until the policy version reaches `until_version`, then pause after that
+        step's push (None: SHELLRL_MAX_STEPS; 0: no limit; a version past it pauses at once)."""
+        self.step_target = self.config.max_steps if until_version is None else until_version
+        self.running.set()
+
     def request_checkpoint(self) -> asyncio.Future:
         future = asyncio.get_running_loop().create_future()
         self._checkpoint_requests.append(future)
@@ -319,6 +326,7 @@ class LearnerWorker:
             "version": self.completed_step,
             "step": self.completed_step,
             "paused": not self.running.is_set(),
+            "step_target": self.step_target,
             "world_size": self.trainer.ranks.world_size,
             "lr": self.trainer.lr,
             "checkpointed_step": self.checkpointed_step,

@@ -167,6 +167,44 @@ async def test_learner_trains_from_the_stream_pushes_weights_and_publishes_versi
         await redis.aclose()
 
 
+async def test_learner_resumed_until_a_version_pauses_itself_there_with_groups_left_over(
+    engine, redis_server, tmp_path
+):
+    """A training run's last step (issue 34): `POST /v1/resume?until_version=1` with two groups
+    waiting trains one step and pauses at version 1 by itself, the second group untrained (a
+    run that is `done` at its target never trains one step more); a plain resume goes on at
+    SHELLRL_MAX_STEPS (0 here: no limit)."""
+    redis = streams.connect(redis_server.url)
+    client = EngineClient([engine.url], timeout_s=120)
+    env = learner_env(redis_server.url, engine.url, tmp_path, start_paused="true")
+    learner = ServiceProcess("learner", free_port(), env, tmp_path)
+    try:
+        learner.start(ready_timeout_s=120)
+        await add_group(redis, client, "first")
+        await add_group(redis, client, "second")
+        resumed = (await http(learner, "POST", "/v1/resume?until_version=1")).json()
+        assert resumed == {"paused": False, "step": 0, "step_target": 1}
+
+        async def paused_by_itself():
+            s = await asyncio.to_thread(status, learner)
+            return s if s["paused"] else None
+
+        s = await wait_until_async(paused_by_itself, 90, "the learner to pause at version 1")
+        assert s["step"] == 1 and s["step_target"] == 1 and s["trajectories_trained"] == 4
+        paused = (await http(learner, "POST", "/v1/pause?wait=true")).json()
+        assert paused == {"paused": True, "step": 1}  # idle: no step in progress past 1
+        assert status(learner)["trajectories_trained"] == 4
+        assert (await http(learner, "POST", "/v1/resume?until_version=-1")).status_code == 422
+        resumed = (await http(learner, "POST", "/v1/resume")).json()
+        assert resumed["step_target"] == 0
+        s = await step_reaches(learner, 2)
+        assert s["trajectories_trained"] == 8
+    finally:
+        learner.stop()
+        await client.close()
+        await redis.aclose()
+
+
 async def _pending_count(redis) -> int:
     info = await redis.xpending(streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER)
     return int(info["pending"])

@@ -254,3 +254,6 @@ def test_run_attach_evaluates_trains_and_reports_on_the_running_stack(stack, tmp
         f"{stack['learner'].url}/v1/status", headers={"Authorization": f"Bearer {TOKEN}"}
     ).json()
     assert learner["paused"] is True  # the "after" evaluation ran on one policy version
+    # --steps 1 ends at the run's target: the second group in flight when the run was done
+    # does not train a step more (issue 34)
+    assert learner["step"] == runs[0]["target_policy_version"] == learner["step_target"]
