@@ -50,118 +50,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import io
-import json
 import shutil
 import time
 from pathlib import Path
 
 import httpx
 from rich.console import Console
-from rich.table import Table
 
 from benchmarks.gpu_common import EngineProcess, summary_ms
+from benchmarks.gpu_floors import copy_floor, engine_phase_sums, http_round_trips, mark_version
+from benchmarks.gpu_sync_report import PATHS, devices_info, sync_table, write_results
 
-PATHS = {
-    "a": "per-tensor copies + CUDA IPC",
-    "b": "bucket, one copy + CUDA IPC",
-    "e": "bucket + CUDA IPC in SGLang's envelope",
-    "c": "host-staged pinned shm",
-    "d": "safetensors on disk",
-    "w": "WeightSync.push (learner service)",
-}
 console = Console(width=140)
-
-
-def copy_floor(nbytes: int, src_device: str, dst_device: str, repeats: int = 20) -> dict:
-    """Raw copy of `nbytes` from src to dst (both preallocated): the lower bound of any path."""
-    import torch
-
-    src = torch.empty(nbytes, dtype=torch.uint8, device=src_device)
-    dst = torch.empty(nbytes, dtype=torch.uint8, device=dst_device)
-    samples = []
-    for i in range(repeats + 3):
-        for d in {src.device, dst.device}:
-            torch.cuda.synchronize(d)
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        for d in {src.device, dst.device}:
-            torch.cuda.synchronize(d)
-        if i >= 3:
-            samples.append(time.perf_counter() - t0)
-    del src, dst
-    torch.cuda.empty_cache()
-    out = summary_ms(samples)
-    out["gb_per_s"] = nbytes / (out["median_ms"] / 1e3) / 1e9
-    return out
-
-
-async def http_round_trips(url: str, client=None, repeats: int = 30) -> dict:
-    """Median HTTP round trips to the engine (keep-alive connection): the floor of every update call.
-    GETs of /healthz and /model_info with plain httpx; an empty weight-update session (POST
-    begin_weight_update + POST end_weight_update, nothing staged) with plain httpx and with the
-    project's EngineClient `client` (its overhead over plain httpx is the difference)."""
-    out = {}
-
-    async def timed(name: str, call) -> None:
-        samples = []
-        for i in range(repeats + 3):
-            t0 = time.perf_counter()
-            await call()
-            if i >= 3:
-                samples.append(time.perf_counter() - t0)
-        out[name] = summary_ms(samples)
-
-    async with httpx.AsyncClient(timeout=30.0) as http:
-        for path in ("healthz", "model_info"):
-            await timed(path, lambda: _get_ok(http, f"{url}/{path}"))
-
-        async def raw_session():
-            (
-                await http.post(f"{url}/begin_weight_update", json={"selector": "all"})
-            ).raise_for_status()
-            (await http.post(f"{url}/end_weight_update", json={})).raise_for_status()
-
-        await timed("begin+end (httpx)", raw_session)
-    if client is not None:
-
-        async def client_session():
-            await client.begin_weight_update(urls=[url])
-            await client.end_weight_update(urls=[url])
-
-        await timed("begin+end (EngineClient)", client_session)
-    return out
-
-
-async def _get_ok(http, url: str) -> None:
-    (await http.get(url)).raise_for_status()
-
-
-async def engine_phase_sums(url: str) -> dict[str, tuple[float, float]]:
-    """{phase: (sum seconds, count)} of shellrl_engine_weight_update_phase_seconds from /metrics."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    async with httpx.AsyncClient(timeout=30.0) as http:
-        text = (await http.get(f"{url}/metrics")).text
-    out: dict[str, list[float]] = {}
-    for family in text_string_to_metric_families(text):
-        if family.name != "shellrl_engine_weight_update_phase_seconds":
-            continue
-        for sample in family.samples:
-            if sample.name.endswith(("_sum", "_count")):
-                out.setdefault(sample.labels["phase"], [0.0, 0.0])[
-                    sample.name.endswith("_count")
-                ] = sample.value
-    return {k: (v[0], v[1]) for k, v in out.items()}
-
-
-def mark_version(model, version: int) -> float:
-    """Write a value only this version has into the model (outside the timed region)."""
-    import torch
-
-    with torch.no_grad():
-        model.model.norm.weight[0] = float(version % 200)
-    return float(version % 200)
 
 
 async def run_path(
@@ -172,12 +72,13 @@ async def run_path(
 
     from shellrl.weights import disk as wtd
     from shellrl.weights import gpu as wtg
+    from shellrl.weights.pinned import PinnedHostBucket
 
     learner = torch.device(args.learner_device)
     named = [(n, p.detach()) for n, p in model.named_parameters()]
     on_gpu = learner.type == "cuda"
     ipc = wtg.CudaIpcBucket(args.engine_device) if path in "abe" else None
-    pinned = wtg.PinnedHostBucket() if path == "c" else None
+    pinned = PinnedHostBucket() if path == "c" else None
     sync = None
     if path == "w":
         from services.learner.weight_sync import WeightSync
@@ -370,100 +271,6 @@ async def sync_section(shape: str, paths: str, args, results: dict, parity: bool
         shutil.rmtree(work, ignore_errors=True)
 
 
-def sync_table(results: dict) -> Table:
-    table = Table(
-        title="Weight sync, end to end (optimizer step done -> engine serves the new version)"
-    )
-    for col in (
-        "model",
-        "path",
-        "median ms",
-        "p90 ms",
-        "x floor",
-        "serving ms",
-        "learner copy ms",
-        "engine update ms",
-        "verify ms",
-        "n",
-    ):
-        table.add_column(col, justify="right" if col != "path" else "left")
-    for shape, out in results.get("sync", {}).items():
-        floor = out.get("floor", {}).get("median_ms")
-        if floor:
-            table.add_row(
-                shape,
-                f"floor: raw copy {out['bytes'] / 1e9:.2f} GB "
-                f"({out['floor']['gb_per_s']:.0f} GB/s)",
-                f"{floor:.2f}",
-                f"{out['floor']['p90_ms']:.2f}",
-                "1.00",
-                "",
-                "",
-                "",
-                "",
-                str(out["floor"]["n"]),
-            )
-        for name, rtt in out.get("http_rtt", {}).items():
-            table.add_row(
-                shape,
-                f"HTTP round trip: {name}",
-                f"{rtt['median_ms']:.2f}",
-                f"{rtt['p90_ms']:.2f}",
-                "",
-                "",
-                "",
-                "",
-                "",
-                str(rtt["n"]),
-            )
-        for path in PATHS:
-            r = out.get(path)
-            if r is None:
-                continue
-            if "error" in r:
-                table.add_row(
-                    shape, f"{path} {r['name']}", "failed", r["error"][:60], "", "", "", "", "", ""
-                )
-                continue
-            t = r["total"]
-            table.add_row(
-                shape,
-                f"{path} {r['name']}",
-                f"{t['median_ms']:.2f}",
-                f"{t['p90_ms']:.2f}",
-                f"{t['median_ms'] / floor:.2f}" if floor else "-",
-                f"{r['serving']['median_ms']:.2f}" if "serving" in r else "-",
-                f"{r['learner_copy']['median_ms']:.2f}",
-                f"{r['engine_update']['median_ms']:.2f}",
-                f"{r['verify']['median_ms']:.2f}",
-                str(t["n"]),
-            )
-    return table
-
-
-def write_results(results: dict, args) -> None:
-    if not args.out:
-        return
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    record = Console(record=True, width=160, file=io.StringIO())
-    record.print(sync_table(results))
-    if "parity" in results:
-        from benchmarks.gpu_parity import parity_table
-
-        record.print(parity_table(results["parity"]))
-    if "memory" in results:
-        from benchmarks.gpu_memory import memory_table
-
-        record.print(memory_table(results["memory"]))
-    if "sizes" in results:
-        from benchmarks.gpu_push_sizes import sizes_table
-
-        record.print(sizes_table(results["sizes"]))
-    (out / "results.md").write_text(record.export_text())
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_gpu_weight_sync", description=__doc__.splitlines()[0]
@@ -518,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         return
     sections = set(args.sections.split(","))
-    results: dict = {"devices": _devices(), "args": vars(args)}
+    results: dict = {"devices": devices_info(), "args": vars(args)}
     shapes = [s for s in args.shapes.split(",") if s]
     started = time.perf_counter()
     for i, shape in enumerate(shapes):
@@ -553,26 +360,6 @@ def main(argv: list[str] | None = None) -> None:
         console.print(memory_table(results["memory"]))
     results["wall_s"] = time.perf_counter() - started
     write_results(results, args)
-
-
-def _devices() -> dict:
-    import torch
-
-    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus": []}
-    for i in range(torch.cuda.device_count()):
-        p = torch.cuda.get_device_properties(i)
-        info["gpus"].append(
-            {"index": i, "name": p.name, "memory_gb": round(p.total_memory / 2**30, 1)}
-        )
-    if torch.cuda.device_count() >= 2:
-        info["peer_access_0_1"] = torch.cuda.can_device_access_peer(0, 1)
-    try:
-        import transformers
-
-        info["transformers"] = transformers.__version__
-    except ImportError:
-        pass
-    return info
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from rich.table import Table
 from shellrl.rl.batch import TrainBatch, TrainSample, build_batch
 from shellrl.rl.logprobs import GREEDY_TEMPERATURE, token_logprobs
 from shellrl.weights import gpu as wtg
+from shellrl.weights.pinned import PinnedHostBucket
 
 TEMPERATURE = 0.7
 PAD_ID = 2
@@ -155,9 +156,7 @@ async def parity_section(model, client, url: str, args, version: int) -> dict:
 
     device = next(model.parameters()).device
     vocab = model.config.vocab_size
-    bucket = (
-        wtg.CudaIpcBucket(args.engine_device) if device.type == "cuda" else wtg.PinnedHostBucket()
-    )
+    bucket = wtg.CudaIpcBucket(args.engine_device) if device.type == "cuda" else PinnedHostBucket()
     out: dict = {"temperature": TEMPERATURE, "lr": 1e-3}
     try:
         await push(model, bucket, client, url, version)

@@ -128,18 +128,11 @@ def variant_sync(variant: str, client, args, work: Path, on_gpu: bool):
     )
 
 
-def mark_version(model, version: int) -> float:
-    """A value only this version has, exact in bfloat16 (outside the timed region)."""
-    import torch
-
-    with torch.no_grad():
-        model.model.norm.weight[0] = float(version % 200)
-    return float(version % 200)
-
-
 async def run_variant(variant: str, model, client, url: str, work: Path, args, version: int):
     """WARMUPS + args.updates pushes of one variant; returns (result row, last version)."""
     import torch
+
+    from benchmarks.gpu_floors import mark_version
 
     on_gpu = args.engine_device.startswith("cuda")
     learner_gpu = args.learner_device.startswith("cuda")

@@ -30,14 +30,8 @@ from rich.table import Table
 from cli.errors import CliError, http_errors
 from cli.job_evaluations import evaluate, log_evaluations
 from cli.job_report import JobOutcome, write_job_report
-from cli.main_job import (
-    JobConfig,
-    check_verifier_config,
-    console,
-    eval_sets,
-    submit,
-    train_tasks,
-)
+from cli.job_tasks import eval_sets, train_tasks
+from cli.main_job import JobConfig, check_verifier_config, console, submit
 from shellrl.contract import task_to_json
 from shellrl.tracking import TrackingConfig, create_tracker
 

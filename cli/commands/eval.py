@@ -80,7 +80,8 @@ def load_sets(names: str, tasks_file: Path | None) -> dict[str, list]:
     wanted = [s.strip() for s in names.split(",") if s.strip()]
     if unknown := [s for s in wanted if s not in SETS]:
         raise CliError(f"--sets: unknown set(s) {', '.join(unknown)}; choose from {SETS}")
-    from cli.main_job import JobConfig, eval_sets
+    from cli.job_tasks import eval_sets
+    from cli.main_job import JobConfig
 
     sets = eval_sets(JobConfig())
     return {name: sets[name] for name in wanted}

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 
 from tenacity import AsyncRetrying, retry_if_result, wait_fixed
 
-from services.learner.weight_transport import EngineGroups
+from services.learner.engine_groups import EngineGroups
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_responses import EngineError, EngineUnavailable
 

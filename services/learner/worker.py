@@ -21,8 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import resource
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from services.learner import metrics
 from services.learner.checkpoint import CheckpointStore, LearnerState
 from services.learner.data_parallel import DataParallel
 from services.learner.group_assembler import Dropped, GroupAssembler, RolloutGroup, group_samples
+from services.learner.step_metrics import export_step_metrics, process_memory
 from services.learner.trainer import Trainer
 from services.learner.weight_sync import WeightSync
 from shellrl.contract import ContractError, parse_trajectory
@@ -385,8 +384,8 @@ class LearnerWorker:
                     "tokens_per_second": result.tokens / max(result.duration_s, 1e-9),
                 }
             )
-            _export(result)
-        rss, peak = _memory()
+            export_step_metrics(result)
+        rss, peak = process_memory()
         metrics.RSS_BYTES.set(rss)
         metrics.PEAK_MEMORY_BYTES.set(peak)
         self.last["rss_bytes"] = rss
@@ -414,34 +413,6 @@ class LearnerWorker:
     def _trim_consumed(self) -> None:
         while len(self.consumed) > CONSUMED_IDS_KEPT:
             self.consumed.popitem(last=False)
-
-
-def _export(result) -> None:
-    s = result.stats
-    metrics.LOSS.labels("policy").set(s["policy_loss"])
-    metrics.LOSS.labels("kl").set(s["kl"])
-    metrics.CLIP_FRACTION.labels("low").set(s["clip_fraction_low"])
-    metrics.CLIP_FRACTION.labels("high").set(s["clip_fraction_high"])
-    metrics.CLIP_FRACTION.labels("dual").set(s["dual_clip_fraction"])
-    metrics.IMPORTANCE_WEIGHT.labels("mean").set(s["is_weight_mean"])
-    metrics.IMPORTANCE_WEIGHT.labels("max").set(s["is_weight_max"])
-    metrics.IMPORTANCE_WEIGHT.labels("truncated_fraction").set(s["is_truncated_fraction"])
-    metrics.LOGPROB_DIFF.labels("mean").set(result.parity_mean)
-    metrics.LOGPROB_DIFF.labels("max").set(result.parity_max)
-    metrics.GRAD_NORM.set(result.grad_norm)
-    metrics.LR.set(result.lr)
-    metrics.TOKENS.inc(result.tokens)
-    metrics.TOKENS_PER_SECOND.set(result.tokens / max(result.duration_s, 1e-9))
-    metrics.SKIPPED_UPDATES.inc(result.skipped_updates)
-
-
-def _memory() -> tuple[int, int]:
-    """(current RSS, peak RSS) in bytes."""
-    with open("/proc/self/statm") as f:
-        rss_pages = int(f.read().split()[1])
-    return rss_pages * os.sysconf("SC_PAGE_SIZE"), resource.getrusage(
-        resource.RUSAGE_SELF
-    ).ru_maxrss * 1024
 
 
 def allocate_past_device_memory(device: torch.device) -> None:

@@ -14,8 +14,9 @@ from fastapi import FastAPI
 
 from services.rollout import metrics as m
 from services.rollout.admission import Admission
-from services.rollout.agent_loop import AgentLoop, EpisodeLimits, Sampling
+from services.rollout.agent_loop import AgentLoop
 from services.rollout.engine_directory import EngineDirectory
+from services.rollout.episode_spec import EpisodeLimits, Sampling
 from services.rollout.evaluations import Evaluations
 from services.rollout.gates import Capacity, HealthGate, InfraGate
 from services.rollout.policy_version import PolicyVersionWatcher

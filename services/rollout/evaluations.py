@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass
 import redis.asyncio as aioredis
 
 from services.rollout import metrics as m
-from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling
+from services.rollout.agent_loop import AgentLoop
+from services.rollout.episode_spec import EpisodeSpec, Sampling
 from services.rollout.seeding import eval_episode_seed
 from services.rollout.task_store import TaskStore
 from shellrl.clients.verifier import VerifierClient

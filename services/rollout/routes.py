@@ -28,7 +28,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse
 
 from services.rollout import metrics as m
-from services.rollout.agent_loop import Sampling
+from services.rollout.episode_spec import Sampling
 from services.rollout.evaluations import EvaluationPlan
 from services.rollout.schemas import EvaluationIn, SamplingIn, tasks_body
 from services.rollout.settings import RolloutSettings

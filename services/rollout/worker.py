@@ -41,7 +41,8 @@ from tenacity import (
 
 from services.rollout import metrics as m
 from services.rollout.admission import Admission, Ticket
-from services.rollout.agent_loop import AgentLoop, EpisodeSpec, Sampling, is_setup_failure
+from services.rollout.agent_loop import AgentLoop, is_setup_failure
+from services.rollout.episode_spec import EpisodeSpec, Sampling
 from services.rollout.gates import Capacity, GroupSlots, HealthGate, InfraGate
 from services.rollout.seeding import episode_seed
 from services.rollout.task_pool import TaskPool

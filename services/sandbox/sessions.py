@@ -7,8 +7,9 @@ fairly (slots.py). Text fields (command, setup, env) must be valid Unicode witho
 the task environment at most `MAX_ENV_BYTES` (shellrl/contract/tasks.py): else 400 naming the field.
 New sessions and commands are admitted by the host's headroom (admission.py: 429 with
 Retry-After). How commands run and processes die: processes.py; the session record: session.py;
-the uid block: uids.py. A session's host directory is named by its uid, not its id, so the id
-never shows in a path a command can see (the workspace path of unshare/fallback, mountinfo).
+the uid block: uids.py; the checks of what a session is given (text fields, the environment):
+session_input.py. A session's host directory is named by its uid, not its id, so the id never
+shows in a path a command can see (the workspace path of unshare/fallback, mountinfo).
 """
 
 from __future__ import annotations
@@ -37,22 +38,15 @@ from services.sandbox.executor import RawExec
 from services.sandbox.isolation import Isolation, prepare_etc
 from services.sandbox.limits import Limits
 from services.sandbox.policy import Policy
-from services.sandbox.preludes import base_env
 from services.sandbox.processes import EXEC_MODES, SessionProcesses
 from services.sandbox.runner_link import RunnerFailed
 from services.sandbox.session import Session, SessionError
+from services.sandbox.session_input import check_text, session_env
 from services.sandbox.uids import UidPool, remove_ipc_objects, remove_owned
 from services.sandbox.workspace import Workspace
 from shellrl.contract.exec import ALLOW, ExecResult, PolicyVerdict
-from shellrl.contract.tasks import MAX_ENV_BYTES, env_bytes, first_surrogate
 
 log = logging.getLogger(__name__)
-WORKSPACE_TOKEN = "<workspace>"
-# execve(2): one `NAME=value` string at most MAX_ARG_STRLEN (32 pages); all strings together (with
-# the arguments) at most ARG_MAX (a quarter of the 8 MiB stack): checked after <workspace> is
-# substituted, which may lengthen values beyond what the task contract counted.
-EXECVE_STRING_BYTES = 128 << 10
-EXECVE_ENV_BYTES = 1 << 20
 
 
 def exec_result(raw: RawExec, policy: PolicyVerdict, waited_ms: float = 0.0) -> ExecResult:
@@ -69,22 +63,6 @@ def exec_result(raw: RawExec, policy: PolicyVerdict, waited_ms: float = 0.0) -> 
         policy,
         round(raw.queue_ms + waited_ms, 3),
     )
-
-
-def check_text(value: str, field: str, code: str) -> None:
-    """SessionError 400 `code` naming `field` when `value` has a NUL byte or a lone UTF-16
-    surrogate (JSON can carry `"\\ud800"`; no program can be given it)."""
-    if "\x00" in value:
-        raise SessionError(400, code, f"{field} contains a NUL byte (\\x00); remove it", field)
-    if (at := first_surrogate(value)) is not None:
-        raise SessionError(
-            400,
-            code,
-            f"{field} contains a lone UTF-16 surrogate "
-            f"({ascii(value[at])} at character {at}): not valid Unicode; "
-            "send UTF-8 text",
-            field,
-        )
 
 
 class SessionManager:
@@ -184,51 +162,6 @@ class SessionManager:
             )
         return session
 
-    def _resolve_env(self, env: dict[str, str], workspace_path: str) -> dict[str, str]:
-        """The session environment: base_env, then `env` with <workspace> substituted.
-        SessionError 400 invalid_env (bad name or value) / env_too_large."""
-        out = base_env(workspace_path)
-        for key, value in env.items():
-            if (
-                not key
-                or not (key[0].isalpha() or key[0] == "_")
-                or not all(c.isalnum() or c == "_" for c in key)
-            ):
-                shown = key[:200].encode("utf-8", "backslashreplace").decode()
-                raise SessionError(
-                    400,
-                    "invalid_env",
-                    f"env name {key[:200]!r} is not a shell variable name",
-                    f"env.{shown}",
-                )
-            check_text(value, f"env.{key}", "invalid_env")
-        if (size := env_bytes(env)) > MAX_ENV_BYTES:
-            raise SessionError(
-                400,
-                "env_too_large",
-                f"env has {size} bytes (NAME=value plus a NUL each); at most "
-                f"{MAX_ENV_BYTES}: every program inherits it (execve caps)",
-                "env",
-            )
-        for key, value in env.items():
-            out[key] = value.replace(WORKSPACE_TOKEN, workspace_path)
-            if len(key.encode()) + len(out[key].encode()) + 2 > EXECVE_STRING_BYTES:
-                raise SessionError(
-                    400,
-                    "env_too_large",
-                    f"env.{key} with {WORKSPACE_TOKEN} substituted is longer than "
-                    f"{EXECVE_STRING_BYTES} bytes (execve's cap)",
-                    f"env.{key}",
-                )
-        if env_bytes(out) > EXECVE_ENV_BYTES:
-            raise SessionError(
-                400,
-                "env_too_large",
-                f"env with {WORKSPACE_TOKEN} substituted is larger than {EXECVE_ENV_BYTES} bytes",
-                "env",
-            )
-        return out
-
     async def create(
         self, setup: str, env: dict[str, str], limits: Limits, policy_name: str | None
     ) -> tuple[Session, ExecResult]:
@@ -275,7 +208,7 @@ class SessionManager:
                 uid,
                 workspace,
                 self.cgroups.group(f"u{uid}"),
-                self._resolve_env(env, workspace_path),
+                session_env(env, workspace_path),
                 limits,
                 policy,
                 workspace_path,

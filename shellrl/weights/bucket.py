@@ -23,8 +23,9 @@ Transports of the buffer (the `serialized_named_tensors` entries of `/update_wei
     under any `CUDA_VISIBLE_DEVICES` numbering.
 * disk: a safetensors directory (`shellrl.weights.disk`); a gloo/NCCL broadcast:
   `shellrl.weights.distributed`.
-The GPU transports (CUDA IPC, `CudaIpcBucket`, and the page-locked `PinnedHostBucket` for GPUs without
-peer access) are in `shellrl.weights.gpu`; benchmarks/bench_gpu_weight_sync.py measures them.
+The GPU transports are `CudaIpcBucket` (CUDA IPC, `shellrl.weights.gpu`) and the page-locked
+`PinnedHostBucket` for GPUs without peer access (`shellrl.weights.pinned`);
+benchmarks/bench_gpu_weight_sync.py measures them.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ import pytest
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_responses import EngineError
 from shellrl.weights import gpu as wtg
+from shellrl.weights.pinned import PinnedHostBucket
 from tests.gpu.conftest import ENGINE_DEVICE, requires_cuda
 
 torch = pytest.importorskip("torch")
@@ -204,7 +205,7 @@ async def test_weight_sync_push_over_cuda_ipc_is_served_by_the_engine(
 
 async def test_a_pinned_host_bucket_delivers_weights_to_a_gpu_engine(learner_model, gpu_engine):
     async with EngineClient(gpu_engine.url) as client:
-        with wtg.PinnedHostBucket() as bucket:
+        with PinnedHostBucket() as bucket:
             for version in (300, 301):
                 perturb(learner_model, seed=version)
                 payload = bucket.fill(learner_model.named_parameters())

@@ -518,7 +518,7 @@ async def test_the_admin_key_goes_where_sglangs_own_auth_asks_for_it(sgl, tmp_pa
 async def test_in_place_is_refused_against_sglang_with_its_radix_cache_on(tmp_path):
     """SGLang refuses the last bucket's flush while a batch is paused in place; the first push
     stops with one line naming the setting instead of loading weights it would then disown."""
-    from services.learner.weight_sync import PauseModeRefused
+    from services.learner.push_setup import PauseModeRefused
 
     fake = FakeSGLang()  # its /server_info has no disable_radix_cache: SGLang's default, on
     client = _client(fake)

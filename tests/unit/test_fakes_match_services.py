@@ -18,7 +18,8 @@ import pytest
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from services.rollout.agent_loop import AgentLoop, EpisodeLimits, EpisodeSpec
+from services.rollout.agent_loop import AgentLoop
+from services.rollout.episode_spec import EpisodeLimits, EpisodeSpec
 from services.rollout.prompt import ChatFormat, load_chat_tokenizer
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.sandbox import SandboxClient

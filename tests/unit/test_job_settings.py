@@ -10,8 +10,9 @@ import pytest
 
 from cli.errors import CliError
 from cli.job_evaluations import evaluation_body
+from cli.job_tasks import eval_sets
 from cli.main import parse
-from cli.main_job import JobConfig, eval_sets
+from cli.main_job import JobConfig
 from services.learner.settings import LearnerSettings
 from services.rollout.settings import RolloutSettings
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.learner.push_setup import pause_for, radix_cache_refusal
 from services.learner.settings import LearnerSettings
-from services.learner.weight_sync import pause_for, radix_cache_refusal
 
 KEY = "admin-key-for-weights-0123456789"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.sandbox import sessions
+from services.sandbox import session_input
 from shellrl.contract import TaskValidationError, task_from_json
 from shellrl.contract.tasks import LIMITS, MAX_ENV_BYTES, env_bytes
 
@@ -17,8 +17,9 @@ def task(**fields) -> dict:
 
 
 def test_the_sandbox_and_the_contract_share_one_env_limit():
-    assert sessions.MAX_ENV_BYTES is MAX_ENV_BYTES and LIMITS["env_bytes"] == MAX_ENV_BYTES
-    assert MAX_ENV_BYTES < sessions.EXECVE_STRING_BYTES  # any contract-valid entry fits execve(2)
+    assert session_input.MAX_ENV_BYTES is MAX_ENV_BYTES and LIMITS["env_bytes"] == MAX_ENV_BYTES
+    # any contract-valid entry fits execve(2)
+    assert MAX_ENV_BYTES < session_input.EXECVE_STRING_BYTES
 
 
 def test_an_env_at_the_limit_is_accepted_and_one_byte_more_is_refused():

@@ -1,4 +1,4 @@
-"""Kept weight buckets (shellrl.weights.gpu.PinnedHostBucket; CudaIpcBucket is covered on GPU
+"""Kept weight buckets (shellrl.weights.pinned.PinnedHostBucket; CudaIpcBucket is covered on GPU
 in tests/gpu) and the engine's one-copy staging of a flattened bucket (WeightStore.stage_bucket)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 
 from services.engine.weights import WeightStore, WeightUpdateError
 from shellrl.weights import bucket as wt
-from shellrl.weights import gpu as wtg
 from shellrl.weights import shm
+from shellrl.weights.pinned import PinnedHostBucket
 
 
 class TwoLayers(torch.nn.Module):
@@ -28,7 +28,7 @@ def named(model) -> list[tuple[str, torch.Tensor]]:
 
 def test_a_pinned_host_bucket_keeps_its_segment_and_carries_each_refill():
     model = TwoLayers()
-    with wtg.PinnedHostBucket() as bucket:
+    with PinnedHostBucket() as bucket:
         first = json.loads(bucket.fill(named(model)))
         with torch.no_grad():
             model.a.weight.fill_(7.0)
@@ -95,7 +95,7 @@ def test_stage_bucket_refuses_a_wrong_shape_before_copying_anything():
 def test_a_shm_payload_from_a_pinned_host_bucket_is_staged_by_the_engine():
     source, engine = TwoLayers(), TwoLayers()
     store = WeightStore(engine)
-    with wtg.PinnedHostBucket() as bucket:
+    with PinnedHostBucket() as bucket:
         staged = store.stage_serialized([bucket.fill(named(source))], wt.LOAD_FORMAT)
     store.commit(staged)
     for name, tensor in named(source):

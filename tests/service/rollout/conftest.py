@@ -9,7 +9,8 @@ import tempfile
 
 import pytest
 
-from services.rollout.agent_loop import AgentLoop, EpisodeLimits
+from services.rollout.agent_loop import AgentLoop
+from services.rollout.episode_spec import EpisodeLimits
 from services.rollout.prompt import ChatFormat, load_chat_tokenizer
 from shellrl.contract import task_from_json
 from tests.helpers.processes import ServiceProcess

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from services.rollout.agent_loop import EpisodeSpec, Sampling
+from services.rollout.episode_spec import EpisodeSpec, Sampling
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.sandbox import SandboxClient
 from shellrl.contract import (

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from services.rollout.agent_loop import EpisodeSpec
+from services.rollout.episode_spec import EpisodeSpec
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.sandbox_fleet import SandboxFleet
 from shellrl.contract import Failure

@@ -10,7 +10,7 @@ import asyncio
 from collections import defaultdict
 
 from services.rollout.admission import Admission
-from services.rollout.agent_loop import EpisodeSpec, Sampling
+from services.rollout.episode_spec import EpisodeSpec, Sampling
 from services.rollout.gates import Capacity, InfraGate
 from services.rollout.policy_version import PolicyVersionWatcher
 from services.rollout.seeding import eval_episode_seed
