@@ -19,10 +19,11 @@ test: setup lint  ## set up, check the house rules, then run the whole test suit
 test-random: setup  ## the whole suite in a random order (SEED=n repeats one; pytest-randomly)
 	$(PY) -m pytest -q -x --durations=15 -p randomly --randomly-seed=$(or $(SEED),default) tests $(PYTEST_ARGS)
 
-lint: setup  ## ruff (lint + format check) and import-linter (layers, independent services, no circles)
+lint: setup  ## ruff (lint + format check), import-linter (layers, independent services, no circles), the module budget
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
+	$(PY) scripts/module_budget.py
 
 format: setup  ## apply ruff's fixes and formatting
 	$(VENV)/bin/ruff check --fix .
