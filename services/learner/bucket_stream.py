@@ -15,8 +15,15 @@ Guarantees:
 * At most two slots are filled at once, whatever the number of buckets: the learner adds two
   buckets of memory to a push (`WeightStaging.resident_bytes`), never the model.
 * A slot is refilled for bucket i+2 only after every engine still in the push has had its update
-  for bucket i answered (SGLang and shellrl's engine copy the bucket during the call: the answer
-  means they are done reading it), so no engine ever reads a slot that is being rewritten.
+  for bucket i answered. shellrl's engine synchronizes its GPU before it answers
+  (services/engine/weights.py `_stage_cuda`), so its answer means its copies are done. SGLang
+  0.5.23 answers once its copies are *enqueued* on its stream (scheduler_components/
+  weight_updater.py `update_weights_from_tensor`: no synchronize), so against SGLang on a GPU the
+  refill relies on those copies finishing within the answer's HTTP round trip (with the engine
+  retracted around a multi-bucket push its stream holds nothing else). Not yet done: a refill that
+  waits on the consumer's release instead (torch's receiver synchronizes its stream before it
+  decrements the share's reference counter), or a fresh buffer per fill with torch's IPC limbo
+  (slime's way).
 * Never waits forever: a fill waits only for engines' update calls, each under the push's
   deadline, and an engine that fails or misses the deadline leaves (WeightSync calls `leave`
   at once, without awaiting its clean-up), releasing every claim it had; once every engine has
