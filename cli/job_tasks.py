@@ -66,7 +66,41 @@ def eval_sets(cfg: TaskChoice) -> dict[str, list]:
     }
 
 
+def content_key(task) -> str:
+    """What makes two tasks the same instance whatever their ids: instruction, setup and checks."""
+    from shellrl.contract import task_to_json
+
+    body = task_to_json(task)
+    return repr([body["instruction"], body["setup"], body["check"]])
+
+
+HELD_OUT_SETS = ("eval_id", "eval_ood", "agentbench")
+"""Eval sets no training task may share an instance with (by task id or content). `seeds` is not
+one: the four seed tasks are trained on and evaluated as a check of fit, by design. Templates
+of eval_ood may not enter training at all (eval_id's templates are the training templates)."""
+
+
 def train_tasks(cfg: TaskChoice) -> list:
+    """The training pool of the job, without any instance of a held-out eval set and without any
+    eval_ood template (issue 33 item 2): `--train-set default` holds all 110 AgentBench tasks, of
+    which `eval_sets` evaluates a sample, and a plug-in or task file may hold anything."""
+    sets = eval_sets(cfg)
+    held = [t for name in HELD_OUT_SETS for t in sets[name]]
+    ids, contents = {t.task_id for t in held}, {content_key(t) for t in held}
+    from tasksets.generator import templates_for
+
+    ood_templates = {t.name for t in templates_for("eval_ood")}
+    ood_templates |= {t.template for t in sets["eval_ood"] if t.template}
+    return [
+        t
+        for t in _train_pool(cfg)
+        if t.task_id not in ids
+        and t.template not in ood_templates
+        and content_key(t) not in contents
+    ]
+
+
+def _train_pool(cfg: TaskChoice) -> list:
     from tasksets import load_taskset
 
     if cfg.train_set == "curriculum":

@@ -1,0 +1,44 @@
+"""The main job's training pool never holds what it is evaluated on (issue 33 item 2): no instance
+of eval_id, eval_ood or the AgentBench eval sample, and no eval_ood template, by task id, by
+template and by content, for the pools `shellrl run` builds (cli/job_tasks.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from cli.job_tasks import HELD_OUT_SETS, content_key, eval_sets, train_tasks
+from cli.main_job import JobConfig
+from tasksets.generator import templates_for
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        JobConfig(),
+        JobConfig(train_set="default"),
+        JobConfig(task_seed=3),
+        JobConfig(eval_ood_episodes=96, agentbench_eval_tasks=110),
+    ],
+    ids=["curriculum", "default-set", "task-seed-3", "largest-eval-sets"],
+)
+def test_no_eval_instance_or_eval_ood_template_enters_training(cfg):
+    sets, train = eval_sets(cfg), train_tasks(cfg)
+    assert train and all(sets[name] for name in HELD_OUT_SETS)
+    train_ids, train_contents = {t.task_id for t in train}, {content_key(t) for t in train}
+    train_templates = {t.template for t in train}
+    for name in HELD_OUT_SETS:
+        assert not train_ids & {t.task_id for t in sets[name]}, name
+        assert not train_contents & {content_key(t) for t in sets[name]}, name
+    ood_templates = {t.name for t in templates_for("eval_ood")}
+    assert {t.template for t in sets["eval_ood"]} <= ood_templates
+    assert not train_templates & ood_templates
+    # eval_id tests the training templates on held-out instances, so it shares templates only
+    assert {t.template for t in sets["eval_id"]} <= train_templates
+
+
+def test_the_default_set_trains_on_agentbench_except_the_evaluated_sample():
+    cfg = JobConfig(train_set="default")
+    train_ids = {t.task_id for t in train_tasks(cfg)}
+    agentbench = [t for t in train_tasks(cfg) if t.source.startswith("THUDM/AgentBench")]
+    assert len(agentbench) == 110 - cfg.agentbench_eval_tasks
+    assert not train_ids & {t.task_id for t in eval_sets(cfg)["agentbench"]}
