@@ -11,7 +11,8 @@ Estimators (stated in both files):
   run, that run's own interval (cli/eval_stats.py: Wilson over tasks for one episode per task, a
   bootstrap over tasks for several);
 * per template: the mean solved instances before and after, how many runs lost any, and how many
-  lost more than the tolerance (1 instance);
+  lost more than the tolerance (1 instance); each run's trajectory over its eval points and the
+  step it first lost an instance, or never (cli/template_trajectories.py);
 * the target (issue 20, item 4): the fraction of runs meeting it, and of each of its checks.
 """
 
@@ -21,7 +22,7 @@ import json
 import math
 from pathlib import Path
 
-from cli import compare_plots
+from cli import compare_plots, template_trajectories
 from cli.eval_stats import t_interval
 from cli.run_summary import summarize, summary_line
 
@@ -42,13 +43,16 @@ def load_run(directory: Path) -> dict:
     elif (d / "evaluations.json").exists():
         evaluations = json.loads((d / "evaluations.json").read_text())
         meta = {"dir": str(directory), "seed": None, "note": "summarized from evaluations.json"}
-        summary = summarize(evaluations["before"], evaluations["after"], None, meta)
+        summary = summarize(
+            evaluations["before"], evaluations["after"], None, meta, evaluations.get("during")
+        )
     else:
         raise ValueError(
             f"{directory}: no summary.json or evaluations.json (not a report directory)"
         )
     if summary.get("incomplete"):
         raise ValueError(f"{directory}: an incomplete run ({summary.get('line')}): not comparable")
+    summary = template_trajectories.ensure_trajectories(summary)
     return {**summary, "line": summary_line(summary)}
 
 
@@ -88,6 +92,7 @@ def aggregate(runs: list[dict]) -> dict:
         ],
         "sets": sets,
         "templates": templates,
+        "template_trajectories": template_trajectories.compare_rows(runs),
         "target": {
             "runs": len(runs),
             "runs_met": met,
@@ -155,7 +160,14 @@ def markdown(agg: dict) -> str:
                 f"| {name}: {key} | {e['instances']} | {e['before_mean']:.2f} | "
                 f"{e['after_mean']:.2f} | {per_run} | {e['lost_any']} / {e['lost_more']} |"
             )
-    lines += ["", f"![compare]({agg.get('plot', 'compare.png')})", ""]
+    lines += [
+        "",
+        "Per template over training: the step at which each run first solved fewer instances "
+        "than its base policy, and its solved/instances at each evaluation.",
+        "",
+    ]
+    lines += template_trajectories.compare_markdown(agg["template_trajectories"])
+    lines += [f"![compare]({agg.get('plot', 'compare.png')})", ""]
     return "\n".join(lines)
 
 

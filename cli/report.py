@@ -21,6 +21,7 @@ from cli import report_plots as plots
 from cli.eval_stats import set_score
 from cli.report_timing import timing, timing_section
 from cli.stack_status import histogram_buckets, quantile_from_buckets
+from cli.template_trajectories import markdown_section
 from shellrl.contract import task_to_json
 
 
@@ -226,6 +227,8 @@ def write_report(
             a_text = f"{aa[0]}/{aa[1]}" if after else not_evaluated
             lines.append(f"| {name}: {key} | {bb[0]}/{bb[1]} | {a_text} |")
     lines += [""]
+    if summary and summary.get("templates"):
+        lines += markdown_section(summary["templates"])
     lines += _transcripts_section(before, after, tasks_by_id)
     lines += [
         "## Training",

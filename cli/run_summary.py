@@ -25,6 +25,7 @@ import math
 from dataclasses import asdict
 
 from cli.eval_stats import set_score, template_scores
+from cli.template_trajectories import add_trajectories
 
 MIN_FACTOR = 2.0  # eval_id after >= 2 x before
 MIN_GAIN = 0.10  # and >= +10 points
@@ -32,9 +33,17 @@ MAX_TEMPLATE_LOSS = 1.0  # instances a template may lose
 TEMPLATE_SETS = ("eval_id", "eval_ood")
 
 
-def summarize(before: dict, after: dict | None, tasks_by_id: dict | None, meta: dict) -> dict:
-    """summary.json: per eval set before/after scores, per template solved instances, the
-    regressions, the target verdict, and `meta` (seed, steps, settings) as given. An evaluation
+def summarize(
+    before: dict,
+    after: dict | None,
+    tasks_by_id: dict | None,
+    meta: dict,
+    during: list[dict] | None = None,
+) -> dict:
+    """summary.json: per eval set before/after scores, per template solved instances with their
+    trajectory over the eval points (before, `during` ({set: view} each, in order), after) and
+    the step each first lost an instance (cli/template_trajectories.py), the regressions, the
+    target verdict, and `meta` (seed, steps, settings) as given. An evaluation
     that did not run (`before` or `after` empty: a job cut short) is not evaluated: its sets'
     and templates' `after` is None, no regressions, target {"met": False, "evaluated": False}."""
     evaluated = bool(before) and bool(after)
@@ -62,6 +71,7 @@ def summarize(before: dict, after: dict | None, tasks_by_id: dict | None, meta: 
             }
             for key in sorted(set(b) | set(a))
         }
+    add_trajectories(templates, [before, *(during or []), after if evaluated else {}], tasks_by_id)
     found = regressions(templates) if evaluated else []
     return {
         **meta,

@@ -134,6 +134,8 @@ def test_the_report_of_a_job_cut_short_in_training_says_not_evaluated_without_nu
         "instances": 1,
         "before": 1.0,
         "after": None,
+        "trajectory": [{"step": 0, "solved": 1.0}],  # the after-evaluation never ran
+        "lost_at_step": None,
     }
     assert summary["target"] == {"met": False, "evaluated": False} and summary["regressions"] == []
     assert summary["line"] == (
