@@ -16,7 +16,8 @@ more than one Content-Length, a Content-Length that is not digits, Transfer-Enco
 a Content-Length, a Content-Length on CONNECT, anything h11 refuses (an HTTP/1.1 request without
 Host among them), an HTTP version other than 1.0 and 1.1, a target that is not absolute `http://`
 (or `host:port` for CONNECT), credentials in the URL, a path with `.` or `..` segments (also
-percent-encoded or with backslashes, which some servers fold to `/`). Transfer-Encoding alone:
+percent-encoded, with backslashes, which some servers fold to `/`, or with path parameters,
+`..;x`, which Tomcat and Spring drop). Transfer-Encoding alone:
 411 (chunked request bodies are not forwarded).
 """
 
@@ -162,7 +163,8 @@ def parse_head(head: bytes) -> Request:
     host, port = _split_authority(url.netloc, 80)
     path = url.path or "/"
     decoded = unquote(path)
-    segments = decoded.replace("\\", "/").split("/")
+    # `..;x` is `..` to servers that drop path parameters (Tomcat, Jetty, Spring)
+    segments = [s.partition(";")[0] for s in decoded.replace("\\", "/").split("/")]
     if any(s in (".", "..") for s in segments) or "\x00" in decoded:
         raise Refusal(400, "bad_path", f"path {path[:200]!r} has '.' or '..' segments")
     origin = path + (f"?{url.query}" if url.query else "")

@@ -11,7 +11,8 @@
           path_prefix: /simple/       # default "/"; plain HTTP only (CONNECT carries no path)
 
 `EgressPolicy.evaluate(method, host, port, path)` is deterministic: the first rule in file order
-that matches host, port, method and path prefix allows the request; no match denies it (rule
+that matches host, port, method and path prefix (whole segments: `/ok` allows `/ok` and
+`/ok/a`, not `/okay`) allows the request; no match denies it (rule
 None). A policy without an `egress` block has no network at all (the default). A rule naming an
 internal address (every address that is not globally routable: addresses.py) must name it
 literally (an IP literal or `localhost`): a public name that resolves to one is refused by the
@@ -52,7 +53,7 @@ class EgressRule:
     def matches(self, method: str, host: str, port: int, path: str) -> bool:
         if port not in self.ports or method not in self.methods or not self.host_matches(host):
             return False
-        return method == "CONNECT" or path.startswith(self.path_prefix)
+        return method == "CONNECT" or under_prefix(path, self.path_prefix)
 
     def host_matches(self, host: str) -> bool:
         """Exact (case and a trailing dot aside) or below a wildcard's suffix; `host` an IP
@@ -70,6 +71,14 @@ class EgressRule:
             return True
         address = _literal(self.host)
         return address is not None and is_internal(address)
+
+
+def under_prefix(path: str, prefix: str) -> bool:
+    """`path` is `prefix` or below it, segment by segment: `/ok` takes `/ok` and `/ok/a`, not
+    `/okay` (a prefix ending in `/` is a plain string prefix)."""
+    if prefix.endswith("/"):
+        return path.startswith(prefix)
+    return path == prefix or path.startswith(prefix + "/")
 
 
 def _literal(host: str):
