@@ -15,6 +15,7 @@ shows in a path a command can see (the workspace path of unshare/fallback, mount
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
 import secrets
@@ -241,7 +242,13 @@ class SessionManager:
                     "setup",
                     result.as_dict(),
                 )
-            await asyncio.to_thread(self._snapshot, session)
+            try:
+                await asyncio.to_thread(self._snapshot, session)
+            except OSError as exc:  # copy_tree keeps links and holes: not expected, but a 4xx
+                if exc.errno != errno.ENOSPC:
+                    raise
+                message = "the workspace after setup does not fit into its copy (workspace_bytes)"
+                raise SessionError(422, "workspace_too_large", message, "setup") from None
             await self.processes.start_runner(session)
         except RunnerFailed as exc:
             metrics.SESSIONS_CREATED.labels("error").inc()

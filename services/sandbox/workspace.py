@@ -18,9 +18,10 @@ room. Every file the sandbox sees is on one of these tmpfs mounts and they are m
 `uid=` (chowned after): its mountinfo names no host path and no session. Reset, with no process
 of the session alive, wipes ws/, tmp/, shm/ and state/ in place (the long-lived sandbox keeps its
 bind of the same mounts) and copies base/ back (`copy_tree`: ownership, modes, times, symlinks,
-FIFOs kept; nothing followed): O(workspace size), a few ms for 100 small files. Host-side reads
-go through `read_file`, which resolves the path beneath the workspace with
-openat2(RESOLVE_BENEATH), so planted symlinks cannot escape.
+FIFOs, hard links and holes kept, so the copy fits where base/ did; nothing followed):
+O(workspace size), a few ms for 100 small files. Host-side reads go through `read_file`, which
+resolves the path beneath the workspace with openat2(RESOLVE_BENEATH), so planted symlinks
+cannot escape.
 """
 
 from __future__ import annotations
@@ -231,16 +232,37 @@ def empty_dir(path: Path) -> None:
 
 def copy_tree(src: Path, dst: Path) -> None:
     """Copy the contents of `src` into the existing directory `dst` like `cp -a` (owner, mode,
-    times, symlinks as links, FIFOs as FIFOs; sockets and device nodes skipped), through
-    directory file descriptors so that no symlink is ever followed."""
+    times, symlinks as links, FIFOs as FIFOs, hard links as links, holes as holes; sockets and
+    device nodes skipped), through directory file descriptors so that no symlink is ever
+    followed. The copy takes no more room than `src`: a setup that made 200 links to one 4 MiB
+    file, or 50 sparse 64 MiB files, overflowed a copy into a tmpfs of the same size."""
     src_fd = os.open(src, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     dst_fd = os.open(dst, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
-        _copy_dir(src_fd, dst_fd)
+        _copy_dir(src_fd, dst_fd, _Links(dst_fd), "")
         _copy_meta(os.fstat(src_fd), dst_fd)
     finally:
         os.close(src_fd)
         os.close(dst_fd)
+
+
+class _Links:
+    """Where in the copy each multiply linked file of `src` went first (paths relative to the
+    copy's root, made by this copy: directories all the way, nothing to follow)."""
+
+    def __init__(self, root_fd: int) -> None:
+        self.root_fd, self.first = root_fd, {}
+
+    def link(self, st: os.stat_result, name: str, dst_fd: int, path: str) -> bool:
+        """Link `name` in `dst_fd` to the copy of the same inode if there is one; else note
+        `path` as that copy (False: the caller copies the file)."""
+        if st.st_nlink < 2:
+            return False
+        first = self.first.setdefault((st.st_dev, st.st_ino), path)
+        if first == path:
+            return False
+        os.link(first, name, src_dir_fd=self.root_fd, dst_dir_fd=dst_fd, follow_symlinks=False)
+        return True
 
 
 def _copy_meta(st: os.stat_result, fd: int) -> None:
@@ -249,7 +271,28 @@ def _copy_meta(st: os.stat_result, fd: int) -> None:
     os.utime(fd, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-def _copy_dir(src_fd: int, dst_fd: int) -> None:
+def _copy_data(src: int, dst: int, size: int) -> None:
+    """The data extents of `src` to the same offsets of `dst` (holes stay holes), then its size."""
+    offset = 0
+    while offset < size:
+        try:
+            start = os.lseek(src, offset, os.SEEK_DATA)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # nothing but a hole up to the end
+                break
+            raise
+        end = min(os.lseek(src, start, os.SEEK_HOLE), size)
+        os.lseek(dst, start, os.SEEK_SET)
+        while start < end:
+            sent = os.sendfile(dst, src, start, end - start)
+            if sent == 0:
+                break
+            start += sent
+        offset = max(end, start)
+    os.ftruncate(dst, size)
+
+
+def _copy_dir(src_fd: int, dst_fd: int, links: _Links, prefix: str) -> None:
     for name in os.listdir(src_fd):
         st = os.stat(name, dir_fd=src_fd, follow_symlinks=False)
         mode = st.st_mode
@@ -262,12 +305,14 @@ def _copy_dir(src_fd: int, dst_fd: int) -> None:
                 name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dst_fd
             )
             try:
-                _copy_dir(s, d)
+                _copy_dir(s, d, links, f"{prefix}{name}/")
                 _copy_meta(st, d)
             finally:
                 os.close(s)
                 os.close(d)
         elif stat.S_ISREG(mode):
+            if links.link(st, name, dst_fd, prefix + name):
+                continue
             s = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=src_fd)
             d = os.open(
                 name,
@@ -276,12 +321,7 @@ def _copy_dir(src_fd: int, dst_fd: int) -> None:
                 dir_fd=dst_fd,
             )
             try:
-                offset = 0
-                while offset < st.st_size:
-                    sent = os.sendfile(d, s, offset, st.st_size - offset)
-                    if sent == 0:
-                        break
-                    offset += sent
+                _copy_data(s, d, st.st_size)
                 _copy_meta(st, d)
             finally:
                 os.close(s)
