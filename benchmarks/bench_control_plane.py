@@ -1,0 +1,174 @@
+"""The control plane at cluster scale, measured by simulation (issue 35):
+`python -m benchmarks.bench_control_plane [--quick]`.
+
+The shared parts run for real: redis-server, R rollout gateway processes (`python -m
+services.rollout`: task pool, admission Lua scripts on one key, agent loop, XADD of every
+trajectory), the verifier (`python -m services.verifier`: its stream worker and checks) and the
+learner's intake (the real LearnerWorker loop: stream consumption, group assembly, staleness,
+acknowledgement at checkpoints; benchmarks/control_plane_learner.py). N simulated engines and
+one simulated sandbox fleet (FakeLatencyEngine, FakeLatencySandbox in tests/fakes/fake_latency.py)
+answer the same HTTP APIs after latencies taken from recorded measurements
+(benchmarks/control_plane_profile.py: the H200 GPU job's /generate histogram and episode shape,
+the sandbox benchmark's exec and create times); the learner's step is a fake of 1.27 s (the GPU
+job's median) with groups_per_step = 2N (each engine fills about 1.8 groups of 16 a step).
+
+For each (engines, gateways) of the sweep, a fresh stack: warm-up until the learner took two
+steps, then a window: throughput (turns, episodes, trajectories trained per second), CPU of each
+process (CPU-ms per turn and per episode), Redis commands, microseconds per call and bytes per
+episode, admission waits per group, consumer-group pending and lag, staleness of what was
+trained. Offered load = N x 64 slots / the profile's mean turn time; a point is saturated when it
+reaches less than 80% of it. The gateways' own view of the fakes' latency (exec: 3.7 ms, create:
+45 ms at the fake) shows how late their event loops answer. Then the extrapolated table (control_plane_report.py).
+Writes results.json and plots to --out (default docs/runs/control-plane/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.control_plane_measure import ROLES, Point, measure, wait_warm
+from benchmarks.control_plane_report import extrapolate, offered_turns_per_s, plot, reference
+from benchmarks.control_plane_stack import Stack, StackConfig, write_profile
+
+console = Console(width=200)
+
+
+def run_point(config: StackConfig, profile: Path, window_s: float, warm_steps: int) -> Point:
+    stack = Stack(config)
+    console.print(f"[dim]engines={config.engines} gateways={config.gateways}: starting[/dim]")
+    stack.start(profile)
+    try:
+        wait_warm(stack, warm_steps, deadline_s=240)
+        return measure(stack, window_s)
+    finally:
+        stack.stop()
+
+
+def points_table(points: list[Point], profile: dict) -> Table:
+    table = Table(title="Control plane: measured points (2-core VM; all processes on it)")
+    cols = ["engines", "gateways", "turns/s", "offered", "episodes/s", "trained/s", "steps"]
+    cols += [f"{r} cores" for r in ROLES] + ["machine cores", "load avg"]
+    for c in cols:
+        table.add_column(c, justify="right")
+    for p in points:
+        table.add_row(
+            str(p.engines),
+            str(p.gateways),
+            f"{p.turns_per_s:.0f}",
+            f"{offered_turns_per_s(profile, p.engines):.0f}",
+            f"{p.episodes_per_s:.1f}",
+            f"{p.trained_per_s:.1f}",
+            str(p.steps),
+            *(f"{p.cpu_cores.get(r, 0):.2f}" for r in ROLES),
+            f"{p.machine_cores_used:.2f}",
+            f"{p.loadavg[0]:.1f}",
+        )
+    return table
+
+
+def costs_table(points: list[Point]) -> Table:
+    table = Table(title="Cost per episode (CPU ms; Redis commands and bytes) and latency signals")
+    cols = [f"{r} ms/ep" for r in ROLES if r != "fakes"] + ["gateways ms/turn", "redis cmds/ep"]
+    cols += ["evalsha/ep", "evalsha us", "in B/ep", "out B/ep", "adm. wait s/group"]
+    cols += ["groups/s", "exec ms", "create ms", "verifier pending", "learner pending"]
+    cols += ["staleness 0/1/2+"]
+    table.add_column("engines x gw", justify="right")
+    for c in cols:
+        table.add_column(c, justify="right")
+    for p in points:
+        stale = p.staleness
+        total = max(sum(stale.values()), 1)
+        s2 = sum(v for k, v in stale.items() if k >= 2)
+        waits = ", ".join(
+            f"{k} {v:.2f}" for k, v in p.admission_wait_s_per_group.items() if v > 0.005
+        )
+        table.add_row(
+            f"{p.engines} x {p.gateways}",
+            *(f"{p.ms_per_episode.get(r, 0):.2f}" for r in ROLES if r != "fakes"),
+            f"{p.ms_per_turn.get('gateways', 0):.2f}",
+            f"{sum(p.redis_calls_per_episode.values()):.1f}",
+            f"{p.redis_calls_per_episode.get('evalsha', 0):.2f}",
+            f"{p.redis_usec_per_call.get('evalsha', 0):.0f}",
+            f"{p.redis_in_bytes_per_episode:.0f}",
+            f"{p.redis_out_bytes_per_episode:.0f}",
+            waits or "-",
+            f"{p.groups_admitted_per_s:.1f}",
+            f"{p.call_ms.get('exec', 0):.0f}",
+            f"{p.call_ms.get('session_create', 0):.0f}",
+            f"{p.lag.get('verifier', {}).get('pending_mean', 0):.0f}",
+            f"{p.lag.get('learner', {}).get('pending_mean', 0):.0f}",
+            f"{stale.get(0, 0) / total:.2f}/{stale.get(1, 0) / total:.2f}/{s2 / total:.2f}",
+        )
+    return table
+
+
+def extrapolated_table(rows: list[dict]) -> Table:
+    table = Table(title="Extrapolated from the per-episode costs (see BENCHMARKS.md for the rule)")
+    for c in rows[0]:
+        table.add_column(c, justify="right")
+    for r in rows:
+        table.add_row(*(str(v) for v in r.values()))
+    return table
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.bench_control_plane", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--engines", type=int, nargs="+", default=[1, 4, 16, 32, 64])
+    parser.add_argument("--gateways", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--window-s", type=float, default=20.0)
+    parser.add_argument("--warm-steps", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=REPO / "docs/runs/control-plane")
+    parser.add_argument("--quick", action="store_true", help="2 engines x 1 gateway, 3 s window")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.engines, args.gateways, args.window_s, args.warm_steps = [2], [1], 3.0, 1
+        args.out = Path(tempfile.mkdtemp(prefix="bench-cp-quick-"))
+    args.out.mkdir(parents=True, exist_ok=True)
+    console.print(
+        f"[bold]Control plane[/bold] on {os.cpu_count()} CPU cores, load {os.getloadavg()[0]:.1f}"
+    )
+    profile_path = write_profile(Path(tempfile.mkdtemp(prefix="bench-cp-profile-")))
+    profile = json.loads(profile_path.read_text())
+    points: list[Point] = []
+    for gateways in args.gateways:
+        for engines in args.engines:
+            if gateways > 1 and engines < 16:
+                continue  # one gateway carries these with room to spare
+            config = StackConfig(engines=engines, gateways=gateways)
+            points.append(run_point(config, profile_path, args.window_s, args.warm_steps))
+            (args.out / "results.json").write_text(
+                json.dumps({"profile": profile, "points": [p.to_json() for p in points]}, indent=1)
+            )
+    console.print(points_table(points, profile))
+    console.print(costs_table(points))
+    ref = reference(points, profile)
+    console.print(
+        f"reference point for the extrapolation: {ref.engines} engines x {ref.gateways} gateway(s)"
+    )
+    rows = extrapolate(ref, profile)
+    console.print(extrapolated_table(rows))
+    console.print(f"plots: {', '.join(str(p) for p in plot(points, profile, args.out))}")
+    (args.out / "results.json").write_text(
+        json.dumps(
+            {"profile": profile, "points": [p.to_json() for p in points], "extrapolated": rows},
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

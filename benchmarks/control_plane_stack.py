@@ -1,0 +1,202 @@
+"""The stack the control-plane benchmark loads: real shared parts, simulated engines and sandboxes.
+
+    redis-server (real, AOF everysec: the test fixture's configuration)
+    N FakeLatencyEngines in one process, one port each  ─┐  tests/fakes/fake_latency.py
+    one FakeLatencySandbox                               ─┘  (latency from control_plane_profile)
+    R rollout gateways   python -m services.rollout   (real: admission, task pool, agent loop)
+    1 verifier           python -m services.verifier  (real: checks against the fake sandbox)
+    1 learner intake     python -m benchmarks.control_plane_learner (real LearnerWorker intake,
+                         FakeStepCompute, FakeWeightSync)
+
+Every process is started with tests/helpers/owned_processes.popen_owned (its own process group,
+PDEATHSIG, the reaper): it dies with the harness however the harness ends; `stop()` stops each
+by pid (SIGTERM, a grace period, then SIGKILL of its group). `Stack.start` returns once every
+service answers /readyz and the tasks are submitted (RuntimeError, everything stopped, when one
+does not within its deadline).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from benchmarks.control_plane_profile import build_profile
+from services.rollout.prompt import ChatFormat, load_chat_tokenizer
+from shellrl.service.main import wait_until_ready
+from tests.helpers.owned_processes import popen_owned, stop_owned
+from tests.helpers.redis_server import RedisServer, free_port
+
+REPO = Path(__file__).resolve().parents[1]
+GROUP_SIZE = 16  # the GPU job's (benchmarks/gpu_job.toml)
+MAX_TURNS = 3
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    engines: int
+    gateways: int = 1
+    max_staleness: int = 2
+    # the learner keeps pace: an engine finishes ~23 episodes/s, 1.8 groups of 16 a 1.27 s step
+    groups_per_step_per_engine: float = 2.0
+    step_s: float = 1.27  # the GPU job's median trained learner step
+    tasks: int = 64
+    verifier_concurrency: int = 64
+
+    @property
+    def groups_per_step(self) -> int:
+        return max(1, round(self.engines * self.groups_per_step_per_engine))
+
+
+def write_profile(directory: Path) -> Path:
+    chat = ChatFormat.from_tokenizer(load_chat_tokenizer("tiny"))
+    body = build_profile(
+        lambda text: chat.tokenizer(text, add_special_tokens=False)["input_ids"],
+        chat.end_of_turn_id,
+    )
+    path = directory / "profile.json"
+    path.write_text(json.dumps(body, indent=1))
+    return path
+
+
+def tasks(n: int) -> list[dict]:
+    return [
+        {
+            "task_id": f"cp-{i:04d}",
+            "instruction": f"How many lines does numbers.txt have? (variant {i})",
+            "setup": "seq 1 5 > numbers.txt",
+            "check": [
+                {"type": "answer_integer_equals", "expected": 5},
+                {"type": "file_exists", "path": "numbers.txt"},
+            ],
+            "max_turns": MAX_TURNS,
+        }
+        for i in range(n)
+    ]
+
+
+@dataclass
+class Stack:
+    config: StackConfig
+    directory: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="bench-cp-")))
+    redis: RedisServer | None = None
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    gateway_urls: list[str] = field(default_factory=list)
+    engine_urls: list[str] = field(default_factory=list)
+
+    @property
+    def learner_stats(self) -> Path:
+        return self.directory / "learner-stats.json"
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
+        log = open(self.directory / f"{name}.log", "wb")  # noqa: SIM115 (kept with the process)
+        self.procs[name] = popen_owned(
+            [sys.executable, *argv],
+            cwd=REPO,
+            env={**os.environ, "SHELLRL_AUTH_DISABLED": "true", **(env or {})},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def start(self, profile: Path) -> Stack:
+        c = self.config
+        try:
+            self.redis = RedisServer(self.directory / "redis").start()
+            url = self.redis.url
+            ports = [free_port() for _ in range(c.engines)]
+            self.engine_urls = [f"http://127.0.0.1:{p}" for p in ports]
+            ports_arg = ",".join(map(str, ports))
+            self._spawn(
+                "engines",
+                ["-m", "tests.fakes.fake_latency", "engines", "--ports", ports_arg,
+                 "--profile", str(profile)],
+            )  # fmt: skip
+            sandbox = f"http://127.0.0.1:{free_port()}"
+            self._spawn(
+                "sandbox",
+                ["-m", "tests.fakes.fake_latency", "sandbox", "--port", sandbox.rsplit(":", 1)[1],
+                 "--profile", str(profile)],
+            )  # fmt: skip
+            common = {
+                "SHELLRL_REDIS_URL": url,
+                "SHELLRL_SANDBOX_URL": sandbox,
+                "SHELLRL_LOG_LEVEL": "WARNING",
+                "SHELLRL_SHUTDOWN_GRACE_S": "2",  # the harness stops them: drain briefly
+                "SHELLRL_MAX_STALENESS": str(c.max_staleness),
+                "SHELLRL_GROUPS_PER_STEP": str(c.groups_per_step),
+            }
+            verifier = f"http://127.0.0.1:{free_port()}"
+            self._spawn(
+                "verifier",
+                ["-m", "services.verifier", "--port", verifier.rsplit(":", 1)[1]],
+                {**common, "SHELLRL_CONCURRENCY": str(c.verifier_concurrency)},
+            )
+            in_flight = max(GROUP_SIZE, c.engines * 64 // c.gateways)  # every engine slot busy
+            for i in range(c.gateways):
+                port = free_port()
+                self.gateway_urls.append(f"http://127.0.0.1:{port}")
+                self._spawn(
+                    f"gateway-{i}",
+                    ["-m", "services.rollout", "--port", str(port)],
+                    {
+                        **common,
+                        "SHELLRL_ENGINE_URLS": ",".join(self.engine_urls),
+                        "SHELLRL_VERIFIER_URL": verifier,
+                        "SHELLRL_MODEL_PATH": "tiny",
+                        "SHELLRL_GROUP_SIZE": str(GROUP_SIZE),
+                        "SHELLRL_MAX_TURNS": str(MAX_TURNS),
+                        "SHELLRL_MAX_EPISODES_IN_FLIGHT": str(in_flight),
+                        "SHELLRL_CONSUMER_NAME": f"rollout-{i}",
+                    },
+                )
+            self._spawn(
+                "learner",
+                ["-m", "benchmarks.control_plane_learner", "--redis-url", url,
+                 "--engines", ",".join(self.engine_urls), "--stats", str(self.learner_stats),
+                 "--groups-per-step", str(c.groups_per_step),
+                 "--max-staleness", str(c.max_staleness), "--step-s", str(c.step_s)],
+            )  # fmt: skip
+            for name, target in [
+                ("engines", self.engine_urls[0]),
+                ("sandbox", sandbox),
+                ("verifier", verifier),
+                *((f"gateway-{i}", u) for i, u in enumerate(self.gateway_urls)),
+            ]:
+                wait_until_ready(target, 180, process=self.procs[name], what=name, poll_s=0.1)
+            r = httpx.post(f"{self.gateway_urls[0]}/v1/tasks", json=tasks(c.tasks), timeout=60)
+            r.raise_for_status()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def pids(self) -> dict[str, int]:
+        out = {name: p.pid for name, p in self.procs.items()}
+        if self.redis and self.redis.proc:
+            out["redis"] = self.redis.proc.pid
+        return out
+
+    def check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                tail = (self.directory / f"{name}.log").read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{name} exited ({proc.returncode}):\n{tail}")
+
+    def stop(self) -> None:
+        """Gateways first (so no episode fails on a vanished engine), then the rest; by pid."""
+        gateways = [p for n, p in self.procs.items() if n.startswith("gateway")]
+        others = [p for n, p in self.procs.items() if not n.startswith("gateway")]
+        for group in (gateways, others):
+            for proc in group:
+                if proc.poll() is None:
+                    proc.terminate()
+            for proc in group:
+                stop_owned(proc, grace_s=10)
+        if self.redis:
+            self.redis.stop()
