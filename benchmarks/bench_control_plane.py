@@ -38,8 +38,9 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.control_plane_attribution import attribute
 from benchmarks.control_plane_measure import ROLES, Point, measure, wait_warm
-from benchmarks.control_plane_report import extrapolate, offered_turns_per_s, plot, reference
+from benchmarks.control_plane_report import extrapolate, offered_turns_per_s, plot
 from benchmarks.control_plane_stack import Stack, StackConfig, write_profile
 
 console = Console(width=200)
@@ -54,6 +55,39 @@ def run_point(config: StackConfig, profile: Path, window_s: float, warm_steps: i
         return measure(stack, window_s)
     finally:
         stack.stop()
+
+
+def run_attribution(config: StackConfig, profile: Path, seconds: float) -> Table:
+    """Redis commands by process and Lua script, per episode (MONITOR; control_plane_attribution)."""
+    stack = Stack(config).start(profile)
+    try:
+        wait_warm(stack, 1, deadline_s=240)
+        before = _episodes(stack)
+        by_role = attribute(stack, seconds)
+        episodes = max(_episodes(stack) - before, 1)
+    finally:
+        stack.stop()
+    table = Table(
+        title=f"Redis commands per episode by process ({config.engines} engines, "
+        f"{config.gateways} gateway(s); MONITOR for {seconds:g} s, {episodes:.0f} episodes)"
+    )
+    for c in ("process", "commands/episode", "top commands (per episode)"):
+        table.add_column(c, justify="left" if c != "commands/episode" else "right")
+    for name, counts in sorted(by_role.items(), key=lambda kv: -sum(kv[1].values())):
+        top = ", ".join(f"{c} {n / episodes:.2f}" for c, n in counts.most_common(8))
+        table.add_row(name, f"{sum(counts.values()) / episodes:.1f}", top)
+    return table
+
+
+def _episodes(stack: Stack) -> float:
+    from benchmarks.control_plane_probe import prometheus
+
+    return sum(
+        v
+        for url in stack.gateway_urls
+        for k, v in prometheus(url).items()
+        if k.startswith("shellrl_rollout_episodes_total{")
+    )
 
 
 def points_table(points: list[Point], profile: dict) -> Table:
@@ -81,7 +115,8 @@ def points_table(points: list[Point], profile: dict) -> Table:
 def costs_table(points: list[Point]) -> Table:
     table = Table(title="Cost per episode (CPU ms; Redis commands and bytes) and latency signals")
     cols = [f"{r} ms/ep" for r in ROLES if r != "fakes"] + ["gateways ms/turn", "redis cmds/ep"]
-    cols += ["evalsha/ep", "evalsha us", "in B/ep", "out B/ep", "adm. wait s/group"]
+    cols += ["evalsha/ep", "evalsha us", "in B/ep", "out B/ep", "mem B/ep", "keys/ep"]
+    cols += ["adm. wait s/group"]
     cols += ["groups/s", "exec ms", "create ms", "verifier pending", "learner pending"]
     cols += ["staleness 0/1/2+"]
     table.add_column("engines x gw", justify="right")
@@ -103,6 +138,8 @@ def costs_table(points: list[Point]) -> Table:
             f"{p.redis_usec_per_call.get('evalsha', 0):.0f}",
             f"{p.redis_in_bytes_per_episode:.0f}",
             f"{p.redis_out_bytes_per_episode:.0f}",
+            f"{p.redis_memory_bytes_per_episode:.0f}",
+            f"{p.redis_keys_per_episode:.2f}",
             waits or "-",
             f"{p.groups_admitted_per_s:.1f}",
             f"{p.call_ms.get('exec', 0):.0f}",
@@ -111,6 +148,24 @@ def costs_table(points: list[Point]) -> Table:
             f"{p.lag.get('learner', {}).get('pending_mean', 0):.0f}",
             f"{stale.get(0, 0) / total:.2f}/{stale.get(1, 0) / total:.2f}/{s2 / total:.2f}",
         )
+    return table
+
+
+def memory_table(points: list[Point]) -> Table:
+    table = Table(title="What an episode leaves in Redis (keys per episode, bytes each, TTL)")
+    table.add_column("engines x gw", justify="right")
+    kinds = sorted({k for p in points for k in p.retained})
+    for kind in kinds:
+        table.add_column(f"{kind}: per ep / B / TTL s", justify="right")
+    for p in points:
+        cells = []
+        for kind in kinds:
+            v = p.retained.get(kind)
+            ttl = "kept" if v and v["ttl_s"] < 0 else f"{v['ttl_s']:.0f}" if v else "-"
+            cells.append(
+                f"{v['keys_per_episode']:.2f} / {v['bytes_per_key']:.0f} / {ttl}" if v else "-"
+            )
+        table.add_row(f"{p.engines} x {p.gateways}", *cells)
     return table
 
 
@@ -131,16 +186,38 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gateways", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--window-s", type=float, default=20.0)
     parser.add_argument("--warm-steps", type=int, default=1)
+    parser.add_argument(
+        "--attribute-engines",
+        type=int,
+        default=16,
+        help="engines of the stack whose Redis commands are attributed by MONITOR (0: skip)",
+    )
+    parser.add_argument(
+        "--trajectories-maxlen",
+        type=int,
+        help="the verifier's SHELLRL_TRAJECTORIES_STREAM_MAXLEN (default: its own)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "docs/runs/control-plane")
+    parser.add_argument(
+        "--from-results",
+        type=Path,
+        help="print the tables and plots of an earlier run's results.json (runs nothing)",
+    )
     parser.add_argument("--quick", action="store_true", help="2 engines x 1 gateway, 3 s window")
     args = parser.parse_args(argv)
     if args.quick:
         args.engines, args.gateways, args.window_s, args.warm_steps = [2], [1], 3.0, 1
+        args.attribute_engines = 0
         args.out = Path(tempfile.mkdtemp(prefix="bench-cp-quick-"))
     args.out.mkdir(parents=True, exist_ok=True)
     console.print(
         f"[bold]Control plane[/bold] on {os.cpu_count()} CPU cores, load {os.getloadavg()[0]:.1f}"
     )
+    if args.from_results:
+        body = json.loads(args.from_results.read_text())
+        points = [Point.from_json(p) for p in body["points"]]
+        report(points, body["profile"], args.from_results.parent)
+        return
     profile_path = write_profile(Path(tempfile.mkdtemp(prefix="bench-cp-profile-")))
     profile = json.loads(profile_path.read_text())
     points: list[Point] = []
@@ -148,23 +225,44 @@ def main(argv: list[str] | None = None) -> None:
         for engines in args.engines:
             if gateways > 1 and engines < 16:
                 continue  # one gateway carries these with room to spare
-            config = StackConfig(engines=engines, gateways=gateways)
+            config = StackConfig(
+                engines=engines, gateways=gateways, trajectories_maxlen=args.trajectories_maxlen
+            )
             points.append(run_point(config, profile_path, args.window_s, args.warm_steps))
             (args.out / "results.json").write_text(
                 json.dumps({"profile": profile, "points": [p.to_json() for p in points]}, indent=1)
             )
+    if args.attribute_engines:
+        config = StackConfig(engines=args.attribute_engines)
+        console.print(run_attribution(config, profile_path, seconds=3.0))
+    report(points, profile, args.out)
+
+
+def report(points: list[Point], profile: dict, out: Path) -> None:
+    """Print every table, write the plots and results.json (with the extrapolation) to `out`."""
     console.print(points_table(points, profile))
     console.print(costs_table(points))
-    ref = reference(points, profile)
+    console.print(memory_table(points))
+    rows, basis = extrapolate(points, profile)
     console.print(
-        f"reference point for the extrapolation: {ref.engines} engines x {ref.gateways} gateway(s)"
+        "marginal CPU-ms per episode (slope over the 1-gateway points): "
+        + ", ".join(f"{r} {v:.2f}" for r, v in basis["ms_per_episode"].items())
+        + f"; one engine offers {basis['episodes_per_s_per_engine']:.1f} episodes/s; one process "
+        "at 70% of a core carries: "
+        + ", ".join(
+            f"{r} {n:.0f} engines" for r, n in basis["single_process_limit_engines"].items()
+        )
     )
-    rows = extrapolate(ref, profile)
     console.print(extrapolated_table(rows))
-    console.print(f"plots: {', '.join(str(p) for p in plot(points, profile, args.out))}")
-    (args.out / "results.json").write_text(
+    console.print(f"plots: {', '.join(str(p) for p in plot(points, profile, out))}")
+    (out / "results.json").write_text(
         json.dumps(
-            {"profile": profile, "points": [p.to_json() for p in points], "extrapolated": rows},
+            {
+                "profile": profile,
+                "points": [p.to_json() for p in points],
+                "extrapolated": rows,
+                "basis": basis,
+            },
             indent=1,
         )
     )

@@ -36,6 +36,7 @@ from types import SimpleNamespace
 import aiohttp
 import numpy as np
 
+from services.learner import metrics
 from services.learner.checkpoint import CheckpointStore
 from services.learner.group_assembler import DROP_REASONS, GroupAssembler
 from services.learner.worker import LearnerWorker, WorkerConfig
@@ -114,12 +115,11 @@ class FakeWeightSync:
 
 
 def _write_stats(path: Path, worker: LearnerWorker, compute: FakeStepCompute) -> None:
-    from prometheus_client import REGISTRY
-
-    dropped = {
-        r: REGISTRY.get_sample_value("shellrl_trajectories_dropped_total", {"reason": r}) or 0.0
-        for r in DROP_REASONS
-    }
+    dropped = dict.fromkeys(DROP_REASONS, 0.0)
+    for metric in metrics.DROPPED.collect():  # this counter only: a whole-registry collect
+        for sample in metric.samples:  # costs the process more than its intake does
+            if sample.name.endswith("_total"):
+                dropped[sample.labels["reason"]] = sample.value
     body = {
         "time": time.monotonic(),
         "version": worker.version,
@@ -183,7 +183,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--step-s", type=float, default=1.27)
     parser.add_argument("--read-count", type=int, default=256)
-    asyncio.run(run(parser.parse_args(argv)))
+    parser.add_argument("--cprofile", help="write cProfile stats (CPU time) of the run here")
+    args = parser.parse_args(argv)
+    if args.cprofile:
+        import cProfile
+
+        with cProfile.Profile(time.process_time) as profiler:
+            asyncio.run(run(args))
+        profiler.dump_stats(args.cprofile)
+    else:
+        asyncio.run(run(args))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from benchmarks.control_plane_probe import (
     cpu_s,
     delta,
+    key_census,
     prometheus,
     redis_snapshot,
     stream_lag,
@@ -59,9 +60,21 @@ class Point:
     loadavg: tuple[float, float, float]
     machine_cores_used: float = 0.0
     call_ms: dict[str, float] = field(default_factory=dict)  # mean as the gateways saw it
+    redis_memory_bytes_per_episode: float = 0.0  # used_memory growth over the window
+    redis_keys_per_episode: float = 0.0  # DBSIZE growth over the window
+    # kind -> keys per episode, bytes per key, TTL s: the keys an episode leaves behind
+    retained: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_json(cls, body: dict) -> Point:
+        known = {f for f in cls.__dataclass_fields__}
+        point = cls(**{k: v for k, v in body.items() if k in known})
+        point.staleness = {int(k): v for k, v in point.staleness.items()}
+        point.loadavg = tuple(point.loadavg)
+        return point
 
 
 def _learner(stack: Stack) -> dict:
@@ -104,6 +117,7 @@ def wait_warm(stack: Stack, steps: int, deadline_s: float) -> None:
 def measure(stack: Stack, window_s: float, sample_s: float = 0.5) -> Point:
     url = stack.redis.url
     pids = stack.pids()
+    census0 = key_census(url)  # SCANs: outside the CPU window
     cpu0 = {n: cpu_s(p) for n, p in pids.items()}
     redis0, gw0, learner0 = redis_snapshot(url), _gateways(stack), _learner(stack)
     start = time.monotonic()
@@ -114,6 +128,7 @@ def measure(stack: Stack, window_s: float, sample_s: float = 0.5) -> Point:
     wall = time.monotonic() - start
     cpu1 = {n: cpu_s(p) for n, p in pids.items()}
     redis1, gw1, learner1 = redis_snapshot(url), _gateways(stack), _learner(stack)
+    census1 = key_census(url)
     stack.check_alive()
 
     gw, rd = delta(gw0, gw1), delta(redis0, redis1)
@@ -123,7 +138,7 @@ def measure(stack: Stack, window_s: float, sample_s: float = 0.5) -> Point:
     for name in pids:
         cores[role(name)] += (cpu1[name] - cpu0[name]) / wall
     per = lambda n: {r: 1000 * cores[r] * wall / max(n, 1) for r in ROLES}  # noqa: E731
-    own = {"xinfo|groups": 3 * len(samples), "info": 3, "hello": len(samples) + 1}
+    own = {"xinfo|groups": 3 * len(samples), "info": 4, "dbsize": 1, "hello": len(samples) + 1}
     for command, n in own.items():  # this harness's own commands (stream_lag, redis_snapshot)
         if command in rd["commands"]:
             rd["commands"][command]["calls"] = max(0, rd["commands"][command]["calls"] - n)
@@ -169,6 +184,16 @@ def measure(stack: Stack, window_s: float, sample_s: float = 0.5) -> Point:
         },
         loadavg=os.getloadavg(),
         machine_cores_used=sum(cores.values()),
+        redis_memory_bytes_per_episode=rd["used_memory_bytes"] / max(episodes, 1),
+        redis_keys_per_episode=rd["keys"] / max(episodes, 1),
+        retained={
+            kind: {
+                "keys_per_episode": (c["keys"] - census0[kind]["keys"]) / max(episodes, 1),
+                "bytes_per_key": c["bytes"],
+                "ttl_s": c["ttl_s"],
+            }
+            for kind, c in census1.items()
+        },
         call_ms={
             c: 1000
             * gw.get(f"shellrl_rollout_{c}_seconds_sum", 0.0)

@@ -2,10 +2,14 @@
 
 * `cpu_s(pid)`: user + system CPU seconds of one process (/proc/<pid>/stat, as psutil reads it).
 * `redis_snapshot(url)`: INFO commandstats (calls and microseconds per command), INFO stats
-  (commands processed, network bytes in and out) and INFO cpu (the server's own CPU seconds).
+  (commands processed, network bytes in and out), INFO cpu (the server's own CPU seconds), INFO
+  memory (used_memory) and DBSIZE.
 * `stream_lag(url)`: per consumer group of the three streams, entries pending (delivered, not
   acknowledged) and lag (not delivered yet).
 * `prometheus(url)`: a service's /metrics as {'name{labels}': value}.
+* `key_census(url)`: the per-episode keys that outlive their episode (idempotency keys, group
+  accounting hashes): count, bytes and TTL of one; and the two trajectory streams' entries and
+  bytes per entry (ttl_s -1: kept until trimmed).
 `delta(before, after)` subtracts two snapshots key by key (nested dicts too).
 """
 
@@ -40,7 +44,8 @@ def redis_snapshot(url: str) -> dict:
             name.removeprefix("cmdstat_"): {"calls": v["calls"], "usec": v["usec"]}
             for name, v in client.info("commandstats").items()
         }
-        stats, cpu = client.info("stats"), client.info("cpu")
+        stats, cpu, memory = client.info("stats"), client.info("cpu"), client.info("memory")
+        keys = client.dbsize()
     finally:
         client.close()
     return {
@@ -49,7 +54,36 @@ def redis_snapshot(url: str) -> dict:
         "net_in_bytes": stats["total_net_input_bytes"],
         "net_out_bytes": stats["total_net_output_bytes"],
         "cpu_s": cpu["used_cpu_sys"] + cpu["used_cpu_user"],
+        "used_memory_bytes": memory["used_memory"],
+        "keys": keys,
     }
+
+
+RETAINED = {"idempotency": "shellrl:idem:*", "group_accounting": "shellrl:rollout:group:*"}
+
+
+def key_census(url: str) -> dict[str, dict[str, float]]:
+    """Per kind of per-episode key that outlives its episode (RETAINED): how many exist, and the
+    MEMORY USAGE and TTL of one of them (SCAN: run it outside a measured CPU window)."""
+    client = redis.Redis.from_url(url)
+    out = {}
+    try:
+        for kind, pattern in RETAINED.items():
+            count, sample = 0, None
+            for key in client.scan_iter(match=pattern, count=1000):
+                count, sample = count + 1, sample or key
+            out[kind] = {
+                "keys": count,
+                "bytes": float(client.memory_usage(sample, samples=0) or 0) if sample else 0.0,
+                "ttl_s": float(client.ttl(sample)) if sample else 0.0,
+            }
+        for stream in (keys.STREAM_EPISODES, keys.STREAM_TRAJECTORIES):
+            entries = int(client.xlen(stream))
+            size = float(client.memory_usage(stream, samples=0) or 0) if entries else 0.0
+            out[stream] = {"keys": entries, "bytes": size / max(entries, 1), "ttl_s": -1.0}
+    finally:
+        client.close()
+    return out
 
 
 def stream_lag(url: str) -> dict[str, dict[str, int]]:

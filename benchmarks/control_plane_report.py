@@ -5,9 +5,10 @@ spends a turn's mean generate + exec and its session create once (the profile's 
     offered turns/s = N x slots / (generate + exec + create / turns_per_episode).
 A measured point is saturated when it reaches less than SATURATED of its offered load.
 
-Extrapolation from one reference point (the largest unsaturated one with one gateway, else the
-fastest): each engine produces the reference's episodes per second per engine; each shared part
-costs the reference's CPU-ms per episode (gateways: per turn). Sizing rules: a gateway or verifier
+Extrapolation: each engine offers its slots-full rate (above: what real engines produce when the
+control plane keeps up, not what this machine reached); each shared part costs its marginal
+CPU-ms per episode, the slope of its CPU against episodes/s over the one-gateway points
+(`marginal_ms_per_episode`). Sizing rules: a gateway or verifier
 replica is one Python process, planned at PLAN_UTILISATION of a core; Redis executes commands
 on one thread, so its CPU is given in % of one core (past PLAN_UTILISATION: shard); the learner's
 intake is one process on rank 0 (its core share, same rule).
@@ -18,7 +19,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from benchmarks.control_plane_measure import Point
+from benchmarks.control_plane_measure import ROLES, Point
 from tests.fakes.fake_latency import Distribution
 
 SATURATED = 0.8
@@ -51,33 +52,109 @@ def reference(points: list[Point], profile: dict) -> Point:
     return max(points, key=lambda p: p.turns_per_s)
 
 
-def extrapolate(ref: Point, profile: dict) -> list[dict]:
-    per_engine = ref.episodes_per_s / ref.engines
-    turns_per_episode = ref.turns_per_s / max(ref.episodes_per_s, 1e-9)
+def marginal_ms_per_episode(points: list[Point]) -> dict[str, float]:
+    """Per role, the slope of CPU cores against episodes/s over the measured points (least
+    squares): CPU-ms one more episode costs, without the fixed cost of idle loops and polls
+    (which the per-episode figure of a slow point includes). Falls back to the fastest point's
+    per-episode figure when fewer than 3 points differ in rate."""
+    import numpy as np
+
+    rates = np.array([p.episodes_per_s for p in points])
+    fastest = max(points, key=lambda p: p.episodes_per_s)
+    out = {}
+    for r in ROLES:
+        cores = np.array([p.cpu_cores.get(r, 0.0) for p in points])
+        if len(set(rates.round(1))) >= 3:
+            slope = float(np.polyfit(rates, cores, 1)[0])
+            out[r] = 1000 * slope if slope > 0 else fastest.ms_per_episode[r]
+        else:
+            out[r] = fastest.ms_per_episode[r]
+    return out
+
+
+def per_engine_episodes_per_s(profile: dict) -> float:
+    """What one engine offers with every slot busy (module docstring), in episodes/s."""
+    return offered_turns_per_s(profile, 1) / profile["sources"]["turns_per_episode"]
+
+
+def extrapolate(points: list[Point], profile: dict) -> tuple[list[dict], dict]:
+    """Rows of the sizing table, and the numbers they come from (`basis`)."""
+    one = [p for p in points if p.gateways == 1] or points
+    ms = marginal_ms_per_episode(one)
+    fastest = max(points, key=lambda p: p.episodes_per_s)
+    per_engine = per_engine_episodes_per_s(profile)
+    turns_per_episode = fastest.turns_per_s / max(fastest.episodes_per_s, 1e-9)
+    lua_per_episode = fastest.redis_calls_per_episode.get("evalsha", 0.0)
+    retained = {
+        kind: v["keys_per_episode"] * v["bytes_per_key"] * v["ttl_s"]
+        for kind, v in fastest.retained.items()
+        if v["ttl_s"] > 0
+    }  # byte-seconds per episode: x episodes/s = bytes held in steady state
+    caps = stream_caps()
+    stream_bytes = {}  # per episode appended, and the bytes trimming keeps (None: never trimmed)
+    for kind, v in fastest.retained.items():
+        if v["ttl_s"] < 0 and kind in caps:
+            cap = caps[kind]
+            per_episode = v["keys_per_episode"] * v["bytes_per_key"]
+            stream_bytes[kind] = (per_episode, None if cap is None else cap * v["bytes_per_key"])
+    basis = {
+        "retained_byte_seconds_per_episode": retained,
+        "stream_bytes_per_episode_and_cap": stream_bytes,
+        "ms_per_episode": ms,
+        "episodes_per_s_per_engine": per_engine,
+        "turns_per_episode": turns_per_episode,
+        "redis_in_bytes_per_episode": fastest.redis_in_bytes_per_episode,
+        "lua_calls_per_episode": lua_per_episode,
+        "measured_up_to_episodes_per_s": fastest.episodes_per_s,
+        "single_process_limit_engines": {
+            r: PLAN_UTILISATION * 1000 / (ms[r] * per_engine) for r in ("redis", "learner")
+        },
+    }
     rows = []
     for n in CLUSTER_SIZES:
         episodes = n * per_engine
-        turns = episodes * turns_per_episode
-        gw = turns * ref.ms_per_turn["gateways"] / 1000
-        verifier = episodes * ref.ms_per_episode["verifier"] / 1000
-        learner = episodes * ref.ms_per_episode["learner"] / 1000
-        redis_pct = 100 * episodes * ref.ms_per_episode["redis"] / 1000
+        cores = {r: episodes * ms[r] / 1000 for r in ROLES}
         rows.append(
             {
                 "engines": n,
-                "numbers": "measured" if n <= ref.engines else "extrapolated",
-                "turns/s": f"{turns:,.0f}",
+                "numbers": "measured" if episodes <= fastest.episodes_per_s else "extrapolated",
+                "turns/s": f"{episodes * turns_per_episode:,.0f}",
                 "episodes/s": f"{episodes:,.0f}",
-                "gateway cores": f"{gw:.1f}",
-                "gateway replicas": math.ceil(gw / PLAN_UTILISATION),
-                "Redis CPU % of 1 core": f"{redis_pct:.0f}",
-                "Redis in MB/s": f"{episodes * ref.redis_in_bytes_per_episode / 1e6:.1f}",
-                "Lua calls/s": f"{episodes * ref.redis_calls_per_episode.get('evalsha', 0):,.0f}",
-                "verifier replicas": math.ceil(verifier / PLAN_UTILISATION),
-                "learner intake cores": f"{learner:.2f}",
+                "gateway cores": f"{cores['gateways']:.1f}",
+                "gateway replicas": math.ceil(cores["gateways"] / PLAN_UTILISATION),
+                "Redis CPU % of 1 core": f"{100 * cores['redis']:.0f}",
+                "Redis in MB/s": f"{episodes * fastest.redis_in_bytes_per_episode / 1e6:.1f}",
+                "Redis GB held by TTL keys": f"{episodes * sum(retained.values()) / 1e9:,.1f}",
+                "Redis GB in streams after a day": f"{_streams_after(episodes, stream_bytes, DAY_S) / 1e9:,.1f}",
+                "Lua calls/s": f"{episodes * lua_per_episode:,.0f}",
+                "verifier replicas": math.ceil(cores["verifier"] / PLAN_UTILISATION),
+                "learner intake % of 1 core": f"{100 * cores['learner']:.0f}",
             }
         )
-    return rows
+    return rows, basis
+
+
+DAY_S = 86_400.0
+
+
+def stream_caps() -> dict[str, float | None]:
+    """Entries each trajectory stream is trimmed to by the code this runs with (None: never)."""
+    from services.rollout.settings import RolloutSettings
+    from services.verifier.settings import VerifierSettings
+
+    verifier = VerifierSettings.model_fields.get("trajectories_stream_maxlen")
+    return {
+        "shellrl:episodes": RolloutSettings.model_fields["episodes_stream_maxlen"].default,
+        "shellrl:trajectories": verifier.default if verifier else None,
+    }
+
+
+def _streams_after(episodes_per_s: float, stream_bytes: dict, seconds: float) -> float:
+    total = 0.0
+    for per_episode, cap_bytes in stream_bytes.values():
+        grown = episodes_per_s * per_episode * seconds
+        total += grown if cap_bytes is None else min(grown, cap_bytes)
+    return total
 
 
 def plot(points: list[Point], profile: dict, out: Path) -> list[Path]:
@@ -136,4 +213,4 @@ def plot(points: list[Point], profile: dict, out: Path) -> list[Path]:
 
 def _mean_staleness(p: Point) -> float:
     total = sum(p.staleness.values())
-    return sum(k * v for k, v in p.staleness.items()) / total if total else 0.0
+    return sum(k * v for k, v in p.staleness.items()) / total if total else float("nan")

@@ -48,6 +48,8 @@ class StackConfig:
     step_s: float = 1.27  # the GPU job's median trained learner step
     tasks: int = 64
     verifier_concurrency: int = 64
+    learner_cprofile: str | None = None  # cProfile the learner's intake into this file
+    trajectories_maxlen: int | None = None  # SHELLRL_TRAJECTORIES_STREAM_MAXLEN of the verifier
 
     @property
     def groups_per_step(self) -> int:
@@ -135,7 +137,15 @@ class Stack:
             self._spawn(
                 "verifier",
                 ["-m", "services.verifier", "--port", verifier.rsplit(":", 1)[1]],
-                {**common, "SHELLRL_CONCURRENCY": str(c.verifier_concurrency)},
+                {
+                    **common,
+                    "SHELLRL_CONCURRENCY": str(c.verifier_concurrency),
+                    **(
+                        {"SHELLRL_TRAJECTORIES_STREAM_MAXLEN": str(c.trajectories_maxlen)}
+                        if c.trajectories_maxlen
+                        else {}
+                    ),
+                },
             )
             in_flight = max(GROUP_SIZE, c.engines * 64 // c.gateways)  # every engine slot busy
             for i in range(c.gateways):
@@ -160,7 +170,8 @@ class Stack:
                 ["-m", "benchmarks.control_plane_learner", "--redis-url", url,
                  "--engines", ",".join(self.engine_urls), "--stats", str(self.learner_stats),
                  "--groups-per-step", str(c.groups_per_step),
-                 "--max-staleness", str(c.max_staleness), "--step-s", str(c.step_s)],
+                 "--max-staleness", str(c.max_staleness), "--step-s", str(c.step_s),
+                 *(["--cprofile", c.learner_cprofile] if c.learner_cprofile else [])],
             )  # fmt: skip
             for name, target in [
                 ("engines", self.engine_urls[0]),
@@ -189,14 +200,16 @@ class Stack:
                 raise RuntimeError(f"{name} exited ({proc.returncode}):\n{tail}")
 
     def stop(self) -> None:
-        """Gateways first (so no episode fails on a vanished engine), then the rest; by pid."""
-        gateways = [p for n, p in self.procs.items() if n.startswith("gateway")]
-        others = [p for n, p in self.procs.items() if not n.startswith("gateway")]
-        for group in (gateways, others):
-            for proc in group:
+        """Gateways first (no episode fails on a vanished engine), then the learner (its last
+        push reaches the engines), then the rest; each by pid."""
+        first = [n for n in self.procs if n.startswith("gateway")]
+        stages = [first, ["learner"], [n for n in self.procs if n not in first and n != "learner"]]
+        for names in stages:
+            procs = [self.procs[n] for n in names if n in self.procs]
+            for proc in procs:
                 if proc.poll() is None:
                     proc.terminate()
-            for proc in group:
+            for proc in procs:
                 stop_owned(proc, grace_s=10)
         if self.redis:
             self.redis.stop()
