@@ -39,6 +39,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.control_plane_attribution import attribute
+from benchmarks.control_plane_drain import measure_drain
 from benchmarks.control_plane_measure import ROLES, Point, measure, wait_warm
 from benchmarks.control_plane_report import extrapolate, offered_turns_per_s, plot
 from benchmarks.control_plane_stack import Stack, StackConfig, write_profile
@@ -189,8 +190,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--attribute-engines",
         type=int,
-        default=16,
+        default=0,
         help="engines of the stack whose Redis commands are attributed by MONITOR (0: skip)",
+    )
+    parser.add_argument(
+        "--drain-engines",
+        type=int,
+        default=32,
+        help="engines of the stack whose learner intake drains a backlog (0: skip)",
     )
     parser.add_argument(
         "--trajectories-maxlen",
@@ -207,7 +214,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.engines, args.gateways, args.window_s, args.warm_steps = [2], [1], 3.0, 1
-        args.attribute_engines = 0
+        args.attribute_engines = args.drain_engines = 0
         args.out = Path(tempfile.mkdtemp(prefix="bench-cp-quick-"))
     args.out.mkdir(parents=True, exist_ok=True)
     console.print(
@@ -216,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.from_results:
         body = json.loads(args.from_results.read_text())
         points = [Point.from_json(p) for p in body["points"]]
-        report(points, body["profile"], args.from_results.parent)
+        report(points, body["profile"], args.from_results.parent, body.get("drain"))
         return
     profile_path = write_profile(Path(tempfile.mkdtemp(prefix="bench-cp-profile-")))
     profile = json.loads(profile_path.read_text())
@@ -235,17 +242,27 @@ def main(argv: list[str] | None = None) -> None:
     if args.attribute_engines:
         config = StackConfig(engines=args.attribute_engines)
         console.print(run_attribution(config, profile_path, seconds=3.0))
-    report(points, profile, args.out)
+    drain = None
+    if args.drain_engines:
+        drain = measure_drain(StackConfig(engines=args.drain_engines), profile_path)
+    report(points, profile, args.out, drain)
 
 
-def report(points: list[Point], profile: dict, out: Path) -> None:
+def report(points: list[Point], profile: dict, out: Path, drain: dict | None = None) -> None:
     """Print every table, write the plots and results.json (with the extrapolation) to `out`."""
+    if drain:
+        console.print(
+            f"Learner intake drain: {drain['trajectories']} trajectories waiting "
+            f"({drain['engines']} engines' admission bound) taken in {drain['seconds']:.1f} s: "
+            f"{drain['trajectories_per_s']:.0f} trajectories/s, "
+            f"{drain['ms_per_trajectory']:.2f} CPU-ms each"
+        )
     console.print(points_table(points, profile))
     console.print(costs_table(points))
     console.print(memory_table(points))
-    rows, basis = extrapolate(points, profile)
+    rows, basis = extrapolate(points, profile, drain)
     console.print(
-        "marginal CPU-ms per episode (slope over the 1-gateway points): "
+        "CPU-ms per episode (slope over the 1-gateway points; learner: the drain's): "
         + ", ".join(f"{r} {v:.2f}" for r, v in basis["ms_per_episode"].items())
         + f"; one engine offers {basis['episodes_per_s_per_engine']:.1f} episodes/s; one process "
         "at 70% of a core carries: "
@@ -262,6 +279,7 @@ def report(points: list[Point], profile: dict, out: Path) -> None:
                 "points": [p.to_json() for p in points],
                 "extrapolated": rows,
                 "basis": basis,
+                "drain": drain,
             },
             indent=1,
         )

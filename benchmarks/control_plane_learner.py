@@ -14,8 +14,9 @@ resolved (checkpoint_interval_steps 1). Replaced, each named so:
   (`POST /update_weights_from_disk`, SGLang's body; the fake engines only relabel), then SETs
   and PUBLISHes shellrl:policy:version as the real WeightSync does once engines confirm.
 
-Every second it writes its counters to `--stats` (JSON, replaced atomically), which the harness
-reads at the edges of its measuring window.
+Started with --start-paused it publishes version 0 and takes nothing until SIGUSR1 (the real
+worker's pause and resume). Every second it writes its counters to `--stats` (JSON, replaced
+atomically), which the harness reads at the edges of its measuring window.
 
     python -m benchmarks.control_plane_learner --redis-url URL --engines URL,... --stats FILE
 """
@@ -153,6 +154,7 @@ async def run(args: argparse.Namespace) -> None:
         checkpoint_interval_steps=1,
         read_count=args.read_count,
         tracking=TrackingConfig(backend="none"),
+        start_paused=args.start_paused,
     )
     store = CheckpointStore(tempfile.mkdtemp(prefix="bench-cp-learner-"))
     sync = FakeWeightSync(redis, [u for u in args.engines.split(",") if u])
@@ -160,6 +162,8 @@ async def run(args: argparse.Namespace) -> None:
     compute = worker.data_parallel = FakeStepCompute(trainer, args.step_s)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    # SIGUSR1: what POST /v1/resume does (the drain measurement starts a paused learner)
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, worker.resume_training)
 
     async def report() -> None:
         while not stop.is_set():
@@ -183,6 +187,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--step-s", type=float, default=1.27)
     parser.add_argument("--read-count", type=int, default=256)
+    parser.add_argument(
+        "--start-paused", action="store_true", help="take no step until SIGUSR1 (resume)"
+    )
     parser.add_argument("--cprofile", help="write cProfile stats (CPU time) of the run here")
     args = parser.parse_args(argv)
     if args.cprofile:

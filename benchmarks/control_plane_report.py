@@ -77,10 +77,15 @@ def per_engine_episodes_per_s(profile: dict) -> float:
     return offered_turns_per_s(profile, 1) / profile["sources"]["turns_per_episode"]
 
 
-def extrapolate(points: list[Point], profile: dict) -> tuple[list[dict], dict]:
-    """Rows of the sizing table, and the numbers they come from (`basis`)."""
+def extrapolate(
+    points: list[Point], profile: dict, drain: dict | None = None
+) -> tuple[list[dict], dict]:
+    """Rows of the sizing table, and the numbers they come from (`basis`). With a `drain`
+    measurement (control_plane_drain.py) the learner intake costs what it cost draining."""
     one = [p for p in points if p.gateways == 1] or points
     ms = marginal_ms_per_episode(one)
+    if drain:
+        ms["learner"] = drain["ms_per_trajectory"]
     fastest = max(points, key=lambda p: p.episodes_per_s)
     per_engine = per_engine_episodes_per_s(profile)
     turns_per_episode = fastest.turns_per_s / max(fastest.episodes_per_s, 1e-9)

@@ -50,6 +50,7 @@ class StackConfig:
     verifier_concurrency: int = 64
     learner_cprofile: str | None = None  # cProfile the learner's intake into this file
     trajectories_maxlen: int | None = None  # SHELLRL_TRAJECTORIES_STREAM_MAXLEN of the verifier
+    learner_paused: bool = False  # the learner takes nothing until SIGUSR1 (control_plane_drain)
 
     @property
     def groups_per_step(self) -> int:
@@ -91,6 +92,7 @@ class Stack:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     gateway_urls: list[str] = field(default_factory=list)
     engine_urls: list[str] = field(default_factory=list)
+    stopped: set[str] = field(default_factory=set)  # by stop_only: not a failure
 
     @property
     def learner_stats(self) -> Path:
@@ -171,7 +173,8 @@ class Stack:
                  "--engines", ",".join(self.engine_urls), "--stats", str(self.learner_stats),
                  "--groups-per-step", str(c.groups_per_step),
                  "--max-staleness", str(c.max_staleness), "--step-s", str(c.step_s),
-                 *(["--cprofile", c.learner_cprofile] if c.learner_cprofile else [])],
+                 *(["--cprofile", c.learner_cprofile] if c.learner_cprofile else []),
+                 *(["--start-paused"] if c.learner_paused else [])],
             )  # fmt: skip
             for name, target in [
                 ("engines", self.engine_urls[0]),
@@ -195,9 +198,15 @@ class Stack:
 
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
-            if proc.poll() is not None:
+            if proc.poll() is not None and name not in self.stopped:
                 tail = (self.directory / f"{name}.log").read_text(errors="replace")[-3000:]
                 raise RuntimeError(f"{name} exited ({proc.returncode}):\n{tail}")
+
+    def stop_only(self, names: list[str]) -> None:
+        """Stop these processes now (by pid), the rest keep running."""
+        for name in names:
+            stop_owned(self.procs[name], grace_s=10)
+            self.stopped.add(name)
 
     def stop(self) -> None:
         """Gateways first (no episode fails on a vanished engine), then the learner (its last

@@ -4,8 +4,8 @@ and the newest ones of one task, for `GET /v1/trajectories?task_id=`.
 Where a finished trajectory is kept: the verifier appends each one it handled to
 shellrl:trajectories (training episodes, scored or passed through with a failure) or
 shellrl:evaluations (`Trajectory.eval`), under the idempotency key
-`shellrl:idem:<stream>:<trajectory_id>` whose value is the entry id (kept 7 days,
-shellrl.streams.producer). A lookup reads that key and then the one entry (XRANGE id id); when the
+`shellrl:idem:<stream>:<trajectory_id>` whose value is the entry id (kept an hour,
+shellrl.streams.producer.IDEMPOTENCY_TTL_S). A lookup reads that key and then the one entry (XRANGE id id); when the
 key is gone or empty, the newest `SCAN_LIMIT` entries of each stream are searched instead. A
 trajectory trimmed from its stream is unknown (None).
 
@@ -27,7 +27,7 @@ from shellrl.streams import STREAM_EVALUATIONS, STREAM_TRAJECTORIES, idempotency
 from shellrl.v1.trajectory_pb2 import EpisodeEnd, FinishReason, Segment, Trajectory
 
 STREAMS = (STREAM_TRAJECTORIES, STREAM_EVALUATIONS)
-# entries per stream searched, newest first, when the idempotency key is gone (past its 7 days):
+# entries per stream searched, newest first, when the idempotency key is gone (past its hour):
 # an unknown id reads up to this many whole trajectories (tens of kB each), so it stays small
 SCAN_LIMIT = 1_000
 SCAN_PAGE = 200

@@ -176,7 +176,11 @@ def build_app(settings: VerifierSettings) -> FastAPI:
             )
             worker = VerifierWorker(
                 consumer,
-                streams.StreamProducer(redis, streams.STREAM_TRAJECTORIES),
+                streams.StreamProducer(
+                    redis,
+                    streams.STREAM_TRAJECTORIES,
+                    maxlen=settings.trajectories_stream_maxlen,
+                ),
                 streams.StreamProducer(redis, STREAM_EVALUATIONS),
                 state["verifier"],
                 sandbox,

@@ -36,6 +36,14 @@ class VerifierSettings(ServiceSettings):
         8, ge=1, le=256, description="Trajectories verified at the same time by the worker."
     )
     read_count: int = Field(16, ge=1, le=512, description="Entries per XREADGROUP.")
+    trajectories_stream_maxlen: int = Field(
+        100_000,
+        ge=1,
+        description="shellrl:trajectories is trimmed past this many entries, those every group "
+        "(the learner, the gateway's task statistics) acknowledged only: without it the stream "
+        "kept every scored trajectory for good, ~7 kB each, Redis memory growing with the "
+        "cluster and the run (issue 35, BENCHMARKS.md). Transcripts of trimmed ones are gone.",
+    )
     block_ms: int = Field(
         1000, gt=0, lt=5000, description="Blocking read time of the stream consumer, ms."
     )

@@ -68,6 +68,14 @@ return {id, 0}
 """
 
 
+IDEMPOTENCY_TTL_S = 3600
+"""How long an idempotency key lives. It has to outlast a retried add after a lost reply and a
+forward re-run after a crash (seconds to minutes; a Redis outage longer than this makes a late
+retry append a duplicate, which consumers drop by trajectory_id). Not longer: each trajectory
+leaves one key per stream (136 bytes), and the 7 days they were kept before held 3.8 GB of Redis
+per engine at the GPU job's rate (issue 35, BENCHMARKS.md "The control plane at cluster scale")."""
+
+
 class StreamProducer:
     """Appends entries to one stream.
 
@@ -80,7 +88,7 @@ class StreamProducer:
         redis: aioredis.Redis,
         stream: str,
         *,
-        idempotency_ttl_s: int = 7 * 24 * 3600,
+        idempotency_ttl_s: int = IDEMPOTENCY_TTL_S,
         maxlen: int | None = None,
         trim_every: int = 100,
     ) -> None:
