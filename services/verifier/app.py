@@ -26,7 +26,7 @@ import socket
 
 import httpx
 from fastapi import FastAPI
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt
 
 from services.verifier import metrics
 from services.verifier.checks import CHECK_PARAMETERS, VERIFIER_VERSION, CheckLimits
@@ -66,7 +66,7 @@ class ToolEventIn(BaseModel):
     policy_verdict: str = Field("allow", pattern="^(allow|flag|deny)$")
     policy_rule: str | None = None
     command: str = ""
-    duration_ms: float = Field(
+    duration_ms: StrictFloat = Field(  # an int is a number of ms, a bool or a string is not
         0.0, ge=0, le=1e10, description="Run time in the sandbox (time_efficiency component)."
     )
 

@@ -98,6 +98,15 @@ def verifier():
             "tool_events[0].exit_code",
         ),
         ({"task": _task(), "tool_events": [{"exit_code": False}]}, "tool_events[0].exit_code"),
+        # schemathesis found `false` accepted as 0 ms (issue 32, make fuzz): a bool is no duration
+        (
+            {"task": _task(), "tool_events": [{"duration_ms": False}]},
+            "tool_events[0].duration_ms",
+        ),
+        (
+            {"task": _task(), "tool_events": [{"duration_ms": "12"}]},
+            "tool_events[0].duration_ms",
+        ),
         ({"task": _task(), "release_session": "yes"}, "release_session"),
     ],
 )
