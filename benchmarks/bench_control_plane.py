@@ -42,15 +42,14 @@ from benchmarks.control_plane_attribution import attribute
 from benchmarks.control_plane_drain import measure_drain
 from benchmarks.control_plane_measure import ROLES, Point, measure, wait_warm
 from benchmarks.control_plane_report import extrapolate, offered_turns_per_s, plot
-from benchmarks.control_plane_stack import Stack, StackConfig, write_profile
+from benchmarks.control_plane_stack import Stack, StackConfig, start_stack, write_profile
 
 console = Console(width=200)
 
 
 def run_point(config: StackConfig, profile: Path, window_s: float, warm_steps: int) -> Point:
-    stack = Stack(config)
     console.print(f"[dim]engines={config.engines} gateways={config.gateways}: starting[/dim]")
-    stack.start(profile)
+    stack = start_stack(config, profile)
     try:
         wait_warm(stack, warm_steps, deadline_s=240)
         return measure(stack, window_s)
@@ -60,7 +59,7 @@ def run_point(config: StackConfig, profile: Path, window_s: float, warm_steps: i
 
 def run_attribution(config: StackConfig, profile: Path, seconds: float) -> Table:
     """Redis commands by process and Lua script, per episode (MONITOR; control_plane_attribution)."""
-    stack = Stack(config).start(profile)
+    stack = start_stack(config, profile)
     try:
         wait_warm(stack, 1, deadline_s=240)
         before = _episodes(stack)
@@ -225,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
         points = [Point.from_json(p) for p in body["points"]]
         report(points, body["profile"], args.from_results.parent, body.get("drain"))
         return
-    profile_path = write_profile(Path(tempfile.mkdtemp(prefix="bench-cp-profile-")))
+    profile_path = write_profile(args.out)  # kept beside results.json
     profile = json.loads(profile_path.read_text())
     points: list[Point] = []
     for gateways in args.gateways:

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.control_plane_probe import cpu_s, stream_lag
-from benchmarks.control_plane_stack import Stack, StackConfig
+from benchmarks.control_plane_stack import Stack, StackConfig, start_stack
 
 
 def _until(condition, deadline_s: float, stack: Stack, what: str) -> None:
@@ -54,7 +54,7 @@ def _resolved(stack: Stack) -> float:
 
 
 def measure_drain(config: StackConfig, profile: Path, deadline_s: float = 300) -> dict:
-    stack = Stack(replace(config, learner_paused=True, step_s=0.0)).start(profile)
+    stack = start_stack(replace(config, learner_paused=True, step_s=0.0), profile)
     try:
         _until(lambda: _held(stack), deadline_s, stack, "gateways held by the bound")
         stack.stop_only([n for n in stack.procs if n.startswith("gateway")] + ["verifier"])

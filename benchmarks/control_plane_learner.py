@@ -27,6 +27,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -171,8 +172,11 @@ async def run(args: argparse.Namespace) -> None:
             await asyncio.sleep(1.0)  # a sampling period, not a wait for a condition
 
     reporter = asyncio.create_task(report())
-    await worker.run(stop)
-    reporter.cancel()
+    try:
+        await worker.run(stop)
+    finally:
+        reporter.cancel()
+        shutil.rmtree(store.directory, ignore_errors=True)
     _write_stats(Path(args.stats), worker, compute)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -185,10 +186,22 @@ class Stack:
                 wait_until_ready(target, 180, process=self.procs[name], what=name, poll_s=0.1)
             r = httpx.post(f"{self.gateway_urls[0]}/v1/tasks", json=tasks(c.tasks), timeout=60)
             r.raise_for_status()
+        except RuntimeError as exc:  # a process that exited: its log says why
+            tails = self._exited_logs()
+            self.stop()
+            raise RuntimeError(f"{exc}\n{tails}") from exc
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _exited_logs(self) -> str:
+        out = []
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                log = (self.directory / f"{name}.log").read_text(errors="replace")
+                out.append(f"--- {name} (exit {proc.returncode}):\n{log[-2000:]}")
+        return "\n".join(out)
 
     def pids(self) -> dict[str, int]:
         out = {name: p.pid for name, p in self.procs.items()}
@@ -199,8 +212,7 @@ class Stack:
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
             if proc.poll() is not None and name not in self.stopped:
-                tail = (self.directory / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{name} exited ({proc.returncode}):\n{tail}")
+                raise RuntimeError(f"{name} exited:\n{self._exited_logs()}")
 
     def stop_only(self, names: list[str]) -> None:
         """Stop these processes now (by pid), the rest keep running."""
@@ -222,3 +234,17 @@ class Stack:
                 stop_owned(proc, grace_s=10)
         if self.redis:
             self.redis.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)  # logs, AOF: read by check_alive before
+
+
+def start_stack(config: StackConfig, profile: Path, attempts: int = 2) -> Stack:
+    """A started Stack. A start that fails (a port another process took between its choice and
+    the bind: a stack chooses tens of them) is tried again with fresh ports, `attempts` in all."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return Stack(config).start(profile)
+        except RuntimeError as exc:
+            if attempt == attempts:
+                raise
+            print(f"stack start failed, once more with fresh ports: {str(exc)[-600:]}")
+    raise AssertionError("unreachable")
