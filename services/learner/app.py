@@ -71,6 +71,9 @@ def trainer_config(s: LearnerSettings) -> TrainerConfig:
         chunk_tokens=s.chunk_tokens,
         gradient_checkpointing=s.gradient_checkpointing,
         share_prefix_min_tokens=s.share_prefix_min_tokens,
+        unpadded_rows=s.unpadded_rows,
+        fused_optimizer=s.fused_optimizer,
+        reference_dtype=s.reference_dtype,
         loss=loss,
     )
 

@@ -145,6 +145,19 @@ class LearnerSettings(TrainingScheduleSettings):
         "group's prompt) once when it has at least this many "
         "tokens; 0 = off. Needs gradient_checkpointing off.",
     )
+    unpadded_rows: bool = Field(
+        True,
+        description="After a shared prefix, run each row's own tokens alone, without "
+        "padding (the same log-probs; issue 33 item 3).",
+    )
+    fused_optimizer: bool = Field(
+        True, description="AdamW's fused kernel instead of its per-tensor loop (not with FSDP)."
+    )
+    reference_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32",
+        description="Autocast dtype of the KL reference's decoder forward (its LM head stays "
+        "float32); bfloat16 trades exactness for speed (BENCHMARKS.md, issue 33).",
+    )
 
     # checkpoints
     checkpoint_dir: str = Field(

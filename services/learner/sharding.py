@@ -36,11 +36,16 @@ class PolicyLogprobs(torch.nn.Module):
     scored positions (see token_logprobs; differentiable when grad is enabled)."""
 
     def __init__(
-        self, model: torch.nn.Module, chunk_tokens: int, share_prefix_min_tokens: int
+        self,
+        model: torch.nn.Module,
+        chunk_tokens: int,
+        share_prefix_min_tokens: int,
+        unpadded_rows: bool = False,
     ) -> None:
         super().__init__()
         self.model = model
         self.chunk_tokens, self.share_prefix_min_tokens = chunk_tokens, share_prefix_min_tokens
+        self.unpadded_rows = unpadded_rows
 
     def forward(self, batch: TrainBatch, positions: torch.Tensor | None = None) -> torch.Tensor:
         return token_logprobs(
@@ -49,6 +54,7 @@ class PolicyLogprobs(torch.nn.Module):
             positions=positions,
             chunk_tokens=self.chunk_tokens,
             share_prefix_min_tokens=self.share_prefix_min_tokens,
+            unpadded_rows=self.unpadded_rows,
         )
 
 

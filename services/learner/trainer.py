@@ -50,6 +50,8 @@ from shellrl.rl.losses import LossStats, PPOConfig, decoupled_ppo_loss, loss_wei
 
 log = logging.getLogger(__name__)
 
+REFERENCE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
+
 
 @dataclass(frozen=True)
 class TrainerConfig:
@@ -57,7 +59,13 @@ class TrainerConfig:
     global L2 norm (<= 0: off); ppo_epochs: AdamW updates per batch; micro_batch_size: sequences
     per forward/backward; chunk_tokens: LM-head positions per float32 chunk; share_prefix_min_tokens:
     a prefix common to a micro-batch's rows of at least this many tokens runs once (0: off; skipped
-    under gradient checkpointing, see shellrl.rl.logprobs); loss: PPOConfig."""
+    under gradient checkpointing, see shellrl.rl.logprobs); unpadded_rows: after a shared prefix,
+    each row's own tokens run without padding (shellrl.rl.logprobs.decoder_hidden; the same
+    log-probs to float rounding); fused_optimizer: AdamW's fused kernel
+    (torch.optim.AdamW(fused=True), CPU and CUDA; not with FSDP) instead of its per-tensor loop,
+    the same update up to float rounding; reference_dtype: the KL reference's decoder under
+    autocast to "bfloat16" (the LM head stays float32) or "float32" (issue 33 item 3: measured in
+    BENCHMARKS.md); loss: PPOConfig."""
 
     lr: float = 1e-5
     weight_decay: float = 0.0
@@ -69,6 +77,9 @@ class TrainerConfig:
     chunk_tokens: int = 1024
     gradient_checkpointing: bool = True
     share_prefix_min_tokens: int = 32
+    unpadded_rows: bool = True
+    fused_optimizer: bool = True
+    reference_dtype: str = "float32"
     loss: PPOConfig = field(default_factory=PPOConfig)
 
     def __post_init__(self) -> None:
@@ -80,6 +91,10 @@ class TrainerConfig:
         ):
             raise ValueError(
                 "lr > 0, ppo_epochs >= 1, micro_batch_size >= 1 and warmup_steps >= 0 are required"
+            )
+        if self.reference_dtype not in REFERENCE_DTYPES:
+            raise ValueError(
+                f"reference_dtype must be one of {sorted(REFERENCE_DTYPES)}; got {self.reference_dtype!r}"
             )
 
 
@@ -144,11 +159,16 @@ class Trainer:
         self.reference = None
         if config.loss.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
-        self.policy = PolicyLogprobs(model, config.chunk_tokens, config.share_prefix_min_tokens)
+        self.policy = PolicyLogprobs(
+            model, config.chunk_tokens, config.share_prefix_min_tokens, config.unpadded_rows
+        )
         self.reference_policy = None
         if self.reference is not None:
             self.reference_policy = PolicyLogprobs(
-                self.reference, config.chunk_tokens, config.share_prefix_min_tokens
+                self.reference,
+                config.chunk_tokens,
+                config.share_prefix_min_tokens,
+                config.unpadded_rows,
             )
         if self.sharded:
             device_type = next(model.parameters()).device.type
@@ -157,7 +177,11 @@ class Trainer:
                 shard(self.reference_policy, self.ranks.world_size, device_type)
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            self.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay
+            self.params,
+            lr=config.lr,
+            betas=config.betas,
+            weight_decay=config.weight_decay,
+            **({"fused": True} if config.fused_optimizer and not self.sharded else {}),
         )
         warmup = config.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
@@ -270,7 +294,7 @@ class Trainer:
             proximal[lo:hi, :width] = logp.detach()
         ref = None
         if self.reference_policy is not None:
-            with torch.no_grad():
+            with torch.no_grad(), self._reference_autocast():
                 ref = self.reference_policy(mb)
         loss, stats = decoupled_ppo_loss(
             logp,
@@ -284,6 +308,12 @@ class Trainer:
         )
         loss.backward()
         return stats
+
+    def _reference_autocast(self):
+        """The reference forward's autocast context (`reference_dtype`; off for float32)."""
+        dtype = REFERENCE_DTYPES[self.config.reference_dtype]
+        device_type = self.params[0].device.type
+        return torch.autocast(device_type, dtype=dtype, enabled=dtype is not None)
 
     def _idle_pass(self) -> None:
         """A forward and backward that adds nothing to any gradient (loss * 0 over one token), so

@@ -57,11 +57,14 @@ def head_logprobs(
 
     hidden: [n, H]; weight: [V, H]; bias: [V] or None; target_ids: [n] int64; temperatures: [n]
     float32 (> 0). Returns [n] float32. Uses logits[target] - logsumexp(logits), which equals
-    log_softmax at the target without a second [n, V] tensor.
+    log_softmax at the target without a second [n, V] tensor. Always float32, also when the
+    decoder ran under autocast (autocast is off here).
     """
-    logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
-    logits = logits / temperatures.unsqueeze(-1)
-    return logits.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    with torch.autocast(hidden.device.type, enabled=False):
+        logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+        logits = logits / temperatures.unsqueeze(-1)
+        target = logits.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)
+        return target - torch.logsumexp(logits, dim=-1)
 
 
 def shared_prefix_length(batch: TrainBatch) -> int:
@@ -82,9 +85,15 @@ def shared_prefix_length(batch: TrainBatch) -> int:
     return max(0, min(length, int(batch.lengths.min()) - 1))
 
 
-def decoder_hidden(model, batch: TrainBatch, share_prefix_min_tokens: int = 0) -> torch.Tensor:
+def decoder_hidden(
+    model, batch: TrainBatch, share_prefix_min_tokens: int = 0, unpadded_rows: bool = False
+) -> torch.Tensor:
     """Last hidden states [b, L, H] of `model`'s decoder; with share_prefix_min_tokens > 0 a shared
-    prefix of at least that many tokens runs once (see the module docstring)."""
+    prefix of at least that many tokens runs once (see the module docstring). unpadded_rows: after
+    a shared prefix, each row's own tokens run on their own (batch 1, its length, no padding),
+    each on the prefix's KV cache; the hidden states past a row's length are then 0 (no column
+    there is scored). A GRPO group's own tokens differ in length (the main job's: ~45-160), so
+    the padded batch computes up to a third more positions than the rows hold."""
     decoder = model.get_decoder()
     prefix = shared_prefix_length(batch) if share_prefix_min_tokens > 0 else 0
     # checkpointed layers in training mode may drop the KV cache (they do in some transformers versions)
@@ -106,6 +115,14 @@ def decoder_hidden(model, batch: TrainBatch, share_prefix_min_tokens: int = 0) -
         use_cache=True,
         **{key: cache},
     )
+    if unpadded_rows:
+        return torch.cat(
+            [
+                head.last_hidden_state.expand(b, -1, -1),
+                _unpadded_tails(model, batch, prefix, cache, key),
+            ],
+            dim=1,
+        )
     cache.batch_repeat_interleave(
         b
     )  # repeat_interleave is differentiable: the rows' gradients sum into the prefix
@@ -117,6 +134,27 @@ def decoder_hidden(model, batch: TrainBatch, share_prefix_min_tokens: int = 0) -
         **{key: cache},
     )
     return torch.cat([head.last_hidden_state.expand(b, -1, -1), tail.last_hidden_state], dim=1)
+
+
+def _unpadded_tails(model, batch: TrainBatch, prefix: int, cache, key: str) -> torch.Tensor:
+    """[b, L - prefix, H]: each row's tokens after the prefix through the decoder alone, on a
+    cache holding the prefix's keys and values (the same tensors for every row: a row's forward
+    concatenates onto them, never writes into them, so each row's gradient sums into the prefix);
+    zeros past the row's length."""
+    prefix_kv = [(layer.keys, layer.values) for layer in cache.layers]
+    decoder, width = model.get_decoder(), batch.input_ids.shape[1]
+    rows = []
+    for i in range(batch.size):
+        n = int(batch.lengths[i])
+        own = decoder(
+            input_ids=batch.input_ids[i : i + 1, prefix:n],
+            attention_mask=batch.attention_mask[i : i + 1, :n],
+            position_ids=batch.position_ids[i : i + 1, prefix:n],
+            use_cache=True,
+            **{key: DynamicCache(ddp_cache_data=prefix_kv, config=model.config)},
+        ).last_hidden_state[0]
+        rows.append(F.pad(own, (0, 0, 0, width - n)))
+    return torch.stack(rows)
 
 
 def _checkpointing(model) -> bool:
@@ -135,19 +173,21 @@ def token_logprobs(
     positions: torch.Tensor | None = None,
     chunk_tokens: int = 1024,
     share_prefix_min_tokens: int = 0,
+    unpadded_rows: bool = False,
 ) -> torch.Tensor:
     """Log-probs of `batch.target_ids` under `model`, at the scored positions.
 
     model: a HF causal LM (`get_decoder()`, `get_output_embeddings()`). positions: [b, L-1] mask of
     the columns to score (default: `batch.loss_mask > 0`). share_prefix_min_tokens: run a prefix
-    common to all rows once when it has at least this many tokens (0: never). Returns [b, L-1]
+    common to all rows once when it has at least this many tokens (0: never); unpadded_rows: then
+    each row's own tokens without padding (`decoder_hidden`). Returns [b, L-1]
     float32 with 0 in the columns not scored; differentiable when grad is enabled. Raises
     ValueError when chunk_tokens < 1.
     """
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1; got {chunk_tokens}")
     positions = batch.loss_mask > 0 if positions is None else positions.bool()
-    hidden = decoder_hidden(model, batch, share_prefix_min_tokens)[
+    hidden = decoder_hidden(model, batch, share_prefix_min_tokens, unpadded_rows)[
         :, :-1
     ]  # [b, L-1, H]: column j scores target j
     head = model.get_output_embeddings()

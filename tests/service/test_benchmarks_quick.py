@@ -37,6 +37,7 @@ PRINTS = {
     "gpu_weight_sync": ["bucket, one copy + CUDA IPC", "WeightSync"],
     "http": ["round trip", "h11", "httptools", "vs h11"],
     "learner": ["Learner step", "Peak memory", "Weight push end to end", "disk (baseline)"],
+    "learner_step": ["learner step, main job shapes", "before", "fused_unpadded", "grad cos"],
     "prefix_sharing": ["One group", "shared prefix, no checkpointing", "speed-up vs default"],
     "rollout": ["Gateway overhead", "aiohttp", "turns/s", "Long tail", "async strict k=2"],
     "sandbox": ["sandbox exec of `true`", "baseline: bash -c true", "bubblewrap/session"],

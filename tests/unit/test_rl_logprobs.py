@@ -195,7 +195,7 @@ def test_shared_prefix_length_needs_two_rows_the_same_tokens_and_a_token_of_each
 def test_trainer_steps_with_and_without_prefix_sharing_reach_the_same_weights():
     batch = build_batch(group_samples_sharing(40, 4, seed=5), pad_token_id=2)
     weights, decoder_batch_sizes = [], []
-    for share in (0, 16):
+    for share, unpadded in ((0, False), (16, False), (16, True)):
         model = load_model("tiny")
         sizes: list[int] = []
         model.get_decoder().register_forward_pre_hook(
@@ -209,6 +209,7 @@ def test_trainer_steps_with_and_without_prefix_sharing_reach_the_same_weights():
                 micro_batch_size=2,
                 gradient_checkpointing=False,
                 share_prefix_min_tokens=share,
+                unpadded_rows=unpadded,
             ),
         )
         trainer.step(batch, learner_version=0)
@@ -217,9 +218,11 @@ def test_trainer_steps_with_and_without_prefix_sharing_reach_the_same_weights():
     assert decoder_batch_sizes == [
         [2, 2],
         [1, 2, 1, 2],
-    ]  # the shared run: each micro-batch's prefix at batch 1
-    for a, b in zip(*weights):
-        assert (a - b).abs().max() < 1e-5
+        [1, 1, 1, 1, 1, 1],
+    ]  # the shared runs: each micro-batch's prefix at batch 1, then its rows padded or each alone
+    for unshared, shared, unpadded in zip(*weights):
+        assert (unshared - shared).abs().max() < 1e-5
+        assert (unshared - unpadded).abs().max() < 1e-5
 
 
 def test_under_activation_checkpointing_the_full_forward_runs_and_values_are_unchanged():
