@@ -147,8 +147,8 @@ class LearnerSettings(TrainingScheduleSettings):
     )
     unpadded_rows: bool = Field(
         True,
-        description="After a shared prefix, run each row's own tokens alone, without "
-        "padding (the same log-probs; issue 33 item 3).",
+        description="On CPU, after a shared prefix, run each row's own tokens alone, "
+        "without padding (the same log-probs; issue 33 item 3).",
     )
     fused_optimizer: bool = Field(
         True, description="AdamW's fused kernel instead of its per-tensor loop (not with FSDP)."

@@ -59,9 +59,9 @@ class TrainerConfig:
     global L2 norm (<= 0: off); ppo_epochs: AdamW updates per batch; micro_batch_size: sequences
     per forward/backward; chunk_tokens: LM-head positions per float32 chunk; share_prefix_min_tokens:
     a prefix common to a micro-batch's rows of at least this many tokens runs once (0: off; skipped
-    under gradient checkpointing, see shellrl.rl.logprobs); unpadded_rows: after a shared prefix,
-    each row's own tokens run without padding (shellrl.rl.logprobs.decoder_hidden; the same
-    log-probs to float rounding); fused_optimizer: AdamW's fused kernel
+    under gradient checkpointing, see shellrl.rl.logprobs); unpadded_rows: on CPU, after a shared
+    prefix, each row's own tokens run without padding (shellrl.rl.logprobs.decoder_hidden; the
+    same log-probs to float rounding); fused_optimizer: AdamW's fused kernel
     (torch.optim.AdamW(fused=True), CPU and CUDA; not with FSDP) instead of its per-tensor loop,
     the same update up to float rounding; reference_dtype: the KL reference's decoder under
     autocast to "bfloat16" (the LM head stays float32) or "float32" (issue 33 item 3: measured in
@@ -159,8 +159,10 @@ class Trainer:
         self.reference = None
         if config.loss.kl_coef > 0:
             self.reference = copy.deepcopy(model).eval().requires_grad_(False)
+        # a GPU runs a padded batch in fewer launches than its rows one by one (not measured)
+        unpadded = config.unpadded_rows and next(model.parameters()).device.type == "cpu"
         self.policy = PolicyLogprobs(
-            model, config.chunk_tokens, config.share_prefix_min_tokens, config.unpadded_rows
+            model, config.chunk_tokens, config.share_prefix_min_tokens, unpadded
         )
         self.reference_policy = None
         if self.reference is not None:
@@ -168,7 +170,7 @@ class Trainer:
                 self.reference,
                 config.chunk_tokens,
                 config.share_prefix_min_tokens,
-                config.unpadded_rows,
+                unpadded,
             )
         if self.sharded:
             device_type = next(model.parameters()).device.type
