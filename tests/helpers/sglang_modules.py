@@ -34,7 +34,7 @@ SCHEDULE_BATCH_NAMES = (
 )
 
 
-def _wheel_root() -> Path:
+def wheel_root() -> Path:
     """The installed wheel's `sglang` directory; read from the bare package an earlier `load` in
     this process registered (it has no __spec__, so find_spec raises on it)."""
     registered = sys.modules.get("sglang")
@@ -46,7 +46,7 @@ def _wheel_root() -> Path:
 def load() -> types.SimpleNamespace:
     """SGLang's modules: common (MultiprocessingSerializer), tensor_bucket (FlattenedTensorBucket),
     io_struct (request structs), api_types (GenerateRequest), sampling_params (SamplingParams)."""
-    root = _wheel_root()
+    root = wheel_root()
     for name, path in (("sglang", root), ("sglang.srt", root / "srt")):
         if name not in sys.modules or not hasattr(sys.modules[name], "__file__"):
             package = types.ModuleType(name)

@@ -13,6 +13,7 @@ import yaml
 
 from shellrl.clients.transport import auth_headers
 from tests.helpers.owned_processes import run_owned
+from tests.helpers.sglang_modules import wheel_root
 from tests.service.test_deploy_compose import ENV_EXAMPLE, rendered
 from tests.service.test_deploy_k8s import K8S_DIR, container, manifests, workloads
 
@@ -22,8 +23,10 @@ TOKEN = "deploy-token-0123456789_abc-DEF.~+/=="
 
 def _sglang_file(relative: str):
     """A module of the installed SGLang wheel, loaded from its file alone (these two import only
-    the standard library and yaml, not the GPU stack that `import sglang` pulls in)."""
-    root = Path(importlib.util.find_spec("sglang").origin).parent
+    the standard library and yaml, not the GPU stack that `import sglang` pulls in). The wheel
+    is found through the bare package a conformance test may have registered before in this
+    process (find_spec raises on it: how this module failed after those, under pytest-xdist)."""
+    root = wheel_root()
     name = f"sglang_file_{Path(relative).stem}"
     if name not in sys.modules:  # registered first: its dataclasses look their module up
         spec = importlib.util.spec_from_file_location(name, root / relative)
