@@ -392,6 +392,15 @@ class WeightSync(PushSetup):
 
     # ----- publication -----------------------------------------------------------------------------
 
+    async def publish_pending(self, version: int) -> bool:
+        """Publish `version` if its publication failed before (Redis was restarting when the
+        push ended) and every engine in rotation has it: no probe, no push. What the paused
+        learner's loop calls, so that the gateway's admission bound does not stay a version or
+        two behind the learner for as long as it is paused. True when `version` is published."""
+        if self.published_version == version:
+            return True
+        return await self._publish(version, any(not e.in_rotation for e in self.engines.values()))
+
     async def _publish(self, version: int, partial: bool) -> bool:
         """SET + PUBLISH `version` if every engine in rotation (at least one) confirmed it."""
         if not any(e.in_rotation for e in self.engines.values()):

@@ -126,6 +126,7 @@ class LearnerWorker:
                 self.running.clear()  # the last step's push and checkpoint are done by now
             if not self.running.is_set():
                 self.paused_idle.set()
+                await self.sync.publish_pending(self.version)  # a publication Redis missed
                 await _wait_any(self.running, stop, timeout_s=1.0)
                 continue
             self.paused_idle.clear()

@@ -264,7 +264,8 @@ def count(stack: Stack, r: redis.Redis, ledger: list[dict], result: ChaosResult)
             pipe.xinfo_groups(stream)
             pipe.xpending_range(stream, group, "-", "+", 100_000)
         pipe.get(ADMITTED_KEY)
-        episodes, trajectories, dead, *stages, admitted = pipe.execute()
+        pipe.get(streams.POLICY_VERSION_KEY)
+        episodes, trajectories, dead, *stages, admitted, published_version = pipe.execute()
     published = _by_entry(episodes)
     scored = _by_entry(trajectories)
     unacked = [
@@ -297,6 +298,10 @@ def count(stack: Stack, r: redis.Redis, ledger: list[dict], result: ChaosResult)
         "configured": (MAX_STALENESS + 1) * GROUPS_PER_STEP,
         "counted_by_gateway": int(admitted or 0) - version * GROUPS_PER_STEP,
         "groups_waiting": sum(1 for n in waiting.values() if n >= 2),
+        # what the gateway's bound is computed from, against the learner's step (`version`):
+        # a window short of `configured` with these apart is a version the learner did not publish
+        "learner_step": version,
+        "published_version": int(published_version or 0),
     }
 
 
