@@ -5,7 +5,9 @@ duplicate nothing; every dashboard panel's PromQL returns data from a real Prome
 stack leaves no process behind.
 
 One stack serves the module's tests (starting it costs ~1 min on 2 cores); each test submits the
-tasks it needs, and the test that stops a stack starts its own.
+tasks it needs. The test that stops a stack stops the module's (the last test in file order: a
+stack that served every other test, kill -9 restarts included) and the next test that needs one
+starts it again.
 """
 
 from __future__ import annotations
@@ -99,10 +101,21 @@ def start_stack(state: Path) -> Stack:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    s = start_stack(tmp_path_factory.mktemp("stack"))
-    yield s
-    s.stop()
+def module_stack(tmp_path_factory):
+    """{"stack": the module's running stack, or None until a test needs one / after a test stopped
+    it}; whatever runs at the module's end is stopped."""
+    held: dict[str, Stack | None] = {"stack": None}
+    yield held
+    if held["stack"] is not None:
+        held["stack"].stop()
+
+
+@pytest.fixture
+def stack(module_stack, tmp_path_factory):
+    """The module's stack, started on first use and again after a test stopped it."""
+    if module_stack["stack"] is None:
+        module_stack["stack"] = start_stack(tmp_path_factory.mktemp("stack"))
+    return module_stack["stack"]
 
 
 _wait = functools.partial(wait_until, poll_s=1.0)  # the whole stack runs on 2 cores: poll gently
@@ -260,14 +273,20 @@ def test_every_dashboard_panel_returns_data_from_the_running_stack(stack, tmp_pa
     )
 
 
-def test_stop_leaves_no_process_behind(tmp_path):
-    """A stack of its own (stopping the module's would leave the other tests none), stopped after
-    its first episodes were scored: sandbox sessions, engine and learner all had work."""
-    stack = start_stack(tmp_path)
+def test_stop_leaves_no_process_behind(stack, module_stack):
+    """The module's stack (started afresh if this test runs first or alone), stopped after this
+    test's first episode was scored: sandbox sessions, engine and learner all had work."""
+    module_stack["stack"] = None  # stopped here, whatever happens: the next test starts another
     try:
         _submit(stack, "stop")
         r = redis.Redis.from_url(stack.config.redis_url)
-        _wait(lambda: r.xlen(streams.STREAM_TRAJECTORIES) > 0, 300, "a first scored episode")
+        _wait(
+            lambda: any(
+                t.task_id.startswith("stop-") for t in _trajectories(r, streams.STREAM_TRAJECTORIES)
+            ),
+            300,
+            "a first scored episode",
+        )
     except BaseException:
         stack.stop()
         raise

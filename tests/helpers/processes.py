@@ -37,6 +37,10 @@ class ServiceProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, ready_timeout_s: float = 60.0) -> ServiceProcess:
+        return start_together([self], ready_timeout_s)[0]
+
+    def spawn(self) -> ServiceProcess:
+        """Start the process without waiting for it (`start` = spawn + wait_ready)."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
         self.proc = popen_owned(
@@ -46,11 +50,6 @@ class ServiceProcess:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        try:
-            self.wait_ready(ready_timeout_s)
-        except BaseException:
-            self.stop()  # a service that never became ready must not outlive the test
-            raise
         return self
 
     def wait_ready(self, timeout_s: float) -> None:
@@ -83,3 +82,21 @@ class ServiceProcess:
         if self.proc and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def start_together(procs: list[ServiceProcess], ready_timeout_s: float) -> list[ServiceProcess]:
+    """Spawn every service at once, then wait until each is ready, each given `ready_timeout_s`
+    (their start-ups are mostly single-threaded imports: on 2 cores two run in the
+    time of one). A service whose readiness needs another (the verifier's the sandbox's, the
+    gateway's its engines') is ready once that one is. If any is not ready in time, every one of
+    them is stopped (none outlives the test) and the error names it."""
+    try:
+        for proc in procs:
+            proc.spawn()
+        for proc in procs:
+            proc.wait_ready(ready_timeout_s)
+    except BaseException:
+        for proc in procs:
+            proc.stop()
+        raise
+    return procs

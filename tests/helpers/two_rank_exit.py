@@ -12,7 +12,8 @@ tensors, 20 times: the commands of data_parallel.follow, ending with STOP), then
 * destroy_only: what `Ranks.close` did before (dist.destroy_process_group() with the group still
   referenced by the Ranks), then the interpreter's own exit.
 Measured on 2 cores with other tests running (`--repeat 60 --parallel 2`): destroy_only aborted
-8 runs in 60, leave 0 in 60. `runs(...)` is what
+8 runs in 60, leave 0 in 60; on a later day destroy_only aborted 3 in 328, only one run at a time
+under heavy load (BENCHMARKS.md, "Rank teardown"). `runs(...)` is what
 tests/service/test_process_groups.py calls; as a script without torchrun's environment it prints
 one JSON line {"mode", "runs", "aborts", "returncodes"}.
 """
@@ -54,40 +55,50 @@ def run_rank(mode: str) -> None:
 
 
 def runs(mode: str, repeat: int, parallel: int = 2, timeout_s: float = 180.0) -> list[dict]:
-    """{"returncode", "aborted"} of `repeat` torchrun runs, `parallel` at a time (started with
-    tests.helpers.owned_processes, so they die with the caller). aborted: a rank died of SIGABRT
-    (torchrun reports "exitcode: -6")."""
+    """{"returncode", "aborted"} of `repeat` torchrun runs, `parallel` in flight at any time (the
+    next starts as soon as one ends; started with tests.helpers.owned_processes, so they die with
+    the caller), in the order they ended. aborted: a rank died of SIGABRT (torchrun reports
+    "exitcode: -6")."""
     import subprocess
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from tests.helpers.owned_processes import kill_group, popen_owned
 
-    results: list[dict] = []
-    started = 0
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     argv = [*TORCHRUN, __file__, "--mode", mode]
-    while started < repeat:
-        batch = []
-        for _ in range(min(parallel, repeat - started)):
-            batch.append(
-                popen_owned(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-            )
-            started += 1
-        for proc in batch:
-            try:
-                output, _ = proc.communicate(timeout=timeout_s)
-            except BaseException:
-                for p in batch:
-                    kill_group(p)
-                raise
-            text = output.decode(errors="replace")
-            results.append(
-                {
-                    "returncode": proc.returncode,
-                    "aborted": "exitcode: -6" in text or "terminate called" in text,
-                    "tail": text[-2000:] if proc.returncode else "",
-                }
-            )
-    return results
+    running: set = set()
+    stopping = False
+
+    def one() -> dict:
+        if stopping:
+            return {}
+        proc = popen_owned(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        running.add(proc)
+        try:
+            output, _ = proc.communicate(timeout=timeout_s)
+        except BaseException:
+            kill_group(proc)
+            raise
+        finally:
+            running.discard(proc)
+        text = output.decode(errors="replace")
+        return {
+            "returncode": proc.returncode,
+            "aborted": "exitcode: -6" in text or "terminate called" in text,
+            "tail": text[-2000:] if proc.returncode else "",
+        }
+
+    with ThreadPoolExecutor(parallel) as pool:
+        futures = [pool.submit(one) for _ in range(repeat)]
+        try:
+            return [future.result() for future in as_completed(futures)]
+        except BaseException:
+            stopping = True  # a run that failed or timed out: start no more, end the others
+            for future in futures:
+                future.cancel()
+            for proc in list(running):
+                kill_group(proc)
+            raise
 
 
 def main() -> None:

@@ -29,14 +29,20 @@ def engine_process(tmp_path_factory):
     proc.stop()
 
 
-def start_sandbox(log_dir, env: dict[str, str] | None = None) -> tuple[ServiceProcess, str]:
-    """A sandbox process whose workspace root the per-session uids can traverse (pytest's own
-    tmp dirs are 0700, which bubblewrap's unprivileged uid cannot enter)."""
+def sandbox_service(log_dir, env: dict[str, str] | None = None) -> tuple[ServiceProcess, str]:
+    """A sandbox service, not started yet, whose workspace root the per-session uids can traverse
+    (pytest's own tmp dirs are 0700, which bubblewrap's unprivileged uid cannot enter)."""
     root = tempfile.mkdtemp(prefix="shellrl-rollout-test-")
     os.chmod(root, 0o755)
     proc = ServiceProcess(
         "sandbox", free_port(), {"SHELLRL_WORKSPACE_ROOT": root, **(env or {})}, log_dir
     )
+    return proc, root
+
+
+def start_sandbox(log_dir, env: dict[str, str] | None = None) -> tuple[ServiceProcess, str]:
+    """`sandbox_service`, started."""
+    proc, root = sandbox_service(log_dir, env)
     return proc.start(ready_timeout_s=60), root
 
 

@@ -23,7 +23,7 @@ from shellrl.contract import Failure, SegmentKind, parse_trajectory, trajectory_
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY, STREAM_EPISODES
 from shellrl.streams.keys import ADMITTED_KEY
 from tests.helpers.owned_processes import run_owned
-from tests.helpers.processes import REPO, ServiceProcess
+from tests.helpers.processes import REPO, ServiceProcess, start_together
 from tests.helpers.redis_server import free_port
 from tests.helpers.waiting import wait_until
 from tests.service.rollout.conftest import start_sandbox
@@ -59,7 +59,7 @@ def stack(redis_server, engine_process, sandbox, tmp_path):
     env = {"SHELLRL_REDIS_URL": redis_server.url}
     verifier = ServiceProcess(
         "verifier", free_port(), {**env, "SHELLRL_SANDBOX_URL": sandbox.url}, logs
-    ).start(120)
+    )
     gateway = ServiceProcess(
         "rollout",
         free_port(),
@@ -81,8 +81,8 @@ def stack(redis_server, engine_process, sandbox, tmp_path):
         },
         logs,
     )
+    start_together([verifier, gateway], 120)
     try:
-        gateway.start(120)
         client = sync_redis.Redis.from_url(redis_server.url)
         http = httpx.Client(base_url=gateway.url, timeout=30)
         yield {

@@ -17,10 +17,10 @@ import redis as sync_redis
 
 from cli.main import main as cli_main
 from shellrl.streams.keys import POOL_KEY
-from tests.helpers.processes import ServiceProcess
+from tests.helpers.processes import ServiceProcess, start_together
 from tests.helpers.redis_server import free_port
 from tests.helpers.waiting import wait_until
-from tests.service.rollout.conftest import start_sandbox
+from tests.service.rollout.conftest import sandbox_service
 
 pytestmark = pytest.mark.slow  # a whole stack of processes (~40-110 s to start on 2 cores)
 TOKEN = "training-runs-test-token-0123456789abcdef"
@@ -46,61 +46,56 @@ def module_stack(module_redis_server, tmp_path_factory):
     task_dir.mkdir()
     (task_dir / "train.jsonl").write_text("".join(json.dumps(task(i)) + "\n" for i in range(2)))
     env = {"SHELLRL_REDIS_URL": module_redis_server.url, "SHELLRL_API_TOKEN": TOKEN}
-    procs, root = [], None
+    engine = ServiceProcess("engine", free_port(), TINY, logs)
+    sandbox, root = sandbox_service(logs, {"SHELLRL_API_TOKEN": TOKEN})
+    verifier = ServiceProcess(
+        "verifier",
+        free_port(),
+        {**env, "SHELLRL_SANDBOX_URL": sandbox.url, "SHELLRL_REQUIRE_COMMAND": "true"},
+        logs,
+    )
+    gateway = ServiceProcess(
+        "rollout",
+        free_port(),
+        {
+            **env,
+            **RL,
+            "SHELLRL_ENGINE_URLS": engine.url,
+            "SHELLRL_SANDBOX_URL": sandbox.url,
+            "SHELLRL_VERIFIER_URL": verifier.url,
+            "SHELLRL_MODEL_PATH": "tiny",
+            "SHELLRL_MAX_TURNS": "1",
+            "SHELLRL_MAX_NEW_TOKENS": "6",
+            "SHELLRL_EXEC_TIMEOUT_S": "5",
+            "SHELLRL_TASK_FILE_DIR": str(task_dir),
+        },
+        logs,
+    )
+    learner = ServiceProcess(
+        "learner",
+        free_port(),
+        {
+            **env,
+            **TINY,
+            **RL,
+            "SHELLRL_ENGINE_URLS": engine.url,
+            "SHELLRL_CHECKPOINT_DIR": str(tmp / "ckpt"),
+            "SHELLRL_WEIGHT_SYNC_DIR": str(tmp / "sync"),
+            "SHELLRL_CHECKPOINT_INTERVAL_STEPS": "100",
+            "SHELLRL_BLOCK_MS": "200",
+            # the random tiny model never succeeds: train on zero-variance groups too
+            "SHELLRL_TRAIN_ZERO_VARIANCE_GROUPS": "true",
+        },
+        logs,
+    )
+    procs = [engine, sandbox, verifier, gateway, learner]
     try:
-        engine = ServiceProcess("engine", free_port(), TINY, logs).start(180)
-        procs.append(engine)
-        sandbox, root = start_sandbox(logs, {"SHELLRL_API_TOKEN": TOKEN})
-        procs.append(sandbox)
-        verifier = ServiceProcess(
-            "verifier",
-            free_port(),
-            {**env, "SHELLRL_SANDBOX_URL": sandbox.url, "SHELLRL_REQUIRE_COMMAND": "true"},
-            logs,
-        ).start(120)
-        procs.append(verifier)
-        gateway = ServiceProcess(
-            "rollout",
-            free_port(),
-            {
-                **env,
-                **RL,
-                "SHELLRL_ENGINE_URLS": engine.url,
-                "SHELLRL_SANDBOX_URL": sandbox.url,
-                "SHELLRL_VERIFIER_URL": verifier.url,
-                "SHELLRL_MODEL_PATH": "tiny",
-                "SHELLRL_MAX_TURNS": "1",
-                "SHELLRL_MAX_NEW_TOKENS": "6",
-                "SHELLRL_EXEC_TIMEOUT_S": "5",
-                "SHELLRL_TASK_FILE_DIR": str(task_dir),
-            },
-            logs,
-        ).start(120)
-        procs.append(gateway)
-        learner = ServiceProcess(
-            "learner",
-            free_port(),
-            {
-                **env,
-                **TINY,
-                **RL,
-                "SHELLRL_ENGINE_URLS": engine.url,
-                "SHELLRL_CHECKPOINT_DIR": str(tmp / "ckpt"),
-                "SHELLRL_WEIGHT_SYNC_DIR": str(tmp / "sync"),
-                "SHELLRL_CHECKPOINT_INTERVAL_STEPS": "100",
-                "SHELLRL_BLOCK_MS": "200",
-                # the random tiny model never succeeds: train on zero-variance groups too
-                "SHELLRL_TRAIN_ZERO_VARIANCE_GROUPS": "true",
-            },
-            logs,
-        ).start(120)
-        procs.append(learner)
+        start_together(procs, 180)  # each waits for what it needs to be ready
         yield {"gateway": gateway, "learner": learner, "verifier": verifier, "redis": env}
     finally:
         for proc in reversed(procs):
             proc.stop()
-        if root is not None:
-            shutil.rmtree(root, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture
