@@ -21,7 +21,9 @@ in the same run, and, from the first step of each variant
 on the same weights and batch, what it changes against the first: the loss, the KL term, the
 gradient (max |difference| relative to the largest gradient entry, cosine) and, for a variant with
 a bfloat16 reference, the reference log-probs (max and mean |difference| in nats over scored
-tokens). Variants (`name=field:value,...` of TrainerConfig, or a preset name):
+tokens). The behaviour log-probs are the float32 learner's, so at that first step w = r = 1 and
+the loss's policy term is -sum(A * weight) for any weights: the KL and the gradient are what
+compare the variants' computations. Variants (`name=field:value,...` of TrainerConfig, or a preset name):
 
   before                  the step before issue 33: AdamW's per-tensor loop, padded rows,
                           float32 reference
