@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 from dataclasses import replace
 
+import pytest
 import torch
 
 from benchmarks.bench_learner_step import first_step_terms, reference_logprobs
@@ -31,6 +32,16 @@ JOB = TrainerConfig(
 REF_LOGPROB_TOL = 0.05  # nats, max over scored tokens
 LOSS_REL_TOL = 1e-3  # |loss difference| / |loss|
 GRAD_COS_MIN = 0.999
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One torch thread, as the main job's learner runs: on a loaded 2-core machine a second
+    thread makes these tiny-model steps several times slower, not faster."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def trainers(*configs: TrainerConfig) -> list[Trainer]:
