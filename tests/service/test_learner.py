@@ -296,10 +296,14 @@ async def test_learner_killed_between_checkpoints_resumes_without_training_a_tra
         assert (
             await _pending_count(redis) == 6
         )  # step 3's group and the half group: never acknowledged
+        # restarted paused, as `shellrl run` starts it: the re-read group of step 3 would
+        # otherwise train (and push 3) between ready and the check below, on a loaded machine
+        learner.env["SHELLRL_START_PAUSED"] = "true"
         learner.start(ready_timeout_s=120)
         # ready only once the resumed weights reached the engine: step 2's, not the killed
         # learner's step 3 (a before-evaluation started at ready must see the resumed policy)
         assert (await client.get_weight_version()) == {engine.url: "2"}
+        assert (await http(learner, "POST", "/v1/resume")).status_code == 200
         resumed = await step_reaches(learner, 3)
         assert resumed["last_step"]["lr"] == pytest.approx(
             3e-4
