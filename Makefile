@@ -12,8 +12,12 @@ APT_PACKAGES := redis-server bubblewrap prometheus
 run: setup  ## set up what is missing, then run the main job on the embedded default
 	$(VENV)/bin/shellrl run $(ARGS)
 
-test: setup lint  ## set up, check the house rules, then run the whole test suite
-	$(PY) -m pytest -q -x --durations=15 -p no:randomly --junitxml=.shellrl/test-report.xml tests $(PYTEST_ARGS)
+# pytest-xdist workers of `make test`, each running whole modules (0: one process)
+TEST_WORKERS ?= 3
+
+test: setup lint  ## set up, check the house rules, then run the whole test suite (TEST_WORKERS=n)
+	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=15 -p no:randomly \
+	  --junitxml=.shellrl/test-report.xml tests $(PYTEST_ARGS)
 	-@$(PY) scripts/suite_times.py .shellrl/test-report.xml  # a report: never fails the target
 
 test-random: setup  ## the whole suite in a random order (SEED=n repeats one; pytest-randomly)

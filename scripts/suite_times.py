@@ -1,7 +1,8 @@
 """How long each part of the test suite took, from the JUnit XML that `make test` writes
 (`.shellrl/test-report.xml`): seconds per tests/<part> (setup + call + teardown of each test; a
 module's shared fixture counts in the test that started it), tests and failures per part, and
-the slowest modules.
+the slowest modules. Under pytest-xdist (`make test`) the seconds are summed over the workers,
+so they add up to more than the session's wall time.
 
     python scripts/suite_times.py [.shellrl/test-report.xml]
 """
@@ -32,7 +33,10 @@ def main(path: str = ".shellrl/test-report.xml") -> None:
         print(f"{part:<16}{count:>7}{failed:>8}{seconds:>10.0f}{seconds / total:>8.0%}")
     print(f"{'total':<16}{sum(p[1] for p in parts.values()):>7}{'':>8}{total:>10.0f}")
     session = float(suite.get("time", 0.0)) if suite is not None else 0.0
-    print(f"pytest session {session:.0f} s (collection and imports: {session - total:.0f} s)")
+    if session >= total:
+        print(f"pytest session {session:.0f} s (collection and imports: {session - total:.0f} s)")
+    else:  # pytest-xdist: the workers' tests overlap in time
+        print(f"pytest session {session:.0f} s wall; tests {total:.0f} s summed over the workers")
     print("\nslowest modules:")
     for module, seconds in sorted(modules.items(), key=lambda kv: -kv[1])[:12]:
         print(f"  {seconds:7.0f} s  {module}")
