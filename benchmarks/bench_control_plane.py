@@ -19,7 +19,9 @@ episode, admission waits per group, consumer-group pending and lag, staleness of
 trained. Offered load = N x 64 slots / the profile's mean turn time; a point is saturated when it
 reaches less than 80% of it. The gateways' own view of the fakes' latency (exec: 3.7 ms, create:
 45 ms at the fake) shows how late their event loops answer. Then the extrapolated table (control_plane_report.py).
-Writes results.json and plots to --out (default docs/runs/control-plane/).
+Writes results.json and plots to --out (default .shellrl/benchmarks/control-plane/, so a rerun
+never overwrites the committed runs, which were written with --out docs/runs/control-plane);
+`--quick` writes into a temporary directory it removes at its end.
 """
 
 from __future__ import annotations
@@ -203,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         help="the verifier's SHELLRL_TRAJECTORIES_STREAM_MAXLEN (default: its own)",
     )
-    parser.add_argument("--out", type=Path, default=REPO / "docs/runs/control-plane")
+    parser.add_argument("--out", type=Path, default=REPO / ".shellrl/benchmarks/control-plane")
     parser.add_argument(
         "--from-results",
         type=Path,
@@ -214,7 +216,13 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.engines, args.gateways, args.window_s, args.warm_steps = [2], [1], 3.0, 1
         args.attribute_engines = args.drain_engines = 0
-        args.out = Path(tempfile.mkdtemp(prefix="bench-cp-quick-"))
+        with tempfile.TemporaryDirectory(prefix="bench-cp-quick-") as out:
+            args.out = Path(out)
+            return run(args)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     console.print(
         f"[bold]Control plane[/bold] on {os.cpu_count()} CPU cores, load {os.getloadavg()[0]:.1f}"
@@ -261,7 +269,9 @@ def report(points: list[Point], profile: dict, out: Path, drain: dict | None = N
     console.print(memory_table(points))
     rows, basis = extrapolate(points, profile, drain)
     console.print(
-        "CPU-ms per episode (slope over the 1-gateway points; learner: the drain's): "
+        "CPU-ms per episode (slope over the 1-gateway points; learner: "
+        + ("the drain's" if drain else "the sweep's, no drain run")
+        + "): "
         + ", ".join(f"{r} {v:.2f}" for r, v in basis["ms_per_episode"].items())
         + f"; one engine offers {basis['episodes_per_s_per_engine']:.1f} episodes/s; one process "
         "at 70% of a core carries: "
