@@ -52,10 +52,10 @@ import redis.asyncio as aioredis
 
 from services.rollout import metrics as m
 from services.rollout.policy_version import PolicyVersionWatcher
-from shellrl.contract import Trajectory
+from shellrl.contract import ContractError, Trajectory, is_infra, parse_trajectory
 from shellrl.rl.dynamic_sampling import reward_key
 from shellrl.rl.staleness import admission_bound_terms, max_admitted_groups
-from shellrl.streams import POLICY_VERSION_KEY
+from shellrl.streams import POLICY_VERSION_KEY, STREAM_EPISODES, idempotency_key
 from shellrl.streams.keys import ADMITTED_KEY, INFLIGHT_KEY, group_accounting_key
 
 log = logging.getLogger(__name__)
@@ -208,7 +208,12 @@ class Admission:
         strict: bool = True,
         dynamic_sampling: bool = False,
         poll_s: float = 1.0,
+        group_size: int | None = None,
+        max_attempts: int = 1,
     ) -> None:
+        """group_size, max_attempts: the members a group's samples hand off as
+        (`<group_id>-<index>-a<attempt>` on shellrl:episodes, rollout/worker.py), so that `recover`
+        counts the usable members a dead replica had already handed off (None: counts none)."""
         if max_staleness < 0 or groups_per_step < 1:
             raise ValueError("max_staleness >= 0 and groups_per_step >= 1")
         self.redis, self.watcher, self.replica = redis, watcher, replica
@@ -220,6 +225,7 @@ class Admission:
         )
         self.dynamic_sampling = dynamic_sampling
         self._dynamic = "1" if dynamic_sampling else "0"
+        self.group_size, self.max_attempts = group_size, max_attempts
         self._bound_at_zero, self._groups_per_version = admission_bound_terms(
             max_staleness, groups_per_step
         )
@@ -323,7 +329,11 @@ class Admission:
         return int(removed), int(given_back)
 
     async def recover(self, replica: str | None = None) -> int:
-        """At start-up: groups this replica had in flight died with it; give their slots back.
+        """At start-up: groups this replica had in flight died with it; each ends as `finish`
+        would with the usable members it had already handed off (`handed_off_usable`): a group
+        whose samples all reached shellrl:episodes before the crash goes on to the learner and
+        keeps its slot; one left below MIN_USABLE gives it back. (Before, every such group gave
+        its slot back: a group handed off whole then trained uncounted, one past the bound.)
         With `replica`: the same for that (dead) replica. Returns how many groups."""
         replica = replica or self.replica
         prefix = f"{replica}|".encode()
@@ -331,13 +341,42 @@ class Admission:
             mb for mb in await self.redis.zrange(INFLIGHT_KEY, 0, -1) if mb.startswith(prefix)
         ]
         for member in members:
-            await self._end(member.decode(), member.decode()[len(prefix) :], 0)
+            group_id = member.decode()[len(prefix) :]
+            await self._end(member.decode(), group_id, await self.handed_off_usable(group_id))
         if members:
             log.warning(
                 "gave back admission of groups in flight at the last shutdown",
                 extra={"groups": len(members), "replica": replica},
             )
         return len(members)
+
+    async def handed_off_usable(self, group_id: str) -> int:
+        """Samples of `group_id` (index 0..group_size-1) of which an attempt is on
+        shellrl:episodes without an INFRA failure, found through the stream's idempotency keys
+        (entry ids). An entry trimmed since counts as not usable (the conservative side: the
+        slot is given back, as before). 0 without `group_size`."""
+        if not self.group_size:
+            return 0
+        names = [
+            (index, f"{group_id}-{index}-a{attempt}")
+            for index in range(self.group_size)
+            for attempt in range(self.max_attempts)
+        ]
+        entry_ids = await self.redis.mget(
+            [idempotency_key(STREAM_EPISODES, name) for _, name in names]
+        )
+        usable: set[int] = set()
+        for (index, _), entry_id in zip(names, entry_ids, strict=True):
+            if not entry_id or index in usable:
+                continue
+            entries = await self.redis.xrange(STREAM_EPISODES, entry_id, entry_id)
+            try:
+                handed_off = parse_trajectory(entries[0][1][b"pb"]) if entries else None
+            except (ContractError, KeyError):  # not ours to judge here: not counted
+                handed_off = None
+            if handed_off is not None and not is_infra(handed_off.failure):
+                usable.add(index)
+        return len(usable)
 
     async def state(self) -> AdmissionState:
         async with self.redis.pipeline(transaction=False) as pipe:

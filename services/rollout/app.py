@@ -106,6 +106,8 @@ def build_app(settings: RolloutSettings) -> FastAPI:
             groups_per_step=settings.groups_per_step,
             strict=settings.strict_staleness,
             dynamic_sampling=settings.dynamic_sampling,
+            group_size=settings.group_size,
+            max_attempts=settings.max_attempts,
         )
         steering = _steering(redis, settings)
         pool = TaskPool(

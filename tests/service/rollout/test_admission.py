@@ -132,3 +132,47 @@ async def test_missing_counter_starts_at_version_times_groups_per_step(redis):
     while await adm.try_admit(f"g{admitted}") is not None:
         admitted += 1
     assert admitted == (4 + 1 + 1) * 3 - 4 * 3 == 6
+
+
+async def test_a_replica_restarted_mid_group_keeps_the_slots_of_groups_it_had_handed_off(redis):
+    """Found by the chaos test under load: the gateway was killed after a group's two samples
+    reached shellrl:episodes but before the group left flight; the restarted replica gave every
+    such slot back, so that group trained uncounted and the learner saw 5 groups waiting against
+    a bound of 4. Now `recover` ends each group with the usable members it had handed off (by
+    the stream's idempotency keys, as the worker publishes them): whole or usable groups keep
+    their slot, the rest give it back."""
+    from shellrl.contract import Failure
+    from shellrl.streams import STREAM_EPISODES, StreamProducer
+    from tests.helpers.trajectories import make_trajectory
+
+    mine = admission(redis, k=4, b=1)
+    for group in ("whole", "half", "retried", "lost"):
+        await mine.admit(group)
+    episodes = StreamProducer(redis, STREAM_EPISODES)
+    infra = Failure.FAILURE_INFRA_SANDBOX
+    handed_off = {  # what the worker published before the crash: (sample, attempt, failure)
+        "whole": [(0, 0, None), (1, 0, None)],
+        "half": [(1, 0, None)],  # the other sample was running when the replica died
+        "retried": [(0, 0, infra), (0, 1, None), (1, 0, None)],  # INFRA, then retried: usable
+        "lost": [(0, 0, infra), (1, 0, None)],  # the INFRA one's retry never ran: 1 usable
+    }
+    for group, samples in handed_off.items():
+        for index, attempt, failure in samples:
+            name = f"{group}-{index}-a{attempt}"
+            traj = make_trajectory(group, 0.0, trajectory_id=name, group_size=2)
+            traj.failure = failure or Failure.FAILURE_NONE
+            await episodes.add(traj.SerializeToString(), idempotency_key=name, group_id=group)
+    restarted = Admission(
+        redis,
+        PolicyVersionWatcher(redis, poll_s=0.05),
+        replica="rollout-0",
+        max_staleness=4,
+        groups_per_step=1,
+        group_size=2,
+        max_attempts=2,
+    )
+    assert [await restarted.handed_off_usable(g) for g in handed_off] == [2, 1, 2, 1]
+    assert await restarted.recover() == 4
+    state = await restarted.state()
+    assert state.groups_in_flight == 0
+    assert state.groups_admitted == 2  # "whole" and "retried" go on to the learner, counted
