@@ -340,13 +340,15 @@ class Admission:
         members = [
             mb for mb in await self.redis.zrange(INFLIGHT_KEY, 0, -1) if mb.startswith(prefix)
         ]
+        given_back = 0
         for member in members:
             group_id = member.decode()[len(prefix) :]
-            await self._end(member.decode(), group_id, await self.handed_off_usable(group_id))
+            usable = await self.handed_off_usable(group_id)
+            given_back += bool((await self._end(member.decode(), group_id, usable))[1])
         if members:
             log.warning(
-                "gave back admission of groups in flight at the last shutdown",
-                extra={"groups": len(members), "replica": replica},
+                "ended the groups in flight at the last shutdown",
+                extra={"groups": len(members), "given_back": given_back, "replica": replica},
             )
         return len(members)
 
