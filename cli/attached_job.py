@@ -28,12 +28,11 @@ from rich.live import Live
 from rich.table import Table
 
 from cli.errors import CliError, http_errors
-from cli.job_evaluations import evaluate, log_evaluations
+from cli.job_evaluations import evaluate, log_evaluations, open_tracker
 from cli.job_report import JobOutcome, write_job_report
 from cli.job_tasks import eval_sets, train_tasks
 from cli.main_job import JobConfig, check_verifier_config, console, submit
 from shellrl.contract import task_to_json
-from shellrl.tracking import TrackingConfig, create_tracker
 
 POLL_S = 3.0
 LEARNER_PORT = 8103  # compose and the local stack publish the learner here
@@ -75,9 +74,7 @@ def run_attached(cfg: JobConfig, target: AttachTarget) -> Path:
             f"[bold]shellrl run --attach[/] {target.rollout_url}: {len(train_pool)} training "
             "tasks, eval sets " + ", ".join(f"{k} {len(v)}" for k, v in sets.items())
         )
-        tracker = create_tracker(
-            TrackingConfig(backend=cfg.tracker), "job", cfg.state_dir / "tracking"
-        )
+        tracker = open_tracker(cfg)
         phases: dict[str, float] = {}
         eval_ids = {name: submit(client, tasks, eval_copy=True) for name, tasks in sets.items()}
         tasks_by_id = {i: t for name, ts in sets.items() for i, t in zip(eval_ids[name], ts)}

@@ -1,6 +1,7 @@
 """The main job's evaluations (cli/main_job.py): start one evaluation per eval set on the
 rollout gateway (POST /v1/evaluations), wait for all of them with a live status line, and log
-their success (with its 95% interval, cli/eval_stats.py) and per-template table to the tracker.
+their success (with its 95% interval, cli/eval_stats.py) and per-template table to the tracker
+(`open_tracker`: the job's run, its options logged first).
 """
 
 from __future__ import annotations
@@ -72,6 +73,28 @@ def evaluate(
             f"scored, versions {view.get('policy_versions_seen')}, outcomes {view.get('outcomes')})"
         )
     return results
+
+
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
+
+
+def open_tracker(cfg):
+    """The job's tracker (shellrl/tracking.py; run `job` under <state>/tracking, beside the
+    learner's, one run name for both) with the job's options logged as its config: the tracker
+    and <state>/tracking/job/config.json. [env] values whose names hold a secret word are
+    logged as '***'."""
+    from dataclasses import asdict
+
+    from shellrl.tracking import TrackingConfig, create_tracker
+
+    tracker = create_tracker(TrackingConfig(backend=cfg.tracker), "job", cfg.state_dir / "tracking")
+    config = asdict(cfg)
+    config["extra_env"] = {
+        name: "***" if any(w in name.upper() for w in SECRET_WORDS) else value
+        for name, value in cfg.extra_env.items()
+    }
+    tracker.log_config(config)
+    return tracker
 
 
 def log_evaluations(tracker, results: dict[str, dict], tasks_by_id: dict) -> None:

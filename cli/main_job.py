@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from cli.job_evaluations import evaluate, log_evaluations
+from cli.job_evaluations import evaluate, log_evaluations, open_tracker
 from cli.job_failure import last_metrics, report_failure, service_exited
 from cli.job_report import JobOutcome, read_steps, write_job_report
 from cli.job_tasks import eval_sets, train_tasks
@@ -53,7 +53,6 @@ from cli.stack_config import (
 from cli.stack_failure import ServiceExited, StackError
 from cli.stack_status import collect
 from shellrl.contract import task_to_json
-from shellrl.tracking import TrackingConfig, create_tracker
 
 console = Console()
 
@@ -113,8 +112,9 @@ class JobConfig:
     # a success without any command trains as 0 (services/verifier/rewards.py, ungrounded_success): run6
     # collapsed into answering at once, rewarded by lucky guesses; eval success is the plain outcome
     require_command: bool = True
-    # experiment tracking of the job's evaluations (shellrl/tracking.py; the learner logs its steps
-    # itself): auto = TensorBoard under <state>/tracking/job when installed
+    # experiment tracking (shellrl/tracking.py) of the job's evaluations and, through the learner's
+    # SHELLRL_TRACKER, of its steps: auto = TensorBoard under <state>/tracking/{job,learner} when
+    # installed
     tracker: str = "auto"
     extra_env: dict = field(default_factory=dict)
 
@@ -154,6 +154,8 @@ class JobConfig:
                 # trajectories of the run before): POST /v1/resume when training starts
                 "SHELLRL_START_PAUSED": "true",
                 "SHELLRL_MAX_STEPS": str(self.steps),  # --steps exactly, never a step past
+                "SHELLRL_TRACKER": self.tracker,
+                "SHELLRL_TRACKING_DIR": str(state / "tracking"),
             },
         }
         return StackConfig(
@@ -329,7 +331,7 @@ def run_job(cfg: JobConfig) -> Path:
         f"{len(train_pool)} training tasks, eval sets "
         + ", ".join(f"{k} {len(v)}" for k, v in sets.items())
     )
-    tracker = create_tracker(TrackingConfig(backend=cfg.tracker), "job", cfg.state_dir / "tracking")
+    tracker = open_tracker(cfg)
     # filled phase by phase (wall seconds of each stage in `phases`), so a failure reports what ran
     job = JobOutcome(
         before={}, after={}, tasks_by_id={}, steps=[], snapshots=[], metrics={}, phases={}

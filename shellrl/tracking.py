@@ -1,6 +1,7 @@
 """Experiment tracking: one small interface, three backends, chosen by a setting.
 
     tracker = create_tracker(TrackingConfig(backend="auto"), "learner", default_directory=path)
+    tracker.log_config({"lr": 2e-5, "kl_coef": 0.1})     # also <directory>/<source>/config.json
     tracker.log_metrics({"reward_mean": 0.4, "stats/clip_fraction_low": 0.0}, step=12)
     tracker.log_table("eval_id/per_template", ["template", "before", "after"], rows, step=12)
     tracker.close()
@@ -15,9 +16,12 @@ Backends (imported only when selected; none of them is needed to train):
                environment says otherwise), or `mlflow_tracking_uri`.
   none         nothing is logged.
 Each process (the learner, the job) logs its own run, named `<run_name>-<source>` and grouped by
-`run_name`. Tracking never stops training: a backend call that fails is logged once as a
-warning and the tracker turns itself off. Selecting a backend that is not installed fails at
-start-up (ValueError naming the package to install).
+`run_name`; a run name not given is made once and kept in <directory>/run_name, so a restarted
+learner (and the job beside it, which shares the directory) logs under the same name. Each run's
+resolved settings go to the backend and to <directory>/<source>/config.json (`log_config`).
+Tracking never stops training: a backend call that fails is logged once as a warning and the
+tracker turns itself off. Selecting a backend that is not installed fails at start-up
+(ValueError naming the package to install).
 """
 
 from __future__ import annotations
@@ -63,6 +67,8 @@ class TrackingConfig:
 class Tracker(Protocol):
     """What the learner and the job log. step: the policy version the values belong to."""
 
+    def log_config(self, config: Mapping, step: int = 0) -> None: ...  # the resolved settings
+
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
 
     def log_table(
@@ -107,14 +113,34 @@ def create_tracker(
             f"pip install {PACKAGES[backend]}"
         )
     directory = Path(config.directory or default_directory)
-    run_name = config.run_name or f"shellrl-{int(time.time())}"
+    run_name = config.run_name or kept_run_name(directory)
     cls = {"tensorboard": TensorBoardTracker, "wandb": WandbTracker, "mlflow": MlflowTracker}[
         backend
     ]
-    return _Guarded(cls(config, directory, run_name, source))
+    return _Guarded(cls(config, directory, run_name, source), directory / source)
+
+
+def kept_run_name(directory: Path) -> str:
+    """The run name kept in `<directory>/run_name`; the first caller writes `shellrl-<unix time>`
+    there (exclusive create, so two processes starting together agree)."""
+    path = directory / "run_name"
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(path, "x") as f:
+            f.write(f"shellrl-{int(time.time())}\n")
+    except FileExistsError:
+        pass
+    for _ in range(50):  # the writer of an exclusive create may not have written yet
+        if name := path.read_text().strip():
+            return name
+        time.sleep(0.01)
+    raise ValueError(f"tracking run name file {path} is empty: delete it")
 
 
 class NullTracker:
+    def log_config(self, config: Mapping, step: int = 0) -> None:
+        pass
+
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         pass
 
@@ -128,10 +154,11 @@ class NullTracker:
 
 
 class _Guarded:
-    """Wraps a backend: the first exception is logged and turns tracking off for this process."""
+    """Wraps a backend: the first exception is logged and turns tracking off for this process.
+    run_dir: where `log_config` writes config.json (the run's directory under the tracker's)."""
 
-    def __init__(self, backend) -> None:
-        self.backend, self.failed = backend, False
+    def __init__(self, backend, run_dir: Path | None = None) -> None:
+        self.backend, self.failed, self.run_dir = backend, False, run_dir
 
     def _call(self, method: str, *args) -> None:
         if self.failed:
@@ -144,6 +171,19 @@ class _Guarded:
                 "experiment tracking failed; tracking is off for this process",
                 extra={"backend": type(self.backend).__name__, "error": repr(exc)},
             )
+
+    def log_config(self, config: Mapping, step: int = 0) -> None:
+        """`config` (JSON-able; other values as their str) to <run_dir>/config.json and to the
+        backend. step: the policy version it applies from (a restarted learner logs it again)."""
+        config = json.loads(json.dumps(config, default=str))
+        if self.run_dir is not None:
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                text = json.dumps(config, indent=2, sort_keys=True) + "\n"
+                (self.run_dir / "config.json").write_text(text)
+            except OSError as exc:
+                log.warning("could not write the run's config.json", extra={"error": repr(exc)})
+        self._call("log_config", config, step)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self._call("log_metrics", metrics, step)
@@ -158,19 +198,30 @@ class _Guarded:
 
 
 def markdown_table(columns: Sequence[str], rows: Sequence[Sequence]) -> str:
-    lines = ["| " + " | ".join(map(str, columns)) + " |", "|" + "---|" * len(columns)]
-    return "\n".join(lines + ["| " + " | ".join(map(str, row)) + " |" for row in rows])
+    """A markdown table; in a cell `|` is escaped and a line break becomes `<br>`."""
+
+    def cell(value) -> str:
+        return str(value).replace("|", "\\|").replace("\r", "").replace("\n", "<br>")
+
+    lines = ["| " + " | ".join(map(cell, columns)) + " |", "|" + "---|" * len(columns)]
+    return "\n".join(lines + ["| " + " | ".join(map(cell, row)) + " |" for row in rows])
 
 
 class TensorBoardTracker:
-    """Scalars per step and tables as markdown text, in <directory>/<source>/events.out.tfevents.*;
-    flushed after every call, so a killed process loses nothing it logged."""
+    """Scalars per step, tables as markdown text and the config as a JSON block (text tag
+    "config"), in <directory>/<source>/events.out.tfevents.*; flushed after every call, so a
+    killed process loses nothing it logged."""
 
     def __init__(self, config: TrackingConfig, directory: Path, run_name: str, source: str) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(directory / source), flush_secs=5)
         self.writer.add_text("run", f"{run_name} ({source})", 0)
+
+    def log_config(self, config: Mapping, step: int = 0) -> None:
+        text = json.dumps(config, indent=2, sort_keys=True)
+        self.writer.add_text("config", "```json\n" + text + "\n```", step)
+        self.writer.flush()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         for name, value in metrics.items():
@@ -202,6 +253,9 @@ class WandbTracker:
             mode=config.wandb_mode,
             reinit="create_new",
         )
+
+    def log_config(self, config: Mapping, step: int = 0) -> None:
+        self.run.config.update(dict(config), allow_val_change=True)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log(dict(metrics), step=step)
@@ -241,6 +295,9 @@ class MlflowTracker:
             run_name=f"{run_name}-{source}",
             tags={"shellrl.group": run_name, "shellrl.source": source},
         ).info.run_id
+
+    def log_config(self, config: Mapping, step: int = 0) -> None:
+        self.client.log_dict(self.run_id, dict(config), "config.json")
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric

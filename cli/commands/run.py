@@ -107,8 +107,9 @@ def add_arguments(parser) -> None:
         "--tracker",
         choices=("auto", "none", "tensorboard", "wandb", "mlflow"),
         default=d.tracker,
-        help="experiment tracking of the evaluations (auto: TensorBoard in <state-dir>/tracking "
-        "when installed; W&B runs offline)",
+        help="experiment tracking of the learner's steps, sampled episodes and settings and of "
+        "the job's evaluations and options (auto: TensorBoard in <state-dir>/tracking when "
+        "installed; W&B runs offline)",
     )
     parser.add_argument(
         "--fresh", action="store_true", help="delete <state-dir> first (Redis, checkpoints, logs)"

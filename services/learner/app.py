@@ -31,6 +31,7 @@ from services.learner import metrics
 from services.learner.checkpoint import CheckpointStore
 from services.learner.engine_membership import EngineMembership
 from services.learner.group_assembler import DROP_REASONS, GroupAssembler
+from services.learner.sample_table import SampleTable
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import Trainer, TrainerConfig
 from services.learner.weight_dtype import checkpoint_dtype
@@ -160,6 +161,8 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
         fault_oom_at_step=s.fault_oom_at_step,
         start_paused=s.start_paused,
         max_steps=s.max_steps,
+        tracking=s.tracking_config(),
+        run_config=s.public_dict(),
     )
     worker = LearnerWorker(
         consumer,
@@ -168,6 +171,11 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
         sync,
         CheckpointStore(s.checkpoint_dir, s.keep_checkpoints),
         config,
+        samples=SampleTable(
+            lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+            interval_steps=s.sample_table_interval_steps,
+            rows=s.sample_table_rows,
+        ),
     )
     return worker, client
 

@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, model_validator
 
 from shellrl.service.auth import check_token
 from shellrl.service.settings import TrainingScheduleSettings
+from shellrl.tracking import PACKAGES, TrackingConfig, installed
 
 
 class LearnerSettings(TrainingScheduleSettings):
@@ -190,6 +191,36 @@ class LearnerSettings(TrainingScheduleSettings):
         "Only a learner that started fresh: one that resumed a checkpoint never fires it.",
     )
 
+    # experiment tracking (shellrl/tracking.py; `shellrl run --tracker` sets it)
+    tracker: Literal["auto", "none", "tensorboard", "wandb", "mlflow"] = Field(
+        "auto",
+        description="Where every step's metrics, the resolved settings and the sample tables go: "
+        "auto = TensorBoard when installed (the images install it), else none; wandb runs "
+        "offline (tracking_wandb_mode); mlflow writes a file store. A backend whose package is "
+        "missing stops the start (ValueError naming the package).",
+    )
+    tracking_dir: str = Field(
+        "",
+        description="The tracker's directory ('' = <checkpoint_dir>/../tracking); the learner's "
+        "run is <tracking_dir>/learner (event files, config.json).",
+    )
+    tracking_run_name: str = Field(
+        "",
+        description="The run's name ('' = the one kept in <tracking_dir>/run_name, made at the "
+        "first start, so a restarted learner logs under the same name).",
+    )
+    tracking_project: str = Field("shellrl", description="W&B project / MLflow experiment.")
+    tracking_wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="W&B: offline (`wandb sync` uploads later) or online."
+    )
+    sample_table_interval_steps: int = Field(
+        1,
+        ge=0,
+        description="Log a table of sampled episodes (prompt, actions and outputs, reward) every "
+        "N steps (0 = never).",
+    )
+    sample_table_rows: int = Field(4, ge=1, description="Episodes per sample table.")
+
     # weight sync
     weight_transport: Literal["auto", "shm", "cuda_ipc", "distributed", "disk"] = Field(
         "auto",
@@ -278,6 +309,23 @@ class LearnerSettings(TrainingScheduleSettings):
         "entries idle for a day are re-claimed (one learner consumer).",
     )
     max_deliveries: int = Field(5, ge=1)
+
+    def tracking_config(self) -> TrackingConfig:
+        """The tracker settings (its directory: tracking_dir, else next to checkpoint_dir)."""
+        return TrackingConfig(
+            backend=self.tracker,
+            directory=self.tracking_dir or str(Path(self.checkpoint_dir).parent / "tracking"),
+            project=self.tracking_project,
+            run_name=self.tracking_run_name,
+            wandb_mode=self.tracking_wandb_mode,
+        )
+
+    @model_validator(mode="after")
+    def _tracker_installed(self):
+        """The tracker's package is installed (else the start fails here, naming it)."""
+        if self.tracker in PACKAGES and not installed(self.tracker):
+            raise ValueError(f"tracker {self.tracker!r}: pip install {PACKAGES[self.tracker]}")
+        return self
 
     @model_validator(mode="after")
     def _one_admin_key_source(self):

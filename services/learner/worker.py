@@ -23,7 +23,8 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -32,6 +33,7 @@ from services.learner import metrics
 from services.learner.checkpoint import CheckpointStore, LearnerState
 from services.learner.data_parallel import DataParallel
 from services.learner.group_assembler import Dropped, GroupAssembler, RolloutGroup, group_samples
+from services.learner.sample_table import COLUMNS, SampleTable
 from services.learner.step_metrics import export_step_metrics, process_memory
 from services.learner.trainer import Trainer
 from services.learner.weight_sync import WeightSync
@@ -62,6 +64,8 @@ class WorkerConfig:
     # experiment tracking of every step's metrics (shellrl/tracking.py); its directory defaults
     # to <checkpoint_dir>/../tracking (the TensorBoard run: .../tracking/learner)
     tracking: TrackingConfig = TrackingConfig()
+    # the resolved settings, logged to the tracker (and <run>/config.json) at every start
+    run_config: Mapping = field(default_factory=dict)
 
 
 class LearnerWorker:
@@ -74,6 +78,7 @@ class LearnerWorker:
         store: CheckpointStore,
         config: WorkerConfig,
         tracker: Tracker | None = None,
+        samples: SampleTable | None = None,
     ) -> None:
         self.consumer, self.assembler, self.trainer, self.sync = consumer, assembler, trainer, sync
         self.store, self.config = store, config
@@ -86,6 +91,7 @@ class LearnerWorker:
         self.tracker = tracker or create_tracker(
             config.tracking, "learner", Path(store.directory).parent / "tracking"
         )
+        self.samples = samples  # a table of sampled episodes every N steps (None: never)
         self._staleness: list[int] = []  # of the trajectories trained in the step in progress
         self.consumed: OrderedDict[str, int] = (
             OrderedDict()
@@ -118,6 +124,7 @@ class LearnerWorker:
         self._run_task = asyncio.current_task()
         await self.consumer.ensure_group()
         await self.resume()
+        self.tracker.log_config(self.config.run_config, self.version)
         while not stop.is_set():
             await self.serve_checkpoint_requests()
             if self.data_parallel.keepalive_due():
@@ -397,6 +404,9 @@ class LearnerWorker:
             )
             self._staleness = []
         self.tracker.log_metrics(flatten(self.last, exclude=("step", "finished_at")), step)
+        if self.samples is not None and self.samples.due(step):
+            if rows := self.samples.table(groups):
+                self.tracker.log_table("samples", COLUMNS, rows, step)
         self.store.append_ledger(
             {
                 "step": step,

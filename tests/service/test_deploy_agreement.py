@@ -34,6 +34,7 @@ PER_DEPLOYMENT = {
     "SHELLRL_MODEL_PATH",
     "SHELLRL_CHECKPOINT_DIR",
     "SHELLRL_WEIGHT_SYNC_DIR",
+    "SHELLRL_TRACKING_DIR",
     "SHELLRL_API_TOKEN_FILE",  # where the mounted secret is (the launcher: its state directory)
     "SHELLRL_TASK_FILE_DIR",  # where the mounted task files are (the launcher mounts none)
     "SHELLRL_CONSUMER_NAME",

@@ -363,3 +363,13 @@ def test_the_gateway_reads_task_files_from_a_read_only_mount(tmp_path, no_env):
     assert {v["source"] for v in rollout["volumes"] if v["target"] == task_dir} == {
         str(tmp_path / "mytasks")
     }
+
+
+def test_the_learner_image_installs_tensorboard_and_tracks_onto_a_volume(no_env):
+    """Issue 34 item 1: the default tracker (auto) is TensorBoard only where it is installed, so
+    the learner's image installs it, and its tracking directory lies on a mounted volume."""
+    learner_runs = " ".join(c.value[0] for c in dockerfile_stages()["learner"] if c.cmd == "RUN")
+    assert "tensorboard==${TENSORBOARD_VERSION}" in learner_runs
+    learner = rendered(no_env)["services"]["learner"]
+    tracking = learner["environment"]["SHELLRL_TRACKING_DIR"]
+    assert any(tracking.startswith(v["target"] + "/") for v in learner["volumes"])

@@ -1,9 +1,11 @@
-"""The learner logs every step's metrics to the experiment tracker (issue 22, item 1): a real
-learner process (tiny model) against real Redis and a real engine trains two steps with the default
-backend (TensorBoard, installed with the dev extras); its event files are read back with
-TensorBoard's own reader."""
+"""The learner logs every step's metrics to the experiment tracker (issue 22, item 1), its resolved
+settings and a table of sampled episodes (issue 34, item 1): a real learner process (tiny model)
+against real Redis and a real engine trains two steps with `SHELLRL_TRACKER=tensorboard`
+(installed with the dev extras); its event files are read back with TensorBoard's own reader."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -19,7 +21,7 @@ from tests.service.test_learner import (  # noqa: F401 (engine: a module fixture
     learner_env,
     step_reaches,
 )
-from tests.unit.test_tracking import read_tensorboard
+from tests.unit.test_tracking import read_tensorboard, read_texts
 
 pytestmark = [
     pytest.mark.slow,
@@ -31,7 +33,12 @@ async def test_learner_logs_every_step_to_tensorboard(engine, redis_server, tmp_
     redis = streams.connect(redis_server.url)
     client = EngineClient([engine.url], timeout_s=120)
     learner = ServiceProcess(
-        "learner", free_port(), learner_env(redis_server.url, engine.url, tmp_path), tmp_path
+        "learner",
+        free_port(),
+        learner_env(
+            redis_server.url, engine.url, tmp_path, tracker="tensorboard", sample_table_rows=2
+        ),
+        tmp_path,
     )
     try:
         learner.start(ready_timeout_s=120)
@@ -76,6 +83,18 @@ async def test_learner_logs_every_step_to_tensorboard(engine, redis_server, tmp_
         (1, 0.0),
         (2, 0.0),
     ]  # each group sampled by the version it trained
+    run = tmp_path / "tracking" / "learner"
+    config = json.loads((run / "config.json").read_text())
+    assert config["tracker"] == "tensorboard" and config["sample_table_rows"] == 2
+    assert config["checkpoint_dir"] == str(tmp_path / "ckpt") and "lr" in config
+    ((step, text),) = read_texts(run, "config")
+    assert step == 0 and json.loads(text.removeprefix("```json\n").removesuffix("\n```")) == config
+    tables = read_texts(run, "samples")
+    assert [step for step, _ in tables] == [1, 2]
+    header, _, *rows = tables[0][1].splitlines()
+    assert header.split(" | ")[:3] == ["| group_id", "task_id", "training_reward"]
+    assert len(rows) == 2 and rows[0].startswith("| g1 |")
+    assert (tmp_path / "tracking" / "run_name").read_text().startswith("shellrl-")
 
 
 async def _version_is(client: EngineClient, url: str, version: str) -> bool:

@@ -4,6 +4,7 @@ command line, turned into the stack's environment, and read back by the services
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -63,3 +64,25 @@ def test_several_greedy_eval_samples_are_refused_before_anything_starts():
     args = parse(["run", "--eval-samples", "4"])
     with pytest.raises(CliError, match="--eval-temperature > 0"):
         run(args)
+
+
+def test_the_tracker_reaches_the_learner_and_the_job_logs_its_options(monkeypatch, tmp_path):
+    from shellrl.tracking import installed
+
+    args = parse(["run", "--tracker", "none", "--state-dir", str(tmp_path)])
+    cfg = JobConfig(tracker=args.tracker, state_dir=tmp_path)
+    learner = service_settings(LearnerSettings, cfg, "learner", monkeypatch)
+    assert learner.tracker == "none"
+    assert learner.tracking_config().directory == str(tmp_path.resolve() / "tracking")
+    if not installed("tensorboard"):
+        pytest.skip("tensorboard not installed")
+    from cli.job_evaluations import open_tracker
+
+    cfg = JobConfig(
+        tracker="tensorboard", state_dir=tmp_path, extra_env={"SHELLRL_API_TOKEN": "secret"}
+    )
+    open_tracker(cfg).close()
+    logged = json.loads((tmp_path / "tracking" / "job" / "config.json").read_text())
+    assert logged["tracker"] == "tensorboard" and logged["kl_coef"] == cfg.kl_coef
+    assert logged["extra_env"] == {"SHELLRL_API_TOKEN": "***"}
+    assert (tmp_path / "tracking" / "run_name").exists()  # the learner's run name too

@@ -4,6 +4,7 @@ backend's own reader. W&B and MLflow cases are skipped where those packages are 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from shellrl.tracking import (
     create_tracker,
     flatten,
     installed,
+    kept_run_name,
 )
 
 
@@ -168,3 +170,36 @@ def test_mlflow_file_store_reads_back_metrics_and_tables(tmp_path):
         run.info.run_id, "tables/eval/per_template/step-2.json", str(tmp_path)
     )
     assert '"count_lines", 3' in Path(local).read_text()
+
+
+def read_texts(directory: Path, tag: str) -> list[tuple[int, str]]:
+    """(step, text) of a TensorBoard text tag (written by SummaryWriter.add_text)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    events = EventAccumulator(str(directory), size_guidance={"tensors": 0})
+    events.Reload()
+    return [
+        (e.step, make_ndarray(e.tensor_proto).item().decode())
+        for e in events.Tensors(f"{tag}/text_summary")
+    ]
+
+
+@pytest.mark.skipif(not installed("tensorboard"), reason="tensorboard not installed")
+def test_the_config_goes_to_config_json_and_to_tensorboard(tmp_path):
+    tracker = create_tracker(TrackingConfig(backend="tensorboard"), "learner", tmp_path)
+    tracker.log_config({"lr": 2e-5, "tracker": "tensorboard", "path": Path("/x")})
+    tracker.log_table("samples", ["prompt", "transcript"], [["a | b", "ls\nfile.txt"]], step=1)
+    tracker.close()
+    config = json.loads((tmp_path / "learner" / "config.json").read_text())
+    assert config == {"lr": 2e-5, "tracker": "tensorboard", "path": "/x"}
+    ((step, text),) = read_texts(tmp_path / "learner", "config")
+    assert step == 0 and json.loads(text.removeprefix("```json\n").removesuffix("\n```")) == config
+    ((step, table),) = read_texts(tmp_path / "learner", "samples")
+    assert step == 1 and table.splitlines()[2] == "| a \\| b | ls<br>file.txt |"
+
+
+def test_a_run_name_not_given_is_kept_for_every_later_tracker(tmp_path):
+    first = kept_run_name(tmp_path)
+    assert first.startswith("shellrl-") and kept_run_name(tmp_path) == first
+    assert (tmp_path / "run_name").read_text().strip() == first
