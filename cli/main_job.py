@@ -41,13 +41,12 @@ from cli.job_failure import last_metrics, report_failure, service_exited
 from cli.job_report import JobOutcome, read_steps, write_job_report
 from cli.job_tasks import eval_sets, train_tasks
 from cli.launcher import Stack
+from cli.recipe import Recipe
 from cli.stack_config import (
-    DEVICES,
     GPU_MEMORY_FRACTIONS,
-    GPU_SERVICES,
     StackConfig,
     api_headers,
-    device_env,
+    launcher_names,
     shifted_ports,
 )
 from cli.stack_failure import ServiceExited, StackError
@@ -58,8 +57,9 @@ console = Console()
 
 
 @dataclass
-class JobConfig:
-    """Knobs of the main job (flags of `shellrl run`)."""
+class JobConfig(Recipe):
+    """Knobs of the main job (flags of `shellrl run`): the recipe (cli/recipe.py, what `shellrl
+    up` starts too) and the job's own."""
 
     model_path: str = "smollm2"
     state_dir: Path = Path(".shellrl")
@@ -74,44 +74,15 @@ class JobConfig:
     # training time; the job adds ~7 min (start, evaluations before and after, report): runs 4-5 took
     # 23.9-25.2 min with 17 min, so 20 min keeps the whole job under 30 min with more steps
     time_budget_s: float = 20 * 60.0
-    group_size: int = 8
-    groups_per_step: int = 4
-    max_staleness: int = 1
-    lr: float = 2e-5
-    # k3 KL to the initial policy (the learner's SHELLRL_KL_COEF). Without it run7 learned word_count and
-    # lost count_lines (4/10 -> 0/10; its counting answers looked like word counts); runs 8 and 9 with 0.1
-    # met the target, learning count_lines with word_count or cat_file (BENCHMARKS.md, "Main job")
-    kl_coef: float = 0.1
-    # T = 0.7 (learner and engine alike, pitfall C07): at T = 1 the base policy solved 2 of 276 pass-rate
-    # episodes, at 0.7 6 of 143 (docs/runs/pass-rates/pass_rates_T*.json), so more groups carry a reward variance
-    temperature: float = 0.7
-    max_new_tokens: int = 40
-    max_turns: int = 2
     train_set: str = "curriculum"
     eval_id_episodes: int = 64
     eval_ood_episodes: int = 32
     agentbench_eval_tasks: int = 8
-    # drives the engine's per-request sampling seeds, the pool's epoch order and pass-rate
-    # steering's draws (rollout), and the learner's torch/numpy/python RNGs
-    seed: int = 0
     # the generated task sets (training pool and eval sets): fixed, so runs of any seed compare
     task_seed: int = 0
     # episodes per eval task and their temperature: 1 and 0.0 = greedy; K > 1 needs T > 0
     eval_samples: int = 1
     eval_temperature: float = 0.0
-    # DAPO dynamic sampling (gateway and learner): a step trains groups_per_step groups with
-    # reward variance; groups whose members all scored the same give their admission back
-    dynamic_sampling: bool = False
-    # pass over most tasks of templates whose recent training success is 0 or 1 (rollout)
-    pass_rate_steering: bool = False
-    # torch intra-op threads of the engine and the learner. The learner (1 thread; prefix sharing makes a
-    # trained group ~30 s) idles most of the time, so the engine gets both cores: in BENCHMARKS.md's
-    # "Main job", run3 (engine 2 threads) trained 13 groups in 17 min, run2 (1 thread) 6
-    engine_threads: int = 2
-    learner_threads: int = 1
-    # a success without any command trains as 0 (services/verifier/rewards.py, ungrounded_success): run6
-    # collapsed into answering at once, rewarded by lucky guesses; eval success is the plain outcome
-    require_command: bool = True
     # experiment tracking (shellrl/tracking.py) of the job's evaluations and, through the learner's
     # SHELLRL_TRACKER, of its steps: auto = TensorBoard under <state>/tracking/{job,learner} when
     # installed
@@ -123,40 +94,17 @@ class JobConfig:
         env = {
             "SHELLRL_CHECKPOINT_DIR": str(state / "checkpoints"),
             "SHELLRL_WEIGHT_SYNC_DIR": str(state / "weight_sync"),
-            "SHELLRL_GROUP_SIZE": str(self.group_size),
-            "SHELLRL_GROUPS_PER_STEP": str(self.groups_per_step),
-            "SHELLRL_MAX_STALENESS": str(self.max_staleness),
-            "SHELLRL_LR": str(self.lr),
-            "SHELLRL_TEMPERATURE": str(self.temperature),
-            "SHELLRL_MAX_NEW_TOKENS": str(self.max_new_tokens),
-            "SHELLRL_MAX_TURNS": str(self.max_turns),
-            "SHELLRL_DYNAMIC_SAMPLING": str(self.dynamic_sampling).lower(),
+            **self.env(),
             **self.extra_env,
         }
-        service_env = {
-            "engine": {"SHELLRL_NUM_THREADS": str(self.engine_threads)},
-            "verifier": {"SHELLRL_REQUIRE_COMMAND": str(self.require_command).lower()},
-            "rollout": {
-                "SHELLRL_POOL_SEED": str(self.seed),
-                "SHELLRL_SAMPLING_SEED": str(self.seed),
-                "SHELLRL_PASS_RATE_STEERING": str(self.pass_rate_steering).lower(),
-            },
-            # a whole group per micro-batch, its prompt run once (prefix sharing needs the
-            # KV cache, so no activation checkpointing; 135M parameters fit in memory anyway)
-            "learner": {
-                "SHELLRL_NUM_THREADS": str(self.learner_threads),
-                "SHELLRL_SEED": str(self.seed),
-                "SHELLRL_KL_COEF": str(self.kl_coef),
-                "SHELLRL_MICRO_BATCH_SIZE": str(self.group_size),
-                "SHELLRL_GRADIENT_CHECKPOINTING": "false",
-                "SHELLRL_SHARE_PREFIX_MIN_TOKENS": "32",
-                # nothing trains before the job's evaluation (a rerun's stream may hold
-                # trajectories of the run before): POST /v1/resume when training starts
-                "SHELLRL_START_PAUSED": "true",
-                "SHELLRL_MAX_STEPS": str(self.steps),  # --steps exactly, never a step past
-                "SHELLRL_TRACKER": self.tracker,
-                "SHELLRL_TRACKING_DIR": str(state / "tracking"),
-            },
+        service_env = self.service_env()
+        service_env["learner"] |= {
+            # nothing trains before the job's evaluation (a rerun's stream may hold
+            # trajectories of the run before): POST /v1/resume when training starts
+            "SHELLRL_START_PAUSED": "true",
+            "SHELLRL_MAX_STEPS": str(self.steps),  # --steps exactly, never a step past
+            "SHELLRL_TRACKER": self.tracker,
+            "SHELLRL_TRACKING_DIR": str(state / "tracking"),
         }
         return StackConfig(
             state_dir=self.state_dir,
@@ -177,17 +125,7 @@ class JobConfig:
     def managed_env(self) -> set[str]:
         """SHELLRL_* names the job sets from its own options or the launcher sets (ports, URLs,
         the device's): `extra_env` (a config file's [env] table) may not set them."""
-        stack = replace(self, extra_env={}).stack_config()
-        names = set(stack.common_env()) | {n for env in stack.service_env.values() for n in env}
-        names |= {
-            n
-            for d in DEVICES
-            for s in GPU_SERVICES
-            for layout in ("colocated", "split")
-            for n in device_env(d, s, environ={}, layout=layout)
-            if n.startswith("SHELLRL_")
-        }
-        return names | {"SHELLRL_PORT", "SHELLRL_HOST"}
+        return launcher_names(replace(self, extra_env={}).stack_config())
 
 
 # --- REST helpers ------------------------------------------------------------------------------

@@ -171,6 +171,22 @@ def shifted_ports(offset: int = 0) -> dict[str, int]:
     return {name: port + offset for name, port in DEFAULT_PORTS.items()}
 
 
+def launcher_names(stack: StackConfig) -> set[str]:
+    """SHELLRL_* names `stack` sets for its services (its env and service_env: the recipe, the
+    job's options) or the launcher sets (ports, URLs, the device's, any device and layout): what
+    a config file's [env] table may not set."""
+    names = set(stack.common_env()) | {n for env in stack.service_env.values() for n in env}
+    names |= {
+        n
+        for d in DEVICES
+        for s in GPU_SERVICES
+        for layout in ("colocated", "split")
+        for n in device_env(d, s, environ={}, layout=layout)
+        if n.startswith("SHELLRL_")
+    }
+    return names | {"SHELLRL_PORT", "SHELLRL_HOST"}
+
+
 def default_ports_text() -> str:
     """'redis 6399, engine 30000, ...': the default ports, for help texts and errors."""
     return ", ".join(f"{name} {port}" for name, port in DEFAULT_PORTS.items())

@@ -1,16 +1,18 @@
 """The options of every command that starts the stack (`shellrl run`, `shellrl up`): the config
-file, the model, the state directory, and where engine and learner run. One definition, so both
-commands (and a config file read for either, cli/config_file.py) take the same names, defaults
-and help texts."""
+file, the model, the state directory, where engine and learner run, the tracker and the recipe
+(cli/recipe.py). One definition, so both commands (and a config file read for either,
+cli/config_file.py) take the same names, defaults and help texts."""
 
 from __future__ import annotations
 
 
 def add_stack_arguments(parser) -> None:
-    """--config, --model-path, --state-dir (JobConfig's defaults), --port-offset, --device and the
-    engine's and learner's GPU memory fractions."""
+    """--config, --model-path, --state-dir (JobConfig's defaults), --port-offset, --device, the
+    engine's and learner's GPU memory fractions, --tracker and the recipe's options."""
     from cli.main_job import JobConfig
+    from cli.recipe import add_recipe_arguments
     from cli.stack_config import DEVICES, GPU_LAYOUTS, GPU_MEMORY_FRACTIONS
+    from shellrl.tracking import BACKENDS
 
     d = JobConfig()
     parser.add_argument(
@@ -51,6 +53,24 @@ def add_stack_arguments(parser) -> None:
             metavar="FRACTION",
             help=f"with --device cuda: fraction of its GPU's memory the {name} may allocate",
         )
+    parser.add_argument(
+        "--tracker",
+        choices=BACKENDS,
+        default=d.tracker,
+        help="experiment tracking of the learner's steps, sampled episodes and settings (and of "
+        "`run`'s evaluations and options): auto = TensorBoard in <state-dir>/tracking when "
+        "installed; W&B runs offline",
+    )
+    add_recipe_arguments(parser)
+
+
+def check_tracker(tracker: str) -> None:
+    """Raise CliError (before anything starts) when `tracker`'s package is not installed."""
+    from cli.errors import CliError
+    from shellrl.tracking import PACKAGES, installed
+
+    if tracker in PACKAGES and not installed(tracker):
+        raise CliError(f"--tracker {tracker}: pip install {PACKAGES[tracker]}")
 
 
 def add_port_offset_argument(parser) -> None:

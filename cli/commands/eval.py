@@ -1,9 +1,9 @@
 """Evaluate a policy on the main job's fixed eval sets (or a task file) and print each set's
 success with its 95% interval and a per-template table: the running stack's current policy at
 `--url`, or, with `--model-path DIR`, a model (a checkpoint, `shellrl export`'s output) on a stack
-this command starts without a learner (Redis, engine, sandbox, verifier, rollout; state under
-`--state-dir`, deleted first, refused when it holds a training run's checkpoints) and stops when
-done.
+this command starts without a learner (Redis, engine, sandbox, verifier, rollout, with the main
+job's recipe, cli/recipe.py: its turns and tokens per turn; state under `--state-dir`, deleted
+first, refused when it holds a training run's checkpoints) and stops when done.
 
     shellrl eval [--url http://127.0.0.1:8100 | --model-path DIR [--state-dir .shellrl-eval]
                  [--device cpu]] [--port-offset N] [--sets eval_id,eval_ood,seeds,agentbench]
@@ -140,6 +140,7 @@ def run(args) -> int:
 
     from cli.launcher import Stack
     from cli.model_path import check_model_path
+    from cli.recipe import Recipe
     from cli.stack_config import SERVICE_ORDER, StackConfig, check_device
 
     check_model_path(args.model_path)
@@ -152,11 +153,14 @@ def run(args) -> int:
             "own (it is deleted first)"
         )
     shutil.rmtree(state, ignore_errors=True)
+    recipe = Recipe()  # the turns, tokens and require_command of `shellrl run`'s evaluations
     config = StackConfig(
         state_dir=state,
         model_path=args.model_path,
         device=args.device,
         echo_logs=False,
+        env=recipe.env(),
+        service_env=recipe.service_env(),
         ports=ports,
         services=tuple(s for s in SERVICE_ORDER if s != "learner"),  # nothing trains
     )

@@ -26,29 +26,14 @@ HELP = "the main job: stack up, eval, train, eval, report (what `make run` calls
 
 
 # The options that set the JobConfig field of their name, in --help's order: (field, type, help).
-# Each shows the field's default; a `bool` is a switch that turns it on.
+# Each shows the field's default. The recipe's options (--lr, --kl-coef, --temperature ...) are
+# `shellrl up`'s too: cli/recipe.py, added with the stack's (cli/stack_options.py).
 JOB_OPTIONS = (
     ("steps", int, "learner steps (policy versions)"),
-    ("group_size", int, "episodes per GRPO group"),
-    ("groups_per_step", int, "groups per learner step"),
-    ("max_staleness", int, "policy versions a trajectory may lag the learner"),
-    ("lr", float, "peak AdamW learning rate"),
-    ("kl_coef", float, "k3 KL to the initial policy (0 = off)"),
-    ("temperature", float, "sampling temperature of training"),
-    ("max_new_tokens", int, "new tokens per turn"),
-    ("max_turns", int, "agent turns per episode"),
-    ("engine_threads", int, "torch threads of the engine (0 = torch's default)"),
-    ("learner_threads", int, "torch threads of the learner (0 = torch's default)"),
     ("train_set", None, "curriculum, default, generated, a plug-in's task set, or a .jsonl"),
     ("eval_id_episodes", int, "held-out instances of the training templates"),
     ("eval_ood_episodes", int, "instances of templates never trained on"),
     ("agentbench_eval_tasks", int, "AgentBench training tasks evaluated"),
-    (
-        "seed",
-        int,
-        "seed of the run: engine sampling (a seed per request), the pool's epoch order, "
-        "the learner's RNGs",
-    ),
     (
         "task_seed",
         int,
@@ -64,16 +49,6 @@ JOB_OPTIONS = (
         "eval_temperature",
         float,
         "sampling temperature of the evaluations (0 = greedy, one episode per task)",
-    ),
-    (
-        "dynamic_sampling",
-        bool,
-        "DAPO dynamic sampling: every learner step trains groups with reward variance",
-    ),
-    (
-        "pass_rate_steering",
-        bool,
-        "run fewer groups of templates whose recent training success is 0 or 1",
     ),
 )
 
@@ -91,26 +66,8 @@ def add_arguments(parser) -> None:
         help="training stops after this",
     )
     for name, kind, help_text in JOB_OPTIONS:
-        flag, default = "--" + name.replace("_", "-"), getattr(d, name)
-        if kind is bool:
-            parser.add_argument(flag, action="store_true", default=default, help=help_text)
-        else:
-            parser.add_argument(flag, type=kind, default=default, help=help_text)
-    parser.add_argument(
-        "--no-require-command",
-        dest="require_command",
-        action="store_false",
-        help="train on successes that ran no command too (guesses get amplified); "
-        "the default is require_command",
-    )
-    parser.add_argument(
-        "--tracker",
-        choices=("auto", "none", "tensorboard", "wandb", "mlflow"),
-        default=d.tracker,
-        help="experiment tracking of the learner's steps, sampled episodes and settings and of "
-        "the job's evaluations and options (auto: TensorBoard in <state-dir>/tracking when "
-        "installed; W&B runs offline)",
-    )
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, type=kind, default=getattr(d, name), help=help_text)
     parser.add_argument(
         "--fresh", action="store_true", help="delete <state-dir> first (Redis, checkpoints, logs)"
     )
@@ -152,12 +109,11 @@ def run(args) -> int:
     from cli.main_job import run_job
     from cli.model_path import check_model_path
     from cli.stack_config import check_device
-    from shellrl.tracking import PACKAGES, installed
+    from cli.stack_options import check_tracker
 
     if args.eval_samples < 1 or (args.eval_samples > 1 and args.eval_temperature <= 0):
         raise CliError("--eval-samples > 1 needs --eval-temperature > 0 (greedy repeats itself)")
-    if args.tracker in PACKAGES and not installed(args.tracker):
-        raise CliError(f"--tracker {args.tracker}: pip install {PACKAGES[args.tracker]}")
+    check_tracker(args.tracker)
     if args.attach:
         return run_attach(args, job_config(args))
     layout = check_device(
@@ -187,9 +143,11 @@ def run(args) -> int:
 
 def job_config(args):
     """The JobConfig of the parsed options."""
+    from dataclasses import asdict
     from pathlib import Path
 
     from cli.main_job import JobConfig
+    from cli.recipe import recipe_from_args
 
     return JobConfig(
         model_path=args.model_path,
@@ -199,8 +157,8 @@ def job_config(args):
         learner_gpu_memory=args.learner_gpu_memory,
         port_offset=args.port_offset,
         time_budget_s=args.time_budget_min * 60,
-        require_command=args.require_command,
         tracker=args.tracker,
+        **asdict(recipe_from_args(args)),
         **{name: getattr(args, name) for name, _, _ in JOB_OPTIONS},
     )
 

@@ -3,6 +3,12 @@ learner), each after the previous one's /readyz; Ctrl-C (or `shellrl down`) stop
 
     shellrl up [--config shellrl.toml] [--model-path smollm2] [--state-dir .shellrl] [--device cuda]
     shellrl up --port-offset 1000 --state-dir .shellrl-b    # a second stack beside the first
+    shellrl up --kl-coef 0 --temperature 1.0                # the recipe's options, as `run`'s
+
+The services run the main job's recipe (cli/recipe.py: KL, learning rate, temperature, turns,
+require_command ... as `shellrl run` starts them), so `POST /v1/runs` and `shellrl run --attach`
+on this stack train as `shellrl run` does. Unlike `run`, the learner starts training at once
+(not paused) and has no step limit.
 """
 
 from __future__ import annotations
@@ -28,27 +34,40 @@ def run(args) -> int:
 
 def stack_config(args):
     """The StackConfig of the parsed options. Raises CliError (before anything starts) for a
-    device that cannot run here, a bad model path or a port offset out of range."""
+    device that cannot run here, a bad model path, a port offset out of range, a tracker not
+    installed or an [env] name the recipe or the launcher sets."""
     from pathlib import Path
 
+    from cli.errors import CliError
     from cli.model_path import check_model_path
-    from cli.stack_config import StackConfig, check_device, shifted_ports
+    from cli.recipe import recipe_from_args
+    from cli.stack_config import StackConfig, check_device, launcher_names, shifted_ports
+    from cli.stack_options import check_tracker
 
     gpu_memory = {"engine": args.engine_gpu_memory, "learner": args.learner_gpu_memory}
     layout = check_device(args.device, gpu_memory, args.gpu_layout)
     check_model_path(args.model_path)
+    check_tracker(args.tracker)
     state = Path(args.state_dir)
-    env = {
-        "SHELLRL_CHECKPOINT_DIR": str((state / "checkpoints").resolve()),
-        **(getattr(args, "config_env", None) or {}),
-    }
-    return StackConfig(
+    recipe = recipe_from_args(args)
+    service_env = recipe.service_env()
+    service_env["learner"]["SHELLRL_TRACKER"] = args.tracker
+    config = StackConfig(
         state_dir=state,
         model_path=args.model_path,
         echo_logs=not args.quiet,
-        env=env,
+        env={"SHELLRL_CHECKPOINT_DIR": str((state / "checkpoints").resolve()), **recipe.env()},
+        service_env=service_env,
         device=args.device,
         gpu_memory=gpu_memory,
         gpu_layout=layout,
         ports=shifted_ports(args.port_offset),
     )
+    env = getattr(args, "config_env", None) or {}
+    if taken := sorted(set(env) & launcher_names(config)):
+        raise CliError(
+            f"config file {args.config}: [env] {', '.join(taken)}: set by `shellrl up` from its "
+            "options (the recipe's: cli/recipe.py); use the option instead"
+        )
+    config.env |= env
+    return config

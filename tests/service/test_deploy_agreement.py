@@ -1,6 +1,7 @@
-"""docker-compose.yml, deploy/k8s and the main job (`shellrl run`, cli/main_job.py) agree on every
-setting they share (issue 22, item 7): for each service, every SHELLRL_ setting that any of the
-three sets (a field of that service's settings) resolves to the same value in all three, where a
+"""docker-compose.yml, deploy/k8s, the main job (`shellrl run`, cli/main_job.py) and `shellrl up`
+(the same recipe, cli/recipe.py) agree on every setting they share (issue 22, item 7; `up`: issue
+34, item 3): for each service, every SHELLRL_ setting that any of them sets (a field of that
+service's settings) resolves to the same value in all of them, where a
 deployment that does not set it gets the settings class default. This is what caught the k8s
 verifier running with `require_command` false (its default) while compose and the main job set it.
 
@@ -80,6 +81,15 @@ def main_job_env() -> dict[str, dict[str, str]]:
     return {s: {**stack.common_env(), **stack.service_env.get(s, {})} for s in SERVICES}
 
 
+def up_env() -> dict[str, dict[str, str]]:
+    """`shellrl up`'s stack with its defaults (the main job's recipe, cli/recipe.py)."""
+    from cli.commands.up import stack_config
+    from cli.main import parse
+
+    stack = stack_config(parse(["up", "--model-path", "tiny"]))
+    return {s: {**stack.common_env(), **stack.service_env.get(s, {})} for s in SERVICES}
+
+
 def resolved(service: str, env: dict[str, str], monkeypatch) -> dict:
     """The service's settings built from exactly `env` (defaults for what it does not set)."""
     for name in [n for n in os.environ if n.upper().startswith("SHELLRL_")]:
@@ -95,6 +105,7 @@ def test_compose_k8s_and_the_main_job_agree_on_every_shared_setting(service, tmp
         "compose": compose_env(tmp_path)[service],
         "k8s": k8s_env()[service],
         "main job": main_job_env()[service],
+        "shellrl up": up_env()[service],
     }
     fields = set(settings_class(service).model_fields)
     compared = sorted(
