@@ -120,7 +120,7 @@ class PushSetup:
         """The dtype of this push (`weight_dtype.push_dtype`) into `staging.dtype`, from the
         engines' /server_info (read for those not met yet, bounded; no answer: unknown, so float32
         this push). Logged when it changes."""
-        if not self.staging.streams(model) or self.dtype_setting == "float32":
+        if not self.staging.casts(model) or self.dtype_setting == "float32":
             chosen, why = "float32", "the learner's dtype"
         else:
             unknown = [u for u in targets if not self.engines[u].info_read]

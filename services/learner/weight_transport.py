@@ -13,7 +13,9 @@ Transports (DESIGN.md section 6, shellrl.weights):
   once every engine answered bucket i), so the learner adds at most two buckets to the engine's
   GPU, never the model (`resident_bytes`; a tensor over the budget makes its bucket larger).
 * distributed: one broadcast per bucket through a torch process group per engine (gloo on CPU,
-  NCCL on GPU; `shellrl.weights.distributed`), for engines on other GPUs or hosts.
+  NCCL on GPU; `shellrl.weights.distributed`), for engines on other GPUs or hosts; the kept
+  buckets are written in the engines' dtype (`dtype`: the copy casts, so a bf16 engine receives
+  half the bytes of float32 weights), in the learner's dtype without one.
 * disk: safetensors (`update_weights_from_disk`) in a directory the engines can read.
 shm streams through the same two slots when its parameters are not shared (share_parameters
 off, or a cast: a bf16 bucket cannot hold float32 parameters); with share_parameters the model's
@@ -97,7 +99,8 @@ class WeightStaging:
     the optimizer already wrote the weights there. After a push an engine abandoned, they move
     back out (close) and into fresh segments at the next push. dtype: None, or the torch dtype
     the floating tensors are sent in (the engines' bfloat16 or float16; set by WeightSync from
-    `weight_dtype.push_dtype`): cuda_ipc and shm cast while copying into the bucket.
+    `weight_dtype.push_dtype`): cuda_ipc, shm and distributed cast while copying into the
+    bucket (`casts`).
     Streamed transports (`streams`): cuda_ipc, and shm without shared parameters.
     """
 
@@ -144,6 +147,13 @@ class WeightStaging:
             return True
         return self.transport == "shm" and (not self.share_parameters or self.dtype is not None)
 
+    def casts(self, model: torch.nn.Module | None = None) -> bool:
+        """Whether a push of `model` can travel in the engines' dtype (`dtype`): cuda_ipc and shm
+        (a cast makes shm stream: a bf16 bucket cannot hold float32 parameters) and the
+        distributed transport (its kept buckets take the cast; parameters no longer live in
+        them); not disk, not a sharded model's `FullWeights`."""
+        return not isinstance(model, FullWeights) and self.transport != "disk"
+
     @property
     def resident_bytes(self) -> int:
         """Bytes the kept buckets hold now: on the engine's GPU (cuda_ipc) or in shared memory
@@ -162,7 +172,7 @@ class WeightStaging:
             if isinstance(model, FullWeights)
             else [(n, p) for n, p in model.named_parameters()]
         )
-        dtype = self.dtype if self.streams(model) else None
+        dtype = self.dtype if self.streams(model) or self.transport == "distributed" else None
         return len(split_buckets(layout, self.bucket_bytes, dtype))
 
     def prepare(
@@ -188,14 +198,16 @@ class WeightStaging:
             return {"model_path": str(directory.resolve())}
         if self.streams(model):
             return self._prepare_stream(named, engines)
-        buckets = split_buckets(named, self.bucket_bytes)
+        cast = self.dtype if self.transport == "distributed" else None
+        buckets = split_buckets(named, self.bucket_bytes, cast)
         if len(self._kept) != len(buckets) or None in self._kept:
             self.close()
-        kept = [self._refilled(model, i, bucket) for i, bucket in enumerate(buckets)]
+        kept = [self._refilled(model, i, bucket, cast) for i, bucket in enumerate(buckets)]
         if self.transport == "distributed":
             return {
                 "broadcast": [
-                    (wdist.request_fields(bucket), k.tensor) for k, bucket in zip(kept, buckets)
+                    (wdist.request_fields(wt.describe(bucket, cast)), k.tensor)
+                    for k, bucket in zip(kept, buckets)
                 ]
             }
         return {"buckets": [k.entries for k in kept]}
@@ -317,10 +329,16 @@ class WeightStaging:
         for old in sorted(self.sync_dir.glob("v*"))[:-2]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def _refilled(self, model: torch.nn.Module, i: int, bucket: list):
-        """Kept bucket i holding `bucket` (refilled, or made anew when the tensors no longer fit)."""
+    def _refilled(self, model: torch.nn.Module, i: int, bucket: list, cast=None):
+        """Kept bucket i holding `bucket` (refilled, or made anew when the tensors no longer fit or
+        the cast changed). cast: None, or the dtype floating tensors are written in (distributed:
+        the parameters then never live in the bucket)."""
+        kept = self._kept[i] if i < len(self._kept) else None
+        if kept is not None and kept.cast != cast:
+            kept.close()
+            kept = None
         try:
-            kept = self._kept[i].refill(bucket) if i < len(self._kept) else None
+            kept = kept.refill(bucket) if kept is not None else None
         except ValueError:  # the tensors grew: a new bucket
             self._kept[i].close()
             kept = None
@@ -329,9 +347,9 @@ class WeightStaging:
             kept = (
                 wsg.SharedTensorBucket(bucket)
                 if self.transport == "shm"
-                else wdist.FlatBucket(bucket, device)
+                else wdist.FlatBucket(bucket, device, dtype=cast)
             )
-            if self.share_parameters and device.type == "cpu":
+            if self.share_parameters and device.type == "cpu" and cast is None:
                 params = dict(model.named_parameters())
                 kept.adopt([params[name] for name, _ in bucket])
             self._kept[i : i + 1] = [kept]

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from shellrl.weights.bucket import DTYPE_NAMES, TensorMeta, _torch, plan_bucket
+from shellrl.weights.bucket import DTYPE_NAMES, TensorMeta, _torch
 from shellrl.weights.shm import KeptHostBucket
 
 if TYPE_CHECKING:
@@ -353,12 +353,14 @@ class FlatBucket(KeptHostBucket):
 
     align = 1
 
-    def __init__(self, named_tensors, device, values=None) -> None:
+    def __init__(self, named_tensors, device, values=None, *, dtype=None) -> None:
         """values: None, or an iterator of (name, tensor) streamed into the layout of
-        `named_tensors` (descriptions; `KeptHostBucket._fill`)."""
+        `named_tensors` (descriptions; `KeptHostBucket._fill`). dtype: None, or the torch dtype
+        floating tensors are written in (the copy casts; the engine's dtype)."""
         torch = _torch()
         named_tensors = list(named_tensors)
-        _, nbytes = plan_bucket(named_tensors, 1)
+        self.cast = dtype
+        nbytes = self._bytes_of(named_tensors)
         self._flat = torch.empty(max(nbytes, 1), dtype=torch.uint8, device=device)
         self._adopted = None
         self._fill(named_tensors, values)
