@@ -27,21 +27,28 @@ async def load_engine(
     version: int,
     begin: asyncio.Future | None,
     tp_size_of: Callable[[], Awaitable[int]],
+    flush: bool = True,
 ) -> dict[str, float]:
     """Load `prepared` (WeightStaging.prepare's output) into the engine at `url` as `version` and
     wait until it reports it. begin: its begin_weight_update, already sent (None: sent here);
-    tp_size_of: its TP size (one serialized entry per rank), asked after begin. Returns phase
+    tp_size_of: its TP size (one serialized entry per rank), asked after begin; flush: the last
+    bucket (or the disk load) asks the engine to flush its cache (False for a push paused in
+    place: SGLang refuses a flush while requests sit in its running batch). Returns phase
     seconds: transfer, load (session end: the engine swaps the weights in), verify. Raises the
     client's EngineError / EngineUnavailable; the caller's deadline bounds the whole call."""
     phases, urls, weight_version = {}, [url], str(version)
     t0 = time.perf_counter()
     if "model_path" in prepared:
-        await client.update_weights_from_disk(prepared["model_path"], weight_version, urls=urls)
+        await client.update_weights_from_disk(
+            prepared["model_path"], weight_version, flush_cache=flush, urls=urls
+        )
         phases["transfer"] = time.perf_counter() - t0
     else:
         await (begin if begin is not None else client.begin_weight_update(urls=urls))
         try:
-            await _transfer(client, groups, url, prepared, weight_version, await tp_size_of())
+            await _transfer(
+                client, groups, url, prepared, weight_version, await tp_size_of(), flush
+            )
         except EngineError:
             # the engine refused a bucket and discarded the session: close it, so that its next
             # update (or another client's) can open one (the end answers 400: ignored)
@@ -70,6 +77,7 @@ async def _transfer(
     prepared: dict,
     weight_version: str,
     tp_size: int,
+    flush: bool = True,
 ) -> None:
     """Every bucket of `prepared` into the engine's open session (tensor envelope or broadcast),
     one at a time. A streamed push (`prepared["stream"]`, weight_transport.WeightStaging) gives
@@ -78,7 +86,7 @@ async def _transfer(
     done, by success or failure (it then holds no slot, so no other engine waits on it)."""
     stream = prepared.get("stream")
     try:
-        await _send_buckets(client, groups, url, prepared, weight_version, tp_size)
+        await _send_buckets(client, groups, url, prepared, weight_version, tp_size, flush)
     finally:
         if stream is not None:
             stream.leave(url)
@@ -91,6 +99,7 @@ async def _send_buckets(
     prepared: dict,
     weight_version: str,
     tp_size: int,
+    flush: bool = True,
 ) -> None:
     urls, stream = [url], prepared.get("stream")
     group = await groups.group(url, tp_size) if "broadcast" in prepared else None
@@ -109,7 +118,7 @@ async def _send_buckets(
                 entries,
                 weight_version=version_label,
                 session=False,
-                flush_cache=last,
+                flush_cache=last and flush,
                 urls=urls,
             )
             if stream is not None:  # the engine copied the bucket during the call
@@ -124,7 +133,7 @@ async def _send_buckets(
                     **fields,
                     group_name=group.name,
                     weight_version=version_label,
-                    flush_cache=last,
+                    flush_cache=last and flush,
                     urls=urls,
                 ),
             )

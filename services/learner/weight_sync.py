@@ -25,7 +25,11 @@ one bucket, except on shellrl's engine, which swaps a session's buckets in at on
 update runs between pause_generation and continue_generation: SGLang releases its writer lock
 between two bucket calls, and without the pause it would sample between them on a mix of old and
 new weights; paused, in-flight requests keep their tokens and continue on the new weights, and a
-push never waits for them to finish. Phases are timed into `shellrl_weight_sync_seconds{phase}`.
+push never waits for them to finish. Paused in place, the last bucket asks for no flush: SGLang
+flushes only an idle scheduler, so it would answer the bucket with an error after loading it and
+the engine's label (moved only on success) would stay behind its weights (in_place is allowed
+against SGLang only with its radix cache off). Checked on SGLang's own scheduler code:
+tests/service/test_sglang_scheduler_harness.py. Phases are timed into `shellrl_weight_sync_seconds{phase}`.
 
 Guarantees:
 * Never hangs: each engine's whole update runs under `deadline_s`; at the deadline the call is
@@ -379,15 +383,30 @@ class WeightSync(PushSetup):
             return await self._load(url, prepared, version, begin)
         await self.client.pause_generation(pause, urls=[url])
         try:
-            return await self._load(url, prepared, version, begin)
+            # paused in place, the running batch stays: SGLang would refuse the flush (and answer
+            # the last bucket with an error after loading it); in_place is allowed against SGLang
+            # only without a radix cache (push_setup.radix_cache_refusal), so none is asked for
+            return await self._load(url, prepared, version, begin, flush=pause != "in_place")
         finally:
             await self.client.continue_generation(urls=[url])
 
     async def _load(
-        self, url: str, prepared: dict, version: int, begin: asyncio.Future | None
+        self,
+        url: str,
+        prepared: dict,
+        version: int,
+        begin: asyncio.Future | None,
+        flush: bool = True,
     ) -> dict[str, float]:
         return await load_engine(
-            self.client, self.groups, url, prepared, version, begin, lambda: self._tp_size(url)
+            self.client,
+            self.groups,
+            url,
+            prepared,
+            version,
+            begin,
+            lambda: self._tp_size(url),
+            flush,
         )
 
     # ----- publication -----------------------------------------------------------------------------

@@ -43,6 +43,15 @@ def wheel_root() -> Path:
     return Path(importlib.util.find_spec("sglang").origin).parent
 
 
+def installed() -> bool:
+    """Whether the wheel is installed (also after `load` registered its bare package)."""
+    try:
+        wheel_root()
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return True
+
+
 def load() -> types.SimpleNamespace:
     """SGLang's modules: common (MultiprocessingSerializer), tensor_bucket (FlattenedTensorBucket),
     io_struct (request structs), api_types (GenerateRequest), sampling_params (SamplingParams)."""
