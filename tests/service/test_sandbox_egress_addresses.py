@@ -7,17 +7,14 @@ machine; a rule naming 100.64.0.1 literally shows the listener is reachable ther
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from services.sandbox.egress.audit import AuditLog
-from services.sandbox.egress.proxy import EgressProxy, EgressState, ProxyLimits
-from services.sandbox.egress.rules import EgressPolicy
 from shellrl.streams.keys import STREAM_EGRESS
+from tests.helpers.egress_proxy import ProxiedGets
 from tests.helpers.netns import run_isolated
-from tests.helpers.redis_server import RedisServer, free_port
+from tests.helpers.redis_server import RedisServer
 
 NAMES = {  # name → address in /etc/hosts of the scenario's namespace
     "cgnat.test": "100.64.0.1",  # shared address space, 100.64.0.0/10: the issue's escape
@@ -38,42 +35,18 @@ async def scenario(spec: dict) -> dict:
     """In the isolated namespace: GET each name and spelling through the proxy; the statuses,
     the audit's decisions and the connections the upstream got."""
     redis = RedisServer(Path(spec["tmp"]) / "redis").start()
-    hits: list[str] = []
-
-    async def upstream(reader, writer):
-        hits.append(writer.get_extra_info("sockname")[0])
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
-        await writer.drain()
-        writer.close()
-
-    port = free_port()
-    up = await asyncio.start_server(upstream, None, port)  # every address, both families
-    rules = [
+    rules = lambda port: [  # noqa: E731
         {"name": "literal", "host": "100.64.0.1", "ports": [port]},
         {"name": "names", "host": "*.test", "ports": [port]},
     ]
-    state = EgressState("addr", EgressPolicy.parse("t", {"rules": rules}), lambda e: None)
-    proxy = EgressProxy(ProxyLimits(header_timeout_s=5.0), AuditLog(redis.url))
-    server = await asyncio.start_server(lambda r, w: proxy.handle(state, r, w), "127.0.0.1", 0)
-    proxy_port = server.sockets[0].getsockname()[1]
-
-    async def get(host: str) -> int:
-        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
-        writer.write(f"GET http://{host}:{port}/x HTTP/1.1\r\nHost: h\r\n\r\n".encode())
-        reply = await asyncio.wait_for(reader.read(), 20)
-        writer.close()
-        return int(reply.split(b" ", 2)[1])
-
     try:
-        statuses = {host: await get(host) for host in [*NAMES, *ZERO_SPELLINGS, "100.64.0.1"]}
+        async with ProxiedGets(redis.url, "addr", rules) as proxied:
+            hosts = [*NAMES, *ZERO_SPELLINGS, "100.64.0.1"]
+            statuses = {host: await proxied.get(host) for host in hosts}
         entries = await redis_entries(redis.url)
     finally:
-        server.close()
-        up.close()
-        await proxy.audit.close()
         redis.stop()
-    return {"statuses": statuses, "hits": hits, "audit": entries}
+    return {"statuses": statuses, "hits": proxied.hits, "audit": entries}
 
 
 async def redis_entries(url: str) -> list[dict]:

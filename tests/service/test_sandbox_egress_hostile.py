@@ -24,8 +24,9 @@ from services.sandbox.egress.audit import AuditLog
 from services.sandbox.egress.proxy import EgressProxy, EgressState, ProxyLimits
 from services.sandbox.egress.rules import EgressPolicy
 from shellrl.streams.keys import STREAM_EGRESS
+from tests.helpers.egress_proxy import ProxiedGets
 from tests.helpers.netns import run_isolated
-from tests.helpers.redis_server import RedisServer, free_port
+from tests.helpers.redis_server import RedisServer
 
 REPLY_TIMEOUT_S = 8.0
 SWITCH = b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n"
@@ -251,15 +252,6 @@ async def names_scenario(spec: dict) -> dict:
     mixed = f"{GLOBAL} mixed.test\n{INTERNAL} mixed.test\n"
     hosts.write_text(f"127.0.0.1 localhost\n{GLOBAL} rebind.test\n{mixed}")
     redis = RedisServer(Path(spec["tmp"]) / "redis").start()
-    hits: list[str] = []
-
-    async def upstream(reader, writer):
-        hits.append(writer.get_extra_info("sockname")[0])
-        await reader.readuntil(b"\r\n\r\n")
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok")
-        await writer.drain()
-        writer.close()
-
     loop = asyncio.get_running_loop()
     real_getaddrinfo, lookups = loop.getaddrinfo, []
 
@@ -271,35 +263,19 @@ async def names_scenario(spec: dict) -> dict:
         return infos
 
     loop.getaddrinfo = rebinding_getaddrinfo
-    port = free_port()
-    up = await asyncio.start_server(upstream, None, port)
-    rules = [{"name": "names", "host": "*.test", "ports": [port]}]
-    state = EgressState("names", EgressPolicy.parse("t", {"rules": rules}), lambda e: None)
-    proxy = EgressProxy(ProxyLimits(header_timeout_s=5.0), AuditLog(redis.url))
-    server = await asyncio.start_server(lambda r, w: proxy.handle(state, r, w), "127.0.0.1", 0)
-    proxy_port = server.sockets[0].getsockname()[1]
-
-    async def get(host: str) -> int:
-        reader, writer = await asyncio.open_connection("127.0.0.1", proxy_port)
-        writer.write(f"GET http://{host}:{port}/x HTTP/1.1\r\nHost: h\r\n\r\n".encode())
-        reply = await asyncio.wait_for(reader.read(), 20)
-        writer.close()
-        return int(reply.split(b" ", 2)[1])
-
+    rules = lambda port: [{"name": "names", "host": "*.test", "ports": [port]}]  # noqa: E731
     try:
-        statuses = {host: await get(host) for host in ("rebind.test", "mixed.test")}
-        later = await real_getaddrinfo("rebind.test", port)  # what a second lookup answers
+        async with ProxiedGets(redis.url, "names", rules) as proxied:
+            statuses = {host: await proxied.get(host) for host in ("rebind.test", "mixed.test")}
+        later = await real_getaddrinfo("rebind.test", proxied.port)  # a second lookup's answer
         client = aioredis.Redis.from_url(redis.url, decode_responses=True)
         entries = [f for _, f in await client.xrange(STREAM_EGRESS) if f["phase"] == "decision"]
         await client.aclose()
     finally:
-        server.close()
-        up.close()
-        await proxy.audit.close()
         redis.stop()
     return {
         "statuses": statuses,
-        "hits": hits,
+        "hits": proxied.hits,
         "lookups": lookups,
         "later": sorted({info[4][0] for info in later}),
         "audit": {e["host"]: [e["verdict"], e["reason"]] for e in entries},
