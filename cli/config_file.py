@@ -3,24 +3,23 @@
     # shellrl.toml
     model-path = "tiny"          # a long option of the command, without '--' ('-' or '_')
     steps = 20
-    require-command = true       # a switch: true / false
+    no-require-command = true    # a switch: true / false
     [run]                        # only for `shellrl run` (overrides the top level there)
     time-budget-min = 10
     [env]                        # SHELLRL_* settings of the services the command starts
     SHELLRL_MAX_SESSIONS = 64
 
-The file's values become the command's defaults, so a flag on the command line overrides them.
-Top-level keys must be options of the command that reads the file; a table is a command's name
-(read by that command only) or `env`. Every mistake (missing file, TOML syntax, unknown key, value
-of the wrong type, a `SHELLRL_` name that is no service's setting, an `[env]` value that the
-setting's own service would refuse: `check_env_values`) raises CliError with one line naming the
-file and the key, before any process starts. `[env] SHELLRL_PORT` is refused: the launcher gives
-each service its port (`--port-offset` moves them all).
+The options are the fields of the command's typed model (cli/options.py: RunOptions, UpOptions),
+which reads this file below the flags and the environment (SHELLRL_CLI_<OPTION>). A table is a
+command's name (read by that command only) or `env`. Every mistake (missing file, TOML syntax,
+unknown key, value of the wrong type, a `SHELLRL_` name that is no service's setting, an `[env]`
+value that the setting's own service would refuse: `check_env_values`) raises CliError with one
+line naming the file and the key, before any process starts. `[env] SHELLRL_PORT` is refused: the
+launcher gives each service its port (`--port-offset` moves them all).
 """
 
 from __future__ import annotations
 
-import argparse
 import tomllib
 from pathlib import Path
 
@@ -41,12 +40,12 @@ def read(path: str | Path) -> dict:
         raise CliError(f"config file {path}: {exc}") from None
 
 
-def apply_config(
-    parser: argparse.ArgumentParser, path: str | Path, command: str, commands: tuple[str, ...] = ()
-) -> dict:
-    """Set `parser`'s defaults from the file at `path` for `command`; returns them. The `[env]`
-    table lands in the default of `config_env` ({SHELLRL_NAME: str}). commands: every command's
-    name (a table named after another command is skipped; any other table is an error)."""
+def command_values(
+    path: str | Path, command: str, commands: tuple[str, ...] = ()
+) -> tuple[dict, dict[str, str]]:
+    """The file's option values for `command` (the top level, then its own table over it) and
+    its [env] table ({SHELLRL_NAME: str}, checked: `env_table`). commands: every command's name
+    (a table named after another command is skipped; any other table is an error)."""
     data = read(path)
     values = {}
     for key, value in data.items():
@@ -59,68 +58,14 @@ def apply_config(
             continue
         values[key] = value
     values |= data.get(command, {})
-    env = _env(path, data.get(ENV_TABLE, {}))
-    defaults = {"config_env": env}
-    by_dest = {a.dest: a for a in parser._actions if a.dest not in ("help", "config")}
-    by_option = {
-        o.removeprefix("--"): a
-        for a in parser._actions
-        for o in a.option_strings
-        if o.startswith("--")
-    }
-    for key, value in values.items():
-        name = key.replace("_", "-")
-        action = by_option.get(name)
-        if action is not None and action.dest in by_dest:
-            dest, converted = action.dest, _convert(path, key, action, value, by_flag=True)
-        elif (action := by_dest.get(name.replace("-", "_"))) is not None:
-            dest, converted = action.dest, _convert(path, key, action, value, by_flag=False)
-        else:
-            known = sorted(o for o, a in by_option.items() if a.dest in by_dest)
-            raise CliError(
-                f"config file {path}: unknown option {key!r} for `shellrl {command}` "
-                f"(known: {', '.join(known)})"
-            )
-        defaults[dest] = converted
-    parser.set_defaults(**defaults)
-    return defaults
-
-
-def _convert(path, key: str, action: argparse.Action, value, by_flag: bool):
-    where = f"config file {path}: {key}"
-    if action.nargs == 0:  # a switch (store_true / store_false)
-        if not isinstance(value, bool):
-            raise CliError(f"{where}: expected true or false, got {value!r}")
-        if by_flag:  # `no-require-command = true` means the flag was given
-            return action.const if value else not action.const
-        return value
-    kind = action.type
-    if isinstance(value, bool) or isinstance(value, (dict, list)):
-        raise CliError(f"{where}: expected {getattr(kind, '__name__', 'a string')}, got {value!r}")
-    if kind is float and isinstance(value, int):
-        value = float(value)
-    elif kind is None:
-        if not isinstance(value, str):
-            raise CliError(f"{where}: expected a string, got {value!r}")
-    elif not isinstance(value, kind if isinstance(kind, type) else object):
-        if not isinstance(value, str):
-            raise CliError(f"{where}: expected {kind.__name__}, got {value!r}")
-        try:
-            value = kind(value)
-        except (TypeError, ValueError):
-            raise CliError(
-                f"{where}: expected {getattr(kind, '__name__', 'a value')}, got {value!r}"
-            ) from None
-    if action.choices is not None and value not in action.choices:
-        raise CliError(f"{where}: {value!r} is not one of {', '.join(map(str, action.choices))}")
-    return value
+    return values, env_table(path, data.get(ENV_TABLE, {}))
 
 
 # set by the launcher for each service; the option that moves them instead
 LAUNCHER_SETTINGS = {"SHELLRL_PORT": "--port-offset N (every port of the stack moved by N)"}
 
 
-def _env(path, table: dict) -> dict[str, str]:
+def env_table(path, table: dict) -> dict[str, str]:
     """The [env] table as environment strings; each name must be a setting of some service, and
     its value one that every service with that setting accepts (`check_env_values`)."""
     from shellrl.service.settings import ENV_PREFIX, known_setting_names

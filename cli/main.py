@@ -11,9 +11,9 @@ A command module defines:
     def run(args) -> int                # exit status
 
 and must import nothing heavy at module level (no torch): `shellrl --help` imports every one.
-A command with a `--config FILE` option reads its defaults from that TOML file (cli/config_file.py);
-flags given on the command line override it. A `CliError` raised by a command is printed as one
-line on stderr (no traceback).
+A command whose options are a typed model (cli/options.py: `run`, `up`) also reads them from
+SHELLRL_CLI_* and a `--config FILE` TOML file (cli/config_file.py); flags override both. A
+`CliError` raised by a command is printed as one line on stderr (no traceback).
 """
 
 from __future__ import annotations
@@ -67,15 +67,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse `argv`; with `--config FILE`, parse again over the file's values as defaults.
-    Raises CliError for a config file that is missing, does not parse or names an unknown option."""
-    from cli.config_file import apply_config
-
+    """Parse `argv`. A command with a typed options model (its `_options` default: cli/options.py)
+    gets every option from its flags, SHELLRL_CLI_* and its `--config FILE`, else the default.
+    Raises CliError for a config file that is missing, does not parse or names an unknown option,
+    and for any value the model refuses."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "config", None):
-        apply_config(args._parser, args.config, args.command, args._commands)
-        args = parser.parse_args(argv)
+    if getattr(args, "_options", None) is not None:
+        from cli.options import resolve
+
+        args = resolve(args, args._options, args.command)
     return args
 
 

@@ -3,8 +3,8 @@
 `shellrl run` (its JobConfig is a Recipe), `shellrl up` (so `POST /v1/runs` and `run --attach`
 against it train as `shellrl run` does) and `shellrl eval --model-path` (the same turns and tokens
 as the job's evaluations) all start the services with `Recipe.env` and `Recipe.service_env`, and
-take the same options for it (`add_recipe_arguments`: --lr, --kl-coef, --temperature, ...). A
-config file's [env] table may not set these names (`managed_names`): the option sets them.
+take the same options for it (cli/options.py's StackOptions: --lr, --kl-coef, --temperature,
+...). A config file's [env] table may not set these names: the option sets them.
 docker-compose.yml and deploy/k8s set the same values (tests/service/test_deploy_agreement.py).
 """
 
@@ -90,62 +90,6 @@ class Recipe:
         return Recipe(**{f.name: getattr(self, f.name) for f in fields(Recipe)})
 
 
-# The options that set the Recipe field of their name, in --help's order: (field, type, help).
-# Each shows the field's default; a `bool` is a switch that turns it on (require_command: off).
-RECIPE_OPTIONS = (
-    ("group_size", int, "episodes per GRPO group"),
-    ("groups_per_step", int, "groups per learner step"),
-    ("max_staleness", int, "policy versions a trajectory may lag the learner"),
-    ("lr", float, "peak AdamW learning rate"),
-    ("kl_coef", float, "k3 KL to the initial policy (0 = off)"),
-    ("temperature", float, "sampling temperature of training"),
-    ("max_new_tokens", int, "new tokens per turn"),
-    ("max_turns", int, "agent turns per episode"),
-    ("engine_threads", int, "torch threads of the engine (0 = torch's default)"),
-    ("learner_threads", int, "torch threads of the learner (0 = torch's default)"),
-    (
-        "seed",
-        int,
-        "seed of the run: engine sampling (a seed per request), the pool's epoch order, "
-        "the learner's RNGs",
-    ),
-    (
-        "dynamic_sampling",
-        bool,
-        "DAPO dynamic sampling: every learner step trains groups with reward variance",
-    ),
-    (
-        "pass_rate_steering",
-        bool,
-        "run fewer groups of templates whose recent training success is 0 or 1",
-    ),
-)
-
-
-def add_recipe_arguments(parser) -> None:
-    """--group-size, --lr, --kl-coef, --temperature, ... (RECIPE_OPTIONS) and
-    --no-require-command, each with the main job's default."""
-    d = Recipe()
-    for name, kind, help_text in RECIPE_OPTIONS:
-        flag, default = "--" + name.replace("_", "-"), getattr(d, name)
-        if kind is bool:
-            parser.add_argument(flag, action="store_true", default=default, help=help_text)
-        else:
-            parser.add_argument(flag, type=kind, default=default, help=help_text)
-    parser.add_argument(
-        "--no-require-command",
-        dest="require_command",
-        action="store_false",
-        help="train on successes that ran no command too (guesses get amplified); "
-        "the default is require_command",
-    )
-
-
 def recipe_from_args(args) -> Recipe:
-    """The Recipe of parsed options (add_recipe_arguments)."""
+    """The Recipe of parsed options (cli/options.py's StackOptions has its fields)."""
     return Recipe(**{f.name: getattr(args, f.name) for f in fields(Recipe)})
-
-
-def managed_names(recipe: Recipe) -> set[str]:
-    """The SHELLRL_* names the recipe sets (a config file's [env] table may not)."""
-    return set(recipe.env()) | {n for env in recipe.service_env().values() for n in env}

@@ -25,81 +25,24 @@ NAME = "run"
 HELP = "the main job: stack up, eval, train, eval, report (what `make run` calls)"
 
 
-# The options that set the JobConfig field of their name, in --help's order: (field, type, help).
-# Each shows the field's default. The recipe's options (--lr, --kl-coef, --temperature ...) are
-# `shellrl up`'s too: cli/recipe.py, added with the stack's (cli/stack_options.py).
+# The job's own options (JobConfig's fields beyond the recipe's): RunOptions, cli/options.py.
 JOB_OPTIONS = (
-    ("steps", int, "learner steps (policy versions)"),
-    ("train_set", None, "curriculum, default, generated, a plug-in's task set, or a .jsonl"),
-    ("eval_id_episodes", int, "held-out instances of the training templates"),
-    ("eval_ood_episodes", int, "instances of templates never trained on"),
-    ("agentbench_eval_tasks", int, "AgentBench training tasks evaluated"),
-    (
-        "task_seed",
-        int,
-        "seed of the generated training pool and eval sets (keep it to compare runs)",
-    ),
-    (
-        "eval_samples",
-        int,
-        "episodes per eval task (> 1 needs --eval-temperature > 0; estimator: mean pass "
-        "rate per task, bootstrap interval over tasks)",
-    ),
-    (
-        "eval_temperature",
-        float,
-        "sampling temperature of the evaluations (0 = greedy, one episode per task)",
-    ),
+    "steps",
+    "train_set",
+    "eval_id_episodes",
+    "eval_ood_episodes",
+    "agentbench_eval_tasks",
+    "task_seed",
+    "eval_samples",
+    "eval_temperature",
 )
 
 
 def add_arguments(parser) -> None:
-    from cli.main_job import JobConfig
-    from cli.stack_options import add_stack_arguments
+    from cli.options import RunOptions, add_options
 
-    d = JobConfig()
-    add_stack_arguments(parser)
-    parser.add_argument(
-        "--time-budget-min",
-        type=float,
-        default=d.time_budget_s / 60,
-        help="training stops after this",
-    )
-    for name, kind, help_text in JOB_OPTIONS:
-        flag = "--" + name.replace("_", "-")
-        parser.add_argument(flag, type=kind, default=getattr(d, name), help=help_text)
-    parser.add_argument(
-        "--fresh", action="store_true", help="delete <state-dir> first (Redis, checkpoints, logs)"
-    )
-    add_attach_arguments(parser)
-
-
-def add_attach_arguments(parser) -> None:
-    """--attach and the running stack's other URLs and token."""
-    parser.add_argument(
-        "--attach",
-        metavar="URL",
-        default=None,
-        help="drive the stack running at this rollout gateway URL (compose, k8s) instead of "
-        "starting one; the report goes to <state-dir>/report",
-    )
-    parser.add_argument(
-        "--learner-url",
-        default=os.environ.get("SHELLRL_LEARNER_URL"),
-        help="with --attach: the learner (SHELLRL_LEARNER_URL, else the gateway's host, port "
-        "8103 + --port-offset)",
-    )
-    parser.add_argument(
-        "--verifier-url",
-        default=None,
-        help="with --attach: the verifier, to check its require_command (compose publishes none)",
-    )
-    parser.add_argument(
-        "--token",
-        default=None,
-        help="with --attach: the stack's bearer token (else SHELLRL_API_TOKEN, "
-        "SHELLRL_API_TOKEN_FILE or <state-dir>/api_token)",
-    )
+    add_options(parser, RunOptions)
+    parser.set_defaults(_options=RunOptions)
 
 
 def run(args) -> int:
@@ -159,7 +102,7 @@ def job_config(args):
         time_budget_s=args.time_budget_min * 60,
         tracker=args.tracker,
         **asdict(recipe_from_args(args)),
-        **{name: getattr(args, name) for name, _, _ in JOB_OPTIONS},
+        **{name: getattr(args, name) for name in JOB_OPTIONS},
     )
 
 

@@ -13,17 +13,15 @@ on this stack train as `shellrl run` does. Unlike `run`, the learner starts trai
 
 from __future__ import annotations
 
-from cli.stack_options import add_stack_arguments
-
 NAME = "up"
 HELP = "start the stack as local processes (foreground; Ctrl-C stops it)"
 
 
 def add_arguments(parser) -> None:
-    add_stack_arguments(parser)
-    parser.add_argument(
-        "--quiet", action="store_true", help="do not echo service logs (they stay in <state>/logs)"
-    )
+    from cli.options import UpOptions, add_options
+
+    add_options(parser, UpOptions)
+    parser.set_defaults(_options=UpOptions)
 
 
 def run(args) -> int:

@@ -11,7 +11,6 @@ import sys
 
 import pytest
 
-from cli.config_file import apply_config
 from cli.errors import CliError
 from cli.main import build_parser, command_modules, parse
 from cli.model_path import check_model_path
@@ -104,9 +103,8 @@ def test_config_file_for_up_reads_its_table_and_rejects_options_it_does_not_have
     ],
 )
 def test_config_file_mistakes_name_the_key(tmp_path, text, message):
-    parser = subparsers()["run"]
     with pytest.raises(CliError, match=message.replace("[", r"\[").replace("]", r"\]")):
-        apply_config(parser, write(tmp_path, text), "run", ("run", "up"))
+        parse(["run", "--config", str(write(tmp_path, text))])
 
 
 def test_config_mistake_is_one_line_on_stderr_with_exit_status_2(tmp_path):

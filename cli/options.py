@@ -1,0 +1,368 @@
+"""The options of `shellrl up` and `shellrl run` as typed models (pydantic-settings), one per command.
+
+One definition gives the command line (`add_options`: a `--kebab-case` flag per field, its help
+text and default from the field, `--help` from the model), the keys of a `--config` TOML file and
+the environment `SHELLRL_CLI_<FIELD>`. A value comes from, highest first: the flag, the
+environment, the config file (its top level, then the command's own table, e.g. [run]), the
+field's default. `resolve` builds the model from all of them before anything starts; a value any
+of them gets wrong (type, choice, unknown key) is a CliError of one line naming where it came
+from: `--steps`, `SHELLRL_CLI_STEPS` or `config file shellrl.toml: steps`. The file's [env] table
+(services' `SHELLRL_*` settings, each checked by the Settings class of the services that read it)
+is cli/config_file.py's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal, get_args, get_origin
+
+from pydantic import BeforeValidator, Field, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from cli.errors import CliError
+from cli.main_job import JobConfig
+from cli.recipe import Recipe
+from cli.stack_config import DEFAULT_PORTS, GPU_MEMORY_FRACTIONS
+from shellrl.tracking import BACKENDS
+
+ENV_PREFIX = "SHELLRL_CLI_"
+
+
+def _switch(value: Any) -> Any:
+    """A switch is true or false: a bool (a flag, TOML), or 'true'/'false' (the environment)."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false", "1", "0"):
+        return value.strip().lower() in ("true", "1")
+    if not isinstance(value, bool):
+        raise ValueError(f"expected true or false, got {value!r}")
+    return value
+
+
+Switch = Annotated[bool, BeforeValidator(_switch)]
+
+
+def option(default: Any = None, help: str = "", **extra: Any) -> Any:
+    """A field of an options model: its default, its help text; extra: `metavar`, `flag` (an
+    inverted switch's flag, e.g. '--no-require-command'), `file=False` (not a config-file key)."""
+    return Field(default, description=help, json_schema_extra=extra or None)
+
+
+def _ports_text() -> str:
+    return ", ".join(f"{name} {port}" for name, port in DEFAULT_PORTS.items())
+
+
+class Options(BaseSettings):
+    """The base of every command's options model: flags > SHELLRL_CLI_* > the file > defaults."""
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ):
+        return init_settings, env_settings, _FileValues(settings_cls)
+
+
+class _FileValues(PydanticBaseSettingsSource):
+    """The config file's values for the command (set by `resolve` on the class, read once)."""
+
+    values: dict[str, Any] = {}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(_FileValues.values)
+
+
+class StackOptions(Options):
+    """What every command that starts a stack takes: the model, the state directory, ports,
+    devices, the tracker and the recipe (cli/recipe.py)."""
+
+    config: str | None = option(
+        None,
+        "TOML file of these options and an [env] table (cli/options.py, cli/config_file.py); "
+        "flags override it",
+        metavar="FILE",
+        file=False,
+    )
+    model_path: str = option(JobConfig.model_path, "smollm2, tiny, or a Hugging Face directory")
+    state_dir: str = option(str(JobConfig.state_dir), "Redis AOF, logs, checkpoints, report")
+    port_offset: int = option(
+        0,
+        "move every port of the stack by N, so that a second stack can run beside the first "
+        f"(with a --state-dir of its own); the default ports: {_ports_text()}",
+        metavar="N",
+    )
+    device: Literal["cpu", "cuda"] = option(
+        "cpu",
+        "where engine and learner run; cuda: on one GPU they share or two GPUs, one each "
+        "(--gpu-layout; bf16 engine), each within its fraction of its GPU's memory (fails at "
+        "once without a CUDA GPU)",
+    )
+    gpu_layout: Literal["auto", "colocated", "split"] = option(
+        "auto",
+        "with --device cuda: colocated (engine and learner share the first GPU), split (engine "
+        "on the first GPU, learner on the second), auto (split when two or more GPUs are "
+        "visible)",
+    )
+    engine_gpu_memory: float = option(
+        GPU_MEMORY_FRACTIONS["engine"],
+        "with --device cuda: fraction of its GPU's memory the engine may allocate",
+        metavar="FRACTION",
+    )
+    learner_gpu_memory: float = option(
+        GPU_MEMORY_FRACTIONS["learner"],
+        "with --device cuda: fraction of its GPU's memory the learner may allocate",
+        metavar="FRACTION",
+    )
+    tracker: Literal[BACKENDS] = option(  # type: ignore[valid-type]
+        JobConfig.tracker,
+        "experiment tracking of the learner's steps, sampled episodes and settings (and of "
+        "`run`'s evaluations and options): auto = TensorBoard in <state-dir>/tracking when "
+        "installed; W&B runs offline",
+    )
+    # the recipe (cli/recipe.py): its defaults are the main job's
+    group_size: int = option(Recipe.group_size, "episodes per GRPO group")
+    groups_per_step: int = option(Recipe.groups_per_step, "groups per learner step")
+    max_staleness: int = option(
+        Recipe.max_staleness, "policy versions a trajectory may lag the learner"
+    )
+    lr: float = option(Recipe.lr, "peak AdamW learning rate")
+    kl_coef: float = option(Recipe.kl_coef, "k3 KL to the initial policy (0 = off)")
+    temperature: float = option(Recipe.temperature, "sampling temperature of training")
+    max_new_tokens: int = option(Recipe.max_new_tokens, "new tokens per turn")
+    max_turns: int = option(Recipe.max_turns, "agent turns per episode")
+    engine_threads: int = option(
+        Recipe.engine_threads, "torch threads of the engine (0 = torch's default)"
+    )
+    learner_threads: int = option(
+        Recipe.learner_threads, "torch threads of the learner (0 = torch's default)"
+    )
+    seed: int = option(
+        Recipe.seed,
+        "seed of the run: engine sampling (a seed per request), the pool's epoch order, the "
+        "learner's RNGs",
+    )
+    dynamic_sampling: Switch = option(
+        Recipe.dynamic_sampling,
+        "DAPO dynamic sampling: every learner step trains groups with reward variance",
+    )
+    pass_rate_steering: Switch = option(
+        Recipe.pass_rate_steering,
+        "run fewer groups of templates whose recent training success is 0 or 1",
+    )
+    require_command: Switch = option(
+        Recipe.require_command,
+        "train on successes that ran no command too (guesses get amplified); the default is "
+        "require_command",
+        flag="--no-require-command",
+    )
+
+
+class UpOptions(StackOptions):
+    """`shellrl up`."""
+
+    quiet: Switch = option(False, "do not echo service logs (they stay in <state>/logs)")
+
+
+class RunOptions(StackOptions):
+    """`shellrl run`: the stack's options, the job's and --attach's."""
+
+    time_budget_min: float = option(JobConfig.time_budget_s / 60, "training stops after this")
+    steps: int = option(JobConfig.steps, "learner steps (policy versions)")
+    train_set: str = option(
+        JobConfig.train_set, "curriculum, default, generated, a plug-in's task set, or a .jsonl"
+    )
+    eval_id_episodes: int = option(
+        JobConfig.eval_id_episodes, "held-out instances of the training templates"
+    )
+    eval_ood_episodes: int = option(
+        JobConfig.eval_ood_episodes, "instances of templates never trained on"
+    )
+    agentbench_eval_tasks: int = option(
+        JobConfig.agentbench_eval_tasks, "AgentBench training tasks evaluated"
+    )
+    task_seed: int = option(
+        JobConfig.task_seed,
+        "seed of the generated training pool and eval sets (keep it to compare runs)",
+    )
+    eval_samples: int = option(
+        JobConfig.eval_samples,
+        "episodes per eval task (> 1 needs --eval-temperature > 0; estimator: mean pass rate "
+        "per task, bootstrap interval over tasks)",
+    )
+    eval_temperature: float = option(
+        JobConfig.eval_temperature,
+        "sampling temperature of the evaluations (0 = greedy, one episode per task)",
+    )
+    fresh: Switch = option(False, "delete <state-dir> first (Redis, checkpoints, logs)")
+    attach: str | None = option(
+        None,
+        "drive the stack running at this rollout gateway URL (compose, k8s) instead of "
+        "starting one; the report goes to <state-dir>/report",
+        metavar="URL",
+    )
+    learner_url: str | None = option(
+        None,
+        "with --attach: the learner (SHELLRL_LEARNER_URL, else the gateway's host, port 8103 + "
+        "--port-offset)",
+    )
+    verifier_url: str | None = option(
+        None, "with --attach: the verifier, to check its require_command (compose publishes none)"
+    )
+    token: str | None = option(
+        None,
+        "with --attach: the stack's bearer token (else SHELLRL_API_TOKEN, SHELLRL_API_TOKEN_FILE "
+        "or <state-dir>/api_token)",
+    )
+
+
+def _extra(info: FieldInfo) -> dict:
+    return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+
+
+def _switch_field(info: FieldInfo) -> bool:
+    return info.annotation is bool or any(a is bool for a in get_args(info.annotation))
+
+
+def add_options(parser: argparse.ArgumentParser, model: type[Options]) -> None:
+    """A flag per field of `model`, in field order: `--field-name` (a switch turns the field on,
+    or off when it names its own `flag`), its choices, its help with `(default: X)`. Each flag's
+    argparse default is SUPPRESS, so the parsed namespace holds only what was given (`resolve`)."""
+    for name, info in model.model_fields.items():
+        extra = _extra(info)
+        flag = extra.get("flag", "--" + name.replace("_", "-"))
+        text = f"{info.description} (default: {info.default})"
+        kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": text}
+        if _switch_field(info):
+            kw["action"] = "store_false" if "flag" in extra else "store_true"
+        else:
+            if "metavar" in extra:
+                kw["metavar"] = extra["metavar"]
+            kind = info.annotation
+            if get_origin(kind) is Literal:
+                kw["choices"] = get_args(kind)
+            elif kind in (int, float):
+                kw["type"] = kind
+        parser.add_argument(flag, **kw)
+
+
+def resolve(args: argparse.Namespace, model: type[Options], command: str) -> argparse.Namespace:
+    """`args` (flags given) completed from the environment, the config file and the defaults:
+    every field of `model` set, plus `config_env` (the file's [env] table). Raises CliError (one
+    line naming the flag, variable or file key) for any value the model refuses."""
+    from cli.config_file import command_values
+
+    given = {k: v for k, v in vars(args).items() if k in model.model_fields}
+    path = given.get("config") or os.environ.get(ENV_PREFIX + "CONFIG")
+    file_values, config_env, spelled = {}, {}, {}
+    if path:
+        file_values, config_env = command_values(Path(path), command, args._commands)
+        spelled = _check_file_keys(path, file_values, model, command)
+    _FileValues.values = file_values
+    try:
+        options = model(**given)
+    except ValidationError as exc:
+        raise CliError(_first_error(exc, given, spelled, path, model)) from None
+    finally:
+        _FileValues.values = {}
+    for name in model.model_fields:
+        setattr(args, name, getattr(options, name))
+    if "learner_url" in model.model_fields and args.learner_url is None:
+        args.learner_url = os.environ.get("SHELLRL_LEARNER_URL")
+    args.config_env = config_env
+    return args
+
+
+def _check_file_keys(path, values: dict, model: type[Options], command: str) -> dict[str, str]:
+    """Every key is a field the file may set (a switch's own flag too: `no-require-command =
+    true`), and a switch's value is a bool. Rewrites each key to its field in place; returns
+    {field: the key as the file spells it}."""
+    spelled = {}
+    keys = {n: n for n, info in model.model_fields.items() if _extra(info).get("file", True)}
+    inverted = {
+        _extra(info)["flag"].removeprefix("--").replace("-", "_"): n
+        for n, info in model.model_fields.items()
+        if "flag" in _extra(info)
+    }
+    for key in list(values):
+        name = key.replace("-", "_")
+        if name in inverted:
+            value = values.pop(key)
+            if not isinstance(value, bool):
+                raise CliError(f"config file {path}: {key}: expected true or false, got {value!r}")
+            values[inverted[name]], spelled[inverted[name]] = not value, key
+        elif name in keys:
+            values[name], spelled[name] = values.pop(key), key
+            info = model.model_fields[name]
+            if isinstance(values[name], bool) and not _switch_field(info):
+                kind = getattr(info.annotation, "__name__", "a string")
+                raise CliError(f"config file {path}: {key}: expected {kind}, got {values[name]!r}")
+        else:
+            known = sorted(
+                [n.replace("_", "-") for n in keys] + [n.replace("_", "-") for n in inverted]
+            )
+            raise CliError(
+                f"config file {path}: unknown option {key!r} for `shellrl {command}` "
+                f"(known: {', '.join(known)})"
+            )
+    return spelled
+
+
+EXPECTED = {
+    "int_parsing": "expected int",
+    "int_from_float": "expected int",
+    "int_type": "expected int",
+    "float_parsing": "expected float",
+    "float_type": "expected float",
+    "string_type": "expected a string",
+}
+
+
+def _first_error(exc: ValidationError, given: dict, spelled: dict, path, model) -> str:
+    """One line for the first error: where the value came from (the flag, the file's key as
+    spelled there, else the environment), what was expected."""
+    error = exc.errors()[0]
+    name = str(error["loc"][0]) if error["loc"] else ""
+    value = error.get("input")
+    if error["type"] in EXPECTED:
+        message = f"{EXPECTED[error['type']]}, got {value!r}"
+    elif error["type"] == "literal_error":
+        choices = get_args(model.model_fields[name].annotation)
+        message = f"{value!r} is not one of {', '.join(map(str, choices))}"
+    else:
+        message = error["msg"].removeprefix("Value error, ")
+    if name in given:
+        return f"--{name.replace('_', '-')}: {message}"
+    if name in spelled:
+        return f"config file {path}: {spelled[name]}: {message}"
+    return f"{ENV_PREFIX}{name.upper()}: {message}"
+
+
+def markdown() -> str:
+    """docs/config.md: a table of each command's options (`python -m cli.options > docs/config.md`;
+    tests/unit/test_cli_typed_options.py checks the file is current)."""
+    lines = [
+        "# Options of `shellrl run` and `shellrl up`",
+        "",
+        "Generated from the typed models in `cli/options.py` (`python -m cli.options >"
+        " docs/config.md`). Each option is a flag, a key of a `--config` TOML file (top level"
+        " or the command's table; `-` or `_`) and an environment variable; a flag beats the"
+        " environment, which beats the file. A config file's `[env]` table sets the services'"
+        " own `SHELLRL_*` settings (`services/<name>/settings.py`), except those an option sets.",
+    ]
+    for command, model in (("up", UpOptions), ("run", RunOptions)):
+        lines += ["", f"## shellrl {command}", "", "| flag | environment | default | meaning |"]
+        lines.append("| --- | --- | --- | --- |")
+        for name, info in model.model_fields.items():
+            flag = _extra(info).get("flag", "--" + name.replace("_", "-"))
+            text = (info.description or "").replace("|", "\\|")
+            lines.append(f"| `{flag}` | `{ENV_PREFIX}{name.upper()}` | `{info.default}` | {text} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown(), end="")
