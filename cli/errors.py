@@ -20,13 +20,18 @@ class CliError(Exception):
 @contextmanager
 def http_errors(unreachable: str) -> Iterator[None]:
     """Turn an httpx error raised in the block into one CliError line: an answer with an error
-    status names the URL, the status and the body's first 300 characters; any other
+    status names the URL, the status and the body's first 300 characters (a 401: where the
+    token is read, `token_hint`); any other
     `httpx.HTTPError` (no connection, a timeout) reads `<unreachable>: <error>`."""
     import httpx
 
     try:
         yield
     except httpx.HTTPStatusError as exc:
+        if exc.response.status_code == 401:
+            from cli.stack_config import token_hint
+
+            raise CliError(f"{exc.request.url} refused the token (401): {token_hint()}") from None
         raise CliError(
             f"{exc.request.url} answered {exc.response.status_code}: {exc.response.text[:300]}"
         ) from None

@@ -43,12 +43,24 @@ def command_modules() -> list:
     return modules
 
 
+def version() -> str:
+    """The installed package's version (pyproject.toml's), or 'unknown' outside an install."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed_version
+
+    try:
+        return installed_version("shellrl")
+    except PackageNotFoundError:
+        return "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shellrl",
         formatter_class=HelpFormatter,
         description="Fully asynchronous RL for LLM agents on shell tasks.",
     )
+    parser.add_argument("--version", action="version", version=f"shellrl {version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     names = []
     for module in command_modules():

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from cli.stack_config import api_headers
+from cli.stack_config import STATE_DIR, api_headers, token_hint
 
 DEFAULT_URL = os.environ.get("SHELLRL_ROLLOUT_URL", "http://127.0.0.1:8100")
 _LIST_FIELD = re.compile(r"^tasks\[(\d+)\]\.?(.*)$")
@@ -42,6 +42,12 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument("--timeout-s", type=float, default=60.0, help="HTTP timeout per request")
     parser.add_argument("--quiet", action="store_true", help="print only errors and the summary")
+    parser.add_argument(
+        "--state-dir",
+        default=str(STATE_DIR),
+        help="the local stack whose <state-dir>/api_token is sent (after SHELLRL_API_TOKEN, "
+        "SHELLRL_API_TOKEN_FILE)",
+    )
 
 
 def read_lines(path: Path) -> list[tuple[int, dict]]:
@@ -68,14 +74,15 @@ def submit(
     timeout_s: float = 60.0,
     echo=print,
     headers: dict | None = None,
+    state_dir: Path = STATE_DIR,
 ) -> dict:
     """Post the file; returns {"created", "duplicates", "errors": [str], "task_ids": [str]}.
-    `headers`: the gateway's `Authorization` (default: `api_headers()`)."""
+    `headers`: the gateway's `Authorization` (default: `api_headers(state_dir)`)."""
     if batch_size < 1:
         raise ValueError("batch_size must be >= 1")
     lines = read_lines(path)
     summary: dict = {"created": 0, "duplicates": 0, "errors": [], "task_ids": []}
-    headers = api_headers() if headers is None else headers
+    headers = api_headers(state_dir) if headers is None else headers
     with httpx.Client(base_url=url.rstrip("/"), timeout=timeout_s, headers=headers) as client:
         for start in range(0, len(lines), batch_size):
             batch = lines[start : start + batch_size]
@@ -98,11 +105,15 @@ def submit(
                 for (n, _), result in zip(batch, data["tasks"]):
                     echo(f"{path}:{n}: {result['status']} {result['task_id']}")
                 continue
-            summary["errors"].append(_describe_error(path, batch, response))
+            summary["errors"].append(_describe_error(path, batch, response, state_dir))
     return summary
 
 
-def _describe_error(path: Path, batch: list[tuple[int, dict]], response: httpx.Response) -> str:
+def _describe_error(
+    path: Path, batch: list[tuple[int, dict]], response: httpx.Response, state_dir: Path
+) -> str:
+    if response.status_code == 401:
+        return f"{response.request.url} refused the token (401): {token_hint(state_dir)}"
     try:
         error = response.json().get("error") or {}
     except ValueError:
@@ -126,6 +137,7 @@ def run(args) -> int:
             split=args.split,
             timeout_s=args.timeout_s,
             echo=(lambda *_: None) if args.quiet else print,
+            state_dir=Path(args.state_dir),
         )
     except (OSError, ValueError) as exc:
         print(f"shellrl submit: {exc}", file=sys.stderr)

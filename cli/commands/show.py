@@ -5,7 +5,7 @@ components, the failure class, and the policy version of every action.
     shellrl show <trajectory_id|task_id> [--url http://127.0.0.1:8100] [--json] [--tokens]
 
 Reads the rollout gateway's `GET /v1/trajectories/{id}` with the stack's token (SHELLRL_API_TOKEN,
-SHELLRL_API_TOKEN_FILE or `.shellrl/api_token`, as `shellrl submit`). An id that names no
+SHELLRL_API_TOKEN_FILE or `<--state-dir>/api_token`, as `shellrl submit`; a 401 says so). An id that names no
 trajectory is taken as a task id: its newest finished trajectory is shown, and the others found
 (`GET /v1/trajectories?task_id=`) are listed above it. Exit status: 0 shown, 1 no such trajectory
 or task (trimmed from its stream, or never finished), 2 the gateway cannot be reached.
@@ -14,6 +14,7 @@ or task (trimmed from its stream, or never finished), 2 the gateway cannot be re
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from cli.errors import CliError
 
@@ -40,11 +41,22 @@ def add_arguments(parser) -> None:
         "--tokens", action="store_true", help="also print every segment's token ids"
     )
     parser.add_argument("--timeout-s", type=float, default=30.0, help="HTTP timeout")
+    from cli.stack_config import STATE_DIR
+
+    parser.add_argument(
+        "--state-dir",
+        default=str(STATE_DIR),
+        help="the local stack whose <state-dir>/api_token is sent (after SHELLRL_API_TOKEN, "
+        "SHELLRL_API_TOKEN_FILE)",
+    )
 
 
-def fetch(url: str, trajectory_id: str, *, timeout_s: float = 30.0) -> dict:
-    """The transcript JSON of `trajectory_id` from the gateway at `url`. Raises CliError: exit
-    status 1 when the gateway answers 404, 2 when it cannot be reached or answers another error."""
+def fetch(
+    url: str, trajectory_id: str, *, timeout_s: float = 30.0, state_dir: Path | None = None
+) -> dict:
+    """The transcript JSON of `trajectory_id` from the gateway at `url` (the token of
+    `api_headers(state_dir)`). Raises CliError: exit status 1 when the gateway answers 404, 2
+    when it cannot be reached or answers another error (a 401 names where the token is read)."""
     import httpx
 
     from cli.stack_config import api_headers
@@ -52,19 +64,39 @@ def fetch(url: str, trajectory_id: str, *, timeout_s: float = 30.0) -> dict:
     try:
         r = httpx.get(
             f"{url.rstrip('/')}/v1/trajectories/{trajectory_id}",
-            headers=api_headers(),
+            headers=api_headers(*_given(state_dir)),
             timeout=timeout_s,
         )
     except httpx.HTTPError as exc:
         raise CliError(f"cannot reach the rollout gateway at {url}: {exc}") from None
     if r.status_code == 404:
         raise CliError(f"no finished trajectory {trajectory_id!r} at {url}", exit_status=1)
-    if r.status_code != 200:
-        raise CliError(f"{url} answered {r.status_code}: {r.text[:500]}")
+    _check_ok(url, r, state_dir)
     return r.json()
 
 
-def fetch_task(url: str, task_id: str, *, limit: int = 10, timeout_s: float = 30.0) -> list[dict]:
+def _given(state_dir: Path | None) -> list[Path]:
+    """[state_dir], or [] for the default (cli.stack_config.STATE_DIR)."""
+    return [] if state_dir is None else [state_dir]
+
+
+def _check_ok(url: str, r, state_dir: Path | None) -> None:
+    from cli.stack_config import token_hint
+
+    if r.status_code == 401:
+        raise CliError(f"{url} refused the token (401): {token_hint(*_given(state_dir))}")
+    if r.status_code != 200:
+        raise CliError(f"{url} answered {r.status_code}: {r.text[:500]}")
+
+
+def fetch_task(
+    url: str,
+    task_id: str,
+    *,
+    limit: int = 10,
+    timeout_s: float = 30.0,
+    state_dir: Path | None = None,
+) -> list[dict]:
     """The newest finished trajectories of task `task_id` (summaries, newest first; [] when none
     is found) from the gateway at `url`. Raises CliError (exit status 2) when it cannot be
     reached or answers an error."""
@@ -76,29 +108,31 @@ def fetch_task(url: str, task_id: str, *, limit: int = 10, timeout_s: float = 30
         r = httpx.get(
             f"{url.rstrip('/')}/v1/trajectories",
             params={"task_id": task_id, "limit": limit},
-            headers=api_headers(),
+            headers=api_headers(*_given(state_dir)),
             timeout=timeout_s,
         )
     except httpx.HTTPError as exc:
         raise CliError(f"cannot reach the rollout gateway at {url}: {exc}") from None
-    if r.status_code != 200:
-        raise CliError(f"{url} answered {r.status_code}: {r.text[:500]}")
+    _check_ok(url, r, state_dir)
     return r.json()["trajectories"]
 
 
-def resolve(url: str, some_id: str, *, timeout_s: float = 30.0) -> tuple[dict, list[dict]]:
+def resolve(
+    url: str, some_id: str, *, timeout_s: float = 30.0, state_dir: Path | None = None
+) -> tuple[dict, list[dict]]:
     """(transcript, the task's other trajectories): the trajectory `some_id`, else the newest of
     task `some_id` with the summaries of the others. Raises CliError (exit status 1) when it
     names neither."""
     try:
-        return fetch(url, some_id, timeout_s=timeout_s), []
+        return fetch(url, some_id, timeout_s=timeout_s, state_dir=state_dir), []
     except CliError as exc:
         if exc.exit_status != 1:
             raise
-    found = fetch_task(url, some_id, timeout_s=timeout_s)
+    found = fetch_task(url, some_id, timeout_s=timeout_s, state_dir=state_dir)
     if not found:
         raise CliError(f"no finished trajectory or task {some_id!r} at {url}", exit_status=1)
-    return fetch(url, found[0]["trajectory_id"], timeout_s=timeout_s), found[1:]
+    newest = fetch(url, found[0]["trajectory_id"], timeout_s=timeout_s, state_dir=state_dir)
+    return newest, found[1:]
 
 
 def run(args) -> int:
@@ -107,7 +141,9 @@ def run(args) -> int:
     from rich.console import Console
     from rich.text import Text
 
-    view, others = resolve(args.url, args.trajectory_id, timeout_s=args.timeout_s)
+    view, others = resolve(
+        args.url, args.trajectory_id, timeout_s=args.timeout_s, state_dir=Path(args.state_dir)
+    )
     if args.json:
         print(json.dumps(view, indent=2))
         return 0
