@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 
 class CliError(Exception):
@@ -15,6 +16,16 @@ class CliError(Exception):
     def __init__(self, message: str, exit_status: int = 2) -> None:
         super().__init__(message)
         self.exit_status = exit_status
+
+
+def token_hint(state_dir: str | Path = "<state-dir>") -> str:
+    """Where the CLI reads a stack's token (cli.stack_config.api_headers, whose file is
+    <state dir>/api_token), for the message of a 401."""
+    return (
+        "the CLI sends the token of SHELLRL_API_TOKEN, else of the file SHELLRL_API_TOKEN_FILE "
+        f"names, else of {Path(state_dir) / 'api_token'} (what `shellrl up` wrote; --state-dir "
+        "names another stack's)"
+    )
 
 
 @contextmanager
@@ -29,8 +40,6 @@ def http_errors(unreachable: str) -> Iterator[None]:
         yield
     except httpx.HTTPStatusError as exc:
         if exc.response.status_code == 401:
-            from cli.stack_config import token_hint
-
             raise CliError(f"{exc.request.url} refused the token (401): {token_hint()}") from None
         raise CliError(
             f"{exc.request.url} answered {exc.response.status_code}: {exc.response.text[:300]}"

@@ -206,15 +206,6 @@ def api_headers(state_dir: Path = STATE_DIR, environ: dict[str, str] | None = No
         return {}
 
 
-def token_hint(state_dir: Path = STATE_DIR) -> str:
-    """Where the CLI reads a stack's token (`api_headers`), for the message of a 401."""
-    return (
-        "the CLI sends the token of SHELLRL_API_TOKEN, else of the file SHELLRL_API_TOKEN_FILE "
-        f"names, else of {state_dir / API_TOKEN_FILE} (what `shellrl up` wrote; --state-dir "
-        "names another stack's)"
-    )
-
-
 def port_is_free(port: int) -> bool:
     """True when nothing listens on 127.0.0.1:`port`. SO_REUSEADDR as uvicorn and redis-server bind
     with it: connections in TIME_WAIT, which a just-stopped stack leaves for a minute, do not count."""

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import httpx
 
-from cli.stack_config import STATE_DIR, api_headers, token_hint
+from cli.errors import token_hint
+from cli.stack_config import STATE_DIR, api_headers
 
 DEFAULT_URL = os.environ.get("SHELLRL_ROLLOUT_URL", "http://127.0.0.1:8100")
 _LIST_FIELD = re.compile(r"^tasks\[(\d+)\]\.?(.*)$")

@@ -81,10 +81,11 @@ def _given(state_dir: Path | None) -> list[Path]:
 
 
 def _check_ok(url: str, r, state_dir: Path | None) -> None:
-    from cli.stack_config import token_hint
+    from cli.errors import token_hint
+    from cli.stack_config import STATE_DIR
 
     if r.status_code == 401:
-        raise CliError(f"{url} refused the token (401): {token_hint(*_given(state_dir))}")
+        raise CliError(f"{url} refused the token (401): {token_hint(state_dir or STATE_DIR)}")
     if r.status_code != 200:
         raise CliError(f"{url} answered {r.status_code}: {r.text[:500]}")
 
