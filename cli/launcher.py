@@ -283,7 +283,9 @@ class Stack:
 
 
 def up(config: StackConfig) -> int:
-    """Foreground: start everything, print the URLs, wait for Ctrl-C or `shellrl down`."""
+    """Foreground: start everything, print the URLs, wait for Ctrl-C or `shellrl down`. A
+    process that exits stops the stack: one line on stderr names it with its exit status, failure
+    class, log and the log's last error (as `shellrl run` reports it), and up returns 1."""
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
@@ -294,9 +296,16 @@ def up(config: StackConfig) -> int:
             flush=True,
         )
         while not stop.is_set():
-            dead = [p.name for p in stack.procs if p.popen.poll() is not None]
-            if dead:
-                print(f"process exited: {', '.join(dead)}; shutting down", file=sys.stderr)
+            try:
+                stack.raise_if_exited()
+            except ServiceExited as exc:  # its status, failure class, log and last error
+                last = f" (last error: {exc.cause})" if exc.cause else ""
+                print(
+                    f"{exc.service} exited with status {exc.status}: {exc.failure_class}; see "
+                    f"{exc.log_path}{last}; shutting the stack down",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return 1
             stop.wait(1.0)
         print("shutting down…", flush=True)
