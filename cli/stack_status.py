@@ -13,6 +13,7 @@ down). `down_parts(snapshot)` names what is down; `down_causes(snapshot)` adds w
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from pathlib import Path
@@ -197,6 +198,14 @@ def down_causes(snap: dict) -> list[str]:
     return out
 
 
+def shown(value, fmt: str = "") -> str:
+    """A table cell: '-' for a value not known (None, NaN; never 'None' or 'nan'), else
+    `format(value, fmt)`."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, fmt)
+
+
 def render(snap: dict) -> Table:
     table = Table(title="shellrl status", show_header=False, expand=False)
     table.add_column("what", style="bold")
@@ -211,20 +220,21 @@ def render(snap: dict) -> Table:
         cause = escape(why["cause"] or "log empty")  # a log line may hold [brackets]
         table.add_row(f"{name} exited", f"[red]{escape(why['class'])}[/]: {cause}")
     st = snap["streams"]
-    table.add_row("policy version (redis)", str(st.get("_policy_version")))
+    table.add_row("policy version (redis)", shown(st.get("_policy_version")))
     learner = snap.get("learner") or {}
     last = learner.get("last_step") or {}
     if learner:
         table.add_row(
             "learner",
-            f"step {learner.get('step')}  lr {learner.get('lr')}  paused {learner.get('paused')}  "
-            f"checkpointed {learner.get('checkpointed_step')}",
+            f"step {shown(learner.get('step'))}  lr {shown(learner.get('lr'))}  paused "
+            f"{shown(learner.get('paused'))}  checkpointed {shown(learner.get('checkpointed_step'))}",
         )
         table.add_row(
             "last step",
-            f"reward {last.get('reward_mean', float('nan')):.3f}  success "
-            f"{last.get('success_rate', float('nan')):.3f}  loss {last.get('loss')}  "
-            f"{last.get('seconds', 0):.1f} s  tokens/s {last.get('tokens_per_second', 0):.0f}",
+            f"reward {shown(last.get('reward_mean'), '.3f')}  success "
+            f"{shown(last.get('success_rate'), '.3f')}  loss {shown(last.get('loss'), '.4g')}  "
+            f"{shown(last.get('seconds'), '.1f')} s  tokens/s "
+            f"{shown(last.get('tokens_per_second'), '.0f')}",
         )
         table.add_row(
             "throughput",
@@ -235,18 +245,18 @@ def render(snap: dict) -> Table:
         adm = rollout.get("admission", {})
         table.add_row(
             "rollout",
-            f"in flight {rollout.get('episodes_in_flight')}  admitted groups "
-            f"{adm.get('groups_admitted')}/{adm.get('bound')}  published "
-            f"{rollout.get('trajectories_published')}",
+            f"in flight {shown(rollout.get('episodes_in_flight'))}  admitted groups "
+            f"{shown(adm.get('groups_admitted'))}/{shown(adm.get('bound'))}  published "
+            f"{shown(rollout.get('trajectories_published'))}",
         )
     s = snap.get("staleness") or {}
-    table.add_row("staleness p50/p90/p99", " / ".join(str(s.get(q)) for q in (0.5, 0.9, 0.99)))
+    table.add_row("staleness p50/p90/p99", " / ".join(shown(s.get(q)) for q in (0.5, 0.9, 0.99)))
     for stream, row in st.items():
         if not stream.startswith("_"):
             lost = ", ".join(f"{g} {n}" for g, n in row.get("lost", {}).items() if n)
             table.add_row(
                 stream,
-                f"length {row['length']}  pending {row['pending']}  lag {row['lag']}"
+                f"length {row['length']}  pending {shown(row['pending'])}  lag {shown(row['lag'])}"
                 + (f"  [red]lost to trimming: {lost}[/]" if lost else ""),
             )
     if "_error" in st:
