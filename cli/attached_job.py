@@ -32,9 +32,12 @@ from cli.job_evaluations import evaluate, log_evaluations, open_tracker
 from cli.job_report import JobOutcome, write_job_report
 from cli.job_tasks import eval_sets, train_tasks
 from cli.main_job import JobConfig, check_verifier_config, console, submit
+from cli.polling import poll_until
 from shellrl.contract import task_to_json
 
 POLL_S = 3.0
+# past the run's time budget: its last step and weight push, before the job stops waiting
+RUN_END_GRACE_S = 15 * 60.0
 LEARNER_PORT = 8103  # compose and the local stack publish the learner here
 
 
@@ -127,9 +130,11 @@ def follow_run(
     returns the snapshots ({time, elapsed_s, run, learner, rollout}). Ctrl-C stops the run."""
     snapshots: list[dict] = []
     t0 = time.monotonic()
+    timeout_s = cfg.time_budget_s + RUN_END_GRACE_S  # the gateway ends the run at its budget
     try:
         with Live(console=console, refresh_per_second=1) as live:
-            while True:
+
+            def ended() -> bool:
                 run = client.get(f"/v1/runs/{run_id}", timeout=30).json()
                 snap = {
                     "time": time.time(),
@@ -140,12 +145,20 @@ def follow_run(
                 }
                 snapshots.append(snap)
                 live.update(progress_table(snap))
-                if run["state"] != "training":
-                    break
-                time.sleep(POLL_S)
+                return run["state"] != "training"
+
+            if not poll_until(ended, timeout_s=timeout_s, interval_s=POLL_S):
+                client.post(f"/v1/runs/{run_id}/stop", timeout=30)
+                raise CliError(
+                    f"run {run_id} still training {timeout_s:.0f} s after its start (time budget "
+                    f"{cfg.time_budget_s:.0f} s); stopped it. See the gateway's and the "
+                    "learner's logs",
+                    exit_status=1,
+                )
     except KeyboardInterrupt:
         client.post(f"/v1/runs/{run_id}/stop", timeout=30)
         raise
+    run = snapshots[-1]["run"]
     console.print(f"run {run_id}: {run['state']} after {run['steps_done']}/{run['steps']} steps")
     return snapshots
 

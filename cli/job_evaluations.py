@@ -12,7 +12,12 @@ from collections.abc import Callable
 import httpx
 from rich.console import Console
 
+from cli.errors import CliError
+from cli.polling import poll_until
+
 console = Console()
+# the longest the job waits for its evaluations: the main job's take 3-10 min on 2 CPU cores
+EVALUATION_TIMEOUT_S = 3 * 3600.0
 
 
 def evaluation_body(task_ids: list[str], samples: int, temperature: float) -> dict:
@@ -36,10 +41,13 @@ def evaluate(
     samples: int = 1,
     temperature: float = 0.0,
     check_alive: Callable[[], None] = lambda: None,
+    timeout_s: float = EVALUATION_TIMEOUT_S,
 ) -> dict[str, dict]:
-    """Start one evaluation per set (`evaluation_body`) and wait for all of them. check_alive:
-    called every poll, raises when a service of the stack has exited (the launcher's
-    `Stack.raise_if_exited`), so an engine that dies mid-evaluation ends the wait at once."""
+    """Start one evaluation per set (`evaluation_body`) and wait for all of them, polling every
+    2 s. check_alive: called every poll, raises when a service of the stack has exited (the
+    launcher's `Stack.raise_if_exited`), so an engine that dies mid-evaluation ends the wait at
+    once. Raises CliError (exit status 1) naming the evaluations not finished after
+    `timeout_s`."""
     started = {}
     for name, ids in sets.items():
         r = client.post(
@@ -49,24 +57,29 @@ def evaluate(
         started[name] = r.json()["evaluation_id"]
     results: dict[str, dict] = {}
     t0 = time.monotonic()
+    total = sum(len(v) for v in sets.values()) * (samples if temperature > 0 else 1)
     with console.status(f"[bold]evaluation {label}") as status:
-        while len(results) < len(started):
+
+        def finished() -> bool:  # every evaluation done, failed or cancelled
             check_alive()
+            done = 0
             for name, eid in started.items():
-                if name in results:
-                    continue
-                view = client.get(f"/v1/evaluations/{eid}", timeout=30).json()
+                view = results.get(name) or client.get(f"/v1/evaluations/{eid}", timeout=30).json()
                 if view.get("state") in ("done", "failed", "cancelled"):
                     results[name] = view
-            done = sum(
-                client.get(f"/v1/evaluations/{e}", timeout=30).json().get("episodes_done", 0)
-                for e in started.values()
-            )
-            total = sum(len(v) for v in sets.values()) * (samples if temperature > 0 else 1)
+                done += view.get("episodes_done", 0)
             status.update(
                 f"[bold]evaluation {label}: {done}/{total} episodes, {time.monotonic() - t0:.0f} s"
             )
-            time.sleep(2)
+            return len(results) == len(started)
+
+        if not poll_until(finished, timeout_s=timeout_s, interval_s=2.0):
+            waiting = ", ".join(f"{n} ({started[n]})" for n in started if n not in results)
+            raise CliError(
+                f"evaluation {label}: {waiting} not finished after {timeout_s:.0f} s; see the "
+                "rollout gateway's log",
+                exit_status=1,
+            )
     for name, view in results.items():
         console.print(
             f"  {label} {name:>10}: success {view.get('success_rate')}  ({view.get('episodes_scored')} "

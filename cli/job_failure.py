@@ -26,6 +26,7 @@ import httpx
 from rich.console import Console
 
 from cli.job_report import JobOutcome, read_steps, write_job_report
+from cli.polling import poll_until
 from cli.stack_failure import ServiceExited, StackError
 
 console = Console()
@@ -77,15 +78,15 @@ def failure_message(failure: ServiceExited, phase: str, report_dir: Path | None,
 def service_exited(stack, wait_s: float = 5.0) -> ServiceExited | None:
     """The service of `stack` (cli.launcher.Stack) that exited, waiting up to wait_s for one that
     refuses connections while it dies; None when every process still runs."""
-    deadline = time.monotonic() + wait_s
-    while True:
+
+    def exited() -> ServiceExited | None:
         try:
             stack.raise_if_exited()
         except ServiceExited as exc:
             return exc
-        if time.monotonic() > deadline:
-            return None
-        time.sleep(0.5)
+        return None
+
+    return poll_until(exited, timeout_s=wait_s, interval_s=0.5)
 
 
 def last_metrics(url: Callable[[str], str]) -> dict[str, str]:

@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cli.polling import poll_until
 from cli.stack_config import STATE_DIR, StackConfig, device_env, port_is_free
 from cli.stack_failure import ServiceExited, StackError, last_error_line
 from shellrl.service.main import wait_until_ready
@@ -70,19 +71,18 @@ class Stack:
         cfg = self.config
         cfg.state_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + 20  # a stack that was just stopped may still hold its ports
-        while True:
-            busy = [
+
+        def busy() -> list[str]:
+            return [
                 f"{n}:{p}"
                 for n, p in cfg.ports.items()
                 if n in ("redis", *cfg.services) and not port_is_free(p)
             ]
-            if not busy or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
-        if busy:
+
+        # a stack that was just stopped may still hold its ports
+        if not poll_until(lambda: not busy(), timeout_s=20, interval_s=0.5):
             raise StackError(
-                f"ports in use: {', '.join(busy)} (another stack running? try `shellrl down`)"
+                f"ports in use: {', '.join(busy())} (another stack running? try `shellrl down`)"
             )
         try:
             self._write_token_file()
@@ -152,18 +152,19 @@ class Stack:
             dict(os.environ),
             None,
         )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
+
+        def answers() -> bool:
             if proc.popen.poll() is not None:
                 raise StackError(f"redis-server exited; see {proc.log_path}")
             try:
                 with socket.create_connection(("127.0.0.1", port), timeout=0.3) as s:
                     s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        return
+                    return s.recv(16).startswith(b"+PONG")
             except OSError:
-                time.sleep(0.1)
-        raise StackError("redis-server did not answer PING within 20 s")
+                return False
+
+        if not poll_until(answers, timeout_s=20, interval_s=0.1):
+            raise StackError("redis-server did not answer PING within 20 s")
 
     def _write_token_file(self) -> None:
         """<state>/api_token holding the stack's token, readable by this user only."""
@@ -331,7 +332,5 @@ def down(state_dir: Path = STATE_DIR, timeout_s: float = 60.0) -> int:
                 pass
         pid_file.unlink(missing_ok=True)
         return 0
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and pid_file.exists():
-        time.sleep(0.2)
-    return 0 if not pid_file.exists() else 1
+    gone = poll_until(lambda: not pid_file.exists(), timeout_s=timeout_s, interval_s=0.2)
+    return 0 if gone else 1

@@ -41,6 +41,7 @@ from cli.job_failure import last_metrics, report_failure, service_exited
 from cli.job_report import JobOutcome, read_steps, write_job_report
 from cli.job_tasks import eval_sets, train_tasks
 from cli.launcher import Stack
+from cli.polling import poll_until
 from cli.recipe import Recipe
 from cli.stack_config import (
     GPU_MEMORY_FRACTIONS,
@@ -195,16 +196,16 @@ def train(
     snapshots = [] if snapshots is None else snapshots
     t0 = time.monotonic()
     with Live(console=console, refresh_per_second=1) as live:
-        while True:
+
+        def trained() -> bool:  # a snapshot every 3 s until --steps or the time budget
             check_alive()
             snap = collect(info)
             snap["elapsed_s"] = time.monotonic() - t0
             snapshots.append({k: v for k, v in snap.items() if k != "ready"})
             live.update(progress_table(snap, cfg, snap["elapsed_s"]))
-            step = (snap.get("learner") or {}).get("step") or 0
-            if step >= cfg.steps or snap["elapsed_s"] > cfg.time_budget_s:
-                break
-            time.sleep(3)
+            return ((snap.get("learner") or {}).get("step") or 0) >= cfg.steps
+
+        poll_until(trained, timeout_s=cfg.time_budget_s, interval_s=3.0)
     # wait for the step in progress and its weight push: the "after" eval then runs on one version
     httpx.post(
         f"{learner_url}/v1/pause",
@@ -226,20 +227,22 @@ def wait_for_served_policy(
     /v1/status), at start the version it resumed (0 when fresh). A before-evaluation started
     earlier could score other weights (a killed learner's newer ones still on the engine).
     Returns that version; raises StackError after timeout_s (polls every second)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    last: dict = {}
+
+    def served() -> bool:
         check_alive()
         status = httpx.get(f"{learner_url}/v1/status", timeout=10, headers=headers).json()
-        version = status.get("version")
-        published = (status.get("weight_sync") or {}).get("published_version")
-        if published == version:
-            return int(version)
-        if time.monotonic() > deadline:
-            raise StackError(
-                f"the engines do not serve the learner's policy version {version} after "
-                f"{timeout_s:.0f} s (published: {published}); see the learner's log (weight sync)"
-            )
-        time.sleep(1.0)
+        last["version"] = status.get("version")
+        last["published"] = (status.get("weight_sync") or {}).get("published_version")
+        return last["published"] == last["version"]
+
+    if not poll_until(served, timeout_s=timeout_s, interval_s=1.0):
+        raise StackError(
+            f"the engines do not serve the learner's policy version {last['version']} after "
+            f"{timeout_s:.0f} s (published: {last['published']}); see the learner's log (weight "
+            "sync)"
+        )
+    return int(last["version"])
 
 
 def check_verifier_config(
