@@ -1,4 +1,4 @@
-"""HTTP API of the rollout gateway (DESIGN.md section 2); app.py builds the parts it calls.
+"""HTTP API of the rollout gateway (DESIGN.md section 2), over the parts of parts.py.
 
   POST /v1/tasks               one task or a list (JSON form of ../shared/tasks/*.jsonl) -> ids
   GET  /v1/tasks/{task_id}     state, episodes, rewards, policy versions that ran it, failures
@@ -21,15 +21,18 @@ from __future__ import annotations
 import json
 import re
 import time
+from collections.abc import Callable
 from typing import Any, Literal
 
 import orjson
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from services.rollout import metrics as m
+from services.rollout.admission import AdmissionState
 from services.rollout.episode_spec import Sampling
 from services.rollout.evaluations import EvaluationPlan
+from services.rollout.parts import PartsDep
 from services.rollout.schemas import EvaluationIn, SamplingIn, tasks_body
 from services.rollout.settings import RolloutSettings
 from services.rollout.task_store import TaskConflict, TaskStore
@@ -39,9 +42,8 @@ from services.rollout.transcripts import (
     trajectory_summary,
     transcript,
 )
-from services.rollout.worker import RolloutWorker
 from shellrl import streams
-from shellrl.contract import TaskValidationError, task_from_json
+from shellrl.contract import Task, TaskValidationError, task_from_json
 from shellrl.service.app import ApiError
 from shellrl.service.openapi import error_responses, json_body
 
@@ -49,230 +51,248 @@ MAX_BODY_BYTES = 32 * 1024 * 1024
 MAX_TASKS_PER_REQUEST = 10_000
 
 
-def add_routes(app: FastAPI, state: dict[str, Any], settings: RolloutSettings) -> None:
-    """Add the routes above to `app`. `state` holds the parts the lifespan builds (`store`,
-    `evaluations`, `admission`, `pool`, `worker`, `gate`); it is read per request."""
+router = APIRouter()
 
-    @app.post(
-        "/v1/tasks",
-        status_code=201,
-        tags=["tasks"],
-        summary="Submit one task or a list of tasks",
-        openapi_extra=json_body(tasks_body(MAX_TASKS_PER_REQUEST)),
-        responses=error_responses(409, 413, 422),
-    )
-    async def submit_tasks(request: Request) -> JSONResponse:
-        """Validates every task first (all or nothing: a 422 names the first bad field, prefixed
-        `tasks[i].` for a list), then stores each: `created`, or `duplicate` when the same content
-        is already stored under that id. A task id holding different content is 409."""
-        body = await read_json(request)
-        items = body if isinstance(body, list) else [body]
-        prefix = (lambda i: f"tasks[{i}].") if isinstance(body, list) else (lambda i: "")
-        if not items:
-            raise ApiError(422, "invalid_task", "an empty list holds no task", "tasks")
-        if len(items) > MAX_TASKS_PER_REQUEST:
-            raise ApiError(
-                422,
-                "too_many_tasks",
-                f"tasks: at most {MAX_TASKS_PER_REQUEST} tasks per request",
-                "tasks",
-            )
-        tasks = []
-        for i, item in enumerate(items):
-            try:
-                tasks.append(task_from_json(item))
-            except TaskValidationError as exc:
-                field = f"{prefix(i)}{exc.field}"
-                raise ApiError(422, "invalid_task", f"{field}: {exc.message}", field) from None
-        results = []
-        for i, task in enumerate(tasks):
-            try:
-                result = await state["store"].submit(task)
-            except TaskConflict as exc:
-                field = f"{prefix(i)}task_id"
-                raise ApiError(409, "conflict", f"{field}: {exc}", field) from None
-            m.TASKS_SUBMITTED.labels(result.status).inc()
-            results.append(
-                {"task_id": result.task_id, "status": result.status, "split": result.split}
-            )
-        payload: dict = {
-            "tasks": results,
-            "created": sum(r["status"] == "created" for r in results),
-            "duplicates": sum(r["status"] == "duplicate" for r in results),
-        }
-        if not isinstance(body, list):
-            payload["task_id"] = results[0]["task_id"]
-        return JSONResponse(payload, status_code=201)
 
-    @app.get(
-        "/v1/tasks/{task_id}",
-        tags=["tasks"],
-        summary="One task and its statistics",
-        responses=error_responses(404),
-    )
-    async def get_task(task_id: str) -> dict:
-        view = await state["store"].describe(task_id)
-        if view is None:
-            raise ApiError(404, "not_found", f"no task {task_id!r}", "task_id")
-        return view
+@router.post(
+    "/v1/tasks",
+    status_code=201,
+    tags=["tasks"],
+    summary="Submit one task or a list of tasks",
+    openapi_extra=json_body(tasks_body(MAX_TASKS_PER_REQUEST)),
+    responses=error_responses(409, 413, 422),
+)
+async def submit_tasks(request: Request, parts: PartsDep) -> JSONResponse:
+    """Validates every task first (all or nothing: a 422 names the first bad field, prefixed
+    `tasks[i].` for a list), then stores each: `created`, or `duplicate` when the same content
+    is already stored under that id. A task id holding different content is 409."""
+    body = await read_json(request)
+    items = body if isinstance(body, list) else [body]
+    prefix = (lambda i: f"tasks[{i}].") if isinstance(body, list) else (lambda i: "")
+    tasks = _parse_tasks(items, prefix)
+    results = []
+    for i, task in enumerate(tasks):
+        try:
+            result = await parts.store.submit(task)
+        except TaskConflict as exc:
+            field = f"{prefix(i)}task_id"
+            raise ApiError(409, "conflict", f"{field}: {exc}", field) from None
+        m.TASKS_SUBMITTED.labels(result.status).inc()
+        results.append({"task_id": result.task_id, "status": result.status, "split": result.split})
+    payload: dict = {
+        "tasks": results,
+        "created": sum(r["status"] == "created" for r in results),
+        "duplicates": sum(r["status"] == "duplicate" for r in results),
+    }
+    if not isinstance(body, list):
+        payload["task_id"] = results[0]["task_id"]
+    return JSONResponse(payload, status_code=201)
 
-    @app.get(
-        "/v1/tasks",
-        tags=["tasks"],
-        summary="List tasks (filters, cursor pagination)",
-        responses=error_responses(422),
-    )
-    async def list_tasks(
-        split: Literal["train", "eval_id", "eval_ood", "eval"] | None = None,
-        source: str | None = None,
-        tag: str | None = None,
-        cursor: int = Query(0, ge=0, description="next_cursor of the previous page"),
-        limit: int = Query(50, ge=1, le=500),
-    ) -> dict:
-        page, next_cursor = await state["store"].list_tasks(
-            split=split, source=source, tag=tag, cursor=cursor, limit=limit
+
+def _parse_tasks(items: list, prefix: Callable[[int], str]) -> list[Task]:
+    """Every item as a Task; ApiError 422 naming the first bad field (`prefix(i)` + field)."""
+    if not items:
+        raise ApiError(422, "invalid_task", "an empty list holds no task", "tasks")
+    if len(items) > MAX_TASKS_PER_REQUEST:
+        raise ApiError(
+            422,
+            "too_many_tasks",
+            f"tasks: at most {MAX_TASKS_PER_REQUEST} tasks per request",
+            "tasks",
         )
-        return {
-            "tasks": page,
-            "next_cursor": next_cursor,
-            "total": await state["store"].count(split),
-        }
+    tasks = []
+    for i, item in enumerate(items):
+        try:
+            tasks.append(task_from_json(item))
+        except TaskValidationError as exc:
+            field = f"{prefix(i)}{exc.field}"
+            raise ApiError(422, "invalid_task", f"{field}: {exc.message}", field) from None
+    return tasks
 
-    @app.post(
-        "/v1/evaluations",
-        status_code=202,
-        tags=["evaluations"],
-        summary="Start an evaluation",
-        responses=error_responses(422),
+
+@router.get(
+    "/v1/tasks/{task_id}",
+    tags=["tasks"],
+    summary="One task and its statistics",
+    responses=error_responses(404),
+)
+async def get_task(task_id: str, parts: PartsDep) -> dict:
+    view = await parts.store.describe(task_id)
+    if view is None:
+        raise ApiError(404, "not_found", f"no task {task_id!r}", "task_id")
+    return view
+
+
+@router.get(
+    "/v1/tasks",
+    tags=["tasks"],
+    summary="List tasks (filters, cursor pagination)",
+    responses=error_responses(422),
+)
+async def list_tasks(
+    parts: PartsDep,
+    split: Literal["train", "eval_id", "eval_ood", "eval"] | None = None,
+    source: str | None = None,
+    tag: str | None = None,
+    cursor: int = Query(0, ge=0, description="next_cursor of the previous page"),
+    limit: int = Query(50, ge=1, le=500),
+) -> dict:
+    page, next_cursor = await parts.store.list_tasks(
+        split=split, source=source, tag=tag, cursor=cursor, limit=limit
     )
-    async def start_evaluation(body: EvaluationIn) -> dict:
-        store: TaskStore = state["store"]
-        if body.task_ids is not None:
-            for i, task_id in enumerate(body.task_ids):
-                if await store.get_task(task_id) is None:
-                    raise ApiError(
-                        422, "unknown_task", f"task_ids[{i}]: no task {task_id!r}", f"task_ids[{i}]"
-                    )
-            task_ids = list(body.task_ids)
-        else:
-            task_ids = await store.ids_of_split(body.split)
-            if not task_ids:
+    return {"tasks": page, "next_cursor": next_cursor, "total": await parts.store.count(split)}
+
+
+@router.post(
+    "/v1/evaluations",
+    status_code=202,
+    tags=["evaluations"],
+    summary="Start an evaluation",
+    responses=error_responses(422),
+)
+async def start_evaluation(body: EvaluationIn, parts: PartsDep) -> dict:
+    settings = parts.settings
+    task_ids = await _evaluation_task_ids(body, parts.store)
+    budget = len(task_ids) * body.episodes_per_task
+    if budget > settings.eval_max_episodes:
+        raise ApiError(
+            422,
+            "budget_too_large",
+            f"episodes_per_task: {budget} episodes exceed the limit of "
+            f"{settings.eval_max_episodes} (SHELLRL_EVAL_MAX_EPISODES)",
+            "episodes_per_task",
+        )
+    plan = EvaluationPlan(
+        task_ids=task_ids,
+        episodes_per_task=body.episodes_per_task,
+        sampling=_evaluation_sampling(body, settings.max_new_tokens),
+        max_turns=body.max_turns,
+        split=body.split,
+    )
+    return await parts.evaluations.start(plan)
+
+
+async def _evaluation_task_ids(body: EvaluationIn, store: TaskStore) -> list[str]:
+    """The body's task ids (each must exist) or its split's, cut to `max_tasks`; ApiError 422."""
+    if body.task_ids is not None:
+        for i, task_id in enumerate(body.task_ids):
+            if await store.get_task(task_id) is None:
                 raise ApiError(
-                    422, "empty_split", f"split: no tasks in split {body.split!r}", "split"
+                    422, "unknown_task", f"task_ids[{i}]: no task {task_id!r}", f"task_ids[{i}]"
                 )
-        if body.max_tasks:
-            task_ids = task_ids[: body.max_tasks]
-        budget = len(task_ids) * body.episodes_per_task
-        if budget > settings.eval_max_episodes:
-            raise ApiError(
-                422,
-                "budget_too_large",
-                f"episodes_per_task: {budget} episodes exceed the limit of "
-                f"{settings.eval_max_episodes} (SHELLRL_EVAL_MAX_EPISODES)",
-                "episodes_per_task",
-            )
-        sampling_in = body.sampling or SamplingIn()
-        sampling = Sampling(
-            temperature=0.0 if body.greedy else sampling_in.temperature,
-            top_p=1.0 if body.greedy else sampling_in.top_p,
-            top_k=-1 if body.greedy else sampling_in.top_k,
-            max_new_tokens=sampling_in.max_new_tokens or settings.max_new_tokens,
+        task_ids = list(body.task_ids)
+    else:
+        task_ids = await store.ids_of_split(body.split)
+        if not task_ids:
+            raise ApiError(422, "empty_split", f"split: no tasks in split {body.split!r}", "split")
+    return task_ids[: body.max_tasks] if body.max_tasks else task_ids
+
+
+def _evaluation_sampling(body: EvaluationIn, default_max_new_tokens: int) -> Sampling:
+    """The body's sampling (greedy: temperature 0, no top-p/top-k cut)."""
+    sampling_in = body.sampling or SamplingIn()
+    return Sampling(
+        temperature=0.0 if body.greedy else sampling_in.temperature,
+        top_p=1.0 if body.greedy else sampling_in.top_p,
+        top_k=-1 if body.greedy else sampling_in.top_k,
+        max_new_tokens=sampling_in.max_new_tokens or default_max_new_tokens,
+    )
+
+
+@router.get(
+    "/v1/evaluations/{evaluation_id}",
+    tags=["evaluations"],
+    summary="Results of one evaluation",
+    responses=error_responses(404),
+)
+async def get_evaluation(evaluation_id: str, parts: PartsDep) -> dict:
+    view = await parts.evaluations.describe(evaluation_id)
+    if view is None:
+        raise ApiError(404, "not_found", f"no evaluation {evaluation_id!r}", "evaluation_id")
+    return view
+
+
+@router.get(
+    "/v1/evaluations",
+    tags=["evaluations"],
+    summary="Latest evaluations (summaries)",
+    responses=error_responses(422),
+)
+async def list_evaluations(parts: PartsDep, limit: int = Query(20, ge=1, le=200)) -> dict:
+    return {"evaluations": await parts.evaluations.recent(limit)}
+
+
+@router.get(
+    "/v1/trajectories/{trajectory_id}",
+    tags=["trajectories"],
+    summary="One finished trajectory as the policy saw it",
+    responses=error_responses(404),
+)
+async def get_trajectory(trajectory_id: str, parts: PartsDep) -> dict:
+    found = await find_trajectory(parts.redis, trajectory_id)
+    if found is None:
+        raise ApiError(
+            404, "not_found", f"no finished trajectory {trajectory_id!r}", "trajectory_id"
         )
-        plan = EvaluationPlan(
-            task_ids=task_ids,
-            episodes_per_task=body.episodes_per_task,
-            sampling=sampling,
-            max_turns=body.max_turns,
-            split=body.split,
-        )
-        return await state["evaluations"].start(plan)
+    traj, stream, entry_id = found
+    return transcript(traj, parts.chat.decode, stream=stream, entry_id=entry_id)
 
-    @app.get(
-        "/v1/evaluations/{evaluation_id}",
-        tags=["evaluations"],
-        summary="Results of one evaluation",
-        responses=error_responses(404),
-    )
-    async def get_evaluation(evaluation_id: str) -> dict:
-        view = await state["evaluations"].describe(evaluation_id)
-        if view is None:
-            raise ApiError(404, "not_found", f"no evaluation {evaluation_id!r}", "evaluation_id")
-        return view
 
-    @app.get(
-        "/v1/evaluations",
-        tags=["evaluations"],
-        summary="Latest evaluations (summaries)",
-        responses=error_responses(422),
-    )
-    async def list_evaluations(limit: int = Query(20, ge=1, le=200)) -> dict:
-        return {"evaluations": await state["evaluations"].recent(limit)}
+@router.get(
+    "/v1/trajectories",
+    tags=["trajectories"],
+    summary="The newest finished trajectories of one task (summaries)",
+    responses=error_responses(422),
+)
+async def list_trajectories(
+    parts: PartsDep,
+    task_id: str = Query(min_length=1, max_length=256),
+    limit: int = Query(10, ge=1, le=100),
+) -> dict:
+    found = await find_task_trajectories(parts.redis, task_id, limit)
+    return {
+        "task_id": task_id,
+        "trajectories": [trajectory_summary(t, stream=s, entry_id=e) for t, s, e in found],
+    }
 
-    @app.get(
-        "/v1/trajectories/{trajectory_id}",
-        tags=["trajectories"],
-        summary="One finished trajectory as the policy saw it",
-        responses=error_responses(404),
-    )
-    async def get_trajectory(trajectory_id: str) -> dict:
-        found = await find_trajectory(state["redis"], trajectory_id)
-        if found is None:
-            raise ApiError(
-                404, "not_found", f"no finished trajectory {trajectory_id!r}", "trajectory_id"
-            )
-        traj, stream, entry_id = found
-        return transcript(traj, state["chat"].decode, stream=stream, entry_id=entry_id)
 
-    @app.get(
-        "/v1/trajectories",
-        tags=["trajectories"],
-        summary="The newest finished trajectories of one task (summaries)",
-        responses=error_responses(422),
-    )
-    async def list_trajectories(
-        task_id: str = Query(min_length=1, max_length=256),
-        limit: int = Query(10, ge=1, le=100),
-    ) -> dict:
-        found = await find_task_trajectories(state["redis"], task_id, limit)
-        return {
-            "task_id": task_id,
-            "trajectories": [trajectory_summary(t, stream=s, entry_id=e) for t, s, e in found],
-        }
+@router.get("/v1/status", tags=["status"], summary="Admission, pool, episodes in flight, streams")
+async def status(parts: PartsDep) -> dict:
+    settings, worker = parts.settings, parts.worker
+    adm = await parts.admission.state()
+    return {
+        "policy_version": adm.learner_version,
+        "admission": _admission_status(adm, settings),
+        "episodes_in_flight": worker.running,
+        "episode_slots_taken": worker.capacity.used,
+        "max_episodes_in_flight": settings.max_episodes_in_flight,
+        "trajectories_published": worker.published,
+        "uptime_s": round(time.time() - worker.started_at, 1),
+        "pool": {"tasks": await parts.pool.size(), "epoch": await parts.pool.epoch()},
+        "tasks": {"total": await parts.store.count()},
+        "streams": {
+            "episodes_backlog_verifier": await worker.producer.backlog(streams.GROUP_VERIFIER),
+            "episodes_backlog_bound": settings.episodes_backlog_bound,
+        },
+        "infra_down": sorted(parts.gate.down),
+        "sandbox_health": await parts.health.read_status(),
+        "worker_enabled": settings.worker_enabled,
+        "engines": parts.directory.status(),
+        "sandboxes": parts.sandbox.status(),
+    }
 
-    @app.get("/v1/status", tags=["status"], summary="Admission, pool, episodes in flight, streams")
-    async def status() -> dict:
-        adm = await state["admission"].state()
-        producer = state["worker"].producer
-        worker: RolloutWorker = state["worker"]
-        return {
-            "policy_version": adm.learner_version,
-            "admission": {
-                "groups_admitted": adm.groups_admitted,
-                "bound": adm.bound,
-                "groups_in_flight": adm.groups_in_flight,
-                "oldest_in_flight_version": adm.oldest_in_flight_version,
-                "max_staleness": settings.max_staleness,
-                "groups_per_step": settings.groups_per_step,
-                "strict": settings.strict_staleness,
-                "can_admit": adm.groups_admitted < adm.bound,
-            },
-            "episodes_in_flight": worker.running,
-            "episode_slots_taken": worker.capacity.used,
-            "max_episodes_in_flight": settings.max_episodes_in_flight,
-            "trajectories_published": worker.published,
-            "uptime_s": round(time.time() - worker.started_at, 1),
-            "pool": {"tasks": await state["pool"].size(), "epoch": await state["pool"].epoch()},
-            "tasks": {"total": await state["store"].count()},
-            "streams": {
-                "episodes_backlog_verifier": await producer.backlog(streams.GROUP_VERIFIER),
-                "episodes_backlog_bound": settings.episodes_backlog_bound,
-            },
-            "infra_down": sorted(state["gate"].down),
-            "sandbox_health": await state["health"].read_status() if "health" in state else None,
-            "worker_enabled": settings.worker_enabled,
-            "engines": state["directory"].status() if "directory" in state else None,
-            "sandboxes": state["sandbox"].status(),
-        }
+
+def _admission_status(adm: AdmissionState, settings: RolloutSettings) -> dict:
+    return {
+        "groups_admitted": adm.groups_admitted,
+        "bound": adm.bound,
+        "groups_in_flight": adm.groups_in_flight,
+        "oldest_in_flight_version": adm.oldest_in_flight_version,
+        "max_staleness": settings.max_staleness,
+        "groups_per_step": settings.groups_per_step,
+        "strict": settings.strict_staleness,
+        "can_admit": adm.groups_admitted < adm.bound,
+    }
 
 
 async def read_json(request: Request) -> Any:

@@ -18,13 +18,13 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from services.rollout.parts import PartsDep
 from services.rollout.routes import MAX_TASKS_PER_REQUEST, read_json
 from services.rollout.runs import RunConflict, RunPlan
-from services.rollout.settings import RolloutSettings
 from shellrl.contract import Task, TaskValidationError, iter_tasks_jsonl, split_name, task_from_json
 from shellrl.service.app import ApiError
 from shellrl.service.openapi import error_responses
@@ -61,60 +61,65 @@ class RunIn(BaseModel):
         return self
 
 
-def add_run_routes(app: FastAPI, state: dict[str, Any], settings: RolloutSettings) -> None:
-    """Add the routes above; `state["runs"]` is the lifespan's runs.Runs (read per request)."""
+router = APIRouter()
 
-    @app.post(
-        "/v1/runs",
-        status_code=201,
-        tags=["runs"],
-        summary="Start a training run on a train set",
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": RunIn.model_json_schema()}},
-            }
-        },
-        responses=error_responses(404, 409, 413, 422),
-    )
-    async def start_run(request: Request) -> JSONResponse:
-        """Validates the whole train set first (a 422 names the first bad field), then stores it,
-        gives the pool its tasks and records the run (runs.py)."""
-        body = parse_run(await read_json(request))
-        if body.task_file is not None:
-            tasks = await asyncio.to_thread(read_task_file, settings.task_file_dir, body.task_file)
-        else:
-            tasks = [_task(item, f"tasks[{i}].") for i, item in enumerate(body.tasks or [])]
-        plan = RunPlan(tasks, body.steps, body.time_budget_s, body.name, body.task_file)
-        try:
-            view = await state["runs"].start(plan)
-        except RunConflict as exc:
-            raise ApiError(409, "conflict", str(exc), exc.field) from None
-        return JSONResponse(view, status_code=201)
 
-    @app.get(
-        "/v1/runs/{run_id}",
-        tags=["runs"],
-        summary="Progress of one training run",
-        responses=error_responses(404),
-    )
-    async def get_run(run_id: str) -> dict:
-        return _found(await state["runs"].describe(run_id), run_id)
+@router.post(
+    "/v1/runs",
+    status_code=201,
+    tags=["runs"],
+    summary="Start a training run on a train set",
+    openapi_extra={
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": RunIn.model_json_schema()}},
+        }
+    },
+    responses=error_responses(404, 409, 413, 422),
+)
+async def start_run(request: Request, parts: PartsDep) -> JSONResponse:
+    """Validates the whole train set first (a 422 names the first bad field), then stores it,
+    gives the pool its tasks and records the run (runs.py)."""
+    body = parse_run(await read_json(request))
+    if body.task_file is not None:
+        tasks = await asyncio.to_thread(
+            read_task_file, parts.settings.task_file_dir, body.task_file
+        )
+    else:
+        tasks = [_task(item, f"tasks[{i}].") for i, item in enumerate(body.tasks or [])]
+    plan = RunPlan(tasks, body.steps, body.time_budget_s, body.name, body.task_file)
+    try:
+        view = await parts.runs.start(plan)
+    except RunConflict as exc:
+        raise ApiError(409, "conflict", str(exc), exc.field) from None
+    return JSONResponse(view, status_code=201)
 
-    @app.get(
-        "/v1/runs", tags=["runs"], summary="Latest training runs", responses=error_responses(422)
-    )
-    async def list_runs(limit: int = Query(20, ge=1, le=200)) -> dict:
-        return {"runs": await state["runs"].recent(limit)}
 
-    @app.post(
-        "/v1/runs/{run_id}/stop",
-        tags=["runs"],
-        summary="End a training run now",
-        responses=error_responses(404),
-    )
-    async def stop_run(run_id: str) -> dict:
-        return _found(await state["runs"].stop(run_id), run_id)
+@router.get(
+    "/v1/runs/{run_id}",
+    tags=["runs"],
+    summary="Progress of one training run",
+    responses=error_responses(404),
+)
+async def get_run(run_id: str, parts: PartsDep) -> dict:
+    return _found(await parts.runs.describe(run_id), run_id)
+
+
+@router.get(
+    "/v1/runs", tags=["runs"], summary="Latest training runs", responses=error_responses(422)
+)
+async def list_runs(parts: PartsDep, limit: int = Query(20, ge=1, le=200)) -> dict:
+    return {"runs": await parts.runs.recent(limit)}
+
+
+@router.post(
+    "/v1/runs/{run_id}/stop",
+    tags=["runs"],
+    summary="End a training run now",
+    responses=error_responses(404),
+)
+async def stop_run(run_id: str, parts: PartsDep) -> dict:
+    return _found(await parts.runs.stop(run_id), run_id)
 
 
 def parse_run(body: Any) -> RunIn:
