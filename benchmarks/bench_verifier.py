@@ -61,7 +61,7 @@ def pct(values: list[float], q: float) -> float:
 
 
 async def check_latency(sandbox_url: str, reps: int) -> tuple[dict[str, list[float]], list[float]]:
-    from services.verifier.app import build_verifier
+    from services.verifier.parts import build_verifier
     from services.verifier.settings import VerifierSettings
     from shellrl.clients.sandbox import SandboxClient
     from shellrl.contract import task_from_json

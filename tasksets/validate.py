@@ -184,7 +184,7 @@ async def validate_tasks(
     Tasks whose content key is in `cache` are reported as validated without running; newly
     validated ones are added to it (and saved). Returns one TaskValidation per task, in order.
     """
-    from services.verifier.app import build_verifier
+    from services.verifier.parts import build_verifier
     from services.verifier.settings import VerifierSettings
     from shellrl.clients.sandbox import SandboxClient
 

@@ -1,4 +1,4 @@
-"""Async client of the verifier's synchronous `POST /v1/verify` (services/verifier/app.py).
+"""Async client of the verifier's synchronous `POST /v1/verify` (services/verifier/routes.py).
 
     verifier = VerifierClient("http://127.0.0.1:8102", timeout_s=120.0)
     verdict = await verifier.verify(task, answer, session_id, trajectory)
@@ -18,7 +18,7 @@ from shellrl.contract import Task, Trajectory, task_to_json
 
 
 class VerifierClient:
-    """`POST {url}/v1/verify` (see services/verifier/app.py for the body). `timeout_s` bounds one
+    """`POST {url}/v1/verify` (see services/verifier/routes.py for the body). `timeout_s` bounds one
     verification (every check of the task plus the reward), seconds. `api_token`: the stack's
     bearer token (None: the verifier runs without auth)."""
 

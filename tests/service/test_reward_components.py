@@ -12,7 +12,7 @@ import pytest
 import redis as sync_redis
 import redis.asyncio as aioredis
 
-from services.verifier.app import build_verifier
+from services.verifier.parts import build_verifier
 from services.verifier.safety_escalation import SafetyEscalation
 from services.verifier.settings import VerifierSettings
 from shellrl.clients.sandbox import SandboxClient, SandboxNotFound

@@ -17,7 +17,7 @@ import pytest
 from services.rollout.settings import RolloutSettings
 from services.rollout.task_pool import TaskPool
 from services.rollout.task_store import TaskStore
-from services.verifier.app import build_verifier
+from services.verifier.parts import build_verifier
 from services.verifier.settings import VerifierSettings
 from services.verifier.worker import VerifierWorker
 from shellrl.contract import EpisodeEnd, Task, Trajectory, task_from_json

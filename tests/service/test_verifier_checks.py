@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from services.verifier.app import build_verifier
+from services.verifier.parts import build_verifier
 from services.verifier.settings import VerifierSettings
 from shellrl.clients.sandbox import SandboxClient, SandboxNotFound
 from shellrl.contract import Failure, task_from_json

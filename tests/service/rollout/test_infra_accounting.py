@@ -21,7 +21,7 @@ from services.rollout.policy_version import PolicyVersionWatcher
 from services.rollout.stats import GROUP_STATS, TaskStats
 from services.rollout.task_store import TaskStore
 from services.rollout.worker import RolloutConfig, RolloutWorker, usable_members
-from services.verifier.app import build_verifier
+from services.verifier.parts import build_verifier
 from services.verifier.settings import VerifierSettings
 from services.verifier.worker import VerifierWorker
 from shellrl.contract import Failure, parse_trajectory, task_from_json
