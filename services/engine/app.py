@@ -1,110 +1,42 @@
-"""HTTP routes of the engine: the SGLang subset of DESIGN.md section 6, in SGLang's formats.
-
-Formats (docs/sglang.md): `/generate` answers SGLang's response objects; its bad input gives 400
-`{"error": {"message", "code", "field"}}` (SGLang's `{"error": {"message"}}` plus shellrl's code
-and field). Weight-update routes answer `{"success": bool, "message": str}` with 200 or 400.
-`/flush_cache` answers plain text. `/abort_request` answers 200 with an empty body. Besides these,
-the shellrl probes `/healthz`, `/readyz`, `/metrics`, `/v1/config` come from `shellrl.service.app`.
+"""The engine's app: `build_app(settings)` loads the model (parts.py) and serves the SGLang routes
+of routes.py over it; the lifespan starts and stops the scheduler and, when `register_url` is set,
+registers the engine in shellrl:engines (registration.py). On SIGTERM the engine drains
+(`EngineRuntime.begin_drain`) within `serve_grace_s`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import Awaitable
-from datetime import UTC, datetime
+import contextlib
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from fastapi import FastAPI
 
-from services.engine import metrics
-from services.engine.bodies import (
-    AbortBody,
-    BeginBody,
-    ContinueBody,
-    DestroyGroupBody,
-    DiskUpdateBody,
-    DistributedUpdateBody,
-    EndBody,
-    InitGroupBody,
-    PauseBody,
-    TensorUpdateBody,
-    UpdateResult,
-    WeightsByNameBody,
-    WeightVersionBody,
-    parse_body,
-    read_json,
-    route_doc,
-)
-from services.engine.protocol import generate_request_schema, parse_generate
+from services.engine import routes
+from services.engine.bodies import UpdateResult
+from services.engine.parts import Parts, build_parts
 from services.engine.registration import registered
-from services.engine.request_state import DuplicateRequestId
-from services.engine.response import render_response
-from services.engine.runtime import EngineRuntime
 from services.engine.settings import EngineSettings
-from services.engine.weights import WeightUpdateError
-from shellrl.service.app import ApiError, create_app
+from shellrl.service.app import create_app
 from shellrl.service.main import Served
-from shellrl.service.openapi import error_responses, json_body
-
-
-def _update_failure(message: str) -> JSONResponse:
-    return JSONResponse({"success": False, "message": message}, status_code=400)
-
-
-async def _weight_update(
-    call: Awaitable[str | None], message: str | None = None, **extra
-) -> dict | JSONResponse:
-    """SGLang's answer to a weight-update route: 200 `{"success": true, "message"}` (the call's
-    message, or `message` where given) plus `extra`; 400 `{"success": false, "message"}` when the
-    call raises WeightUpdateError."""
-    try:
-        result = await call
-    except WeightUpdateError as exc:
-        return _update_failure(str(exc))
-    return {"success": True, "message": result if message is None else message, **extra}
-
-
-_EMPTY_200_503 = {
-    200: {"description": "Healthy (empty body)"},
-    503: {"description": "Starting, failing or shutting down (empty body)"},
-}
-DISCONNECT_POLL_S = 1.0
-DISK_LOAD_FORMATS = (None, "auto", "safetensors")
-
-
-async def _wait_or_abort_on_disconnect(request: Request, scheduler, states: list) -> list | None:
-    """The finished states, or None when the client went away first: then its requests are aborted
-    (as SGLang's tokenizer manager does when `request.is_disconnected()`), so that no decoding
-    continues for nobody. Checked every DISCONNECT_POLL_S seconds."""
-    gathered = asyncio.ensure_future(asyncio.gather(*(state.future for state in states)))
-    while True:
-        done, _ = await asyncio.wait({gathered}, timeout=DISCONNECT_POLL_S)
-        if done:
-            return gathered.result()
-        if await request.is_disconnected():
-            live = {state.spec.rid for state in states if not state.future.done()}
-            scheduler.call(lambda: scheduler.abort_exact(live))
-            metrics.CLIENT_DISCONNECTS.inc(len(live))
-            await gathered
-            return None
+from shellrl.service.parts import add_routes, attach
 
 
 def build_app(settings: EngineSettings) -> Served:
-    """Load the model (`EngineRuntime`, seconds to minutes) and serve it: on SIGTERM the engine
-    drains (`EngineRuntime.begin_drain`) within `serve_grace_s`. Raises what loading the model
-    raises."""
-    runtime = EngineRuntime(settings)
+    """Load the model (seconds to minutes) and serve it. Raises what loading the model raises."""
+    parts = build_parts(settings)
+    runtime = parts.runtime
     return Served(
-        build_app_for(runtime), on_exit_signal=runtime.on_exit_signal, grace_s=runtime.serve_grace_s
+        create_engine_app(parts),
+        on_exit_signal=runtime.on_exit_signal,
+        grace_s=runtime.serve_grace_s,
     )
 
 
-def build_app_for(runtime: EngineRuntime) -> FastAPI:
-    """The engine's FastAPI app over `runtime`; the app's lifespan starts and stops the scheduler."""
-    from contextlib import asynccontextmanager
+def create_engine_app(parts: Parts) -> FastAPI:
+    """The engine's FastAPI app over `parts`; its lifespan starts and stops the scheduler."""
+    runtime = parts.runtime
 
-    @asynccontextmanager
+    @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI):
         runtime.start()
         try:
@@ -121,226 +53,12 @@ def build_app_for(runtime: EngineRuntime) -> FastAPI:
 
     app = create_app(
         "engine",
-        runtime.settings.public_dict(),
+        parts.settings.public_dict(),
         ready_check=ready,
         lifespan=lifespan,
-        api_token=runtime.settings.api_token_value(),
+        api_token=parts.settings.api_token_value(),
         openapi_components={"UpdateResult": UpdateResult.model_json_schema()},
     )
-    scheduler = runtime.scheduler
-
-    @app.api_route(
-        "/generate",
-        methods=["POST", "PUT"],
-        openapi_extra=json_body(generate_request_schema()),
-        responses={
-            200: {
-                "description": "SGLang's response object (a list of them for a batch)",
-                "content": {"application/json": {"schema": {"type": ["object", "array"]}}},
-            },
-            **error_responses(400, 503),
-        },
-    )
-    async def generate(request: Request):
-        if runtime.draining:
-            raise ApiError(
-                503,
-                "shutting_down",
-                "the engine is shutting down; send the request to another engine",
-            )
-        specs, is_batch = parse_generate(
-            await read_json(request), runtime.limits, runtime.tokenizer, lambda: uuid.uuid4().hex
-        )
-        try:
-            states = scheduler.submit_many(specs, asyncio.get_running_loop())  # all or none
-        except DuplicateRequestId as exc:
-            raise ApiError(400, "duplicate_rid", str(exc), "rid") from exc
-        finished = await _wait_or_abort_on_disconnect(request, scheduler, states)
-        if finished is None:
-            return Response(status_code=499)  # nobody reads it
-        for state in finished:
-            status = state.finish_reason.get("status_code")
-            if status is not None and 400 <= status < 600:
-                raise ApiError(
-                    status,
-                    state.finish_reason.get("err_type") or "engine_error",
-                    state.finish_reason.get("message", "request failed"),
-                )
-        bodies = [render_response(state, runtime.tokenizer) for state in finished]
-        return JSONResponse(bodies if is_batch else bodies[0])
-
-    @app.post("/abort_request", response_class=Response, **route_doc(AbortBody))
-    async def abort_request(request: Request):
-        body = await parse_body(request, AbortBody)
-        if body.rid or body.abort_all:
-            await runtime.run(lambda: scheduler.abort(body.rid, body.abort_all))
-        return Response(status_code=200)
-
-    @app.post("/pause_generation", **route_doc(PauseBody))
-    async def pause_generation(request: Request):
-        body = await parse_body(request, PauseBody)
-        await runtime.run(lambda: scheduler.pause(body.mode))
-        return {"message": "Generation paused successfully.", "status": "ok"}
-
-    @app.post("/continue_generation", **route_doc(ContinueBody))
-    async def continue_generation(request: Request):
-        await parse_body(request, ContinueBody)
-        await runtime.run(scheduler.resume)
-        return {"message": "Generation continued successfully.", "status": "ok"}
-
-    @app.api_route(
-        "/flush_cache",
-        methods=["GET", "POST"],
-        response_class=PlainTextResponse,
-        responses={
-            200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
-            400: {
-                "description": "Not flushed: requests are running or waiting",
-                "content": {"text/plain": {"schema": {"type": "string"}}},
-            },
-        },
-    )
-    async def flush_cache():
-        if await runtime.run(scheduler.flush_cache):
-            return PlainTextResponse(
-                "Cache flushed.\nPlease check backend logs for more details. "
-                "(When there are running or waiting requests, the operation will not be performed.)\n"
-            )
-        return PlainTextResponse(
-            "Cache not flushed: requests are running or waiting.\n", status_code=400
-        )
-
-    @app.post("/begin_weight_update", **route_doc(BeginBody, update=True))
-    async def begin_weight_update(request: Request):
-        await parse_body(request, BeginBody)
-        try:
-            runtime.begin_session()
-        except WeightUpdateError as exc:
-            return _update_failure(str(exc))
-        return {"success": True, "message": "Weight update session started."}
-
-    @app.post("/end_weight_update", **route_doc(EndBody, update=True))
-    async def end_weight_update(request: Request):
-        await parse_body(request, EndBody)
-        return await _weight_update(runtime.end_session())
-
-    @app.post("/update_weights_from_tensor", **route_doc(TensorUpdateBody, update=True))
-    async def update_weights_from_tensor(request: Request):
-        body = await parse_body(request, TensorUpdateBody)
-        return await _weight_update(
-            runtime.update_from_tensor(
-                body.serialized_named_tensors,
-                body.load_format,
-                body.weight_version,
-                body.abort_all_requests,
-            )
-        )
-
-    @app.post("/init_weights_update_group", **route_doc(InitGroupBody, update=True))
-    async def init_weights_update_group(request: Request):
-        body = await parse_body(request, InitGroupBody)
-        return await _weight_update(
-            runtime.init_group(
-                body.master_address,
-                body.master_port,
-                body.rank_offset,
-                body.world_size,
-                body.group_name,
-                body.backend,
-            ),
-            message="Succeeded to initialize custom process group.",
-        )
-
-    @app.post("/destroy_weights_update_group", **route_doc(DestroyGroupBody, update=True))
-    async def destroy_weights_update_group(request: Request):
-        body = await parse_body(request, DestroyGroupBody)
-        return await _weight_update(
-            runtime.destroy_group(body.group_name),
-            message="Succeeded to destroy custom process group.",
-        )
-
-    @app.post("/update_weights_from_distributed", **route_doc(DistributedUpdateBody, update=True))
-    async def update_weights_from_distributed(request: Request):
-        body = await parse_body(request, DistributedUpdateBody)
-        return await _weight_update(
-            runtime.update_from_distributed(
-                body.names,
-                body.dtypes,
-                body.shapes,
-                body.group_name,
-                body.load_format,
-                body.weight_version,
-                body.abort_all_requests,
-            )
-        )
-
-    @app.post("/update_weights_from_disk", **route_doc(DiskUpdateBody, update=True))
-    async def update_weights_from_disk(request: Request):
-        body = await parse_body(request, DiskUpdateBody)
-        if body.load_format not in DISK_LOAD_FORMATS:
-            return _update_failure(
-                f"load_format {body.load_format!r} is not supported; this engine reads "
-                f"safetensors directories (load_format null, 'auto' or 'safetensors')"
-            )
-        return await _weight_update(
-            runtime.update_from_disk(body.model_path, body.weight_version, body.abort_all_requests),
-            num_paused_requests=0,
-        )
-
-    @app.post("/update_weight_version", **route_doc(WeightVersionBody))
-    async def update_weight_version(request: Request):
-        body = await parse_body(request, WeightVersionBody)
-        await runtime.set_weight_version(body.new_version, body.abort_all_requests)
-        return {
-            "success": True,
-            "message": f"Weight version updated to {body.new_version}",
-            "new_version": body.new_version,
-        }
-
-    @app.api_route("/get_weights_by_name", methods=["GET", "POST"], **route_doc(WeightsByNameBody))
-    async def get_weights_by_name(request: Request):
-        body = await parse_body(request, WeightsByNameBody)
-        param = runtime.weights.params.get(body.name)
-        if param is None:
-            raise ApiError(400, "invalid_request", f"unknown parameter name {body.name!r}", "name")
-        return param.detach().flatten()[: body.truncate_size].float().tolist()
-
-    for path in ("/model_info", "/get_model_info"):
-        app.add_api_route(path, runtime.model_info, methods=["GET"])
-    for path in ("/server_info", "/get_server_info"):
-        app.add_api_route(path, runtime.server_info, methods=["GET"])
-
-    @app.get("/get_weight_version")
-    async def get_weight_version():
-        """Compatibility extra: removed from SGLang 0.5.23 (use /model_info), kept by slime's patch."""
-        return {"weight_version": runtime.weight_version}
-
-    @app.get("/v1/loads")
-    async def loads():
-        device = runtime.settings.device
-        return {
-            "timestamp": datetime.now(UTC).isoformat(),
-            "version": "shellrl-engine-0.1.0",
-            "accelerator": device.split(":")[0],
-            "num_accelerators": 0 if device == "cpu" else 1,
-            "loads": [runtime.loads()],
-        }
-
-    @app.get("/ready", response_class=Response, responses=_EMPTY_200_503)
-    async def sglang_ready():
-        return Response(status_code=200 if scheduler.alive and not runtime.draining else 503)
-
-    @app.get("/health", response_class=Response, responses=_EMPTY_200_503)
-    @app.get("/health_generate", response_class=Response, responses=_EMPTY_200_503)
-    async def health_generate():
-        if runtime.draining:  # as SGLang during its graceful exit (http_server.py:health_generate)
-            return Response(status_code=503)
-        return Response(status_code=200 if await runtime.health_generate() else 503)
-
-    @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
-    @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
-    async def memory_occupation():
-        """No-ops: CPU memory is not released (SGLang needs --enable-memory-saver for these)."""
-        return JSONResponse(None)
-
+    attach(app, parts)
+    add_routes(app, routes.router)
     return app

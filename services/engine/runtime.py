@@ -1,6 +1,6 @@
 """The engine's state behind the HTTP routes: model, tokenizer, scheduler, weight-update session.
 
-Built once by `app.build_app` from `EngineSettings`. Routes (app.py) translate HTTP to these
+Built once by `parts.build_parts` from `EngineSettings`. Routes (routes.py) translate HTTP to these
 methods; everything that touches the model runs on the scheduler thread through `Scheduler.call`.
 
 Weight-update session (SGLang 0.5.23 `/begin_weight_update` ... `/end_weight_update`): tensor

@@ -1,4 +1,4 @@
-"""The diff of a session's workspace against its post-setup snapshot, and its HTTP route.
+"""The diff of a session's workspace against its post-setup snapshot (served by routes.py).
 
     GET /v1/sessions/{id}/diff   ?max_paths=N → {"session_id", "changed": [{"path", "change"}],
                                                 "count", "truncated"}
@@ -15,18 +15,10 @@ component (services/verifier/reward_components.py).
 
 from __future__ import annotations
 
-import asyncio
 import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from fastapi import FastAPI, Query
-
-from services.sandbox.session import SessionError
-from services.sandbox.sessions import SessionManager
-from shellrl.service.app import ApiError
-from shellrl.service.openapi import error_responses
 
 CHUNK = 1 << 16
 DEFAULT_MAX_PATHS = 1000
@@ -124,29 +116,3 @@ def workspace_diff(base: Path, ws: Path, max_paths: int = DEFAULT_MAX_PATHS) -> 
         os.close(b)
         os.close(d)
     return out
-
-
-def add_diff_route(app: FastAPI, manager: SessionManager) -> None:
-    """GET /v1/sessions/{id}/diff on `app` (module doc): 404 unknown session, 409 before the
-    snapshot exists, 422 bad max_paths."""
-
-    @app.get(
-        "/v1/sessions/{session_id}/diff", tags=["sessions"], responses=error_responses(404, 409)
-    )
-    async def session_diff(
-        session_id: str, max_paths: int = Query(DEFAULT_MAX_PATHS, ge=0, le=100_000)
-    ):
-        """Files the session's commands added, removed or modified since setup (module doc of
-        services/sandbox/workspace_diff.py)."""
-        try:
-            session = manager.get(session_id)
-        except SessionError as exc:
-            raise ApiError(exc.status, exc.code, exc.message, exc.field) from None
-        if not session.workspace.snapshotted:
-            raise ApiError(409, "no_snapshot", "the session has no post-setup snapshot yet", None)
-        paths = session.workspace.paths
-        try:
-            diff = await asyncio.to_thread(workspace_diff, paths.base, paths.ws, max_paths)
-        except FileNotFoundError:  # deleted while walking
-            raise ApiError(404, "session_not_found", f"session {session_id!r} is gone", None)
-        return {"session_id": session_id, **diff.as_dict()}

@@ -42,21 +42,23 @@ def routes(app: FastAPI) -> dict[tuple[str, str], int | None]:
 
 def real_engine_app() -> FastAPI:
     """The engine's real routes over a stub runtime (no model loaded, no scheduler started)."""
-    from services.engine.app import build_app_for
+    from services.engine.app import create_engine_app
+    from services.engine.parts import parts_over
 
     runtime = mock.MagicMock()
     runtime.settings.api_token_value.return_value = None
     runtime.settings.public_dict.return_value = {}
-    return build_app_for(runtime)
+    return create_engine_app(parts_over(runtime))
 
 
 def real_sandbox_app(tmp_path) -> FastAPI:
     """The sandbox's real routes over a stub session manager (no isolation probe, no root)."""
     from services.sandbox.app import create_sandbox_app
+    from services.sandbox.parts import parts_over
 
     manager = mock.MagicMock(policies={}, max_timeout_s=600.0, root=tmp_path)
     manager.isolation.layer = "fake"
-    return create_sandbox_app(manager, {}, {}, ttl_sweep_interval_s=60.0)
+    return create_sandbox_app(parts_over(manager, {}, {}, ttl_sweep_interval_s=60.0))
 
 
 def fake_engine_app() -> FastAPI:
