@@ -113,7 +113,7 @@ class EngineRegistrar:
             return
         try:
             await asyncio.wait_for(delete_registration(self.redis, self.url, self.instance), 5.0)
-        except Exception as exc:
+        except Exception as exc:  # shutting down: Redis away or slow; the entry lapses (ttl)
             log.warning("could not delete the registration", extra={"error": str(exc)})
 
     def _fields(self) -> dict:

@@ -189,7 +189,7 @@ class Scheduler(SchedulerCommands):
     def _guarded_prefill(self, group: list[Admitted]) -> None:
         try:
             self._prefill(group)
-        except Exception as exc:
+        except Exception as exc:  # a failed prefill ends its requests, never the scheduler
             log.exception("prefill failed")
             for state, *_ in group:
                 self._finish(state, engine_error(exc))

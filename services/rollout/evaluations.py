@@ -133,7 +133,7 @@ class Evaluations:
         except asyncio.CancelledError:
             state = "interrupted"
             raise
-        except Exception:
+        except Exception:  # recorded as the evaluation's state `failed`, logged
             log.exception("evaluation failed", extra={"evaluation_id": evaluation_id})
             state = "failed"
         finally:
@@ -197,7 +197,7 @@ class Evaluations:
             }
         try:
             verdict = await self.verifier.verify(task, out["answer"], traj.sandbox_session_id, traj)
-        except Exception as exc:
+        except Exception as exc:  # the verifier unreachable or failing: an infra_verifier result
             await self.agent._delete_session(traj.sandbox_session_id)
             return {**out, "outcome": "infra_verifier", "failure_detail": f"verifier: {exc}"[:1000]}
         if verdict.get("failure") or verdict.get("reward") is None:
@@ -229,7 +229,7 @@ class Evaluations:
                 task_id=traj.task_id,
                 evaluation_id=traj.evaluation_id,
             )
-        except Exception:
+        except Exception:  # the stored copy is for reading back; the result is counted anyway
             log.exception(
                 "storing an eval trajectory failed", extra={"trajectory_id": traj.trajectory_id}
             )

@@ -62,7 +62,7 @@ class InfraGate:
     async def _probe(self, name: str) -> bool:
         try:
             return bool(await self.probes[name]())
-        except Exception:
+        except Exception:  # a probe that cannot answer counts as down
             return False
 
 

@@ -67,7 +67,7 @@ class PolicyVersionWatcher:
         finally:
             try:
                 await pubsub.aclose()
-            except Exception as exc:
+            except Exception as exc:  # closing a dead connection: nothing left to release
                 log.debug("closing pub/sub: %s", exc)
 
 

@@ -236,7 +236,7 @@ class Runs:
         while not stop.is_set():
             try:
                 await self.check_active()
-            except Exception:
+            except Exception:  # Redis away or a bad record: logged, checked again next poll
                 log.exception("checking the active training run failed")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), poll_s)

@@ -71,7 +71,7 @@ class TaskStats:
             traj.ParseFromString(entry.pb)
             if not traj.trajectory_id or not traj.task_id:
                 raise ContractError("trajectory_id or task_id is empty")
-        except Exception as exc:
+        except Exception as exc:  # any decode failure: a poison entry goes to the dead letters
             await self.consumer.dead_letter(entry, f"not a valid shellrl.v1.Trajectory: {exc}")
             return
         counted = await self.store.record_scored(

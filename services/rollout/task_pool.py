@@ -138,7 +138,7 @@ class TaskPool:
             task.ParseFromString(entry.pb)
             if not task.task_id:
                 raise ContractError("task_id is empty")
-        except Exception as exc:
+        except Exception as exc:  # any decode failure: a poison entry goes to the dead letters
             await self.consumer.dead_letter(entry, f"not a valid shellrl.v1.Task: {exc}")
             return
         if split_name(task.split) != "train":  # the REST API only streams training tasks

@@ -288,7 +288,7 @@ async def _shielded(awaitable) -> None:
         await asyncio.shield(asyncio.ensure_future(awaitable))
     except asyncio.CancelledError:
         pass
-    except Exception as exc:
+    except Exception as exc:  # bookkeeping is best effort: its failure is logged
         log.warning("bookkeeping failed: %s", exc)
 
 
@@ -346,8 +346,8 @@ async def _uncancellable(awaitable) -> None:
     except asyncio.CancelledError:
         try:
             await inner
-        except Exception as exc:
+        except Exception as exc:  # best effort, as above; the cancel goes on
             log.warning("bookkeeping failed: %s", exc)
         raise
-    except Exception as exc:
+    except Exception as exc:  # best effort, as above
         log.warning("bookkeeping failed: %s", exc)

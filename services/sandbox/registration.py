@@ -69,7 +69,7 @@ class SandboxRegistrar:
         """Delete this instance's registration (bounded; errors logged)."""
         try:
             await asyncio.wait_for(delete_registration(self.redis, self.url, self.instance), 5.0)
-        except Exception as exc:
+        except Exception as exc:  # shutting down: Redis away or slow; the entry lapses (ttl)
             log.warning("could not delete the sandbox registration", extra={"error": str(exc)})
 
 

@@ -145,7 +145,7 @@ class VerifierWorker:
             await self.release(traj)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
+        except Exception as exc:  # any failure of one episode: it stays pending, is retried
             log.exception(
                 "handling an episode failed; it stays pending",
                 extra={"trajectory_id": traj.trajectory_id, "entry_id": entry.entry_id},

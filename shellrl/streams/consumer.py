@@ -133,7 +133,7 @@ class StreamConsumer:
                     )
                 except _REDIS_AWAY:
                     return  # stopping while Redis is away: the entry stays pending
-                except Exception as exc:
+                except Exception as exc:  # the handler's own failure: counted for this entry
                     with contextlib.suppress(RedisError, OSError):
                         await self.fail(entry, f"{what}: {exc!r}")
 

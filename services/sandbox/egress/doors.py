@@ -221,7 +221,7 @@ def listen_in_netns(launcher_pid: int, port: int) -> socket.socket:
             sock.listen(128)
             sock.setblocking(False)
             result["sock"] = sock
-        except Exception as exc:
+        except Exception as exc:  # handed to the caller's thread, which raises it
             result["error"] = exc
 
     try:

@@ -232,7 +232,7 @@ class EgressProxy:
         record = _record(state, "closed", request, verdict, sent, received)
         try:
             await self.audit.append(record)
-        except Exception as exc:
+        except Exception as exc:  # the audit stream away: logged, the connection was served
             log.error("egress audit write failed (closed entry)", extra={"error": repr(exc)})
 
     async def _refuse(self, state, writer, request, refusal: Refusal) -> None:
@@ -254,7 +254,7 @@ class EgressProxy:
         state.on_denial(event)
         try:
             await self.audit.append(_record(state, "decision", request or NO_REQUEST, verdict))
-        except Exception as exc:
+        except Exception as exc:  # the audit stream away: logged, the refusal still answered
             log.error("egress audit write failed (refusal)", extra={"error": repr(exc)})
         await send_error(writer, refusal)
 
