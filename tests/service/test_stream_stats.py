@@ -63,12 +63,14 @@ async def test_exporter_sets_every_watched_groups_gauges_and_refreshes_them(redi
         )
     )
     try:
-        await until(lambda: gauges(STREAM_TASKS, GROUP_ROLLOUT) == (5, 2, 3))
-        assert gauges(STREAM_EPISODES, GROUP_VERIFIER) == (
-            4,
-            0,
-            4,
-        )  # no group: everything is backlog
+        # one condition for both: a round sets the task gauges, then (after its own Redis calls)
+        # the episode gauges, which until then hold what an earlier test of this process left
+        await until(
+            lambda: (
+                gauges(STREAM_TASKS, GROUP_ROLLOUT) == (5, 2, 3)
+                and gauges(STREAM_EPISODES, GROUP_VERIFIER) == (4, 0, 4)  # no group: all backlog
+            )
+        )
         await consumer.ack(*(e.entry_id for e in read))
         await StreamProducer(redis, STREAM_TASKS).add_many(entries(1, "u"))
         await until(lambda: gauges(STREAM_TASKS, GROUP_ROLLOUT) == (6, 0, 4))  # the next round
