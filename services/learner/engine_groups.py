@@ -7,12 +7,17 @@ the group itself.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import socket
 from urllib.parse import urlparse
 
 from services.learner.weight_transport import is_local
 from shellrl.weights import distributed as wdist
+
+_GROUP_NUMBERS = itertools.count(
+    1
+)  # per process: two WeightSyncs of one process never share a name
 
 
 def route_address(url: str) -> str:
@@ -41,7 +46,6 @@ class EngineGroups:
         )
         self._groups: dict[str, wdist.SenderGroup] = {}
         self._stale: dict[str, str] = {}  # url -> the name of a group the engine may still hold
-        self._count = 0
 
     async def group(self, url: str, tp_size: int) -> wdist.SenderGroup:
         """The engine's live group, joined now if there is none (bounded by the caller's deadline)."""
@@ -53,9 +57,11 @@ class EngineGroups:
                 await self.client.destroy_weights_update_group(self._stale.pop(url), urls=[url])
             except Exception:  # noqa: BLE001 (the engine destroys a group whose broadcast failed itself)
                 pass
-        self._count += 1
         group = wdist.SenderGroup(
-            f"shellrl-{os.getpid()}-{self._count}", 1 + tp_size, self.backend, self.timeout_s
+            f"shellrl-{os.getpid()}-{next(_GROUP_NUMBERS)}",
+            1 + tp_size,
+            self.backend,
+            self.timeout_s,
         )
         joined = asyncio.ensure_future(asyncio.to_thread(group.join))
         try:

@@ -124,7 +124,10 @@ async def _send_buckets(
             if stream is not None:  # the engine copied the bucket during the call
                 stream.answered(url, i)
         else:
-            fields, flat = bucket
+            sent = bucket(tp_size) if callable(bucket) else bucket
+            if inspect.isawaitable(sent):  # a streamed bucket, filled when first asked for
+                sent = await sent
+            fields, flat = sent
             await groups.broadcast(
                 url,
                 group,
@@ -137,6 +140,8 @@ async def _send_buckets(
                     urls=urls,
                 ),
             )
+            if stream is not None:  # the broadcast is done: every rank received the bucket
+                stream.answered(url, i)
 
 
 async def weight_version_of(client: EngineClient, url: str) -> str | None:

@@ -13,12 +13,13 @@ Transports (DESIGN.md section 6, shellrl.weights):
   once every engine answered bucket i), so the learner adds at most two buckets to the engine's
   GPU, never the model (`resident_bytes`; a tensor over the budget makes its bucket larger).
 * distributed: one broadcast per bucket through a torch process group per engine (gloo on CPU,
-  NCCL on GPU; `shellrl.weights.distributed`), for engines on other GPUs or hosts; the kept
-  buckets are written in the engines' dtype (`dtype`: the copy casts, so a bf16 engine receives
-  half the bytes of float32 weights), in the learner's dtype without one.
+  NCCL on GPU; `shellrl.weights.distributed`), for engines on other GPUs or hosts; in the
+  engines' dtype (`dtype`: the copy casts, so a bf16 engine receives half the bytes of float32
+  weights) it streams through the two slots as cuda_ipc does (a slot's broadcast is done once
+  every engine answered its update call).
 * disk: safetensors (`update_weights_from_disk`) in a directory the engines can read.
-shm streams through the same two slots when its parameters are not shared (share_parameters
-off, or a cast: a bf16 bucket cannot hold float32 parameters); with share_parameters the model's
+shm and distributed stream through the same two slots when their parameters are not shared
+(share_parameters off, or a cast: a bf16 bucket cannot hold float32 parameters); with share_parameters the model's
 parameters live in one kept bucket per split and a push adds and copies nothing.
 The buckets are kept and refilled push after push (no page faults, a stable IPC handle; with
 share_parameters the CPU bucket holds the parameters themselves, so a refill copies nothing);
@@ -138,14 +139,16 @@ class WeightStaging:
         self._kept = []
 
     def streams(self, model: torch.nn.Module | None = None) -> bool:
-        """Whether a push of `model` streams through the two slots: cuda_ipc, and shm unless its
-        parameters live in the kept buckets (share_parameters without a cast); not a sharded
-        model's `FullWeights` (`_prepare_streamed` keeps its own buckets)."""
+        """Whether a push of `model` streams through the two slots: cuda_ipc, and shm and
+        distributed unless their parameters live in the kept buckets (share_parameters without a
+        cast); not a sharded model's `FullWeights` (`_prepare_streamed` keeps its own buckets)."""
         if isinstance(model, FullWeights):
             return False
         if self.transport == "cuda_ipc":
             return True
-        return self.transport == "shm" and (not self.share_parameters or self.dtype is not None)
+        return self.transport in ("shm", "distributed") and (
+            not self.share_parameters or self.dtype is not None
+        )
 
     def casts(self, model: torch.nn.Module | None = None) -> bool:
         """Whether a push of `model` can travel in the engines' dtype (`dtype`): cuda_ipc and shm
@@ -172,7 +175,7 @@ class WeightStaging:
             if isinstance(model, FullWeights)
             else [(n, p) for n, p in model.named_parameters()]
         )
-        dtype = self.dtype if self.streams(model) or self.transport == "distributed" else None
+        dtype = self.dtype if self.streams(model) else None
         return len(split_buckets(layout, self.bucket_bytes, dtype))
 
     def prepare(
@@ -181,10 +184,11 @@ class WeightStaging:
         """Write or plan the weights once for every engine. Returns {"model_path": directory}
         (disk), {"broadcast": [(tensor fields, flattened uint8 tensor)]} (distributed),
         {"buckets": [entries(tp_size) -> serialized_named_tensors]} (shm with shared parameters)
-        or, streamed (`streams`), {"buckets": [provider(tp_size) -> awaitable entries], "stream":
-        BucketStream}: nothing is copied here, bucket i is filled into its slot when the first of
-        `engines` (the push's engine urls, each of which must `leave` the stream; ValueError
-        without them) asks for it.
+        or, streamed (`streams`), {"buckets" (distributed: "broadcast"): [provider(tp_size) ->
+        awaitable entries (distributed: awaitable (tensor fields, flattened uint8 tensor))],
+        "stream": BucketStream}: nothing is copied here, bucket i is filled into its slot when the
+        first of `engines` (the push's engine urls, each of which must `leave` the stream;
+        ValueError without them) asks for it.
         Blocking where it copies (disk, shm with shared parameters, distributed: run it in a
         thread); the streamed plan only splits the list. model: an nn.Module, or a sharded
         model's `FullWeights` (`_prepare_streamed`)."""
@@ -198,16 +202,14 @@ class WeightStaging:
             return {"model_path": str(directory.resolve())}
         if self.streams(model):
             return self._prepare_stream(named, engines)
-        cast = self.dtype if self.transport == "distributed" else None
-        buckets = split_buckets(named, self.bucket_bytes, cast)
+        buckets = split_buckets(named, self.bucket_bytes)
         if len(self._kept) != len(buckets) or None in self._kept:
             self.close()
-        kept = [self._refilled(model, i, bucket, cast) for i, bucket in enumerate(buckets)]
+        kept = [self._refilled(model, i, bucket) for i, bucket in enumerate(buckets)]
         if self.transport == "distributed":
             return {
                 "broadcast": [
-                    (wdist.request_fields(wt.describe(bucket, cast)), k.tensor)
-                    for k, bucket in zip(kept, buckets)
+                    (wdist.request_fields(bucket), k.tensor) for k, bucket in zip(kept, buckets)
                 ]
             }
         return {"buckets": [k.entries for k in kept]}
@@ -226,10 +228,13 @@ class WeightStaging:
             buckets,
             engines,
             self._fill_slot,
-            in_thread=self.transport == "shm",  # a memcpy; cuda_ipc only enqueues copies
+            # a memcpy on CPU; cuda_ipc (and a distributed bucket on a GPU) only enqueue copies
+            in_thread=self.transport == "shm"
+            or (self.transport == "distributed" and named[0][1].device.type == "cpu"),
             resident_bytes=lambda: self.resident_bytes,
         )
-        return {"buckets": self.stream.providers, "stream": self.stream}
+        key = "broadcast" if self.transport == "distributed" else "buckets"
+        return {key: self.stream.providers, "stream": self.stream}
 
     def _fill_slot(self, slot: int, bucket: list):
         """Bucket into kept slot `slot` (made, grown, or shrunk back to the budget after an
@@ -250,6 +255,19 @@ class WeightStaging:
                 )
             kept.fill(bucket, sync=False, dtype=self.dtype, payload=False)
             return kept.entries
+        if self.transport == "distributed":
+            if kept is not None and kept.fits(bucket) and kept.cast == self.dtype:
+                kept.refill(bucket)
+            else:
+                if kept is not None:
+                    kept.close()
+                kept = self._kept[slot] = wdist.FlatBucket(
+                    bucket, bucket[0][1].device, dtype=self.dtype
+                )
+            fields = wdist.request_fields(wt.describe(bucket, self.dtype))
+            # one broadcast whatever the engine's TP size; the slot is read when asked for, so
+            # that a slot freed by end_push is not kept alive by this push's schedule
+            return lambda tp_size: (fields, kept.tensor)
         if kept is not None and kept.fits(bucket) and kept.cast == self.dtype:
             kept.refill(bucket)
         else:
@@ -329,16 +347,10 @@ class WeightStaging:
         for old in sorted(self.sync_dir.glob("v*"))[:-2]:
             shutil.rmtree(old, ignore_errors=True)
 
-    def _refilled(self, model: torch.nn.Module, i: int, bucket: list, cast=None):
-        """Kept bucket i holding `bucket` (refilled, or made anew when the tensors no longer fit or
-        the cast changed). cast: None, or the dtype floating tensors are written in (distributed:
-        the parameters then never live in the bucket)."""
-        kept = self._kept[i] if i < len(self._kept) else None
-        if kept is not None and kept.cast != cast:
-            kept.close()
-            kept = None
+    def _refilled(self, model: torch.nn.Module, i: int, bucket: list):
+        """Kept bucket i holding `bucket` (refilled, or made anew when the tensors no longer fit)."""
         try:
-            kept = kept.refill(bucket) if kept is not None else None
+            kept = self._kept[i].refill(bucket) if i < len(self._kept) else None
         except ValueError:  # the tensors grew: a new bucket
             self._kept[i].close()
             kept = None
@@ -347,9 +359,9 @@ class WeightStaging:
             kept = (
                 wsg.SharedTensorBucket(bucket)
                 if self.transport == "shm"
-                else wdist.FlatBucket(bucket, device, dtype=cast)
+                else wdist.FlatBucket(bucket, device)
             )
-            if self.share_parameters and device.type == "cpu" and cast is None:
+            if self.share_parameters and device.type == "cpu":
                 params = dict(model.named_parameters())
                 kept.adopt([params[name] for name, _ in bucket])
             self._kept[i : i + 1] = [kept]

@@ -59,39 +59,54 @@ def test_buckets_are_sized_and_laid_out_in_the_dtype_they_are_sent_in():
         bucket.close()
 
 
-def test_the_distributed_transport_broadcasts_in_the_engines_dtype(tmp_path):
-    """The distributed buckets are written in the cast (the request names it, the bytes are the
-    cast parameters in SGLang's unpadded layout), refilled in place push after push, and never hold
-    the parameters themselves while they are cast; without a cast they may (share_parameters)."""
+def test_the_distributed_transport_streams_in_the_engines_dtype(tmp_path):
+    """Cast, the distributed buckets stream through the two slots (as cuda_ipc): each is written
+    in the cast when first asked for (the request names it, the bytes are the cast parameters in
+    SGLang's unpadded layout), a slot takes bucket i+2 only after bucket i was answered, and the
+    slots are refilled in place push after push. Without a cast, the parameters live in the kept
+    buckets (share_parameters), as before."""
+    import asyncio
+
     from services.learner.weight_transport import WeightStaging
     from shellrl.weights import distributed as wdist
 
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))
     staging = WeightStaging("distributed", tmp_path, bucket_bytes=64, share_parameters=True)
     staging.dtype = torch.bfloat16
-    try:
-        assert staging.casts(model)
-        prepared = staging.prepare(model, 1)["broadcast"]
-        assert staging.bucket_count(model) == len(prepared) > 1
-        received = {}
-        for fields, flat in prepared:
+
+    async def push(version: int) -> tuple[dict, list]:
+        prepared = staging.prepare(model, version, ["e"])
+        stream, received, slots = prepared["stream"], {}, []
+        for i, provider in enumerate(prepared["broadcast"]):
+            fields, flat = await provider(1)
             assert set(fields["dtypes"]) == {"bfloat16"}
             metadata, nbytes = wdist.bucket_layout(**fields)  # the receiver's own layout
             assert flat.numel() == nbytes
             for meta in metadata:
                 received[meta.name] = flat[meta.start_idx : meta.end_idx].view(torch.bfloat16)
+            received = {k: v.clone() for k, v in received.items()}  # the slot is refilled
+            slots.append(flat.data_ptr())
+            stream.answered("e", i)
+        stream.leave("e")
+        staging.end_push()
+        assert stream.filled_at_once <= 2
+        return received, slots
+
+    try:
+        assert staging.casts(model) and staging.streams(model)
+        received, slots = asyncio.run(push(1))
+        assert staging.bucket_count(model) == len(slots) > 2 and len(set(slots)) == 2
         for name, p in model.named_parameters():
             assert torch.equal(received[name], p.detach().to(torch.bfloat16).reshape(-1)), name
-        kept = [flat.data_ptr() for _, flat in prepared]
         with torch.no_grad():
             model[0].weight.add_(1.0)
-        again = staging.prepare(model, 2)["broadcast"]
-        assert [flat.data_ptr() for _, flat in again] == kept  # refilled, not made anew
+        again, slots_again = asyncio.run(push(2))
+        assert set(slots_again) == set(slots)  # the same two slots, refilled
         assert torch.equal(
-            again[0][1][: 30 * 2].view(torch.bfloat16),
-            model[0].weight.detach().to(torch.bfloat16).reshape(-1),
+            again["0.weight"], model[0].weight.detach().to(torch.bfloat16).reshape(-1)
         )
         staging.dtype = None  # a float32 engine: the learner's dtype, the parameters adopted
+        assert not staging.streams(model)
         plain = staging.prepare(model, 3)["broadcast"]
         assert {d for fields, _ in plain for d in fields["dtypes"]} == {"float32"}
         assert model[0].weight.data_ptr() == plain[0][1].data_ptr()
