@@ -28,7 +28,7 @@ from rich.live import Live
 from rich.table import Table
 
 from cli.errors import CliError, http_errors
-from cli.job_evaluations import evaluate, log_evaluations, open_tracker
+from cli.job_evaluations import evaluate, log_evaluations, log_service_configs, open_tracker
 from cli.job_report import JobOutcome, write_job_report
 from cli.job_tasks import eval_sets, train_tasks
 from cli.main_job import JobConfig, check_verifier_config, console, submit
@@ -78,6 +78,10 @@ def run_attached(cfg: JobConfig, target: AttachTarget) -> Path:
             "tasks, eval sets " + ", ".join(f"{k} {len(v)}" for k, v in sets.items())
         )
         tracker = open_tracker(cfg)
+        urls = {"rollout": target.rollout_url, "learner": target.learner_url}
+        if target.verifier_url:
+            urls["verifier"] = target.verifier_url
+        log_service_configs(tracker, urls, target.headers)
         phases: dict[str, float] = {}
         eval_ids = {name: submit(client, tasks, eval_copy=True) for name, tasks in sets.items()}
         tasks_by_id = {i: t for name, ts in sets.items() for i, t in zip(eval_ids[name], ts)}

@@ -110,6 +110,19 @@ def open_tracker(cfg):
     return tracker
 
 
+def log_service_configs(tracker, urls: dict[str, str], headers: dict) -> None:
+    """Each service's resolved settings (its GET /v1/config) to the job's tracker, as
+    "config/<service>" (<state>/tracking/job/config/<service>.json); a service that does not
+    answer is left out."""
+    for service, url in urls.items():
+        try:
+            r = httpx.get(f"{url.rstrip('/')}/v1/config", headers=headers, timeout=10)
+            r.raise_for_status()
+        except httpx.HTTPError:
+            continue
+        tracker.log_config(r.json(), name=f"config/{service}")
+
+
 def log_evaluations(tracker, results: dict[str, dict], tasks_by_id: dict) -> None:
     """Success with n and its 95% interval per eval set, and a per-template table, at the policy
     version the evaluation ran on."""

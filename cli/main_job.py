@@ -36,7 +36,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from cli.job_evaluations import evaluate, log_evaluations, open_tracker
+from cli.job_evaluations import evaluate, log_evaluations, log_service_configs, open_tracker
 from cli.job_failure import last_metrics, report_failure, service_exited
 from cli.job_report import JobOutcome, read_steps, write_job_report
 from cli.job_tasks import eval_sets, train_tasks
@@ -51,7 +51,7 @@ from cli.stack_config import (
     shifted_ports,
 )
 from cli.stack_failure import ServiceExited, StackError
-from cli.stack_status import collect
+from cli.stack_status import collect, shown
 from shellrl.contract import task_to_json
 
 console = Console()
@@ -170,14 +170,14 @@ def progress_table(snap: dict, cfg: JobConfig, elapsed_s: float) -> Table:
         t.add_column(col)
     st = snap.get("staleness") or {}
     t.add_row(
-        f"{learner.get('step', 0)}/{cfg.steps}",
-        str(snap["streams"].get("_policy_version")),
-        f"{last.get('reward_mean', 0):.3f}",
-        f"{last.get('success_rate', 0):.3f}",
-        f"{st.get(0.5)}/{st.get(0.9)}",
-        f"{last.get('tokens_per_second', 0):.0f}",
-        f"{last.get('seconds', 0):.1f}",
-        str(rollout.get("episodes_in_flight")),
+        f"{shown(learner.get('step'))}/{cfg.steps}",
+        shown(snap["streams"].get("_policy_version")),
+        shown(last.get("reward_mean"), ".3f"),
+        shown(last.get("success_rate"), ".3f"),
+        f"{shown(st.get(0.5))}/{shown(st.get(0.9))}",
+        shown(last.get("tokens_per_second"), ".0f"),
+        shown(last.get("seconds"), ".1f"),
+        shown(rollout.get("episodes_in_flight")),
     )
     return t
 
@@ -311,6 +311,8 @@ def _job_on_stack(
     phases["stack_start_s"] = time.time() - t_start
     console.print(f"stack up in {phases['stack_start_s']:.0f} s; logs in {stack.log_dir}/")
     headers = stack.config.auth_headers()
+    urls = {name: stack.config.url(name) for name in stack.config.services}
+    log_service_configs(tracker, urls, headers)
     check_verifier_config(stack.config.url("verifier"), cfg.require_command, headers)
     client = httpx.Client(base_url=stack.config.url("rollout"), headers=headers)
     eval_ids = {name: submit(client, tasks, eval_copy=True) for name, tasks in sets.items()}

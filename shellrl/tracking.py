@@ -67,7 +67,7 @@ class TrackingConfig:
 class Tracker(Protocol):
     """What the learner and the job log. step: the policy version the values belong to."""
 
-    def log_config(self, config: Mapping, step: int = 0) -> None: ...  # the resolved settings
+    def log_config(self, config: Mapping, step: int = 0, name: str = "config") -> None: ...
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None: ...
 
@@ -138,7 +138,7 @@ def kept_run_name(directory: Path) -> str:
 
 
 class NullTracker:
-    def log_config(self, config: Mapping, step: int = 0) -> None:
+    def log_config(self, config: Mapping, step: int = 0, name: str = "config") -> None:
         pass
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
@@ -172,18 +172,20 @@ class _Guarded:
                 extra={"backend": type(self.backend).__name__, "error": repr(exc)},
             )
 
-    def log_config(self, config: Mapping, step: int = 0) -> None:
-        """`config` (JSON-able; other values as their str) to <run_dir>/config.json and to the
-        backend. step: the policy version it applies from (a restarted learner logs it again)."""
+    def log_config(self, config: Mapping, step: int = 0, name: str = "config") -> None:
+        """`config` (resolved settings; JSON-able, other values as their str) to
+        <run_dir>/<name>.json and to the backend. step: the policy version it applies from (a
+        restarted learner logs it again); name: "config" (this process's), or another's, e.g.
+        "config/rollout" (the job logs each service's)."""
         config = json.loads(json.dumps(config, default=str))
         if self.run_dir is not None:
+            path = self.run_dir / f"{name}.json"
             try:
-                self.run_dir.mkdir(parents=True, exist_ok=True)
-                text = json.dumps(config, indent=2, sort_keys=True) + "\n"
-                (self.run_dir / "config.json").write_text(text)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
             except OSError as exc:
-                log.warning("could not write the run's config.json", extra={"error": repr(exc)})
-        self._call("log_config", config, step)
+                log.warning("could not write a run's config", extra={"error": repr(exc)})
+        self._call("log_config", config, step, name)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self._call("log_metrics", metrics, step)
@@ -218,9 +220,9 @@ class TensorBoardTracker:
         self.writer = SummaryWriter(log_dir=str(directory / source), flush_secs=5)
         self.writer.add_text("run", f"{run_name} ({source})", 0)
 
-    def log_config(self, config: Mapping, step: int = 0) -> None:
+    def log_config(self, config: Mapping, step: int = 0, name: str = "config") -> None:
         text = json.dumps(config, indent=2, sort_keys=True)
-        self.writer.add_text("config", "```json\n" + text + "\n```", step)
+        self.writer.add_text(name, "```json\n" + text + "\n```", step)
         self.writer.flush()
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
@@ -254,8 +256,9 @@ class WandbTracker:
             reinit="create_new",
         )
 
-    def log_config(self, config: Mapping, step: int = 0) -> None:
-        self.run.config.update(dict(config), allow_val_change=True)
+    def log_config(self, config: Mapping, step: int = 0, name: str = "config") -> None:
+        values = dict(config) if name == "config" else {name: dict(config)}
+        self.run.config.update(values, allow_val_change=True)
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log(dict(metrics), step=step)
@@ -296,8 +299,8 @@ class MlflowTracker:
             tags={"shellrl.group": run_name, "shellrl.source": source},
         ).info.run_id
 
-    def log_config(self, config: Mapping, step: int = 0) -> None:
-        self.client.log_dict(self.run_id, dict(config), "config.json")
+    def log_config(self, config: Mapping, step: int = 0, name: str = "config") -> None:
+        self.client.log_dict(self.run_id, dict(config), f"{name}.json")
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric

@@ -86,3 +86,39 @@ def test_the_tracker_reaches_the_learner_and_the_job_logs_its_options(monkeypatc
     assert logged["tracker"] == "tensorboard" and logged["kl_coef"] == cfg.kl_coef
     assert logged["extra_env"] == {"SHELLRL_API_TOKEN": "***"}
     assert (tmp_path / "tracking" / "run_name").exists()  # the learner's run name too
+
+
+def test_the_job_logs_every_services_resolved_config(tmp_path):
+    """What each service serves at GET /v1/config goes to the job's tracker under
+    config/<service>; a service that does not answer is left out (a real HTTP server here)."""
+    pytest.importorskip("tensorboard")
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from cli.job_evaluations import log_service_configs
+    from shellrl.tracking import TrackingConfig, create_tracker
+
+    class Config(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"require_command": True, "path": self.path}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Config)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        tracker = create_tracker(TrackingConfig(backend="tensorboard"), "job", tmp_path)
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        log_service_configs(tracker, {"verifier": url, "rollout": "http://127.0.0.1:9"}, {})
+        tracker.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    logged = json.loads((tmp_path / "job" / "config" / "verifier.json").read_text())
+    assert logged == {"require_command": True, "path": "/v1/config"}
+    assert not (tmp_path / "job" / "config" / "rollout.json").exists()

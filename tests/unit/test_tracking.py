@@ -203,3 +203,16 @@ def test_a_run_name_not_given_is_kept_for_every_later_tracker(tmp_path):
     first = kept_run_name(tmp_path)
     assert first.startswith("shellrl-") and kept_run_name(tmp_path) == first
     assert (tmp_path / "run_name").read_text().strip() == first
+
+
+@pytest.mark.skipif(not installed("tensorboard"), reason="tensorboard not installed")
+def test_another_processs_config_goes_under_its_name(tmp_path):
+    tracker = create_tracker(TrackingConfig(backend="tensorboard"), "job", tmp_path)
+    tracker.log_config({"steps": 40})
+    tracker.log_config({"require_command": True}, name="config/verifier")
+    tracker.close()
+    assert json.loads((tmp_path / "job" / "config.json").read_text()) == {"steps": 40}
+    verifier = json.loads((tmp_path / "job" / "config" / "verifier.json").read_text())
+    assert verifier == {"require_command": True}
+    ((_, text),) = read_texts(tmp_path / "job", "config/verifier")
+    assert json.loads(text.removeprefix("```json\n").removesuffix("\n```")) == verifier
