@@ -29,6 +29,16 @@ async def client(engine):
         yield c
 
 
+async def _until_running(engine, n: int, what: str) -> None:
+    """Until the engine runs `n` requests (each sampled its first token at prefill): on a loaded
+    machine a request may reach the engine seconds after it was sent."""
+    await wait_until_async(
+        lambda: asyncio.to_thread(lambda: engine_loads(engine.url)["num_running_reqs"] == n),
+        30,
+        what,
+    )
+
+
 def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(100, 40000) for _ in range(n)]
 
@@ -181,13 +191,13 @@ async def test_a_stop_on_the_last_allowed_token_finishes_as_stop_not_length(clie
     assert by_string.output_ids == greedy.output_ids
 
 
-async def test_abort_by_rid_returns_the_partial_tokens_with_their_logprobs(client):
+async def test_abort_by_rid_returns_the_partial_tokens_with_their_logprobs(client, engine):
     task = asyncio.create_task(
         client.generate(
             [101, 102, 103], {"max_new_tokens": 5000, "ignore_eos": True}, rid="long-one"
         )
     )
-    await asyncio.sleep(1.0)
+    await _until_running(engine, 1, "rid long-one running")
     await client.abort_request("long-one")
     result = await asyncio.wait_for(task, 30)
     assert result.finish_reason == "abort" and result.rid == "long-one"
@@ -212,14 +222,14 @@ async def test_pause_holds_new_requests_until_continue(client):
     assert result.finish_reason == "length" and len(result.output_ids) == 2
 
 
-async def test_pause_in_abort_mode_returns_in_flight_requests_as_aborted(client):
+async def test_pause_in_abort_mode_returns_in_flight_requests_as_aborted(client, engine):
     tasks = [
         asyncio.create_task(
             client.generate([101 + i, 7, 8], {"max_new_tokens": 5000, "ignore_eos": True})
         )
         for i in range(3)
     ]
-    await asyncio.sleep(1.0)
+    await _until_running(engine, 3, "3 requests running")  # one not there yet would be held
     await client.pause_generation("abort")
     try:
         results = await asyncio.wait_for(asyncio.gather(*tasks), 30)
@@ -276,11 +286,11 @@ async def test_client_raises_engine_error_with_status_and_body(client):
     assert info.value.status == 400 and info.value.body["error"]["field"] == "input_ids"
 
 
-async def test_duplicate_rid_in_flight_is_rejected(client):
+async def test_duplicate_rid_in_flight_is_rejected(client, engine):
     task = asyncio.create_task(
         client.generate([101, 102], {"max_new_tokens": 5000, "ignore_eos": True}, rid="dup")
     )
-    await asyncio.sleep(0.5)
+    await _until_running(engine, 1, "rid dup running")
     with pytest.raises(EngineError, match="Duplicate request ID"):
         await client.generate([101, 102], {"max_new_tokens": 1}, rid="dup")
     await client.abort_request("dup")
