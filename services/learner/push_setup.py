@@ -31,12 +31,20 @@ class PauseModeRefused(ValueError):
 
 
 def pause_for(pause_mode: str, buckets: int, commits_atomically: bool = False) -> str:
-    """The pause of one engine's push of `buckets` update calls: "auto" is retract for more than
-    one, unless the engine commits a session's buckets at once (shellrl's engine), else off; the
-    other modes as they are."""
+    """The pause of one engine's push of `buckets` update calls; "auto":
+    * shellrl's engine (`commits_atomically`: it swaps a session's buckets in at once): in_place.
+      Unpaused, it commits only once no request is running and admits none meanwhile, so the push
+      waited for the longest generation in flight (the main job on CPU: `load` 1,690 ms of a
+      1,932 ms push; benchmarks/bench_push_under_load.py); paused in place it commits at once and
+      its requests go on, their later tokens labelled with the new version. Not retract: that
+      re-prefills every running request at each push (on CPU, a large share of the engine's time).
+    * SGLang: retract for more than one bucket (no sampling on a mix of versions), else off.
+    The other modes as they are."""
     if pause_mode != "auto":
         return pause_mode
-    return "retract" if buckets > 1 and not commits_atomically else "off"
+    if commits_atomically:
+        return "in_place"
+    return "retract" if buckets > 1 else "off"
 
 
 def radix_cache_refusal(infos: dict[str, dict]) -> str | None:
@@ -141,8 +149,8 @@ class PushSetup:
 
     async def _pauses(self, targets: list[str], buckets: int) -> dict[str, str]:
         """Each target's pause for a push of `buckets` calls (`pause_for`); "auto" asks an engine
-        it has not met its /server_info (bounded; no answer: treated as SGLang, paused)."""
-        if self.pause_mode == "auto" and buckets > 1:
+        it has not met its /server_info (bounded; no answer: treated as SGLang)."""
+        if self.pause_mode == "auto":
             unknown = [u for u in targets if self.engines[u].commits_atomically is None]
             await asyncio.gather(
                 *(bounded(self._read_server_info(u), min(self.deadline_s, 5.0)) for u in unknown)

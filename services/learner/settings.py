@@ -257,9 +257,9 @@ class LearnerSettings(TrainingScheduleSettings):
         description="Pause each engine around its update: retract or in_place (in-flight requests "
         "keep their tokens and continue on the new weights; no token is sampled between two "
         "buckets), off (SGLang runs each bucket under its writer lock, after in-flight requests), "
-        "auto (retract when a push takes more than one bucket, except on shellrl's engine, which "
-        "swaps a session's buckets in at once; else off). in_place against "
-        "SGLang needs --disable-radix-cache (refused otherwise).",
+        "auto (SGLang: retract when a push takes more than one bucket, else off; shellrl's "
+        "engine: in_place, as it commits only once no request runs when unpaused). in_place "
+        "against SGLang needs --disable-radix-cache (refused otherwise).",
     )
     engine_admin_api_key: SecretStr | None = Field(
         None,

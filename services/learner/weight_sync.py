@@ -20,8 +20,8 @@ An engine's TP size (one `serialized_named_tensors` entry per rank) and kind com
 /server_info on first contact. The last bucket of a push sets `flush_cache` (SGLang would keep KV
 computed by the old weights) and alone carries `weight_version`: SGLang records the version of
 every bucket that carries one as soon as it loaded it, so a label on an earlier bucket would name
-weights half loaded. With a pause (`pause_mode`; "auto": retract when the push takes more than
-one bucket, except on shellrl's engine, which swaps a session's buckets in at once) each engine's
+weights half loaded. With a pause (`pause_mode`; "auto": SGLang retract when the push takes more
+than one bucket, shellrl's engine in_place: push_setup.pause_for) each engine's
 update runs between pause_generation and continue_generation: SGLang releases its writer lock
 between two bucket calls, and without the pause it would sample between them on a mix of old and
 new weights; paused, in-flight requests keep their tokens and continue on the new weights, and a

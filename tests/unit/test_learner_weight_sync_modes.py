@@ -11,10 +11,12 @@ from services.learner.settings import LearnerSettings
 KEY = "admin-key-for-weights-0123456789"
 
 
-def test_auto_pauses_with_retract_only_when_a_push_takes_more_than_one_bucket():
+def test_auto_retracts_sglang_beyond_one_bucket_and_pauses_shellrls_engine_in_place():
     assert pause_for("auto", 1) == "off"
     assert pause_for("auto", 2) == "retract"
-    assert pause_for("auto", 2, commits_atomically=True) == "off"  # shellrl's engine
+    # shellrl's engine would otherwise commit only once its running batch drained
+    assert pause_for("auto", 1, commits_atomically=True) == "in_place"
+    assert pause_for("auto", 2, commits_atomically=True) == "in_place"
     assert [pause_for(m, 5) for m in ("off", "retract", "in_place")] == [
         "off",
         "retract",
