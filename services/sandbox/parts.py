@@ -13,17 +13,18 @@ from typing import Annotated
 
 from fastapi import Depends
 
-from services.sandbox import metrics, mounts
+from services.sandbox import metrics
 from services.sandbox.egress.doors import egress_doors
-from services.sandbox.health import HealthWeights, HostHealth
-from services.sandbox.isolation_probe import detect
+from services.sandbox.host import mounts
+from services.sandbox.host.health import HealthWeights, HostHealth
+from services.sandbox.host.uids import UidPool
+from services.sandbox.isolation.probe import detect
 from services.sandbox.limits import Limits
 from services.sandbox.policy import PolicySet
 from services.sandbox.resources import setup_resources
-from services.sandbox.sessions import SessionManager
+from services.sandbox.sessions.manager import SessionManager
+from services.sandbox.sessions.warm_pool import WarmPool
 from services.sandbox.settings import SandboxSettings
-from services.sandbox.uids import UidPool
-from services.sandbox.warm_pool import WarmPool
 from shellrl.service.parts import parts_dependency
 
 log = logging.getLogger("services.sandbox")
@@ -196,7 +197,7 @@ def default_limits(settings: SandboxSettings) -> Limits:
 
 
 def host_health(settings: SandboxSettings) -> HostHealth:
-    """The host's health score (health.py) with the configured weights and bounds."""
+    """The host's health score (host/health.py) with the configured weights and bounds."""
     return HostHealth(
         settings.workspace_root,
         HealthWeights(

@@ -8,13 +8,14 @@ import logging
 import math
 from dataclasses import dataclass, field
 
-from services.sandbox import metrics, proc_view
-from services.sandbox.admission import Admission
-from services.sandbox.cgroups import CgroupLimits, CgroupSupport
-from services.sandbox.host import HostCapacity
-from services.sandbox.isolation import Isolation
+from services.sandbox import metrics
+from services.sandbox.cgroups.support import CgroupLimits, CgroupSupport
+from services.sandbox.host.capacity import HostCapacity
+from services.sandbox.host.uids import UidPool
+from services.sandbox.isolation import proc_view
+from services.sandbox.isolation.layers import Isolation
+from services.sandbox.sessions.admission import Admission
 from services.sandbox.settings import SandboxSettings
-from services.sandbox.uids import UidPool
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ def parent_limits(host: HostCapacity, settings: SandboxSettings) -> CgroupLimits
 
 
 def _proc_view(isolation: Isolation, private_mounts: bool) -> dict:
-    """Reduce what sessions see of the host's /proc (proc_view.py) and say what was done."""
+    """Reduce what sessions see of the host's /proc (isolation/proc_view.py) and say what was done."""
     files, dirs = isolation.proc_masks
     masked = [f"/proc/{name}" for name in files + dirs]
     if isolation.layer != "fallback":

@@ -1,14 +1,14 @@
 """HTTP API of the sandbox executor (DESIGN.md section 2).
 
     POST   /v1/sessions                      {"setup", "env", "limits"?, "policy"?} → 201 session + setup result
-                                             (+ "warm": from the warm pool, warm_pool.py)
+                                             (+ "warm": from the warm pool, sessions/warm_pool.py)
                                              (a `network: true` policy only when allow_network_policies)
                                              (a policy with `egress` rules: the audited proxy, egress/)
     POST   /v1/sessions/{id}/exec            {"command", "timeout_s"?, "fresh_state"?} → 200 exec result
     POST   /v1/sessions/{id}/kill            → every process of the session killed (workspace kept)
     GET    /v1/sessions/{id}/files/{path}    ?max_bytes=N → raw bytes
     GET    /v1/sessions/{id}                 → commands, safety events, timestamps
-    GET    /v1/sessions/{id}/diff            → files changed since setup (workspace_diff.py)
+    GET    /v1/sessions/{id}/diff            → files changed since setup (workspace/diff.py)
     POST   /v1/sessions/{id}/reset           → state right after setup
     DELETE /v1/sessions/{id}                 → everything removed
 
@@ -28,10 +28,10 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from services.sandbox.limits import LimitsRequest
 from services.sandbox.parts import PartsDep
-from services.sandbox.session import Session, SessionError
-from services.sandbox.sessions import SessionManager
-from services.sandbox.workspace import FileReadError
-from services.sandbox.workspace_diff import DEFAULT_MAX_PATHS, workspace_diff
+from services.sandbox.sessions.manager import SessionManager
+from services.sandbox.sessions.session import Session, SessionError
+from services.sandbox.workspace.diff import DEFAULT_MAX_PATHS, workspace_diff
+from services.sandbox.workspace.files import FileReadError
 from shellrl.service.app import ApiError, error_body
 from shellrl.service.openapi import REF, error_responses
 
@@ -249,7 +249,7 @@ async def session_diff(
     max_paths: int = Query(DEFAULT_MAX_PATHS, ge=0, le=100_000),
 ):
     """Files the session's commands added, removed or modified since setup (module doc of
-    services/sandbox/workspace_diff.py)."""
+    services/sandbox/workspace/diff.py)."""
     session = await _session(parts.manager, session_id)
     if not session.workspace.snapshotted:
         raise ApiError(409, "no_snapshot", "the session has no post-setup snapshot yet", None)

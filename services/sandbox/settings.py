@@ -135,7 +135,7 @@ class SandboxSettings(ServiceSettings):
     admission_retry_after_s: int = Field(
         2, ge=1, le=600, description="Retry-After (seconds) of a 429 for lack of headroom."
     )
-    # Terminal health score (health.py): weights of its parts (ours: the write-up gives none).
+    # Terminal health score (host/health.py): weights of its parts (ours: the write-up gives none).
     health_weight_load: float = Field(0.3, ge=0, description="Weight of the load sub-score.")
     health_weight_memory: float = Field(0.3, ge=0, description="Weight of the memory sub-score.")
     health_weight_disk: float = Field(0.2, ge=0, description="Weight of the disk sub-score.")
@@ -170,7 +170,7 @@ class SandboxSettings(ServiceSettings):
         0,
         ge=0,
         le=64,
-        description="Ready sessions kept per repeating task setup (warm_pool.py); 0 = no warm pool.",
+        description="Ready sessions kept per repeating task setup (sessions/warm_pool.py); 0 = no warm pool.",
     )
     warm_pool_max_sessions: int = Field(
         16, ge=0, le=1024, description="Ready sessions in the warm pool across all setups."

@@ -5,7 +5,7 @@ without a violation the cost rises to -8 (the policy has shown it can work safel
 costs more); one violation sets it back to -5; every violation is logged. Here a step is a
 command the episode sent to the sandbox (a tool event that is not a malformed action), and a
 violation is an episode that the sandbox flagged or denied (its command text or, with the
-executed-argv trace, any command its shell ran: services/sandbox/argv_trace.py).
+executed-argv trace, any command its shell ran: services/sandbox/isolation/argv_trace.py).
 
     penalty(episode) = escalated_penalty  if streak >= escalate_after_steps  else base_penalty
                        (0 when the episode has no violation)

@@ -16,7 +16,7 @@
   that session waits while the sandbox is at its session cap (429): `BUSY_ATTEMPTS` attempts,
   0.1 s doubling between them (tenacity).
 
-Not to be confused with services/sandbox/workspace.py (the sandbox's own per-session directory):
+Not to be confused with services/sandbox/workspace/files.py (the sandbox's own per-session directory):
 this module is the verifier's view of a session, through the sandbox's HTTP API.
 """
 

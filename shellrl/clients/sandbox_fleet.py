@@ -8,7 +8,7 @@ A session lives on one service. New sessions go to the member with the most free
 its /readyz `headroom.sessions` (read at most every `refresh_s`, lazily, by the create that
 finds it old) less the sessions this client created there since that read; ties go round robin.
 A member that answered 429 (SandboxBusy: session cap or no memory/process headroom, see
-services/sandbox/admission.py) is skipped until its Retry-After has passed, one that did not
+services/sandbox/sessions/admission.py) is skipped until its Retry-After has passed, one that did not
 answer (connection error, 5xx) for `down_s`; the create moves on to the next member. When every
 member is busy, `create_session_when_free` waits until the first Retry-After ends (at least
 `poll_s`, with jitter so waiting episodes do not return at once) and tries again: admission

@@ -299,7 +299,7 @@ def test_dockerfile_copies_only_files_the_build_context_has_and_pins_torch_as_py
     assert "bubblewrap" in sandbox_packages
     # the session runner's interpreter (an absolute path in isolation.py) must exist in the image
     runner = re.search(
-        r'"(/usr/bin/python3)", "-I"', (REPO / "services/sandbox/isolation.py").read_text()
+        r'"(/usr/bin/python3)", "-I"', (REPO / "services/sandbox/isolation/layers.py").read_text()
     )
     assert runner, (
         "isolation.py no longer starts /usr/bin/python3: revisit the sandbox image's packages"

@@ -2,7 +2,7 @@
 per-command mode: the probe of H01/H27 (mountinfo names no cgroup file; writing a pid into any
 cgroup.procs the session can see fails), and that commands still join the session's groups while
 the runner stays outside them. Commands join through fds of the cgroup.procs files the service
-opens as root (services/sandbox/launch.py). Skipped where the service has no cgroups."""
+opens as root (services/sandbox/isolation/launch.py). Skipped where the service has no cgroups."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The sandbox's warm pool (services/sandbox/warm_pool.py) on a real service: a repeating setup
+"""The sandbox's warm pool (services/sandbox/sessions/warm_pool.py) on a real service: a repeating setup
 gets ready sessions whose setup ran, each handed out once, refilled; warm sessions give way to
 requests at the session cap."""
 

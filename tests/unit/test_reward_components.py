@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from services.rollout.gates import HealthGate, sandbox_health_score
-from services.sandbox.argv_trace import argv_safety_events, read_trace
-from services.sandbox.health import HealthWeights, HostHealth, score_of
+from services.sandbox.host.health import HealthWeights, HostHealth, score_of
+from services.sandbox.isolation.argv_trace import argv_safety_events, read_trace
+from services.sandbox.isolation.preludes import bash_prelude
 from services.sandbox.limits import Limits
 from services.sandbox.policy import PolicySet
-from services.sandbox.preludes import bash_prelude
 from services.verifier.reward_components import (
     ComponentWeights,
     TerminalRewards,

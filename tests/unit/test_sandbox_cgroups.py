@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from services.sandbox.cgroup_base import CgroupLimits
-from services.sandbox.cgroups import CgroupSupport
-from services.sandbox.host import OwnCgroups
-from services.sandbox.uids import UidPool
+from services.sandbox.cgroups.base import CgroupLimits
+from services.sandbox.cgroups.support import CgroupSupport
+from services.sandbox.host.capacity import OwnCgroups
+from services.sandbox.host.uids import UidPool
 from tests.helpers.owned_processes import popen_owned
 
 ROOT = Path("/sys/fs/cgroup")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.sandbox.limits import Limits
-from services.sandbox.warm_pool import SetupSpec
+from services.sandbox.sessions.warm_pool import SetupSpec
 from shellrl.clients.sandbox import SandboxBusy, SandboxError, SandboxNotFound
 from shellrl.clients.sandbox_fleet import SandboxFleet, member_key, parse_urls
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.sandbox import session_input
+from services.sandbox.sessions import session_input
 from shellrl.contract import TaskValidationError, task_from_json
 from shellrl.contract.tasks import LIMITS, MAX_ENV_BYTES, env_bytes
 

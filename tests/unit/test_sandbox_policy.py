@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from services.sandbox.executor import OutputBuffer, render_output
+from services.sandbox.execution.executor import OutputBuffer, render_output
 from services.sandbox.policy import PolicySet, self_piping_function
 
 

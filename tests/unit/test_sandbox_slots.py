@@ -1,4 +1,4 @@
-"""Exec slots of the sandbox (services/sandbox/slots.py): fair hand-out, queue time, cancellation.
+"""Exec slots of the sandbox (services/sandbox/execution/slots.py): fair hand-out, queue time, cancellation.
 Pure asyncio with an injected clock; no processes."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from services.sandbox.slots import FairSlots
+from services.sandbox.execution.slots import FairSlots
 
 
 class Clock:

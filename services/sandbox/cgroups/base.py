@@ -1,4 +1,4 @@
-"""Shared pieces of the cgroup v1 and v2 layouts (cgroups.py): limits, usage, file helpers, and
+"""Shared pieces of the cgroup v1 and v2 layouts (support.py): limits, usage, file helpers, and
 `ParentLayout`, the parent's set-up, removal and usage that both layouts do the same way."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from tenacity import (
     wait_fixed,
 )
 
-from services.sandbox.host import read_int, working_set
+from services.sandbox.host.capacity import read_int, working_set
 
 GROUP_DIR = "shellrl-sandbox"
 CPU_PERIOD_US = 100_000

@@ -4,13 +4,13 @@
                                                   u<uid>/  one session: memory, pids, CPU quota
 
 The parent's limits are sized from the host (`HostCapacity` times the `sessions_*_fraction`
-settings), so sessions together can never take the host's memory, process table or every core;
-each session's limits sit below it. cgroup v2 is used where the root is a v2 mount with the
-memory and pids controllers available (cgroup_v2.py), else v1 (cgroup_v1.py: pids, memory,
-freezer, and cpu where mounted). Where neither is writable, `CgroupSupport.available` is False,
-`reason` says why (logged, in /readyz, metric `shellrl_sandbox_cgroup_limits_enforced` 0): sessions
-then run without a memory or CPU bound, processes capped by RLIMIT_NPROC of their uid only.
-A session's commands join its group as their first act (preludes.py); a process cannot leave it.
+settings), so sessions together can never take the host's memory, process table or every core; each
+session's limits sit below it. cgroup v2 is used where the root is a v2 mount with the memory and
+pids controllers available (v2.py), else v1 (v1.py: pids, memory, freezer, and cpu where mounted).
+Where neither is writable, `CgroupSupport.available` is False, `reason` says why (logged, in
+/readyz, metric `shellrl_sandbox_cgroup_limits_enforced` 0): sessions then run without a memory or
+CPU bound, processes capped by RLIMIT_NPROC of their uid only. A session's commands join its group
+as their first act (isolation/preludes.py); a process cannot leave it.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import logging
 from pathlib import Path
 from typing import Protocol
 
-from services.sandbox.cgroup_base import GROUP_DIR, CgroupLimits, Usage
-from services.sandbox.cgroup_v1 import V1Hierarchy
-from services.sandbox.cgroup_v2 import V2Hierarchy
+from services.sandbox.cgroups.base import GROUP_DIR, CgroupLimits, Usage
+from services.sandbox.cgroups.v1 import V1Hierarchy
+from services.sandbox.cgroups.v2 import V2Hierarchy
 
 log = logging.getLogger(__name__)
 

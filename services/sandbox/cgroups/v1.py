@@ -1,11 +1,11 @@
 """cgroup v1 layout: pids, memory and freezer (required) and cpu (where mounted), one hierarchy
 each under `<root>/<controller>/`.
 
-The session's runner stays outside the session groups; each command joins them by writing its
-pid into their `cgroup.procs` through an fd the service opened (launch.py): the files stay root's
-(0644), so no process of the session can move a process by path. Kill = freeze, SIGKILL every member,
-thaw, until empty (v1 has no `cgroup.kill`; freezing makes it atomic against forks). A child's
-CPU quota may not exceed its parent's in v1: `CgroupSupport.session_limits` clamps it.
+The session's runner stays outside the session groups; each command joins them by writing its pid
+into their `cgroup.procs` through an fd the service opened (isolation/launch.py): the files stay
+root's (0644), so no process of the session can move a process by path. Kill = freeze, SIGKILL every
+member, thaw, until empty (v1 has no `cgroup.kill`; freezing makes it atomic against forks). A
+child's CPU quota may not exceed its parent's in v1: `CgroupSupport.session_limits` clamps it.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from services.sandbox.cgroup_base import (
+from services.sandbox.cgroups.base import (
     CPU_PERIOD_US,
     GROUP_DIR,
     CgroupLimits,
@@ -43,8 +43,8 @@ class V1SessionCgroup:
         return any(d.exists() for d in self.dirs.values())
 
     def create(self, uid: int, limits: CgroupLimits) -> None:
-        """mkdir the groups (root's: `uid` joins them only through the fds of launch.py), set
-        `limits`."""
+        """mkdir the groups (root's: `uid` joins them only through the fds of isolation/launch.py),
+        set `limits`."""
         if self.exists():
             self.remove()
         for d in self.dirs.values():

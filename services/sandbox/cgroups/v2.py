@@ -7,9 +7,9 @@ cpu where available, enabled down to the sessions).
 
 v2 moves a process only where the writer may write `cgroup.procs` of the source's and target's
 common ancestor, so the launcher (still root) joins `u<uid>` before it execs (`launcher_procs`,
-launch.py) and commands, started by the runner inside `u<uid>`, join `cmds` (both files chowned
-to the session uid). Under bubblewrap the cgroup namespace is rooted at `u<uid>`. Killing the
-commands (`cgroup.kill` on `cmds`) spares the runner; removing the session kills `u<uid>`.
+isolation/launch.py) and commands, started by the runner inside `u<uid>`, join `cmds` (both files
+chowned to the session uid). Under bubblewrap the cgroup namespace is rooted at `u<uid>`. Killing
+the commands (`cgroup.kill` on `cmds`) spares the runner; removing the session kills `u<uid>`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import logging
 import os
 from pathlib import Path
 
-from services.sandbox.cgroup_base import (
+from services.sandbox.cgroups.base import (
     CPU_PERIOD_US,
     GROUP_DIR,
     CgroupLimits,

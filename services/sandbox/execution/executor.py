@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from services.sandbox.launch import Launch
-from services.sandbox.runner import Capture
+from services.sandbox.execution.runner import Capture
+from services.sandbox.isolation.launch import Launch
 
 TIMEOUT_EXIT_CODE = 124  # like GNU timeout(1); `timed_out` says it explicitly
 SETUP_ERROR_EXIT_CODE = 125

@@ -24,7 +24,7 @@ queue, semaphore set) of the runner's uid in its IPC namespace (the session's ow
 and unshare).
 Start-up: the runner writes b"READY\n", then reads b"INIT <len> <fresh_len>\n" + the bash prelude
 every command runs first (it joins the session cgroup, sets rlimits, restores cwd/env: see
-isolation.py) + the fresh-state prelude.
+isolation/layers.py) + the fresh-state prelude.
 The session's cgroups: argv[1], when given, lists fds (comma-separated) of their `cgroup.procs`
 files, opened for writing by the service (root). No cgroup file is in the sandbox's file tree and
 none is writable by the session uid: each command gets the fds at CGROUP_FD_FIRST, CGROUP_FD_FIRST
@@ -44,8 +44,10 @@ MAX_BACKGROUND_PIPES = 64
 SIGKILL = 9
 TIMEOUT_EXIT_CODE = 124  # like timeout(1)
 RESET_SIGNALS = [s for s in range(1, 65) if s not in (9, 19, 32, 33)]
-FRESH_ENV_DROPPED = ("BASH_ENV", "ENV")  # as services/sandbox/preludes.py fresh_env
-CGROUP_FD_FIRST = 4  # as services/sandbox/preludes.py RUNNER_CGROUP_FD_FIRST (fd 3: the command)
+FRESH_ENV_DROPPED = ("BASH_ENV", "ENV")  # as services/sandbox/isolation/preludes.py fresh_env
+CGROUP_FD_FIRST = (
+    4  # as services/sandbox/isolation/preludes.py RUNNER_CGROUP_FD_FIRST (fd 3: the command)
+)
 KEPT_FD_FIRST = 100  # where the runner keeps its own copies (never a target of a command's dup2)
 
 

@@ -13,11 +13,13 @@ import signal
 import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
+from pathlib import Path
 
-from services.sandbox.executor import RawExec, render_output
-from services.sandbox.launch import Launch
+from services.sandbox.execution.executor import RawExec, render_output
+from services.sandbox.isolation.launch import Launch
 
 log = logging.getLogger(__name__)
+RUNNER_SOURCE = Path(__file__).with_name("runner.py")  # copied into each session (session mode)
 START_TIMEOUT_S = 20.0
 GRACE_S = 5.0
 EXIT_POLL_S = 0.05  # how often a read checks whether the launcher exited

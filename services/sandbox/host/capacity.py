@@ -1,9 +1,9 @@
 """What the host has for sandbox sessions: its size (memory, processes, CPUs) and what is free now.
 
-Read from the kernel, never guessed: memory is MemTotal or the service's own cgroup limit where
-that is lower (a container), processes are `kernel.pid_max` and `kernel.threads-max`, CPUs the
-affinity mask or the own cgroup's CPU quota where that is lower. These size the parent cgroup of
-all sessions (cgroups.py) and back the admission check (admission.py) where there is no cgroup.
+Read from the kernel, never guessed: memory is MemTotal or the service's own cgroup limit where that
+is lower (a container), processes are `kernel.pid_max` and `kernel.threads-max`, CPUs the affinity
+mask or the own cgroup's CPU quota where that is lower. These size the parent cgroup of all sessions
+(cgroups/support.py) and back the admission check (sessions/admission.py) where there is no cgroup.
 """
 
 from __future__ import annotations

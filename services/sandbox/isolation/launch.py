@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.sandbox.limits import Limits
-from services.sandbox.workspace import WorkspacePaths
+from services.sandbox.workspace.files import WorkspacePaths
 
 LAUNCHER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
 

@@ -3,11 +3,11 @@
 Ladder, best first, chosen by a start-up probe that really runs `true` in the layer:
 
 * `bubblewrap`: bwrap run as the session's unprivileged uid with new user (nested ones disabled),
-  a seccomp denylist (seccomp.py),
-  pid, net, ipc, uts and cgroup namespaces; read-only /usr and a curated /etc, a private /proc
-  (host details masked: proc_view.py) and a read-only private /dev, the workspace at /workspace,
-  the session's /tmp and /dev/shm (capped: workspace.py), `--remount-ro /`, `--die-with-parent`,
-  `--new-session`, all capabilities dropped, bwrap itself started with a minimal environment.
+  a seccomp denylist (seccomp.py), pid, net, ipc, uts and cgroup namespaces; read-only /usr and a
+  curated /etc, a private /proc (host details masked: proc_view.py) and a read-only private /dev,
+  the workspace at /workspace, the session's /tmp and /dev/shm (capped: workspace/files.py),
+  `--remount-ro /`, `--die-with-parent`, `--new-session`, all capabilities dropped, bwrap itself
+  started with a minimal environment.
 * `unshare`: util-linux unshare (root) with pid/net/ipc/uts/mount namespaces, a private /proc
   (host details masked: proc_view.py) and the session's /dev/shm, then setpriv to the session uid
   with no capabilities and no_new_privs.
@@ -22,7 +22,7 @@ cgroups through fds of their `cgroup.procs` that the service opens as root at ea
 (launch.py); no layer binds a cgroup file into the sandbox.
 
 The launch itself (`LaunchSpec`, `Launch`, the host programs run as root) is launch.py; the bash
-preludes and environments are preludes.py; probing which layer works is isolation_probe.py.
+preludes and environments are preludes.py; probing which layer works is probe.py.
 """
 
 from __future__ import annotations
@@ -32,8 +32,9 @@ import shlex
 from dataclasses import replace
 from pathlib import Path
 
-from services.sandbox import mounts, proc_view
-from services.sandbox.launch import (
+from services.sandbox.host import mounts
+from services.sandbox.isolation import proc_view
+from services.sandbox.isolation.launch import (
     BWRAP,
     CGROUP_FDS,
     ENV_BIN,
@@ -48,13 +49,13 @@ from services.sandbox.launch import (
     cgroup_fd,
     setpriv_argv,
 )
-from services.sandbox.preludes import (
+from services.sandbox.isolation.preludes import (
     FRESH_BASH,
     RUNNER_CGROUP_FD_FIRST,
     bash_prelude,
     fresh_env,
 )
-from services.sandbox.workspace import WorkspacePaths
+from services.sandbox.workspace.files import WorkspacePaths
 
 LAYERS = ("bubblewrap", "unshare", "fallback")
 IN_SANDBOX_WORKSPACE = "/workspace"

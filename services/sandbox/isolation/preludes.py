@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import shlex
 
-from services.sandbox import argv_trace
+from services.sandbox.isolation import argv_trace
 from services.sandbox.limits import Limits
 
 SANDBOX_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"

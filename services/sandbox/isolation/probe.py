@@ -1,6 +1,6 @@
 """Which isolation layer works here: a start-up probe that really runs a command in each.
 
-`detect` returns the best working layer of isolation.py's ladder (or the forced one) and the probe
+`detect` returns the best working layer of layers.py's ladder (or the forced one) and the probe
 result per layer for /readyz.
 """
 
@@ -10,8 +10,8 @@ import logging
 import os
 import subprocess
 
-from services.sandbox.isolation import LAYERS, Isolation
-from services.sandbox.launch import BWRAP, LAUNCHER_ENV, UNSHARE, setpriv_argv
+from services.sandbox.isolation.launch import BWRAP, LAUNCHER_ENV, UNSHARE, setpriv_argv
+from services.sandbox.isolation.layers import LAYERS, Isolation
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@
 * Host load and size: bubblewrap and unshare get a /proc/meminfo sized to the session's memory
   limit (`session_meminfo`, MemTotal = MemFree = MemAvailable = `memory_bytes`) and a neutral
   /proc/loadavg (`LOADAVG`).
-* Mounts: bubblewrap binds only files on tmpfs mounts made for the purpose (workspace.py), so
+* Mounts: bubblewrap binds only files on tmpfs mounts made for the purpose (workspace/files.py), so
   /proc/self/mountinfo names no host path and no session id.
 
 What stays visible (README, Security, "Not promised"): /proc/stat, cpuinfo, uptime, vmstat,
@@ -28,8 +28,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from services.sandbox import mounts
-from services.sandbox.host import meminfo
+from services.sandbox.host import mounts
+from services.sandbox.host.capacity import meminfo
 
 log = logging.getLogger(__name__)
 # Docker's default MaskedPaths (moby oci/defaults.go) plus the kernel command line and symbols

@@ -20,9 +20,9 @@ import time
 from dataclasses import dataclass
 
 from services.sandbox import metrics
-from services.sandbox.cgroups import CgroupSupport
-from services.sandbox.host import HostCapacity, OwnCgroups, host_free
-from services.sandbox.session import SessionError
+from services.sandbox.cgroups.support import CgroupSupport
+from services.sandbox.host.capacity import HostCapacity, OwnCgroups, host_free
+from services.sandbox.sessions.session import SessionError
 
 log = logging.getLogger(__name__)
 EXEC_PIDS = 8  # bash, the command, a pipeline or two

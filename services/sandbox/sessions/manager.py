@@ -3,13 +3,13 @@
 One session = one workspace, one unprivileged uid (from this instance's locked uid block), one
 cgroup, one policy, one task environment. Commands of a session run one at a time, in order;
 commands of different sessions run concurrently up to `max_concurrent_execs`, slots handed out
-fairly (slots.py). Text fields (command, setup, env) must be valid Unicode without NUL bytes, and
-the task environment at most `MAX_ENV_BYTES` (shellrl/contract/tasks.py): else 400 naming the field.
-New sessions and commands are admitted by the host's headroom (admission.py: 429 with
-Retry-After). How commands run and processes die: processes.py; the session record: session.py;
-the uid block: uids.py; the checks of what a session is given (text fields, the environment):
-session_input.py. A session's host directory is named by its uid, not its id, so the id never
-shows in a path a command can see (the workspace path of unshare/fallback, mountinfo).
+fairly (execution/slots.py). Text fields (command, setup, env) must be valid Unicode without NUL
+bytes, and the task environment at most `MAX_ENV_BYTES` (shellrl/contract/tasks.py): else 400 naming
+the field. New sessions and commands are admitted by the host's headroom (admission.py: 429 with
+Retry-After). How commands run and processes die: processes.py; the session record: session.py; the
+uid block: host/uids.py; the checks of what a session is given (text fields, the environment):
+session_input.py. A session's host directory is named by its uid, not its id, so the id never shows
+in a path a command can see (the workspace path of unshare/fallback, mountinfo).
 """
 
 from __future__ import annotations
@@ -24,9 +24,8 @@ from collections.abc import Callable, Collection
 from dataclasses import replace
 from pathlib import Path
 
-from services.sandbox import argv_trace, metrics
-from services.sandbox.admission import Admission
-from services.sandbox.cgroups import CgroupSupport
+from services.sandbox import metrics
+from services.sandbox.cgroups.support import CgroupSupport
 from services.sandbox.egress.doors import (
     IN_SANDBOX_SOCKET,
     SOCKET_NAME,
@@ -35,16 +34,18 @@ from services.sandbox.egress.doors import (
     unavailable_reason,
 )
 from services.sandbox.egress.proxy import EgressState
-from services.sandbox.executor import RawExec
-from services.sandbox.isolation import Isolation, prepare_etc
+from services.sandbox.execution.executor import RawExec
+from services.sandbox.execution.runner_link import RunnerFailed
+from services.sandbox.host.uids import UidPool, remove_ipc_objects, remove_owned
+from services.sandbox.isolation import argv_trace
+from services.sandbox.isolation.layers import Isolation, prepare_etc
 from services.sandbox.limits import Limits
 from services.sandbox.policy import Policy
-from services.sandbox.processes import EXEC_MODES, SessionProcesses
-from services.sandbox.runner_link import RunnerFailed
-from services.sandbox.session import Session, SessionError
-from services.sandbox.session_input import check_text, session_env
-from services.sandbox.uids import UidPool, remove_ipc_objects, remove_owned
-from services.sandbox.workspace import Workspace
+from services.sandbox.sessions.admission import Admission
+from services.sandbox.sessions.processes import EXEC_MODES, SessionProcesses
+from services.sandbox.sessions.session import Session, SessionError
+from services.sandbox.sessions.session_input import check_text, session_env
+from services.sandbox.workspace.files import Workspace
 from shellrl.contract.exec import ALLOW, ExecResult, PolicyVerdict
 
 log = logging.getLogger(__name__)
@@ -103,7 +104,7 @@ class SessionManager:
         self.egress = self.processes.egress = egress
         self.sessions: dict[str, Session] = {}
         self._creating = 0
-        # called with each exec's overhead (s): arrival to result minus run time (health.py)
+        # called with each exec's overhead (s): arrival to result minus run time (host/health.py)
         self.on_exec_overhead: Callable[[float], None] | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -302,7 +303,8 @@ class SessionManager:
         self, session_id: str, command: str, timeout_s: float | None, fresh_state: bool = False
     ) -> ExecResult:
         """Run `command` in the session. `fresh_state`: in the session's environment as at creation
-        (fresh_env) at the workspace root, reading nothing the session wrote (preludes.py)."""
+        (fresh_env) at the workspace root, reading nothing the session wrote
+        (isolation/preludes.py)."""
         received = time.perf_counter()
         session = self.get(session_id)
         check_text(command, "command", "invalid_command")
@@ -350,7 +352,7 @@ class SessionManager:
                 session, command, timeout_s or session.limits.timeout_s, fresh_state
             )
             session.last_used_at = time.time()
-            if not fresh_state:  # what its shell ran, expanded (argv_trace.py)
+            if not fresh_state:  # what its shell ran, expanded (isolation/argv_trace.py)
                 session.safety_events += await asyncio.to_thread(
                     argv_trace.session_events, session, verdict, raw.timed_out
                 )

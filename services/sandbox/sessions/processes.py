@@ -1,10 +1,11 @@
 """How a session's commands run and how its processes die.
 
 exec_mode=session: one long-lived sandbox per session with the runner (runner.py) inside, a fresh
-bash per command over its pipes (runner_link.py); exec_mode=per_command: a fresh sandbox per
-command (executor.py). Kills go through the session's cgroup where there is one, else through its
-uid. Commands of all sessions together run at most `max_concurrent_execs` at once, the slots
-handed out fairly between sessions (slots.py); the wait is reported as `RawExec.queue_ms`.
+bash per command over its pipes (execution/runner_link.py); exec_mode=per_command: a fresh sandbox
+per command (execution/executor.py). Kills go through the session's cgroup where there is one, else
+through its uid. Commands of all sessions together run at most `max_concurrent_execs` at once, the
+slots handed out fairly between sessions (execution/slots.py); the wait is reported as
+`RawExec.queue_ms`.
 """
 
 from __future__ import annotations
@@ -16,18 +17,19 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from services.sandbox import metrics, mounts, seccomp
-from services.sandbox.executor import RawExec, kill_process_group, run_launch
-from services.sandbox.isolation import Isolation
-from services.sandbox.launch import LaunchSpec
-from services.sandbox.runner_link import RunnerFailed, RunnerLink
-from services.sandbox.session import Session
-from services.sandbox.slots import FairSlots
-from services.sandbox.uids import kill_uid
+from services.sandbox import metrics
+from services.sandbox.execution.executor import RawExec, kill_process_group, run_launch
+from services.sandbox.execution.runner_link import RUNNER_SOURCE, RunnerFailed, RunnerLink
+from services.sandbox.execution.slots import FairSlots
+from services.sandbox.host import mounts
+from services.sandbox.host.uids import kill_uid
+from services.sandbox.isolation import seccomp
+from services.sandbox.isolation.launch import LaunchSpec
+from services.sandbox.isolation.layers import Isolation
+from services.sandbox.sessions.session import Session
 
 log = logging.getLogger(__name__)
 EXEC_MODES = ("session", "per_command")
-RUNNER_SOURCE = Path(__file__).with_name("runner.py")
 
 
 class SessionProcesses:

@@ -8,11 +8,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.sandbox.cgroups import SessionCgroup
+from services.sandbox.cgroups.support import SessionCgroup
+from services.sandbox.execution.runner_link import RunnerLink
 from services.sandbox.limits import Limits
 from services.sandbox.policy import Policy
-from services.sandbox.runner_link import RunnerLink
-from services.sandbox.workspace import Workspace
+from services.sandbox.workspace.files import Workspace
 
 
 class SessionError(Exception):

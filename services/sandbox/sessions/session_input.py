@@ -7,8 +7,8 @@ field.
 
 from __future__ import annotations
 
-from services.sandbox.preludes import base_env
-from services.sandbox.session import SessionError
+from services.sandbox.isolation.preludes import base_env
+from services.sandbox.sessions.session import SessionError
 from shellrl.contract.tasks import MAX_ENV_BYTES, env_bytes, first_surrogate
 
 WORKSPACE_TOKEN = "<workspace>"

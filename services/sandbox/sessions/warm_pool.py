@@ -37,8 +37,8 @@ from dataclasses import dataclass
 
 from services.sandbox import metrics
 from services.sandbox.limits import Limits
-from services.sandbox.session import Session, SessionError
-from services.sandbox.sessions import SessionManager
+from services.sandbox.sessions.manager import SessionManager
+from services.sandbox.sessions.session import Session, SessionError
 from shellrl.contract.exec import ExecResult
 
 log = logging.getLogger(__name__)

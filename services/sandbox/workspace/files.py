@@ -34,13 +34,13 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.sandbox import mounts
+from services.sandbox.host import mounts
 
 INODES_PER_MIB = 256  # nr_inodes of a tmpfs per MiB of its size (100 small files need ~100)
 STATE_BYTES = (
     4 << 20
 )  # the state tmpfs: `export -p` of a usable environment (execve caps it at ~2 MiB)
-STATE_FILES = ("cwd", "env", "trace")  # trace: the executed-argv trace (argv_trace.py)
+STATE_FILES = ("cwd", "env", "trace")  # trace: the executed-argv trace (isolation/argv_trace.py)
 
 
 class FileReadError(Exception):
