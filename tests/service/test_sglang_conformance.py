@@ -297,7 +297,9 @@ async def test_the_distributed_path_speaks_sglangs_structs_and_its_receive_layou
             init.backend,
         ) == ("10.0.0.1", 29500, 1, 3, "g", "gloo")
         received = {}
-        for fields, flat in staging.prepare(model, 1)["broadcast"]:
+        prepared = staging.prepare(model, 1, [URL])  # streamed through two slots (unshared)
+        for i, provider in enumerate(prepared["broadcast"]):
+            fields, flat = await provider(1)
             await client.update_weights_from_distributed(
                 **fields, group_name="g", weight_version="1"
             )
@@ -311,7 +313,9 @@ async def test_the_distributed_path_speaks_sglangs_structs_and_its_receive_layou
             )
             assert bucket.get_flattened_tensor().numel() == flat.numel()  # the same unpadded layout
             bucket.get_flattened_tensor().copy_(flat)  # what the broadcast delivers
-            received.update(bucket.reconstruct_tensors())
+            received.update((n, t.clone()) for n, t in bucket.reconstruct_tensors())
+            prepared["stream"].answered(URL, i)  # its slot may take bucket i + 2
+        prepared["stream"].leave(URL)
         for name, tensor in model.named_parameters():
             assert torch.equal(_bits(received[name]), _bits(tensor)), name
         await client.destroy_weights_update_group("g")
