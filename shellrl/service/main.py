@@ -21,12 +21,12 @@ from __future__ import annotations
 import argparse
 import logging
 import subprocess
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import tenacity
 
 from shellrl.service.app import serve
 from shellrl.service.logging import setup_logging
@@ -132,17 +132,22 @@ def wait_until_ready(
     process, if we started it) exits first, or after `timeout_s` seconds (the message names `what`,
     default the URL). Connection errors and 503s are retried every `poll_s` seconds."""
     what = what or url
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def ready() -> bool:
         if process is not None and process.poll() is not None:
             raise RuntimeError(
                 f"{what} exited with status {process.returncode} before it was ready"
             )
         try:
-            if httpx.get(f"{url.rstrip('/')}/readyz", timeout=2.0).status_code == 200:
-                return
+            return httpx.get(f"{url.rstrip('/')}/readyz", timeout=2.0).status_code == 200
         except httpx.HTTPError:
-            pass
-        if time.monotonic() >= deadline:
-            raise RuntimeError(f"{what} not ready after {timeout_s:.0f} s")
-        time.sleep(poll_s)
+            return False
+
+    retrying = tenacity.Retrying(  # until ready or the deadline; an exit raises at once
+        stop=tenacity.stop_after_delay(timeout_s),
+        wait=tenacity.wait_fixed(poll_s),
+        retry=tenacity.retry_if_result(lambda ok: not ok),
+        retry_error_callback=lambda _state: False,
+    )
+    if not retrying(ready):
+        raise RuntimeError(f"{what} not ready after {timeout_s:.0f} s")
