@@ -55,7 +55,9 @@ def add_arguments(parser) -> None:
     parser.add_argument(
         "--state-dir",
         default=".shellrl-eval",
-        help="with --model-path: the started stack's state (deleted first)",
+        help="with --model-path: the started stack's state (deleted first); without it, a "
+        "stack whose <state-dir>/api_token is sent when that file exists (after "
+        "SHELLRL_API_TOKEN, SHELLRL_API_TOKEN_FILE; else .shellrl/api_token)",
     )
     from cli.stack_config import DEVICES
     from cli.stack_options import add_port_offset_argument
@@ -129,13 +131,15 @@ def render(name: str, view: dict, tasks_by_id: dict):
 
 
 def run(args) -> int:
-    from cli.stack_config import api_headers, shifted_ports
+    from cli.stack_config import API_TOKEN_FILE, api_headers, shifted_ports
 
     sets = load_sets(args.sets, args.tasks)
     ports = shifted_ports(args.port_offset)
     if args.model_path is None:
         url = args.url or f"http://127.0.0.1:{ports['rollout']}"
-        return evaluate_sets(args, sets, url, api_headers())
+        state = Path(args.state_dir)
+        given = [state] if (state / API_TOKEN_FILE).exists() else []  # else the default's
+        return evaluate_sets(args, sets, url, api_headers(*given))
     import shutil
 
     from cli.launcher import Stack

@@ -1,5 +1,5 @@
-"""CLI consistency (issue 34 item 5): `shellrl --version`; `show` and `submit` take `--state-dir`
-and send that stack's token; a 401 names where the CLI reads the token. Against a real HTTP
+"""CLI consistency (issue 34 item 5): `shellrl --version`; `show`, `submit` and `eval --url` take
+`--state-dir` and send that stack's token; a 401 names where the CLI reads the token. Against a real HTTP
 server on a free port that refuses every request and records the Authorization header."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def test_version_prints_the_package_version(capsys):
     assert done.value.code == 0 and capsys.readouterr().out.startswith("shellrl 0.1")
 
 
-@pytest.mark.parametrize("command", ["show", "submit"])
+@pytest.mark.parametrize("command", ["show", "submit", "eval"])
 def test_a_401_names_where_the_token_is_read_and_state_dir_picks_the_stack(
     command, refusing_url, tmp_path, capsys, monkeypatch
 ):
@@ -58,12 +58,16 @@ def test_a_401_names_where_the_token_is_read_and_state_dir_picks_the_stack(
     (tmp_path / "api_token").write_text(token + "\n")
     if command == "show":
         argv = ["show", "some-id"]
+    elif command == "eval":
+        argv = ["eval", "--sets", "seeds"]
     else:
         tasks = tmp_path / "tasks.jsonl"
         tasks.write_text('{"task_id": "t1"}\n')
         argv = ["submit", str(tasks)]
     status = main([*argv, "--url", refusing_url, "--state-dir", str(tmp_path)])
-    assert status == (2 if command == "show" else 1)
+    assert status == (1 if command == "submit" else 2)
     err = capsys.readouterr().err
-    assert "refused the token (401)" in err and str(tmp_path / "api_token") in err, err
+    assert "refused the token (401)" in err, err
+    if command != "eval":  # eval's 401 names the sources of any stack (cli/errors.py)
+        assert str(tmp_path / "api_token") in err, err
     assert Refusing.seen and set(Refusing.seen) == {f"Bearer {token}"}
