@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.engine.sampling import SamplingSpec
-from services.engine.sampling_params import SamplingParams, parse_sampling_params
+from services.engine.sampling_params import SglangSamplingParams, parse_sampling_params
 from shellrl.service.app import ApiError
 from shellrl.service.openapi import REF
 
@@ -279,7 +279,7 @@ def generate_request_schema() -> dict:
     exactly one of `text`/`input_ids`, a batch when it is a list of prompts, per-prompt lists of
     `sampling_params`/`rid`/`return_logprob` in a batch; the SGLang fields of `_DEFAULT_ONLY`
     only at their default, those of `_IGNORED` as anything. `SamplingParams` goes to `$defs`."""
-    params = SamplingParams.model_json_schema(ref_template=REF)
+    params = SglangSamplingParams.model_json_schema(ref_template=REF)
     params_ref = {"$ref": REF.format(model="SamplingParams")}
     ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
     flag = {"type": "boolean"}

@@ -15,10 +15,12 @@ from shellrl.service.app import ApiError
 MAX_STOP_STRINGS = 32
 
 
-class SamplingParams(BaseModel):
+# Named apart from the trajectory's proto message shellrl.v1.SamplingParams (shellrl.contract);
+# its schema keeps SGLang's title, SamplingParams.
+class SglangSamplingParams(BaseModel):
     """SGLang's `sampling_params` (sampling/sampling_params.py); unknown keys rejected."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", title="SamplingParams")
 
     max_new_tokens: StrictInt | None = Field(128, ge=0)  # None: up to the context length
     temperature: float = Field(1.0, ge=0.0)
@@ -77,14 +79,14 @@ _UNSUPPORTED_SAMPLING = {
 }
 
 
-def parse_sampling_params(raw: dict, field: str, vocab_size: int) -> SamplingParams:
+def parse_sampling_params(raw: dict, field: str, vocab_size: int) -> SglangSamplingParams:
     """`raw` (one request's `sampling_params`) validated; `field` names it in errors. Raises
     ApiError(400): a bad or unsupported value, more than MAX_STOP_STRINGS or empty stop strings, a
     stop_regex that does not compile, stop_token_ids outside [0, vocab_size)."""
     try:
         # An explicit null means "the default", except for max_new_tokens, where SGLang reads null as
         # "no limit" (scheduler.py:init_req_max_new_tokens), i.e. up to the context length.
-        params = SamplingParams.model_validate(
+        params = SglangSamplingParams.model_validate(
             {k: v for k, v in raw.items() if v is not None or k == "max_new_tokens"}
         )
     except ValidationError as exc:
