@@ -69,6 +69,11 @@ class LearnerSide:
             deadline_s=30,
             sync_dir=sync_dir,
             retry_interval_s=0.5,
+            # unpaused: a push waits for the generations in flight, so that none spans two of the
+            # back-to-back versions these tests publish (paused in place, the default for
+            # shellrl's engine, a generation may span them and be discarded as stale by design,
+            # which is not what the routing checks here are about)
+            pause_mode="off",
         )
         config = json.loads((resolve_model_path(model_path) / "config.json").read_text())
         self.sync.membership = EngineMembership(
