@@ -28,9 +28,10 @@ from rich.live import Live
 from rich.table import Table
 
 from cli.errors import CliError, http_errors
-from cli.job_evaluations import evaluate, log_evaluations, log_service_configs, open_tracker
+from cli.job_evaluations import evaluate
 from cli.job_report import JobOutcome, write_job_report
 from cli.job_tasks import eval_sets, train_tasks
+from cli.job_tracking import log_evaluations, log_service_configs, open_tracker
 from cli.main_job import JobConfig, check_verifier_config, console, submit
 from cli.polling import poll_until
 from shellrl.contract import task_to_json
@@ -88,7 +89,7 @@ def run_attached(cfg: JobConfig, target: AttachTarget) -> Path:
         t_eval = time.time()
         before = evaluate(client, eval_ids, "before", cfg.eval_samples, cfg.eval_temperature)
         phases["eval_before_s"] = time.time() - t_eval
-        log_evaluations(tracker, before, tasks_by_id)
+        log_evaluations(tracker, before, tasks_by_id, client)
         t_train = time.time()
         run = start_run(client, train_pool, cfg)
         # no step past the run's target: groups still in flight when the run is done would
@@ -101,7 +102,7 @@ def run_attached(cfg: JobConfig, target: AttachTarget) -> Path:
         t_after = time.time()
         after = evaluate(client, eval_ids, "after", cfg.eval_samples, cfg.eval_temperature)
         phases["eval_after_s"] = time.time() - t_after
-        log_evaluations(tracker, after, tasks_by_id)
+        log_evaluations(tracker, after, tasks_by_id, client)
         tracker.close()
         metrics = {
             name: httpx.get(f"{url.rstrip('/')}/metrics", timeout=10).text

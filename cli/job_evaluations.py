@@ -1,7 +1,6 @@
 """The main job's evaluations (cli/main_job.py): start one evaluation per eval set on the
 rollout gateway (POST /v1/evaluations), wait for all of them with a live status line, and log
-their success (with its 95% interval, cli/eval_stats.py) and per-template table to the tracker
-(`open_tracker`: the job's run, its options logged first).
+their success (with its 95% interval, cli/eval_stats.py): what cli/job_tracking.py logs.
 """
 
 from __future__ import annotations
@@ -86,64 +85,3 @@ def evaluate(
             f"scored, versions {view.get('policy_versions_seen')}, outcomes {view.get('outcomes')})"
         )
     return results
-
-
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD")
-
-
-def open_tracker(cfg):
-    """The job's tracker (shellrl/tracking.py; run `job` under <state>/tracking, beside the
-    learner's, one run name for both) with the job's options logged as its config: the tracker
-    and <state>/tracking/job/config.json. [env] values whose names hold a secret word are
-    logged as '***'."""
-    from dataclasses import asdict
-
-    from shellrl.tracking import TrackingConfig, create_tracker
-
-    tracker = create_tracker(TrackingConfig(backend=cfg.tracker), "job", cfg.state_dir / "tracking")
-    config = asdict(cfg)
-    config["extra_env"] = {
-        name: "***" if any(w in name.upper() for w in SECRET_WORDS) else value
-        for name, value in cfg.extra_env.items()
-    }
-    tracker.log_config(config)
-    return tracker
-
-
-def log_service_configs(tracker, urls: dict[str, str], headers: dict) -> None:
-    """Each service's resolved settings (its GET /v1/config) to the job's tracker, as
-    "config/<service>" (<state>/tracking/job/config/<service>.json); a service that does not
-    answer is left out."""
-    for service, url in urls.items():
-        try:
-            r = httpx.get(f"{url.rstrip('/')}/v1/config", headers=headers, timeout=10)
-            r.raise_for_status()
-        except httpx.HTTPError:
-            continue
-        tracker.log_config(r.json(), name=f"config/{service}")
-
-
-def log_evaluations(tracker, results: dict[str, dict], tasks_by_id: dict) -> None:
-    """Success with n and its 95% interval per eval set, and a per-template table, at the policy
-    version the evaluation ran on."""
-    from cli.report import per_template
-    from cli.report_plots import eval_bar
-
-    for name, view in results.items():
-        rate, n, lo, hi = eval_bar(view)
-        step = max(view.get("policy_versions_seen") or [0])
-        tracker.log_metrics(
-            {
-                f"eval/{name}/success_rate": rate,
-                f"eval/{name}/success_low": lo,
-                f"eval/{name}/success_high": hi,
-                f"eval/{name}/episodes": n,
-            },
-            step,
-        )
-        rows = [
-            [t, s, e, round(s / e, 4) if e else None]
-            for t, (s, e) in sorted(per_template(view, tasks_by_id).items())
-        ]
-        columns = ["template", "successes", "episodes", "success_rate"]
-        tracker.log_table(f"eval/{name}/per_template", columns, rows, step)

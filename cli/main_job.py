@@ -36,10 +36,11 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from cli.job_evaluations import evaluate, log_evaluations, log_service_configs, open_tracker
+from cli.job_evaluations import evaluate
 from cli.job_failure import last_metrics, report_failure, service_exited
 from cli.job_report import JobOutcome, read_steps, write_job_report
 from cli.job_tasks import eval_sets, train_tasks
+from cli.job_tracking import log_evaluations, log_service_configs, open_tracker
 from cli.launcher import Stack
 from cli.polling import poll_until
 from cli.recipe import Recipe
@@ -325,7 +326,7 @@ def _job_on_stack(
     t_eval = time.time()
     job.before = evaluate(client, eval_ids, "before", cfg.eval_samples, cfg.eval_temperature, alive)
     phases["eval_before_s"] = time.time() - t_eval
-    log_evaluations(tracker, job.before, tasks_by_id)
+    log_evaluations(tracker, job.before, tasks_by_id, client)
     submit(client, train_pool)
     httpx.post(
         f"{stack.config.url('learner')}/v1/resume", timeout=30, headers=headers
@@ -335,7 +336,7 @@ def _job_on_stack(
     train_s = phases["train_s"] = time.time() - t_train
     job.after = evaluate(client, eval_ids, "after", cfg.eval_samples, cfg.eval_temperature, alive)
     phases["eval_after_s"] = time.time() - t_train - train_s
-    log_evaluations(tracker, job.after, tasks_by_id)
+    log_evaluations(tracker, job.after, tasks_by_id, client)
     job.metrics = {
         name: httpx.get(f"{stack.config.url(name)}/metrics", timeout=10).text
         for name in ("learner", "rollout", "engine")

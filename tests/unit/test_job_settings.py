@@ -76,7 +76,7 @@ def test_the_tracker_reaches_the_learner_and_the_job_logs_its_options(monkeypatc
     assert learner.tracking_config().directory == str(tmp_path.resolve() / "tracking")
     if not installed("tensorboard"):
         pytest.skip("tensorboard not installed")
-    from cli.job_evaluations import open_tracker
+    from cli.job_tracking import open_tracker
 
     cfg = JobConfig(
         tracker="tensorboard", state_dir=tmp_path, extra_env={"SHELLRL_API_TOKEN": "secret"}
@@ -95,7 +95,7 @@ def test_the_job_logs_every_services_resolved_config(tmp_path):
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-    from cli.job_evaluations import log_service_configs
+    from cli.job_tracking import log_service_configs
     from shellrl.tracking import TrackingConfig, create_tracker
 
     class Config(BaseHTTPRequestHandler):
