@@ -37,6 +37,7 @@ PER_DEPLOYMENT = {
     "SHELLRL_WEIGHT_SYNC_DIR",
     "SHELLRL_TRACKING_DIR",
     "SHELLRL_API_TOKEN_FILE",  # where the mounted secret is (the launcher: its state directory)
+    "SHELLRL_ENGINE_ADMIN_API_KEY_FILE",  # SGLang's admin key, mounted (the launcher: no SGLang)
     "SHELLRL_TASK_FILE_DIR",  # where the mounted task files are (the launcher mounts none)
     "SHELLRL_CONSUMER_NAME",
     "SHELLRL_DEVICE",

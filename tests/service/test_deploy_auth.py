@@ -1,7 +1,9 @@
 """The stack's token in docker-compose.yml and deploy/k8s (issue 17 item 8): every shellrl
 container reads it from a mounted secret file, and the SGLang engine gets the same token as its
 `--api-key`, through a `--config` YAML its own parser turns into that flag (no token in a command
-line), so the header our clients send passes SGLang 0.5.23's own auth decision."""
+line), so the header our clients send passes SGLang 0.5.23's own auth decision. SGLang's
+`--admin-api-key` (issue 30 item 5) comes the same way from a second secret that only the engine
+and the learner mount; the learner reads it from SHELLRL_ENGINE_ADMIN_API_KEY_FILE."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from tests.service.test_deploy_k8s import K8S_DIR, container, manifests, workloa
 
 SHELLRL_SERVICES = ("rollout", "sandbox", "verifier", "learner")
 TOKEN = "deploy-token-0123456789_abc-DEF.~+/=="
+ADMIN_KEY = "deploy-admin-key-0123456789_xyz-UVW"
 
 
 def _sglang_file(relative: str):
@@ -35,20 +38,23 @@ def _sglang_file(relative: str):
     return sys.modules[name]
 
 
-def _sglang_argv_from(script: str, token_path: str, tmp_path: Path) -> list[str]:
-    """Run the engine's entrypoint `script` with the token at `token_path` replaced by a file in
-    `tmp_path` and a stand-in `python3` that prints its arguments; then SGLang's own ConfigArgumentMerger
-    expands the `--config` YAML the script wrote, as `sglang.launch_server` does."""
+def _sglang_argv_from(script: str, token_path: str, tmp_path: Path, admin_path: str) -> list[str]:
+    """Run the engine's entrypoint `script` with the token at `token_path` and the admin key at
+    `admin_path` replaced by files in `tmp_path` and a stand-in `python3` that prints its
+    arguments; then SGLang's own ConfigArgumentMerger expands the `--config` YAML the script
+    wrote, as `sglang.launch_server` does."""
     import argparse
 
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n")
+    admin_file = tmp_path / "admin_key"
+    admin_file.write_text(ADMIN_KEY + "\n")
     python3 = tmp_path / "bin" / "python3"
     python3.parent.mkdir()
     python3.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
     python3.chmod(0o755)
     script = script.replace("/tmp/sglang-auth.yaml", str(tmp_path / "auth.yaml"))
-    script = script.replace(token_path, str(token_file))
+    script = script.replace(token_path, str(token_file)).replace(admin_path, str(admin_file))
     done = run_owned(
         ["sh", "-c", script, "sglang", "--port", "30000"],
         env={"PATH": f"{python3.parent}:/usr/bin:/bin"},
@@ -59,7 +65,7 @@ def _sglang_argv_from(script: str, token_path: str, tmp_path: Path) -> list[str]
     )
     argv = done.stdout.split("\n")[2:-1]  # after "-m sglang.launch_server"
     parser = argparse.ArgumentParser()
-    for flag in ("--api-key", "--port", "--config"):
+    for flag in ("--api-key", "--admin-api-key", "--port", "--config"):
         parser.add_argument(flag)
     merger = _sglang_file("srt/utils/server_args_config_parser.py").ConfigArgumentMerger(parser)
     return merger.merge_config_with_args(argv)
@@ -91,8 +97,15 @@ def test_compose_gives_every_container_the_token_as_a_secret_file(tmp_path):
     assert secret["file"].endswith("/secrets/api_token")
     assert "SHELLRL_API_TOKEN_SECRET=./secrets/api_token" in ENV_EXAMPLE.read_text()
     for name in (*SHELLRL_SERVICES, "engine"):
-        [mounted] = services[name]["secrets"]
-        assert mounted["source"] == "api_token" and mounted["target"] == "/run/secrets/api_token"
+        mounted = {m["source"]: m["target"] for m in services[name]["secrets"]}
+        expected = {"api_token": "/run/secrets/api_token"}
+        if name in ("engine", "learner"):  # SGLang's admin key: only these two
+            expected["engine_admin_key"] = "/run/secrets/engine_admin_key"
+        assert mounted == expected, name
+    assert model["secrets"]["engine_admin_key"]["file"].endswith("/secrets/engine_admin_key")
+    assert "SHELLRL_ENGINE_ADMIN_KEY_SECRET=./secrets/engine_admin_key" in ENV_EXAMPLE.read_text()
+    learner_env = services["learner"]["environment"]
+    assert learner_env["SHELLRL_ENGINE_ADMIN_API_KEY_FILE"] == "/run/secrets/engine_admin_key"
     for name in SHELLRL_SERVICES:
         env = services[name]["environment"]
         assert env["SHELLRL_API_TOKEN_FILE"] == "/run/secrets/api_token"
@@ -105,26 +118,39 @@ def test_compose_starts_sglang_with_the_token_as_its_api_key(tmp_path):
     entrypoint = rendered(env_file)["services"]["engine"]["entrypoint"]
     assert entrypoint[:2] == ["sh", "-c"] and TOKEN not in " ".join(entrypoint)
     script = entrypoint[2].replace("$$", "$")  # compose's escape, as the container sees it
-    argv = _sglang_argv_from(script, "/run/secrets/api_token", tmp_path)
+    argv = _sglang_argv_from(
+        script, "/run/secrets/api_token", tmp_path, "/run/secrets/engine_admin_key"
+    )
     assert argv[argv.index("--api-key") + 1] == TOKEN and "30000" in argv
+    assert argv[argv.index("--admin-api-key") + 1] == ADMIN_KEY
 
 
 def test_kubernetes_mounts_the_generated_secret_where_the_settings_look(tmp_path):
     kustomization = yaml.safe_load((K8S_DIR / "kustomization.yaml").read_text())
-    [generator] = kustomization["secretGenerator"]
+    generator, admin = kustomization["secretGenerator"]
     assert generator["files"] == ["token=secrets/api_token"]
+    assert admin["files"] == ["admin_key=secrets/engine_admin_key"]
     configmap = next(doc for _, doc in manifests() if doc["kind"] == "ConfigMap")["data"]
     token_file = Path(configmap["SHELLRL_API_TOKEN_FILE"])
     found = workloads()
     for name in (*SHELLRL_SERVICES, "engine"):
         pod = found[name]["spec"]["template"]["spec"]
-        [volume] = [v for v in pod["volumes"] if "secret" in v]
+        secrets = {v["secret"]["secretName"]: v for v in pod["volumes"] if "secret" in v}
+        volume = secrets[generator["name"]]
         assert volume["secret"] == {"secretName": generator["name"], "defaultMode": 0o400}
+        # SGLang's admin key: the engine and the learner only
+        assert (admin["name"] in secrets) == (name in ("engine", "learner")), name
         mounts = {m["name"]: m for m in container(found[name])["volumeMounts"]}
         assert mounts[volume["name"]]["mountPath"] == str(token_file.parent), name
         assert mounts[volume["name"]]["readOnly"] is True
     engine = container(found["engine"])
     assert engine["command"][:2] == ["sh", "-c"]
     script = engine["command"][2].replace("$$", "$")  # Kubernetes' escape of `$(`
-    argv = _sglang_argv_from(script, str(token_file), tmp_path)
+    admin_mount = {m["name"]: m["mountPath"] for m in engine["volumeMounts"]}["engine-admin-key"]
+    argv = _sglang_argv_from(script, str(token_file), tmp_path, f"{admin_mount}/admin_key")
     assert argv[argv.index("--api-key") + 1] == TOKEN
+    assert argv[argv.index("--admin-api-key") + 1] == ADMIN_KEY
+    learner = container(found["learner"])
+    env = {e["name"]: e.get("value") for e in learner["env"]}
+    mounts = {m["name"]: m["mountPath"] for m in learner["volumeMounts"]}
+    assert env["SHELLRL_ENGINE_ADMIN_API_KEY_FILE"] == f"{mounts['engine-admin-key']}/admin_key"
