@@ -184,122 +184,135 @@ class Isolation:
         return self._wrap(spec, program, as_pid1=True), prelude, fresh
 
     def _wrap(self, spec: LaunchSpec, program: list[str], as_pid1: bool) -> Launch:
-        p = spec.paths
+        """`program` started in this instance's layer (module doc), joined to the session's
+        cgroup where there is one."""
         if self.layer == "bubblewrap":
-            argv = [
-                *setpriv_argv(spec.uid),
-                BWRAP,
-                "--unshare-all",
-                "--unshare-user",
-                "--disable-userns",
-            ]
-            if spec.network:
-                argv.append("--share-net")
-            if as_pid1:
-                argv.append("--as-pid-1")
-            argv += [
-                "--die-with-parent",
-                "--new-session",
-                "--cap-drop",
-                "ALL",
-                "--hostname",
-                "sandbox",
-                "--ro-bind",
-                "/usr",
-                "/usr",
-                "--symlink",
-                "usr/bin",
-                "/bin",
-                "--symlink",
-                "usr/lib",
-                "/lib",
-                "--symlink",
-                "usr/lib64",
-                "/lib64",
-                "--symlink",
-                "usr/sbin",
-                "/sbin",
-                "--ro-bind",
-                str(p.session_dir.parent / ETC_DIR),
-                "/etc",
-                "--proc",
-                "/proc",
-                *proc_view.bwrap_args(p.ctl / "meminfo", self.runtime, *self.proc_masks),
-                "--dev",
-                "/dev",
-                "--bind",
-                str(p.shm),
-                "/dev/shm",
-                "--remount-ro",
-                "/dev",
-                "--bind",
-                str(p.ws),
-                IN_SANDBOX_WORKSPACE,
-                "--bind",
-                str(p.tmp),
-                "/tmp",
-                "--bind",
-                str(p.state),
-                f"{IN_SANDBOX_RUN}/state",
-                "--ro-bind",
-                str(p.command_file),
-                f"{IN_SANDBOX_RUN}/command",
-            ]
-            if spec.runner_file is not None:
-                argv += ["--ro-bind", str(spec.runner_file), f"{IN_SANDBOX_RUN}/runner.py"]
-            if spec.egress_socket is not None:  # the egress proxy's door (egress/doors.py)
-                argv += ["--ro-bind", str(spec.egress_socket), f"{IN_SANDBOX_RUN}/egress.sock"]
-            argv += ["--remount-ro", "/", "--chdir", IN_SANDBOX_WORKSPACE, "--clearenv"]
-            if self.seccomp_path is not None:
-                argv += ["--seccomp", SECCOMP_FD]
-            for key, value in spec.env.items():
-                argv += ["--setenv", key, value]
-            argv = _join_cgroup(spec) + argv
-            return Launch(
-                argv + ["--", *program],
-                dict(LAUNCHER_ENV),
-                "/",
-                self.seccomp_path,
-                spec.cgroup_procs,
-            )
+            return self._wrap_bubblewrap(spec, program, as_pid1)
+        p = spec.paths
         env = {**spec.env, "TMPDIR": str(p.tmp)}
         # the task environment only after the drop to the session uid (module doc)
         assignments = [f"{k}={v}" for k, v in env.items()]
         dropped = [*setpriv_argv(spec.uid), ENV_BIN, "-i", *assignments, *program]
         if self.layer == "unshare":
-            net = [] if spec.network else ["--net"]
-            # as root in the new namespaces: loopback up (a new network namespace starts with it
-            # down; bwrap brings it up itself), the session's capped /dev/shm over the host's, the
-            # /proc masks and the session's meminfo/loadavg (one `mount -a`: proc_view.fstab)
-            script = (
-                f'{shlex.quote(MOUNT)} --bind "$1" /dev/shm || exit 125; '
-                f'{shlex.quote(MOUNT)} -a --fstab "$2" || exit 125; shift 2; exec "$@"'
-            )
-            if net:
-                script = f"{shlex.quote(IP)} link set lo up 2>/dev/null; {script}"
-            argv = [
-                UNSHARE,
-                "--pid",
-                "--fork",
-                "--kill-child",
-                *net,
-                "--ipc",
-                "--uts",
-                "--mount",
-                "--mount-proc",
-                "--",
-                SH,
-                "-c",
-                script,
-                "sh",
-                str(p.shm),
-                str(p.ctl / "fstab"),
-                *dropped,
-            ]
-            argv = _join_cgroup(spec) + argv
+            argv = _join_cgroup(spec) + _unshare_argv(spec, dropped)
             return Launch(argv, dict(LAUNCHER_ENV), str(p.ctl), None, spec.cgroup_procs)
         argv = _join_cgroup(spec) + dropped
         return Launch(argv, dict(LAUNCHER_ENV), str(p.ctl), None, spec.cgroup_procs)
+
+    def _wrap_bubblewrap(self, spec: LaunchSpec, program: list[str], as_pid1: bool) -> Launch:
+        """bwrap as the session's uid (module doc: what it unshares, binds and drops)."""
+        p = spec.paths
+        argv = [
+            *setpriv_argv(spec.uid),
+            BWRAP,
+            "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",
+        ]
+        if spec.network:
+            argv.append("--share-net")
+        if as_pid1:
+            argv.append("--as-pid-1")
+        argv += [
+            "--die-with-parent",
+            "--new-session",
+            "--cap-drop",
+            "ALL",
+            "--hostname",
+            "sandbox",
+            "--ro-bind",
+            "/usr",
+            "/usr",
+            "--symlink",
+            "usr/bin",
+            "/bin",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+            "--symlink",
+            "usr/sbin",
+            "/sbin",
+            "--ro-bind",
+            str(p.session_dir.parent / ETC_DIR),
+            "/etc",
+            "--proc",
+            "/proc",
+            *proc_view.bwrap_args(p.ctl / "meminfo", self.runtime, *self.proc_masks),
+            "--dev",
+            "/dev",
+            "--bind",
+            str(p.shm),
+            "/dev/shm",
+            "--remount-ro",
+            "/dev",
+            "--bind",
+            str(p.ws),
+            IN_SANDBOX_WORKSPACE,
+            "--bind",
+            str(p.tmp),
+            "/tmp",
+            "--bind",
+            str(p.state),
+            f"{IN_SANDBOX_RUN}/state",
+            "--ro-bind",
+            str(p.command_file),
+            f"{IN_SANDBOX_RUN}/command",
+        ]
+        if spec.runner_file is not None:
+            argv += ["--ro-bind", str(spec.runner_file), f"{IN_SANDBOX_RUN}/runner.py"]
+        if spec.egress_socket is not None:  # the egress proxy's door (egress/doors.py)
+            argv += ["--ro-bind", str(spec.egress_socket), f"{IN_SANDBOX_RUN}/egress.sock"]
+        argv += ["--remount-ro", "/", "--chdir", IN_SANDBOX_WORKSPACE, "--clearenv"]
+        if self.seccomp_path is not None:
+            argv += ["--seccomp", SECCOMP_FD]
+        for key, value in spec.env.items():
+            argv += ["--setenv", key, value]
+        argv = _join_cgroup(spec) + argv
+        return Launch(
+            argv + ["--", *program],
+            dict(LAUNCHER_ENV),
+            "/",
+            self.seccomp_path,
+            spec.cgroup_procs,
+        )
+
+
+def _unshare_argv(spec: LaunchSpec, dropped: list[str]) -> list[str]:
+    """util-linux unshare (root) in new namespaces, then `dropped` (the drop to the session uid
+    and the program)."""
+    p = spec.paths
+    net = [] if spec.network else ["--net"]
+    # as root in the new namespaces: loopback up (a new network namespace starts with it
+    # down; bwrap brings it up itself), the session's capped /dev/shm over the host's, the
+    # /proc masks and the session's meminfo/loadavg (one `mount -a`: proc_view.fstab)
+    script = (
+        f'{shlex.quote(MOUNT)} --bind "$1" /dev/shm || exit 125; '
+        f'{shlex.quote(MOUNT)} -a --fstab "$2" || exit 125; shift 2; exec "$@"'
+    )
+    if net:
+        script = f"{shlex.quote(IP)} link set lo up 2>/dev/null; {script}"
+    return [
+        UNSHARE,
+        "--pid",
+        "--fork",
+        "--kill-child",
+        *net,
+        "--ipc",
+        "--uts",
+        "--mount",
+        "--mount-proc",
+        "--",
+        SH,
+        "-c",
+        script,
+        "sh",
+        str(p.shm),
+        str(p.ctl / "fstab"),
+        *dropped,
+    ]
 
 
 def _join_cgroup(spec: LaunchSpec) -> list[str]:

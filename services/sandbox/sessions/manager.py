@@ -169,23 +169,7 @@ class SessionManager:
     ) -> tuple[Session, ExecResult]:
         """New session with its setup script run; SessionError 400/429/422(setup_failed). Its
         CPU quota is at most that of all sessions together (`limits.cpus` lowered to it)."""
-        policy = self.policies.get(policy_name or self.default_policy)
-        if policy is None:
-            raise SessionError(
-                400,
-                "unknown_policy",
-                f"policy {policy_name!r} is not one of {sorted(self.policies)}",
-                "policy",
-            )
-        if policy.egress is not None and (
-            why := unavailable_reason(self.isolation.layer, self.egress)
-        ):
-            raise SessionError(
-                400,
-                "egress_unavailable",
-                f"policy {policy.name!r} has egress rules: {why}",
-                "policy",
-            )
+        policy = self._policy(policy_name)
         check_text(setup, "setup", "invalid_setup")
         self.admission.admit_session(len(self.sessions) + self._creating, limits.pids)
         if self.cgroups.available:
@@ -202,54 +186,17 @@ class SessionManager:
         start = time.perf_counter()
         session = None
         try:
-            session_id = secrets.token_hex(8)
-            workspace = Workspace(self.root / f"u{uid}", uid, limits.workspace_bytes)
-            workspace_path = self.isolation.workspace_path(workspace.paths)
-            session = Session(
-                session_id,
-                uid,
-                workspace,
-                self.cgroups.group(f"u{uid}"),
-                session_env(env, workspace_path),
-                limits,
-                policy,
-                workspace_path,
-            )
-            if policy.egress is not None:  # egress/doors.py: the socket, and the proxy env
-                session.egress_socket = workspace.paths.ctl / SOCKET_NAME
-                inside = str(session.egress_socket)
-                if self.isolation.layer == "bubblewrap":
-                    inside = IN_SANDBOX_SOCKET
-                tcp = self.processes.exec_mode == "session"
-                session.env.update(proxy_env(inside, tcp))
+            session = self._new_session(uid, env, limits, policy)
             await asyncio.to_thread(self._prepare, session)
-            self.sessions[session_id] = session
+            self.sessions[session.session_id] = session
             if policy.egress is not None:
                 session.egress = EgressState(
-                    session_id, policy.egress, lambda event: session.safety_events.append(event)
+                    session.session_id,
+                    policy.egress,
+                    lambda event: session.safety_events.append(event),
                 )
                 await self.egress.open(session.egress, session.egress_socket, uid)
-            if setup.strip():
-                raw = await self.processes.run_per_command(session, setup, self.setup_timeout_s)
-                result = exec_result(raw, ALLOW)
-            else:
-                result = ExecResult("", "", 0, False, 0, 0, 0.0, ALLOW)
-            if result.exit_code != 0:
-                raise SessionError(
-                    422,
-                    "setup_failed",
-                    f"setup exited with {result.exit_code}"
-                    + (" (timed out)" if result.timed_out else ""),
-                    "setup",
-                    result.as_dict(),
-                )
-            try:
-                await asyncio.to_thread(self._snapshot, session)
-            except OSError as exc:  # copy_tree keeps links and holes: not expected, but a 4xx
-                if exc.errno != errno.ENOSPC:
-                    raise
-                message = "the workspace after setup does not fit into its copy (workspace_bytes)"
-                raise SessionError(422, "workspace_too_large", message, "setup") from None
+            result = await self._run_setup(session, setup)
             await self.processes.start_runner(session)
         except RunnerFailed as exc:
             metrics.SESSIONS_CREATED.labels("error").inc()
@@ -272,6 +219,80 @@ class SessionManager:
         metrics.SESSIONS.set(len(self.sessions))
         metrics.SETUP_SECONDS.observe(time.perf_counter() - start)
         return session, result
+
+    def _policy(self, policy_name: str | None) -> Policy:
+        """The named policy (None: the default); SessionError 400 when there is none, or when it
+        has egress rules this host cannot serve."""
+        policy = self.policies.get(policy_name or self.default_policy)
+        if policy is None:
+            raise SessionError(
+                400,
+                "unknown_policy",
+                f"policy {policy_name!r} is not one of {sorted(self.policies)}",
+                "policy",
+            )
+        if policy.egress is not None and (
+            why := unavailable_reason(self.isolation.layer, self.egress)
+        ):
+            raise SessionError(
+                400,
+                "egress_unavailable",
+                f"policy {policy.name!r} has egress rules: {why}",
+                "policy",
+            )
+        return policy
+
+    def _new_session(
+        self, uid: int, env: dict[str, str], limits: Limits, policy: Policy
+    ) -> Session:
+        """The session's record (nothing created on the host yet), with the proxy environment
+        when its policy has egress rules (egress/doors.py: the socket, and the proxy env)."""
+        workspace = Workspace(self.root / f"u{uid}", uid, limits.workspace_bytes)
+        workspace_path = self.isolation.workspace_path(workspace.paths)
+        session = Session(
+            secrets.token_hex(8),
+            uid,
+            workspace,
+            self.cgroups.group(f"u{uid}"),
+            session_env(env, workspace_path),
+            limits,
+            policy,
+            workspace_path,
+        )
+        if policy.egress is not None:
+            session.egress_socket = workspace.paths.ctl / SOCKET_NAME
+            inside = str(session.egress_socket)
+            if self.isolation.layer == "bubblewrap":
+                inside = IN_SANDBOX_SOCKET
+            tcp = self.processes.exec_mode == "session"
+            session.env.update(proxy_env(inside, tcp))
+        return session
+
+    async def _run_setup(self, session: Session, setup: str) -> ExecResult:
+        """Run the setup script and snapshot the workspace after it; SessionError 422
+        (setup_failed, workspace_too_large)."""
+        if setup.strip():
+            raw = await self.processes.run_per_command(session, setup, self.setup_timeout_s)
+            result = exec_result(raw, ALLOW)
+        else:
+            result = ExecResult("", "", 0, False, 0, 0, 0.0, ALLOW)
+        if result.exit_code != 0:
+            raise SessionError(
+                422,
+                "setup_failed",
+                f"setup exited with {result.exit_code}"
+                + (" (timed out)" if result.timed_out else ""),
+                "setup",
+                result.as_dict(),
+            )
+        try:
+            await asyncio.to_thread(self._snapshot, session)
+        except OSError as exc:  # copy_tree keeps links and holes: not expected, but a 4xx
+            if exc.errno != errno.ENOSPC:
+                raise
+            message = "the workspace after setup does not fit into its copy (workspace_bytes)"
+            raise SessionError(422, "workspace_too_large", message, "setup") from None
+        return result
 
     def _prepare(self, session: Session) -> None:
         session.workspace.create()
