@@ -94,6 +94,9 @@ def test_the_distributed_transport_streams_in_the_engines_dtype(tmp_path):
 
     try:
         assert staging.casts(model) and staging.streams(model)
+        # shm with shared parameters copies nothing and stays float32 (WeightStaging.casts)
+        shm = WeightStaging("shm", tmp_path, share_parameters=True)
+        assert not shm.casts(model) and WeightStaging("shm", tmp_path).casts(model)
         received, slots = asyncio.run(push(1))
         assert staging.bucket_count(model) == len(slots) > 2 and len(set(slots)) == 2
         for name, p in model.named_parameters():
