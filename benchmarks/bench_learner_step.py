@@ -141,7 +141,7 @@ def first_step_terms(trainer, batch) -> dict:
     loss = kl = 0.0
     for lo in range(0, batch.size, cfg.micro_batch_size):
         hi = min(lo + cfg.micro_batch_size, batch.size)
-        stats = trainer._accumulate(batch.rows(lo, hi), lo, hi, weights, proximal, first=True)
+        stats = trainer._accumulate(batch.rows(lo, hi), lo, hi, weights, proximal, kls=[])
         loss, kl = loss + stats.policy_loss, kl + stats.kl
     grad = torch.cat([p.grad.flatten() for p in trainer.params if p.grad is not None]).clone()
     trainer.optimizer.zero_grad(set_to_none=True)

@@ -20,11 +20,12 @@ Over several runs (cli/compare.py): the mean of the runs' values with a Student-
 from __future__ import annotations
 
 import math
-import re
 from collections import defaultdict
 from dataclasses import dataclass
 
 import numpy as np
+
+from shellrl import contract
 
 NAN = float("nan")
 Z_95 = 1.959963984540054
@@ -33,7 +34,6 @@ BOOTSTRAP_RESAMPLES = 2000
 _T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
           2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
           2.060, 2.056, 2.052, 2.048, 2.045, 2.042)  # fmt: skip
-_GENERATED_ID = re.compile(r"^(?:eval-)?gen-(?P<template>.+)-[0-9a-f]{12}$")
 
 
 @dataclass(frozen=True)
@@ -137,10 +137,9 @@ def template_of(task_id: str, tasks_by_id: dict | None = None) -> str:
     """A task's template: the task's own field (or source) when known, else parsed from a
     generated task id (`[eval-]gen-<template>-<12 hex>`), else the task id itself."""
     task = (tasks_by_id or {}).get(task_id)
-    if task is not None and (task.template or task.source):
-        return task.template or task.source
-    match = _GENERATED_ID.match(task_id)
-    return match.group("template") if match else task_id
+    if task is None:
+        return contract.template_of(task_id)
+    return contract.template_of(task_id, task.template, task.source)
 
 
 def template_scores(view: dict | None, tasks_by_id: dict | None = None) -> dict[str, dict]:

@@ -18,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from cli import report_plots as plots
+from cli import template_kl
 from cli.eval_stats import set_score
 from cli.report_timing import timing, timing_section
 from cli.stack_status import histogram_buckets, quantile_from_buckets
@@ -252,6 +253,7 @@ def write_report(
         + " ".join(f"{s.get('reward_mean', 0):.2f}" if plots.scored(s) else "-" for s in steps),
         "",
     ]
+    lines += template_kl.markdown_section(steps)
     time_spent = timing(
         phases or {"train_s": train_s}, learner_metrics, rollout_metrics, engine_metrics
     )

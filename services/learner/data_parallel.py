@@ -88,7 +88,7 @@ def train_share(trainer: Trainer, share: Share) -> StepResult:
 
 def merge_results(results: list[StepResult]) -> StepResult:
     """One step's result from every rank's: loss terms and counts summed, parity over all
-    fresh tokens, the leader's LR and gradient norm (the norm is global already)."""
+    fresh tokens, every rank's rows' KL, the leader's LR and gradient norm (the norm is global)."""
     if len(results) == 1:
         return results[0]
     lead = results[0]
@@ -105,6 +105,7 @@ def merge_results(results: list[StepResult]) -> StepResult:
         tokens=sum(r.tokens for r in results),
         duration_s=max(r.duration_s for r in results),
         totals=totals,
+        row_kl=tuple(row for r in results for row in r.row_kl),
     )
 
 

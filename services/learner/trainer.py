@@ -46,7 +46,7 @@ from services.learner import ranks as learner_ranks
 from services.learner.sharding import PolicyLogprobs, shard
 from shellrl.rl.batch import TrainBatch, TrainSample, build_batch
 from shellrl.rl.logprobs import enable_gradient_checkpointing
-from shellrl.rl.losses import LossStats, PPOConfig, decoupled_ppo_loss, loss_weights
+from shellrl.rl.losses import LossStats, PPOConfig, decoupled_ppo_loss, loss_weights, row_kl
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,9 @@ class StepPlan:
 class StepResult:
     """What one step did (on one rank: its share; data_parallel.merge_results combines them).
     `stats`: LossStats.summary() of the last epoch plus grad norms, `totals` its raw sums; parity_*
-    in nats over `parity_tokens` version-fresh tokens; durations in seconds."""
+    in nats over `parity_tokens` version-fresh tokens; durations in seconds. row_kl: per trained
+    row (trajectory_id, sum of the k3 KL to the reference over its scored tokens, their count),
+    under the weights the step started from (its first epoch); empty without a reference."""
 
     step: int
     lr: float
@@ -137,6 +139,7 @@ class StepResult:
     duration_s: float
     skipped_updates: int
     totals: LossStats = field(default_factory=LossStats)
+    row_kl: tuple[tuple[str, float, int], ...] = ()
 
 
 class Trainer:
@@ -227,7 +230,7 @@ class Trainer:
                 loss_rows=plan.loss_rows,
             )
             proximal = torch.zeros_like(batch.loss_mask)
-        grad_norm, skipped = 0.0, 0
+        grad_norm, skipped, kls = 0.0, 0, []
         for epoch in range(cfg.ppo_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             stats = LossStats()
@@ -238,7 +241,7 @@ class Trainer:
                     continue
                 hi = min(lo + mbs, batch.size)
                 stats = stats + self._accumulate(
-                    batch.rows(lo, hi), lo, hi, weights, proximal, first=epoch == 0
+                    batch.rows(lo, hi), lo, hi, weights, proximal, kls if epoch == 0 else None
                 )
             grad_norm = self._clip()
             if torch.isfinite(torch.tensor(grad_norm)):
@@ -266,6 +269,7 @@ class Trainer:
             duration_s=time.perf_counter() - start,
             skipped_updates=skipped,
             totals=stats,
+            row_kl=tuple(kls),
         )
         del proximal, weights
         release_memory()
@@ -284,20 +288,25 @@ class Trainer:
         hi: int,
         weights: torch.Tensor,
         proximal: torch.Tensor,
-        first: bool,
+        kls: list | None,
     ) -> LossStats:
+        """One micro-batch's forward and backward. kls: None after the first epoch; in the first,
+        this micro-batch's rows' KL to the reference are appended to it (StepResult.row_kl)."""
         if mb.num_loss_tokens == 0:
             if self.sharded:
                 self._idle_pass()
             return LossStats()
         width = mb.loss_mask.shape[1]
         logp = self.policy(mb)
-        if first:
+        if kls is not None:
             proximal[lo:hi, :width] = logp.detach()
         ref = None
         if self.reference_policy is not None:
             with torch.no_grad(), self._reference_autocast():
                 ref = self.reference_policy(mb)
+            if kls is not None:
+                sums, counts = row_kl(logp, ref, mb.loss_mask, self.config.loss.max_log_ratio)
+                kls += zip(mb.trajectory_ids, sums.tolist(), map(int, counts.tolist()))
         loss, stats = decoupled_ppo_loss(
             logp,
             proximal[lo:hi, :width],

@@ -35,6 +35,7 @@ from services.learner.data_parallel import DataParallel
 from services.learner.group_assembler import Dropped, GroupAssembler, RolloutGroup, group_samples
 from services.learner.sample_table import COLUMNS, SampleTable
 from services.learner.step_metrics import export_step_metrics, process_memory
+from services.learner.template_kl import kl_by_template
 from services.learner.trainer import Trainer
 from services.learner.weight_sync import WeightSync
 from shellrl.contract import ContractError, parse_trajectory
@@ -390,6 +391,7 @@ class LearnerWorker:
                     "parity_max": result.parity_max,
                     "parity_tokens": result.parity_tokens,
                     "tokens_per_second": result.tokens / max(result.duration_s, 1e-9),
+                    "kl_by_template": kl_by_template(groups, result.row_kl),
                 }
             )
             export_step_metrics(result)

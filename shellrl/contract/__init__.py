@@ -42,6 +42,7 @@ from shellrl.contract.tasks import (
     split_name,
     task_from_json,
     task_to_json,
+    template_of,
 )
 from shellrl.contract.trajectory import (
     ACTION,
@@ -130,6 +131,7 @@ __all__ = [
     "parse_trajectory",
     "task_from_json",
     "task_to_json",
+    "template_of",
     "check_from_json",
     "check_to_json",
     "iter_tasks_jsonl",

@@ -395,3 +395,17 @@ def iter_tasks_jsonl(lines: Iterable[str], *, default_split: str = "train") -> I
             yield task_from_json(obj, default_split=default_split)
         except TaskValidationError as exc:
             raise TaskValidationError(f"line {n}: {exc.field}", exc.message) from None
+
+
+_GENERATED_ID = re.compile(r"^(?:eval-)?gen-(?P<template>.+)-[0-9a-f]{12}$")
+
+
+def template_of(task_id: str, template: str = "", source: str = "") -> str:
+    """A task's template: its `template` field, else its `source`, else parsed from a generated
+    task id (`[eval-]gen-<template>-<12 hex>`), else the task id itself (a hand-written task is
+    its own template). The learner groups its KL per template and the job's report its pass
+    rates by this one rule."""
+    if template or source:
+        return template or source
+    match = _GENERATED_ID.match(task_id)
+    return match.group("template") if match else task_id

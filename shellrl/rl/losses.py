@@ -156,6 +156,21 @@ def k3_kl(
     return torch.exp(d) - d - 1.0
 
 
+def row_kl(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    max_log_ratio: float = 20.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row: the sum of the k3 KL(pi || ref) estimate (`k3_kl`, the term `decoupled_ppo_loss`
+    adds) over its scored tokens, and their count. Inputs [b, T] float32; returns ([b], [b])
+    float32, without gradient. The mean KL per token of a set of rows is sum(kl) / sum(tokens)."""
+    with torch.no_grad():
+        mask = (loss_mask > 0).to(logprobs.dtype)
+        kl = k3_kl(logprobs.detach(), ref_logprobs.detach(), max_log_ratio)
+        return (torch.where(mask > 0, kl, torch.zeros_like(kl))).sum(-1), mask.sum(-1)
+
+
 def decoupled_ppo_loss(
     logprobs: torch.Tensor,
     proximal_logprobs: torch.Tensor,
