@@ -10,14 +10,15 @@ solved being the sum of its tasks' pass rates (instances solved with one episode
 cli/eval_stats.py); `lost_at_step` is the step of the first point after the first whose solved
 is below the first point's (the base policy's) by any amount, or None ("never").
 
-The job evaluates before and after only, so today a trajectory has two points and a template's
-`lost_at_step` is the after-evaluation's step or None; more points (evaluations during training)
-narrow it down without any change here.
+The job evaluates before and after, and during training every `--eval-every-steps` steps (off by
+default): with evaluations during training a loss is dated to the first evaluation that shows it.
+A lost template's entry gets `lost_episodes` (`lost_episodes`): one task it solved at the point
+before the loss and failed at that point, with the two episodes' ids for `shellrl show`.
 """
 
 from __future__ import annotations
 
-from cli.eval_stats import template_scores
+from cli.eval_stats import template_of, template_scores
 
 TOLERANCE = 1e-9  # solved values are sums of pass rates: compare with this slack
 
@@ -56,13 +57,55 @@ def add_trajectories(
     placed = [(eval_step(p), p) for p in points if p]
     placed = [(step if step is not None else i, p) for i, (step, p) in enumerate(placed)]
     for name, by_template in templates.items():
-        scores = [(step, template_scores(p[name], tasks_by_id)) for step, p in placed if name in p]
+        views = [(step, p[name]) for step, p in placed if name in p]
+        scores = [(step, template_scores(v, tasks_by_id)) for step, v in views]
         for key, entry in by_template.items():
             trajectory = [
                 {"step": step, "solved": s.get(key, {}).get("solved", 0.0)} for step, s in scores
             ]
             entry["trajectory"] = trajectory
             entry["lost_at_step"] = lost_at_step(trajectory)
+            if entry["lost_at_step"] is not None:
+                i = next(i for i, p in enumerate(trajectory) if p["step"] == entry["lost_at_step"])
+                entry["lost_episodes"] = lost_episodes(key, views[i - 1], views[i], tasks_by_id)
+
+
+def lost_episodes(
+    template: str, before: tuple[int, dict], after: tuple[int, dict], tasks_by_id: dict | None
+) -> dict | None:
+    """One task of `template` that an evaluation point solved and the next one did not, with an
+    episode of each (`shellrl show <trajectory_id>` prints them while the stack's Redis keeps
+    them): {"task_id", "before_step", "before": trajectory id of a success, "after_step", "after":
+    trajectory id of a failure (a wrong answer if any)}, the task whose successes dropped most;
+    None when no such pair of episodes exists (e.g. results without trajectory ids).
+    before, after: (step, evaluation view) of the two points."""
+
+    def episodes(view: dict) -> dict[str, dict[str, list[str]]]:
+        out: dict[str, dict[str, list[str]]] = {}
+        for r in view.get("results", []):
+            tid, task_id = r.get("trajectory_id"), r.get("task_id")
+            if not tid or not task_id or template_of(task_id, tasks_by_id) != template:
+                continue
+            kind = r.get("outcome") if r.get("outcome") in ("success", "wrong") else "other"
+            out.setdefault(task_id, {"success": [], "wrong": [], "other": []})[kind].append(tid)
+        return out
+
+    was, now = episodes(before[1]), episodes(after[1])
+    candidates = [
+        (len(was[t]["success"]) - len(now[t]["success"]), t)
+        for t in was
+        if t in now and was[t]["success"] and (now[t]["wrong"] or now[t]["other"])
+    ]
+    if not candidates:
+        return None
+    _, task_id = max(candidates, key=lambda c: c[0])
+    return {
+        "task_id": task_id,
+        "before_step": before[0],
+        "before": was[task_id]["success"][0],
+        "after_step": after[0],
+        "after": (now[task_id]["wrong"] + now[task_id]["other"])[0],
+    }
 
 
 def ensure_trajectories(summary: dict) -> dict:
@@ -97,12 +140,21 @@ def markdown_section(templates: dict[str, dict[str, dict]]) -> list[str]:
         "| set: template | solved by step | lost an instance at step |",
         "|---|---|---|",
     ]
+    shows = []
     for name, by_template in templates.items():
         for key, e in sorted(by_template.items()):
             lines.append(
                 f"| {name}: {key} | {trajectory_text(e['trajectory'], e['instances'])} | "
                 f"{lost_text(e['lost_at_step'])} |"
             )
+            if ep := e.get("lost_episodes"):
+                shows.append(
+                    f"- {name}: {key}, task `{ep['task_id']}`: solved at step "
+                    f"{ep['before_step']} (`shellrl show {ep['before']}`), failed at step "
+                    f"{ep['after_step']} (`shellrl show {ep['after']}`)"
+                )
+    if shows:
+        lines += ["", "Episodes of each lost template, before and after the loss:", "", *shows]
     return [*lines, ""]
 
 
