@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from services.rollout.agent_loop import parse_version
 from services.rollout.episode_spec import EpisodeSpec, Sampling
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.sandbox import SandboxClient
@@ -166,26 +167,33 @@ async def test_weight_updates_mid_turn_and_mid_episode_split_segments_by_version
         SandboxClient(sandbox_process.url) as sandbox,
         EngineClient(engine_process.url) as control,
     ):
-        agent = make_agent(engine, sandbox, chat, max_turns=2)
-        task = make_task(setup="")
-        start = time.monotonic()  # how long this machine takes for one such turn right now
-        await control.generate(
-            agent.prompt_ids(task.instruction), {"max_new_tokens": max_new, "temperature": 1.0}
-        )
-        turn_s = time.monotonic() - start
-        episode = asyncio.create_task(
-            agent.run(EpisodeSpec(task, "partial-1", sampling=Sampling(max_new_tokens=max_new)))
-        )
-        while proxy.in_flight == 0:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.4 * turn_s)  # turn 0 is part-way through its tokens
-        proxy.hold_call(2)  # the turn-1 request waits at the proxy while the version moves to 2
-        await control.update_weights_from_disk(tiny_dir, "1", abort_all_requests=True)
-        while not proxy.held.is_set():
-            await asyncio.sleep(0.005)
-        await control.update_weights_from_disk(tiny_dir, "2", abort_all_requests=True)
-        proxy.release()
-        traj = await asyncio.wait_for(episode, 120)
+        initial = (await control.get_weight_version())[engine_process.url]
+        assert parse_version(initial) == 0, initial  # the package's engine as it started
+        try:
+            agent = make_agent(engine, sandbox, chat, max_turns=2)
+            task = make_task(setup="")
+            start = time.monotonic()  # how long this machine takes for one such turn right now
+            await control.generate(
+                agent.prompt_ids(task.instruction), {"max_new_tokens": max_new, "temperature": 1.0}
+            )
+            turn_s = time.monotonic() - start
+            episode = asyncio.create_task(
+                agent.run(EpisodeSpec(task, "partial-1", sampling=Sampling(max_new_tokens=max_new)))
+            )
+            while proxy.in_flight == 0:
+                await asyncio.sleep(0.01)
+            await asyncio.sleep(0.4 * turn_s)  # turn 0 is part-way through its tokens
+            proxy.hold_call(2)  # the turn-1 request waits at the proxy while the version moves to 2
+            await control.update_weights_from_disk(tiny_dir, "1", abort_all_requests=True)
+            while not proxy.held.is_set():
+                await asyncio.sleep(0.005)
+            await control.update_weights_from_disk(tiny_dir, "2", abort_all_requests=True)
+            proxy.release()
+            traj = await asyncio.wait_for(episode, 120)
+        finally:
+            # the engine is the package's: the tests after this one (any order) see version 0 again
+            proxy.release()
+            await control.update_weights_from_disk(tiny_dir, initial, abort_all_requests=True)
     assert traj.failure == Failure.FAILURE_NONE, traj.failure_detail
     actions = [s for s in traj.segments if s.kind == ACTION]
     turn0 = [s for s in actions if s.turn == 0]
