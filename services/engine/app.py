@@ -1,7 +1,7 @@
 """The engine's app: `build_app(settings)` loads the model (parts.py) and serves the SGLang routes
-of routes.py over it; the lifespan starts and stops the scheduler and, when `register_url` is set,
-registers the engine in shellrl:engines (registration.py). On SIGTERM the engine drains
-(`EngineRuntime.begin_drain`) within `serve_grace_s`.
+of routes.py and weight_routes.py over it; the lifespan starts and stops the scheduler and, when
+`register_url` is set, registers the engine in shellrl:engines (registration.py). On SIGTERM the
+engine drains (`EngineRuntime.begin_drain`) within `serve_grace_s`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import contextlib
 
 from fastapi import FastAPI
 
-from services.engine import routes
+from services.engine import routes, weight_routes
 from services.engine.bodies import UpdateResult
 from services.engine.parts import Parts, build_parts
 from services.engine.registration import registered
@@ -61,4 +61,5 @@ def create_engine_app(parts: Parts) -> FastAPI:
     )
     attach(app, parts)
     add_routes(app, routes.router)
+    add_routes(app, weight_routes.router)
     return app

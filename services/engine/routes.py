@@ -3,7 +3,7 @@ section 6, in SGLang's formats.
 
 Formats (docs/sglang.md): `/generate` answers SGLang's response objects; its bad input gives 400
 `{"error": {"message", "code", "field"}}` (SGLang's `{"error": {"message"}}` plus shellrl's code
-and field). Weight-update routes answer `{"success": bool, "message": str}` with 200 or 400.
+and field). The weight-update routes are weight_routes.py's.
 `/flush_cache` answers plain text. `/abort_request` answers 200 with an empty body. Besides these,
 the shellrl probes `/healthz`, `/readyz`, `/metrics`, `/v1/config` come from `shellrl.service.app`.
 """
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable
 from datetime import UTC, datetime
 
 from fastapi import APIRouter, Request
@@ -21,17 +20,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from services.engine import metrics
 from services.engine.bodies import (
     AbortBody,
-    BeginBody,
     ContinueBody,
-    DestroyGroupBody,
-    DiskUpdateBody,
-    DistributedUpdateBody,
-    EndBody,
-    InitGroupBody,
     PauseBody,
-    TensorUpdateBody,
-    WeightsByNameBody,
-    WeightVersionBody,
     parse_body,
     read_json,
     route_doc,
@@ -40,34 +30,14 @@ from services.engine.parts import PartsDep
 from services.engine.protocol import generate_request_schema, parse_generate
 from services.engine.request_state import DuplicateRequestId
 from services.engine.response import render_response
-from services.engine.weights import WeightUpdateError
 from shellrl.service.app import ApiError
 from shellrl.service.openapi import error_responses, json_body
-
-
-def _update_failure(message: str) -> JSONResponse:
-    return JSONResponse({"success": False, "message": message}, status_code=400)
-
-
-async def _weight_update(
-    call: Awaitable[str | None], message: str | None = None, **extra
-) -> dict | JSONResponse:
-    """SGLang's answer to a weight-update route: 200 `{"success": true, "message"}` (the call's
-    message, or `message` where given) plus `extra`; 400 `{"success": false, "message"}` when the
-    call raises WeightUpdateError."""
-    try:
-        result = await call
-    except WeightUpdateError as exc:
-        return _update_failure(str(exc))
-    return {"success": True, "message": result if message is None else message, **extra}
-
 
 _EMPTY_200_503 = {
     200: {"description": "Healthy (empty body)"},
     503: {"description": "Starting, failing or shutting down (empty body)"},
 }
 DISCONNECT_POLL_S = 1.0
-DISK_LOAD_FORMATS = (None, "auto", "safetensors")
 
 
 async def _wait_or_abort_on_disconnect(request: Request, scheduler, states: list) -> list | None:
@@ -182,112 +152,6 @@ async def flush_cache(parts: PartsDep):
     return PlainTextResponse(
         "Cache not flushed: requests are running or waiting.\n", status_code=400
     )
-
-
-@router.post("/begin_weight_update", **route_doc(BeginBody, update=True))
-async def begin_weight_update(request: Request, parts: PartsDep):
-    await parse_body(request, BeginBody)
-    try:
-        parts.runtime.begin_session()
-    except WeightUpdateError as exc:
-        return _update_failure(str(exc))
-    return {"success": True, "message": "Weight update session started."}
-
-
-@router.post("/end_weight_update", **route_doc(EndBody, update=True))
-async def end_weight_update(request: Request, parts: PartsDep):
-    await parse_body(request, EndBody)
-    return await _weight_update(parts.runtime.end_session())
-
-
-@router.post("/update_weights_from_tensor", **route_doc(TensorUpdateBody, update=True))
-async def update_weights_from_tensor(request: Request, parts: PartsDep):
-    body = await parse_body(request, TensorUpdateBody)
-    return await _weight_update(
-        parts.runtime.update_from_tensor(
-            body.serialized_named_tensors,
-            body.load_format,
-            body.weight_version,
-            body.abort_all_requests,
-        )
-    )
-
-
-@router.post("/init_weights_update_group", **route_doc(InitGroupBody, update=True))
-async def init_weights_update_group(request: Request, parts: PartsDep):
-    body = await parse_body(request, InitGroupBody)
-    return await _weight_update(
-        parts.runtime.init_group(
-            body.master_address,
-            body.master_port,
-            body.rank_offset,
-            body.world_size,
-            body.group_name,
-            body.backend,
-        ),
-        message="Succeeded to initialize custom process group.",
-    )
-
-
-@router.post("/destroy_weights_update_group", **route_doc(DestroyGroupBody, update=True))
-async def destroy_weights_update_group(request: Request, parts: PartsDep):
-    body = await parse_body(request, DestroyGroupBody)
-    return await _weight_update(
-        parts.runtime.destroy_group(body.group_name),
-        message="Succeeded to destroy custom process group.",
-    )
-
-
-@router.post("/update_weights_from_distributed", **route_doc(DistributedUpdateBody, update=True))
-async def update_weights_from_distributed(request: Request, parts: PartsDep):
-    body = await parse_body(request, DistributedUpdateBody)
-    return await _weight_update(
-        parts.runtime.update_from_distributed(
-            body.names,
-            body.dtypes,
-            body.shapes,
-            body.group_name,
-            body.load_format,
-            body.weight_version,
-            body.abort_all_requests,
-        )
-    )
-
-
-@router.post("/update_weights_from_disk", **route_doc(DiskUpdateBody, update=True))
-async def update_weights_from_disk(request: Request, parts: PartsDep):
-    body = await parse_body(request, DiskUpdateBody)
-    if body.load_format not in DISK_LOAD_FORMATS:
-        return _update_failure(
-            f"load_format {body.load_format!r} is not supported; this engine reads "
-            f"safetensors directories (load_format null, 'auto' or 'safetensors')"
-        )
-    return await _weight_update(
-        parts.runtime.update_from_disk(
-            body.model_path, body.weight_version, body.abort_all_requests
-        ),
-        num_paused_requests=0,
-    )
-
-
-@router.post("/update_weight_version", **route_doc(WeightVersionBody))
-async def update_weight_version(request: Request, parts: PartsDep):
-    body = await parse_body(request, WeightVersionBody)
-    await parts.runtime.set_weight_version(body.new_version, body.abort_all_requests)
-    return {
-        "success": True,
-        "message": f"Weight version updated to {body.new_version}",
-        "new_version": body.new_version,
-    }
-
-
-@router.api_route("/get_weights_by_name", methods=["GET", "POST"], **route_doc(WeightsByNameBody))
-async def get_weights_by_name(request: Request, parts: PartsDep):
-    body = await parse_body(request, WeightsByNameBody)
-    param = parts.runtime.weights.params.get(body.name)
-    if param is None:
-        raise ApiError(400, "invalid_request", f"unknown parameter name {body.name!r}", "name")
-    return param.detach().flatten()[: body.truncate_size].float().tolist()
 
 
 def model_info(parts: PartsDep) -> dict:

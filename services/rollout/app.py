@@ -1,6 +1,6 @@
 """The rollout gateway's app: at start-up the lifespan builds the parts (parts.py), attaches them
-for the routes (routes.py, run_routes.py) and runs the background tasks (lifespan.py) until
-shutdown.
+for the routes (routes.py, evaluation_routes.py, run_routes.py) and runs the background tasks
+(lifespan.py) until shutdown.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import contextlib
 
 from fastapi import FastAPI
 
-from services.rollout import routes, run_routes
+from services.rollout import evaluation_routes, routes, run_routes
 from services.rollout.lifespan import running
 from services.rollout.parts import Parts, build_parts
 from services.rollout.settings import RolloutSettings
@@ -42,5 +42,6 @@ def build_app(settings: RolloutSettings) -> FastAPI:
 
     app = create_app("rollout", settings.public_dict(), ready_check, lifespan, api_token=api_token)
     add_routes(app, routes.router)
+    add_routes(app, evaluation_routes.router)
     add_routes(app, run_routes.router)
     return app

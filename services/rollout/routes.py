@@ -3,13 +3,11 @@
   POST /v1/tasks               one task or a list (JSON form of ../shared/tasks/*.jsonl) -> ids
   GET  /v1/tasks/{task_id}     state, episodes, rewards, policy versions that ran it, failures
   GET  /v1/tasks               filters split/source/tag, cursor pagination
-  POST /v1/evaluations         eval split or task ids, fixed budget, greedy or fixed sampling -> 202
-  GET  /v1/evaluations/{id}    success rate, mean reward, failure classes, version, per task
-  GET  /v1/evaluations         the latest evaluations (summaries)
   GET  /v1/trajectories/{id}   one finished trajectory's transcript (transcripts.py)
   GET  /v1/trajectories        ?task_id=&limit=: the newest finished trajectories of one task
   GET  /v1/status              admission, pool, in-flight, streams, infra state, engines
-plus /healthz /readyz /metrics /v1/config from shellrl.service.app.create_app.
+plus /healthz /readyz /metrics /v1/config from shellrl.service.app.create_app; the evaluations'
+routes are evaluation_routes.py's, the training runs' run_routes.py's.
 
 Validation errors are 422 `{"error": {"code", "message", "field"}}` naming the field
 (`instruction`, `check.type`, `tasks[3].max_turns`; more than MAX_TASKS_PER_REQUEST tasks: `tasks`);
@@ -30,12 +28,10 @@ from fastapi.responses import JSONResponse
 
 from services.rollout import metrics as m
 from services.rollout.admission import AdmissionState
-from services.rollout.episode_spec import Sampling
-from services.rollout.evaluations import EvaluationPlan
 from services.rollout.parts import PartsDep
-from services.rollout.schemas import EvaluationIn, SamplingIn, tasks_body
+from services.rollout.schemas import tasks_body
 from services.rollout.settings import RolloutSettings
-from services.rollout.task_store import TaskConflict, TaskStore
+from services.rollout.task_store import TaskConflict
 from services.rollout.transcripts import (
     find_task_trajectories,
     find_trajectory,
@@ -141,85 +137,6 @@ async def list_tasks(
         split=split, source=source, tag=tag, cursor=cursor, limit=limit
     )
     return {"tasks": page, "next_cursor": next_cursor, "total": await parts.store.count(split)}
-
-
-@router.post(
-    "/v1/evaluations",
-    status_code=202,
-    tags=["evaluations"],
-    summary="Start an evaluation",
-    responses=error_responses(422),
-)
-async def start_evaluation(body: EvaluationIn, parts: PartsDep) -> dict:
-    settings = parts.settings
-    task_ids = await _evaluation_task_ids(body, parts.store)
-    budget = len(task_ids) * body.episodes_per_task
-    if budget > settings.eval_max_episodes:
-        raise ApiError(
-            422,
-            "budget_too_large",
-            f"episodes_per_task: {budget} episodes exceed the limit of "
-            f"{settings.eval_max_episodes} (SHELLRL_EVAL_MAX_EPISODES)",
-            "episodes_per_task",
-        )
-    plan = EvaluationPlan(
-        task_ids=task_ids,
-        episodes_per_task=body.episodes_per_task,
-        sampling=_evaluation_sampling(body, settings.max_new_tokens),
-        max_turns=body.max_turns,
-        split=body.split,
-    )
-    return await parts.evaluations.start(plan)
-
-
-async def _evaluation_task_ids(body: EvaluationIn, store: TaskStore) -> list[str]:
-    """The body's task ids (each must exist) or its split's, cut to `max_tasks`; ApiError 422."""
-    if body.task_ids is not None:
-        for i, task_id in enumerate(body.task_ids):
-            if await store.get_task(task_id) is None:
-                raise ApiError(
-                    422, "unknown_task", f"task_ids[{i}]: no task {task_id!r}", f"task_ids[{i}]"
-                )
-        task_ids = list(body.task_ids)
-    else:
-        task_ids = await store.ids_of_split(body.split)
-        if not task_ids:
-            raise ApiError(422, "empty_split", f"split: no tasks in split {body.split!r}", "split")
-    return task_ids[: body.max_tasks] if body.max_tasks else task_ids
-
-
-def _evaluation_sampling(body: EvaluationIn, default_max_new_tokens: int) -> Sampling:
-    """The body's sampling (greedy: temperature 0, no top-p/top-k cut)."""
-    sampling_in = body.sampling or SamplingIn()
-    return Sampling(
-        temperature=0.0 if body.greedy else sampling_in.temperature,
-        top_p=1.0 if body.greedy else sampling_in.top_p,
-        top_k=-1 if body.greedy else sampling_in.top_k,
-        max_new_tokens=sampling_in.max_new_tokens or default_max_new_tokens,
-    )
-
-
-@router.get(
-    "/v1/evaluations/{evaluation_id}",
-    tags=["evaluations"],
-    summary="Results of one evaluation",
-    responses=error_responses(404),
-)
-async def get_evaluation(evaluation_id: str, parts: PartsDep) -> dict:
-    view = await parts.evaluations.describe(evaluation_id)
-    if view is None:
-        raise ApiError(404, "not_found", f"no evaluation {evaluation_id!r}", "evaluation_id")
-    return view
-
-
-@router.get(
-    "/v1/evaluations",
-    tags=["evaluations"],
-    summary="Latest evaluations (summaries)",
-    responses=error_responses(422),
-)
-async def list_evaluations(parts: PartsDep, limit: int = Query(20, ge=1, le=200)) -> dict:
-    return {"evaluations": await parts.evaluations.recent(limit)}
 
 
 @router.get(
