@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -22,7 +22,8 @@ class JobOutcome:
     status snapshots taken while training, the services' last /metrics texts ({service: text})
     and the phases' wall seconds. incomplete: set when a service died and cut the job short
     (service, status, class, cause, log, phase, resume_from_step, rerun: cli/job_failure.py);
-    train_started_at: unix s training started (None before it did)."""
+    train_started_at: unix s training started (None before it did); during: the evaluations
+    during training in order ({set: view} each, eval_id and eval_ood: `eval_every_steps`)."""
 
     before: dict
     after: dict
@@ -33,6 +34,7 @@ class JobOutcome:
     phases: dict[str, float]
     incomplete: dict | None = None
     train_started_at: float | None = None
+    during: list[dict] = field(default_factory=list)
 
 
 def write_job_report(cfg, job: JobOutcome, *, t_start: float, t_train: float | None) -> Path:
@@ -58,7 +60,7 @@ def write_job_report(cfg, job: JobOutcome, *, t_start: float, t_train: float | N
     meta = job_meta(cfg, steps, phases)
     if job.incomplete is not None:
         meta["incomplete"] = job.incomplete
-    summary = summarize(before, after, tasks_by_id, meta)
+    summary = summarize(before, after, tasks_by_id, meta, job.during)
     summary["line"] = summary_line(summary)
     (report_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     path = write_report(
@@ -67,6 +69,7 @@ def write_job_report(cfg, job: JobOutcome, *, t_start: float, t_train: float | N
         config=asdict(cfg) | {"state_dir": str(cfg.state_dir)},
         before=before,
         after=after,
+        during=job.during,
         steps=steps,
         snapshots=job.snapshots,
         learner_metrics=job.metrics.get("learner", ""),

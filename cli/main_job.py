@@ -5,6 +5,10 @@ again, write a report.
                                                                             (live progress)
     report ◀─ eval @ v_final ◀─ pause learner ◀────────────────────────────────┘
 
+With `eval_every_steps` = k > 0, training pauses at every k-th step for an evaluation of eval_id
+and eval_ood on that step's weights (outside the time budget), so a template's loss is dated to
+the evaluation that first shows it (cli/template_trajectories.py).
+
 Eval sets (fixed, greedy, identical before and after): `eval_id` (held-out instances of the
 training templates), `eval_ood` (templates never trained on), the seed tasks and a fixed sample
 of the AgentBench training tasks. Training pool: the tasks of `--train-set`. With `eval_samples`
@@ -85,6 +89,10 @@ class JobConfig(Recipe):
     # episodes per eval task and their temperature: 1 and 0.0 = greedy; K > 1 needs T > 0
     eval_samples: int = 1
     eval_temperature: float = 0.0
+    # evaluate eval_id and eval_ood every this many steps during training too (0: off, the
+    # default): each pauses the learner for ~1-2 min on 2 cores (96 greedy episodes), outside the
+    # time budget, so 10 on the default 40 steps adds 3 evaluations, ~3-6 min to the job
+    eval_every_steps: int = 0
     # experiment tracking (shellrl/tracking.py) of the job's evaluations and, through the learner's
     # SHELLRL_TRACKER, of its steps: auto = TensorBoard under <state>/tracking/{job,learner} when
     # installed
@@ -183,37 +191,59 @@ def progress_table(snap: dict, cfg: JobConfig, elapsed_s: float) -> Table:
     return t
 
 
+def eval_points(steps: int, every: int) -> list[int]:
+    """The steps after which the job evaluates during training (`eval_every_steps`; 0: none):
+    every multiple of `every` below `steps` (the after-evaluation covers `steps` itself)."""
+    return list(range(every, steps, every)) if every > 0 else []
+
+
 def train(
     cfg: JobConfig,
     info: dict,
     learner_url: str,
     check_alive: Callable[[], None] = lambda: None,
     snapshots: list[dict] | None = None,
+    evaluate_at: Callable[[int], None] = lambda step: None,
 ) -> list[dict]:
-    """Watch the learner until `cfg.steps` steps or the time budget; returns status snapshots.
-    check_alive: called every poll, raises when a service of the stack has exited (the launcher's
-    `Stack.raise_if_exited`), so a dead learner ends the job at once with its cause. snapshots:
-    the list to append them to as they are taken (what it holds survives such a raise)."""
+    """Resume the learner and watch it until `cfg.steps` steps or the time budget; returns status
+    snapshots. check_alive: called every poll, raises when a service of the stack has exited (the
+    launcher's `Stack.raise_if_exited`), so a dead learner ends the job at once with its cause.
+    snapshots: the list to append them to as they are taken (what it holds survives such a
+    raise). evaluate_at(step): called at each of `eval_points`, with the learner paused at that
+    step and its weights served (POST /v1/resume?until_version=step, then /v1/pause?wait); the
+    time it takes is not part of the time budget."""
     snapshots = [] if snapshots is None else snapshots
-    t0 = time.monotonic()
-    with Live(console=console, refresh_per_second=1) as live:
+    headers = api_headers(environ={"SHELLRL_API_TOKEN_FILE": info["api_token_file"]})
+    t0, spent_s = time.monotonic(), 0.0  # spent_s: seconds of training so far
+    for target in [*eval_points(cfg.steps, cfg.eval_every_steps), cfg.steps]:
+        httpx.post(
+            f"{learner_url}/v1/resume",
+            params={"until_version": target},
+            timeout=30,
+            headers=headers,
+        ).raise_for_status()
+        t_part = time.monotonic()
+        with Live(console=console, refresh_per_second=1) as live:
 
-        def trained() -> bool:  # a snapshot every 3 s until --steps or the time budget
-            check_alive()
-            snap = collect(info)
-            snap["elapsed_s"] = time.monotonic() - t0
-            snapshots.append({k: v for k, v in snap.items() if k != "ready"})
-            live.update(progress_table(snap, cfg, snap["elapsed_s"]))
-            return ((snap.get("learner") or {}).get("step") or 0) >= cfg.steps
+            def trained() -> bool:  # a snapshot every 3 s until the target or the time budget
+                check_alive()
+                snap = collect(info)
+                snap["elapsed_s"] = time.monotonic() - t0
+                snapshots.append({k: v for k, v in snap.items() if k != "ready"})
+                live.update(progress_table(snap, cfg, snap["elapsed_s"]))
+                return ((snap.get("learner") or {}).get("step") or 0) >= target
 
-        poll_until(trained, timeout_s=cfg.time_budget_s, interval_s=3.0)
-    # wait for the step in progress and its weight push: the "after" eval then runs on one version
-    httpx.post(
-        f"{learner_url}/v1/pause",
-        params={"wait": "true"},
-        timeout=960,
-        headers=api_headers(environ={"SHELLRL_API_TOKEN_FILE": info["api_token_file"]}),
-    ).raise_for_status()
+            reached = poll_until(
+                trained, timeout_s=max(cfg.time_budget_s - spent_s, 0.0), interval_s=3.0
+            )
+        spent_s += time.monotonic() - t_part
+        # wait for the step in progress and its weight push: an evaluation runs on one version
+        httpx.post(
+            f"{learner_url}/v1/pause", params={"wait": "true"}, timeout=960, headers=headers
+        ).raise_for_status()
+        if not reached or target == cfg.steps:
+            break
+        evaluate_at(target)
     return snapshots
 
 
@@ -328,14 +358,24 @@ def _job_on_stack(
     phases["eval_before_s"] = time.time() - t_eval
     log_evaluations(tracker, job.before, tasks_by_id, client)
     submit(client, train_pool)
-    httpx.post(
-        f"{stack.config.url('learner')}/v1/resume", timeout=30, headers=headers
-    ).raise_for_status()
+
+    def evaluate_at(step: int) -> None:  # eval_id and eval_ood at a step during training
+        if step <= served:  # a resumed learner is past it already
+            return
+        t = time.time()
+        ids = {k: v for k, v in eval_ids.items() if k in ("eval_id", "eval_ood")}
+        label, k, temp = f"at step {step}", cfg.eval_samples, cfg.eval_temperature
+        views = evaluate(client, ids, label, k, temp, alive)
+        job.during.append(views)
+        phases["eval_during_s"] = phases.get("eval_during_s", 0.0) + time.time() - t
+        log_evaluations(tracker, views, tasks_by_id, client)
+
     t_train = job.train_started_at = time.time()
-    train(cfg, info, stack.config.url("learner"), alive, snapshots=job.snapshots)
-    train_s = phases["train_s"] = time.time() - t_train
+    train(cfg, info, stack.config.url("learner"), alive, job.snapshots, evaluate_at)
+    during_s = phases.get("eval_during_s", 0.0)
+    train_s = phases["train_s"] = time.time() - t_train - during_s
     job.after = evaluate(client, eval_ids, "after", cfg.eval_samples, cfg.eval_temperature, alive)
-    phases["eval_after_s"] = time.time() - t_train - train_s
+    phases["eval_after_s"] = time.time() - t_train - train_s - during_s
     log_evaluations(tracker, job.after, tasks_by_id, client)
     job.metrics = {
         name: httpx.get(f"{stack.config.url(name)}/metrics", timeout=10).text

@@ -198,6 +198,11 @@ class RunOptions(StackOptions):
         JobConfig.eval_temperature,
         "sampling temperature of the evaluations (0 = greedy, one episode per task)",
     )
+    eval_every_steps: int = option(
+        JobConfig.eval_every_steps,
+        "evaluate eval_id and eval_ood every N steps during training too, to date a template's "
+        "loss (0 = off; each pauses the learner ~1-2 min on 2 cores, outside the time budget)",
+    )
     fresh: Switch = option(False, "delete <state-dir> first (Redis, checkpoints, logs)")
     attach: str | None = option(
         None,

@@ -144,12 +144,14 @@ def write_report(
     summary: dict | None = None,
     engine_metrics: str = "",
     phases: dict | None = None,
+    during: list[dict] | None = None,
 ) -> Path:
     """Write report.md, the PNG plots, evaluations.json, steps.json and timing.json into `out`;
     returns the path of report.md. train_started_at: Unix time training started (the wall-clock
     axis' 0); summary: the run's summary.json content (its target verdict and regressions are
     shown); engine_metrics and phases ({"<phase>_s": seconds}): with the learner's and rollout's
-    metrics, where the time went (cli/report_timing.py)."""
+    metrics, where the time went (cli/report_timing.py); during: the evaluations during training
+    ({set: view} each, in order), in evaluations.json."""
     out.mkdir(parents=True, exist_ok=True)
     # keep only the last record of each step (a resume rewrites rolled-back steps)
     by_step = {}
@@ -280,7 +282,7 @@ def write_report(
         ]
     (out / "report.md").write_text("\n".join(lines))
     (out / "evaluations.json").write_text(
-        json.dumps({"before": before, "after": after}, default=str)
+        json.dumps({"before": before, "after": after, "during": during or []}, default=str)
     )
     (out / "steps.json").write_text(json.dumps(steps, default=str))
     return out / "report.md"

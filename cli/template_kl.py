@@ -45,6 +45,6 @@ def markdown_section(steps: list[dict]) -> list[str]:
     ]
     for template, points in series.items():
         step, kl = max(points, key=lambda p: p[1])
-        shown = ", ".join(f"{s}: {v:.4f}" for s, v in thinned(points))
-        lines.append(f"| {template} | {len(points)} | {shown} | {kl:.4f} ({step}) |")
-    return [*lines, "All steps in steps.json (`kl_by_template`).", ""]
+        shown = ", ".join(f"{s}: {v:.3g}" for s, v in thinned(points))
+        lines.append(f"| {template} | {len(points)} | {shown} | {kl:.3g} ({step}) |")
+    return [*lines, "", "Every step in steps.json (`kl_by_template`).", ""]

@@ -35,6 +35,7 @@ JOB_OPTIONS = (
     "task_seed",
     "eval_samples",
     "eval_temperature",
+    "eval_every_steps",
 )
 
 
@@ -56,6 +57,10 @@ def run(args) -> int:
 
     if args.eval_samples < 1 or (args.eval_samples > 1 and args.eval_temperature <= 0):
         raise CliError("--eval-samples > 1 needs --eval-temperature > 0 (greedy repeats itself)")
+    if args.eval_every_steps < 0:
+        raise CliError("--eval-every-steps must be >= 0 (0: no evaluation during training)")
+    if args.attach and args.eval_every_steps:
+        raise CliError("--eval-every-steps is not supported with --attach (yet)")
     check_tracker(args.tracker)
     if args.attach:
         return run_attach(args, job_config(args))

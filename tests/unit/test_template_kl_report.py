@@ -42,8 +42,8 @@ def test_thinning_keeps_the_first_and_last_and_at_most_n():
 
 def test_section_names_each_template_its_kl_by_step_and_largest():
     text = "\n".join(markdown_section(STEPS))
-    assert "| count_lines | 3 | 1: 0.0000, 2: 0.0200, 4: 0.0100 | 0.0200 (2) |" in text
-    assert "| disk_usage | 2 | 1: 0.0010, 4: 0.0500 | 0.0500 (4) |" in text
+    assert "| count_lines | 3 | 1: 0, 2: 0.02, 4: 0.01 | 0.02 (2) |" in text
+    assert "| disk_usage | 2 | 1: 0.001, 4: 0.05 | 0.05 (4) |" in text
     assert "Not recorded" in "\n".join(markdown_section([record(1, None)]))
 
 
