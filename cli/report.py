@@ -167,6 +167,8 @@ def write_report(
     stale = histogram_buckets(learner_metrics, "shellrl_trajectory_staleness")
     if (p := plots.plot_staleness(stale, out)) is not None:
         images.append(p)
+    if (p := template_kl.plot(steps, out)) is not None:
+        images.append(p)
     if before and after:  # a job cut short plots no bar for an evaluation that did not run
         images.append(plots.plot_eval(before, after, out))
 

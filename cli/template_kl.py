@@ -5,9 +5,14 @@ Input: the learner's step records (steps.json, from its ledger), whose `kl_by_te
 over the trajectories the step trained on (services/learner/template_kl.py), under the weights
 the step started from. A template appears at the steps that trained on it; records written before
 this field, or by a learner without a reference (kl_coef = 0), have none and the section says so.
+`plot` draws every template's series (kl_by_template.png).
 """
 
 from __future__ import annotations
+
+from pathlib import Path
+
+from cli.report_plots import plt  # matplotlib with the Agg backend
 
 MAX_POINTS = 10  # steps shown per template in report.md (steps.json keeps every one)
 
@@ -48,3 +53,21 @@ def markdown_section(steps: list[dict]) -> list[str]:
         shown = ", ".join(f"{s}: {v:.3g}" for s, v in thinned(points))
         lines.append(f"| {template} | {len(points)} | {shown} | {kl:.3g} ({step}) |")
     return [*lines, "", "Every step in steps.json (`kl_by_template`).", ""]
+
+
+def plot(steps: list[dict], out: Path) -> str | None:
+    """kl_by_template.png: KL per scored token against step, one line per training template
+    (markers at the steps that trained on it); None when no step recorded any."""
+    series = kl_series(steps)
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for template, points in series.items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker=".", label=template)
+    ax.set_xlabel("step")
+    ax.set_ylabel("k3 KL to the initial policy (nats / token)")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "kl_by_template.png", dpi=110)
+    plt.close(fig)
+    return "kl_by_template.png"

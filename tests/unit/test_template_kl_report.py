@@ -63,5 +63,7 @@ def test_report_md_and_steps_json_carry_the_kl_per_template(tmp_path):
     )
     assert "KL to the initial policy per training template" in path.read_text()
     assert "| disk_usage | 2 |" in path.read_text()
+    assert "![kl_by_template.png](kl_by_template.png)" in path.read_text()
+    assert (tmp_path / "kl_by_template.png").stat().st_size > 0
     steps = json.loads((tmp_path / "steps.json").read_text())
     assert steps[3]["kl_by_template"]["disk_usage"]["kl"] == 0.05
