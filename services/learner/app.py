@@ -11,6 +11,9 @@ POST /v1/resume       take steps again -> {"paused": false, "step": N, "step_tar
                      ?until_version=T the learner pauses itself once its policy version reaches T
                      (a training run's target_policy_version: no step past it), without it at
                      SHELLRL_MAX_STEPS (0: never)
+POST /v1/kl           while paused: KL to the initial policy of given token sequences (eval
+                     episodes) -> {"step": N, "sequences": [{"kl_sum", "tokens"}]} (kl_probe.py;
+                     409 not_paused / no_reference / sharded)
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from services.learner import metrics
 from services.learner.checkpoint import CheckpointStore
 from services.learner.engine_membership import EngineMembership
 from services.learner.group_assembler import DROP_REASONS, GroupAssembler
+from services.learner.kl_probe import KlRequest, sequences_kl
 from services.learner.sample_table import SampleTable
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import Trainer, TrainerConfig
@@ -263,6 +267,24 @@ def build_app(settings: LearnerSettings) -> FastAPI:
         worker = state["worker"]
         worker.resume_training(until_version)
         return {"paused": False, "step": worker.version, "step_target": worker.step_target}
+
+    @app.post("/v1/kl", tags=["learner"], responses=error_responses(409, 422))
+    async def kl(body: KlRequest) -> dict:
+        worker = state["worker"]
+        trainer = worker.trainer
+        if trainer.reference_policy is None:
+            raise ApiError(409, "no_reference", "no reference policy (SHELLRL_KL_COEF is 0)")
+        if trainer.sharded:
+            raise ApiError(409, "sharded", "a sharded learner does not score sequences")
+        if worker.running.is_set() or not worker.paused_idle.is_set():
+            raise ApiError(409, "not_paused", "pause the learner first (POST /v1/pause?wait=true)")
+        try:
+            rows = await asyncio.to_thread(
+                sequences_kl, trainer, body.sequences, worker.config.pad_token_id
+            )
+        except ValueError as exc:
+            raise ApiError(422, "invalid_sequence", str(exc), "sequences") from None
+        return {"step": worker.version, "sequences": [r.__dict__ for r in rows]}
 
     return app
 

@@ -6,12 +6,14 @@ forwards of the tiny model's policy and reference, and their mean per template
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 from services.learner.data_parallel import merge_results
+from services.learner.kl_probe import KlSequence, sequences_kl
 from services.learner.template_kl import kl_by_template, trajectory_template
 from services.learner.trainer import StepResult, Trainer, TrainerConfig
 from shellrl.contract import Task, Trajectory
@@ -140,3 +142,27 @@ def step_result(row_kl) -> StepResult:
         skipped_updates=0,
         row_kl=row_kl,
     )
+
+
+def test_kl_of_given_sequences_is_the_direct_k3_sum_over_their_sampled_tokens():
+    samples = group_samples_sharing(40, 5, seed=4)
+    trainer = nudged_trainer()
+    sequences = [
+        KlSequence(
+            prompt_ids=s.prompt_ids.tolist(),
+            response_ids=s.response_ids.tolist(),
+            loss_mask=s.loss_mask.tolist(),
+        )
+        for s in samples
+    ]
+    # at temperature 1, as sequences_kl scores them
+    batch = build_batch([replace(s, temperatures=s.temperatures * 0 + 1) for s in samples], 0)
+    expected = direct_row_kl(trainer, batch)
+    before = [p.detach().clone() for p in trainer.params]
+    got = sequences_kl(trainer, sequences, pad_token_id=0)
+    assert [g.tokens for g in got] == [n for _, n in expected]
+    for g, (want, _) in zip(got, expected):
+        assert want > 0 and close(g.kl_sum, want), (g, want)
+    assert all(torch.equal(p, q) for p, q in zip(trainer.params, before))  # weights untouched
+    with pytest.raises(ValueError, match="differ in length"):
+        sequences_kl(trainer, [KlSequence(prompt_ids=[5], response_ids=[6, 7], loss_mask=[1])], 0)
