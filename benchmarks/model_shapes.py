@@ -40,6 +40,16 @@ SHAPES: dict[str, dict] = {
         "vocab_size": 151936,
         "tie_word_embeddings": True,
     },
+    # Qwen/Qwen2.5-1.5B: 1.54B parameters, 3.1 GB in bf16 (embeddings tied to the LM head).
+    "qwen2.5-1.5b": {
+        "hidden_size": 1536,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "intermediate_size": 8960,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+    },
     # Qwen/Qwen2.5-7B: 7.6B parameters, 15.2 GB in bf16 (separate LM head).
     "qwen2.5-7b": {
         "hidden_size": 3584,

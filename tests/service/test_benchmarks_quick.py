@@ -39,6 +39,7 @@ PRINTS = {
     "learner": ["Learner step", "Peak memory", "Weight push end to end", "disk (baseline)"],
     "learner_step": ["learner step, main job shapes", "before", "fused_unpadded", "grad cos"],
     "prefix_sharing": ["One group", "shared prefix, no checkpointing", "speed-up vs default"],
+    "push_sizes_cpu": ["own receiving code", "stream 128", "old", "qwen2.5-7b"],
     "push_under_load": ["Weight push while the engine generates", "standalone", "in_place"],
     "rollout": ["Gateway overhead", "aiohttp", "turns/s", "Long tail", "async strict k=2"],
     "sandbox": ["sandbox exec of `true`", "baseline: bash -c true", "bubblewrap/session"],
