@@ -35,6 +35,7 @@ class JobOutcome:
     incomplete: dict | None = None
     train_started_at: float | None = None
     during: list[dict] = field(default_factory=list)
+    eval_kl: list[dict] = field(default_factory=list)  # cli/job_eval_kl.py, per evaluation
 
 
 def write_job_report(cfg, job: JobOutcome, *, t_start: float, t_train: float | None) -> Path:
@@ -62,6 +63,8 @@ def write_job_report(cfg, job: JobOutcome, *, t_start: float, t_train: float | N
         meta["incomplete"] = job.incomplete
     summary = summarize(before, after, tasks_by_id, meta, job.during)
     summary["line"] = summary_line(summary)
+    if job.eval_kl:
+        summary["eval_kl"] = job.eval_kl
     (report_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     path = write_report(
         report_dir,

@@ -40,6 +40,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from cli.job_eval_kl import eval_kl
 from cli.job_evaluations import evaluate
 from cli.job_failure import last_metrics, report_failure, service_exited
 from cli.job_report import JobOutcome, read_steps, write_job_report
@@ -93,6 +94,10 @@ class JobConfig(Recipe):
     # default): each pauses the learner for ~1-2 min on 2 cores (96 greedy episodes), outside the
     # time budget, so 10 on the default 40 steps adds 3 evaluations, ~3-6 min to the job
     eval_every_steps: int = 0
+    # after each evaluation during and after training, the KL to the initial policy on its
+    # eval_id and eval_ood episodes per template (cli/job_eval_kl.py: two no-grad forwards per
+    # episode on the paused learner, ~1 min on 2 cores)
+    eval_kl: bool = False
     # experiment tracking (shellrl/tracking.py) of the job's evaluations and, through the learner's
     # SHELLRL_TRACKER, of its steps: auto = TensorBoard under <state>/tracking/{job,learner} when
     # installed
@@ -358,6 +363,7 @@ def _job_on_stack(
     phases["eval_before_s"] = time.time() - t_eval
     log_evaluations(tracker, job.before, tasks_by_id, client)
     submit(client, train_pool)
+    learner = httpx.Client(base_url=stack.config.url("learner"), headers=headers)
 
     def evaluate_at(step: int) -> None:  # eval_id and eval_ood at a step during training
         if step <= served:  # a resumed learner is past it already
@@ -367,6 +373,8 @@ def _job_on_stack(
         label, k, temp = f"at step {step}", cfg.eval_samples, cfg.eval_temperature
         views = evaluate(client, ids, label, k, temp, alive)
         job.during.append(views)
+        if cfg.eval_kl:
+            job.eval_kl.append(eval_kl(client, learner, views, tasks_by_id))
         phases["eval_during_s"] = phases.get("eval_during_s", 0.0) + time.time() - t
         log_evaluations(tracker, views, tasks_by_id, client)
 
@@ -376,6 +384,8 @@ def _job_on_stack(
     train_s = phases["train_s"] = time.time() - t_train - during_s
     job.after = evaluate(client, eval_ids, "after", cfg.eval_samples, cfg.eval_temperature, alive)
     phases["eval_after_s"] = time.time() - t_train - train_s - during_s
+    if cfg.eval_kl and job.after:
+        job.eval_kl.append(eval_kl(client, learner, job.after, tasks_by_id))
     log_evaluations(tracker, job.after, tasks_by_id, client)
     job.metrics = {
         name: httpx.get(f"{stack.config.url(name)}/metrics", timeout=10).text

@@ -203,6 +203,11 @@ class RunOptions(StackOptions):
         "evaluate eval_id and eval_ood every N steps during training too, to date a template's "
         "loss (0 = off; each pauses the learner ~1-2 min on 2 cores, outside the time budget)",
     )
+    eval_kl: Switch = option(
+        JobConfig.eval_kl,
+        "after each evaluation during and after training, the KL to the initial policy on its "
+        "eval_id/eval_ood episodes per template (the paused learner scores them, ~1 min on CPU)",
+    )
     fresh: Switch = option(False, "delete <state-dir> first (Redis, checkpoints, logs)")
     attach: str | None = option(
         None,

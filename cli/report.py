@@ -17,8 +17,8 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from cli import job_eval_kl, template_kl
 from cli import report_plots as plots
-from cli import template_kl
 from cli.eval_stats import set_score
 from cli.report_timing import timing, timing_section
 from cli.stack_status import histogram_buckets, quantile_from_buckets
@@ -258,6 +258,7 @@ def write_report(
         "",
     ]
     lines += template_kl.markdown_section(steps)
+    lines += job_eval_kl.markdown_section((summary or {}).get("eval_kl") or [])
     time_spent = timing(
         phases or {"train_s": train_s}, learner_metrics, rollout_metrics, engine_metrics
     )

@@ -36,6 +36,7 @@ JOB_OPTIONS = (
     "eval_samples",
     "eval_temperature",
     "eval_every_steps",
+    "eval_kl",
 )
 
 
@@ -59,8 +60,8 @@ def run(args) -> int:
         raise CliError("--eval-samples > 1 needs --eval-temperature > 0 (greedy repeats itself)")
     if args.eval_every_steps < 0:
         raise CliError("--eval-every-steps must be >= 0 (0: no evaluation during training)")
-    if args.attach and args.eval_every_steps:
-        raise CliError("--eval-every-steps is not supported with --attach (yet)")
+    if args.attach and (args.eval_every_steps or args.eval_kl):
+        raise CliError("--eval-every-steps and --eval-kl are not supported with --attach (yet)")
     check_tracker(args.tracker)
     if args.attach:
         return run_attach(args, job_config(args))

@@ -4,6 +4,8 @@ learner paused there, its weights served) and after step 2, so summary.json give
 template three points, at steps 0, 1 and 2, and evaluations.json keeps the one in between. Its
 steps train (zero-variance groups too: the tiny model rarely solves one), so every step record
 in steps.json carries the KL to the initial policy per training template, and report.md its table.
+With --eval-kl the paused learner scores the eval episodes at steps 1 and 2 (POST /v1/kl):
+summary.json's eval_kl has the KL per eval template at both.
 
 The stack takes ports moved by --port-offset, clear of a stack of the default ports.
 """
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 PORT_OFFSET = 700
 JOB_FLAGS = (
-    "--model-path tiny --steps 2 --eval-every-steps 1 --time-budget-min 5 "
+    "--model-path tiny --steps 2 --eval-every-steps 1 --eval-kl --time-budget-min 5 "
     "--eval-id-episodes 2 --eval-ood-episodes 1 --agentbench-eval-tasks 1 --max-new-tokens 8 "
     f"--max-turns 1 --group-size 2 --groups-per-step 1 --tracker none --port-offset {PORT_OFFSET}"
 ).split()
@@ -74,3 +76,12 @@ def test_a_job_evaluating_during_training_gives_every_template_three_points(tmp_
     text = (report / "report.md").read_text()
     assert "| count_lines | 0: 0/1, 1: " in text or "solved by step" in text
     assert "KL to the initial policy per training template" in text and "Not recorded" not in text
+    eval_kl = json.loads((report / "summary.json").read_text())["eval_kl"]
+    assert [p["step"] for p in eval_kl] == [1, 2], eval_kl
+    for point in eval_kl:
+        assert point["missing"] == 0 and set(point) >= {"eval_id", "eval_ood"}
+        for name in ("eval_id", "eval_ood"):
+            assert set(point[name]) == set(templates[name]), (point, templates[name])
+            for entry in point[name].values():
+                assert entry["kl"] >= 0 and entry["tokens"] > 0 and entry["episodes"] >= 1
+    assert "KL to the initial policy on the eval episodes" in text
