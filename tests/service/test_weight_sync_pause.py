@@ -53,3 +53,42 @@ async def test_a_retract_paused_push_aborts_nothing_and_labels_tokens_by_version
                 assert not engine_loads(engine.url).get("paused")
             finally:
                 sync.close()
+
+
+async def test_the_default_push_never_waits_for_a_long_generation_in_flight(tmp_path):
+    """issue 30 items 4 and 6: the default pause (auto: in place for shellrl's engine) commits at
+    once; unpaused, the engine would commit only after this 8,000-token generation ended. The
+    generation goes on, its later tokens labelled with the new version."""
+    model = load_model("tiny")
+    with running_engine(tmp_path) as engine:
+        async with EngineClient([engine.url], timeout_s=600) as client:
+            sync = WeightSync(
+                client,
+                None,
+                transport="shm",
+                deadline_s=60,
+                sync_dir=tmp_path,
+                share_parameters=True,
+            )
+            params = {"max_new_tokens": 8000, "ignore_eos": True, "temperature": 1.0}
+            try:
+                long = asyncio.ensure_future(client.generate([1, 2, 3], params, rid="long-0"))
+                for _ in range(200):
+                    if engine_loads(engine.url)["num_running_reqs"] >= 1:
+                        break
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.3)  # some tokens on the first weights
+                result = await sync.push(model, 1)
+                assert result.confirmed == (engine.url,), result.failed
+                assert not long.done()  # the push did not wait for it
+                assert (await client.get_weight_version())[engine.url] == "1"
+                await asyncio.sleep(0.3)  # some tokens on the new weights
+                await client.abort_request("long-0")
+                done = await long
+                versions = [s.version for s in done.weight_versions]
+                assert versions[0] != "1" and versions[-1] == "1", versions
+                assert len(done.output_ids) < 8000
+            finally:
+                if not long.done():
+                    long.cancel()
+                sync.close()
