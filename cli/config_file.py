@@ -2,9 +2,9 @@
 
     # shellrl.toml
     model-path = "tiny"          # a long option of the command, without '--' ('-' or '_')
-    steps = 20
     no-require-command = true    # a switch: true / false
     [run]                        # only for `shellrl run` (overrides the top level there)
+    steps = 20                   # an option of `run` only: at the top level `up` refuses it
     time-budget-min = 10
     [env]                        # SHELLRL_* settings of the services the command starts
     SHELLRL_MAX_SESSIONS = 64

@@ -240,12 +240,15 @@ def _switch_field(info: FieldInfo) -> bool:
 
 def add_options(parser: argparse.ArgumentParser, model: type[Options]) -> None:
     """A flag per field of `model`, in field order: `--field-name` (a switch turns the field on,
-    or off when it names its own `flag`), its choices, its help with `(default: X)`. Each flag's
-    argparse default is SUPPRESS, so the parsed namespace holds only what was given (`resolve`)."""
+    or off when it names its own `flag`), its choices, its help with `(default: X)` (the flag's:
+    False for an inverted switch whose field is on). Each flag's argparse default is SUPPRESS,
+    so the parsed namespace holds only what was given (`resolve`)."""
     for name, info in model.model_fields.items():
         extra = _extra(info)
         flag = extra.get("flag", "--" + name.replace("_", "-"))
-        text = f"{info.description} (default: {info.default})"
+        # an inverted switch's flag is off by default when its field is on (--no-require-command)
+        shown = (not info.default) if "flag" in extra else info.default
+        text = f"{info.description} (default: {shown})"
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": text}
         if _switch_field(info):
             kw["action"] = "store_false" if "flag" in extra else "store_true"
@@ -279,6 +282,8 @@ def resolve(args: argparse.Namespace, model: type[Options], command: str) -> arg
         raise CliError(_first_error(exc, given, spelled, path, model)) from None
     finally:
         _FileValues.values = {}
+    if issubclass(model, StackOptions):
+        _check_recipe(options, given, spelled, path)
     for name in model.model_fields:
         setattr(args, name, getattr(options, name))
     if "learner_url" in model.model_fields and args.learner_url is None:
@@ -345,11 +350,44 @@ def _first_error(exc: ValidationError, given: dict, spelled: dict, path, model) 
         message = f"{value!r} is not one of {', '.join(map(str, choices))}"
     else:
         message = error["msg"].removeprefix("Value error, ")
+    return f"{_where(name, given, spelled, path)}: {message}"
+
+
+def _where(name: str, given: dict, spelled: dict, path) -> str:
+    """Where field `name`'s value came from: its flag, the file's key as spelled there, else the
+    environment."""
     if name in given:
-        return f"--{name.replace('_', '-')}: {message}"
+        return f"--{name.replace('_', '-')}"
     if name in spelled:
-        return f"config file {path}: {spelled[name]}: {message}"
-    return f"{ENV_PREFIX}{name.upper()}: {message}"
+        return f"config file {path}: {spelled[name]}"
+    return f"{ENV_PREFIX}{name.upper()}"
+
+
+def _check_recipe(options: StackOptions, given: dict, spelled: dict, path) -> None:
+    """Each recipe option not at its default, as the services will read it: the SHELLRL_*
+    settings it sets (cli/recipe.py), checked by the Settings class of every service that has
+    them (cli/config_file.check_env_values), so that `--group-size 0` stops here, naming the
+    option, rather than once Redis and three services have started. Raises CliError."""
+    from dataclasses import fields, replace
+
+    from cli.config_file import check_env_values
+
+    base = Recipe()
+    for field in fields(Recipe):
+        value = getattr(options, field.name)
+        if value == getattr(base, field.name):
+            continue
+        changed = replace(base, **{field.name: value})
+        for old, new in zip(_recipe_envs(base), _recipe_envs(changed), strict=True):
+            try:
+                check_env_values({k: v for k, v in new.items() if old.get(k) != v})
+            except ValueError as exc:
+                raise CliError(f"{_where(field.name, given, spelled, path)}: {exc}") from None
+
+
+def _recipe_envs(recipe: Recipe) -> list[dict[str, str]]:
+    """The recipe's SHELLRL_* settings: those of every service, then one service's each."""
+    return [recipe.env(), *recipe.service_env().values()]
 
 
 def markdown() -> str:

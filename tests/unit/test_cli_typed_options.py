@@ -61,6 +61,34 @@ def test_a_bad_value_names_the_variable_or_the_file_key(tmp_path, monkeypatch, w
     assert str(caught.value).startswith(message), str(caught.value)
 
 
+@pytest.mark.parametrize(
+    "argv, where, message",
+    [
+        (["run", "--group-size", "0"], {}, "--group-size: SHELLRL_GROUP_SIZE='0': rollout: "),
+        (["up"], {"SHELLRL_CLI_MAX_TURNS": "100"}, "SHELLRL_CLI_MAX_TURNS: SHELLRL_MAX_TURNS="),
+        (["run"], "temperature = -1\n", "config file {path}: temperature: SHELLRL_TEMPERATURE="),
+        (["up"], "[up]\nlr = 0\n", "config file {path}: lr: SHELLRL_LR='0.0': learner: "),
+    ],
+)
+def test_a_recipe_value_a_service_refuses_names_the_option_before_anything_starts(
+    tmp_path, monkeypatch, argv, where, message
+):
+    # the services' Settings check the recipe's values at parse time (a file key of the right
+    # name with a bad value used to start Redis, the engine, sandbox and verifier first, then
+    # fail in the rollout's log naming only SHELLRL_GROUP_SIZE)
+    assert parse(["run", "--group-size", "2", "--kl-coef", "0"]).group_size == 2
+    if isinstance(where, dict):
+        for name, value in where.items():
+            monkeypatch.setenv(name, value)
+    else:
+        path = write(tmp_path, where)
+        argv = [*argv, "--config", str(path)]
+        message = message.format(path=path)
+    with pytest.raises(CliError) as caught:
+        parse(argv)
+    assert str(caught.value).startswith(message), str(caught.value)
+
+
 def test_every_field_is_a_flag_with_its_help_and_default():
     [sub] = [a for a in build_parser()._actions if hasattr(a, "choices") and a.choices]
     for command, model in (("run", RunOptions), ("up", UpOptions)):
@@ -68,7 +96,13 @@ def test_every_field_is_a_flag_with_its_help_and_default():
         assert set(actions) == set(model.model_fields), command
         for name, info in model.model_fields.items():
             assert info.description in actions[name].help
-            assert f"(default: {info.default})" in actions[name].help
+            inverted = actions[name].option_strings[0].startswith("--no-")
+            shown = (not info.default) if inverted else info.default
+            assert f"(default: {shown})" in actions[name].help
+    # the flag is off unless given, as every other switch's (it read "(default: True)")
+    assert (
+        "(default: False)" in sub.choices["run"]._option_string_actions["--no-require-command"].help
+    )
     assert parse(["up", "--no-require-command"]).require_command is False
     assert parse(["up"]).require_command is True and parse(["up"]).quiet is False
 
