@@ -52,11 +52,13 @@ def _eval_id(cfg: TaskChoice) -> list:
 
 
 def eval_sets(cfg: TaskChoice) -> dict[str, list]:
+    """{set name: its tasks} of the job's evaluations; a set asked for with 0 tasks
+    (`--agentbench-eval-tasks 0`) is left out, as the gateway refuses an empty evaluation."""
     from tasksets import load_taskset
 
     agentbench = load_taskset("agentbench_os", "train")
     step = max(1, len(agentbench) // max(cfg.agentbench_eval_tasks, 1))
-    return {
+    sets = {
         "eval_id": _eval_id(cfg),
         "eval_ood": load_taskset("generated", "eval_ood", seed=cfg.task_seed)[
             : cfg.eval_ood_episodes
@@ -64,6 +66,7 @@ def eval_sets(cfg: TaskChoice) -> dict[str, list]:
         "seeds": load_taskset("seeds"),
         "agentbench": agentbench[::step][: cfg.agentbench_eval_tasks],
     }
+    return {name: tasks for name, tasks in sets.items() if tasks}
 
 
 def content_key(task) -> str:
@@ -85,12 +88,12 @@ def train_tasks(cfg: TaskChoice) -> list:
     eval_ood template (issue 33 item 2): `--train-set default` holds all 110 AgentBench tasks, of
     which `eval_sets` evaluates a sample, and a plug-in or task file may hold anything."""
     sets = eval_sets(cfg)
-    held = [t for name in HELD_OUT_SETS for t in sets[name]]
+    held = [t for name in HELD_OUT_SETS for t in sets.get(name, [])]
     ids, contents = {t.task_id for t in held}, {content_key(t) for t in held}
     from tasksets.generator import templates_for
 
     ood_templates = {t.name for t in templates_for("eval_ood")}
-    ood_templates |= {t.template for t in sets["eval_ood"] if t.template}
+    ood_templates |= {t.template for t in sets.get("eval_ood", []) if t.template}
     return [
         t
         for t in _train_pool(cfg)

@@ -42,3 +42,13 @@ def test_the_default_set_trains_on_agentbench_except_the_evaluated_sample():
     agentbench = [t for t in train_tasks(cfg) if t.source.startswith("THUDM/AgentBench")]
     assert len(agentbench) == 110 - cfg.agentbench_eval_tasks
     assert not train_ids & {t.task_id for t in eval_sets(cfg)["agentbench"]}
+
+
+def test_a_set_asked_for_with_no_tasks_is_left_out_of_the_evaluations():
+    # `shellrl run --agentbench-eval-tasks 0` died with a traceback after the stack started: the
+    # gateway answers 422 to an evaluation of no tasks (task_ids: min_length 1)
+    cfg = JobConfig(agentbench_eval_tasks=0, eval_ood_episodes=0, eval_id_episodes=2)
+    sets = eval_sets(cfg)
+    assert set(sets) == {"eval_id", "seeds"} and len(sets["eval_id"]) == 2
+    assert all(sets.values())
+    assert train_tasks(cfg)
