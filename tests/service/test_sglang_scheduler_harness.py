@@ -123,12 +123,14 @@ class Engine:
             _, rank = conn.recv()
             conns[rank] = conn
         self.conns = [conns[r] for r in range(TP_SIZE)]
+        self.closed = False
 
     def ask(self, op: str, body=None) -> list:
         return asyncio.run(SGLangFront(self.conns).ask(op, body))
 
     def close(self) -> list[dict]:
         """Stop the ranks; what each said it still held."""
+        self.closed = True
         byes = []
         for conn in self.conns:
             conn.send(("exit", None))
@@ -146,15 +148,29 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def engine(model, tmp_path_factory):
+def engines(model, tmp_path_factory):
+    """The module's TP ranks, started again for the tests after one that closed them (the
+    ranks-end test may run first in a random order)."""
     shapes = {name: list(p.shape) for name, p in model.named_parameters()}
-    engine = Engine(tmp_path_factory.mktemp("sglang-harness"), shapes)
+    started: list[Engine] = []
+
+    def live() -> Engine:
+        if not started or started[-1].closed:
+            started.append(Engine(tmp_path_factory.mktemp("sglang-harness"), shapes))
+        return started[-1]
+
     try:
-        yield engine
+        yield live
     finally:
-        for proc in engine.procs:
-            if proc.poll() is None:
-                stop_owned(proc)
+        for engine in started:
+            for proc in engine.procs:
+                if proc.poll() is None:
+                    stop_owned(proc)
+
+
+@pytest.fixture
+def engine(engines) -> Engine:
+    return engines()
 
 
 def _requeue(engine: Engine) -> None:
