@@ -270,6 +270,7 @@ def resolve(args: argparse.Namespace, model: type[Options], command: str) -> arg
     from cli.config_file import command_values
 
     given = {k: v for k, v in vars(args).items() if k in model.model_fields}
+    _check_env_names()
     path = given.get("config") or os.environ.get(ENV_PREFIX + "CONFIG")
     file_values, config_env, spelled = {}, {}, {}
     if path:
@@ -290,6 +291,19 @@ def resolve(args: argparse.Namespace, model: type[Options], command: str) -> arg
         args.learner_url = os.environ.get("SHELLRL_LEARNER_URL")
     args.config_env = config_env
     return args
+
+
+def _check_env_names() -> None:
+    """Every SHELLRL_CLI_* variable names an option of `run` or `up` (one command's option is
+    ignored by the other). Raises CliError naming a mistyped one, which pydantic-settings would
+    skip silently (extra="forbid" covers flags and file keys only)."""
+    known = {name for m in (UpOptions, RunOptions) for name in m.model_fields}
+    for var in sorted(os.environ):
+        if var.startswith(ENV_PREFIX) and var.removeprefix(ENV_PREFIX).lower() not in known:
+            raise CliError(
+                f"{var}: no option of `shellrl run` or `shellrl up` has this name "
+                f"({ENV_PREFIX}<OPTION>: docs/config.md)"
+            )
 
 
 def _check_file_keys(path, values: dict, model: type[Options], command: str) -> dict[str, str]:

@@ -36,6 +36,11 @@ def test_flags_beat_the_environment_which_beats_the_file(tmp_path, monkeypatch):
         ({"SHELLRL_CLI_STEPS": "many"}, "SHELLRL_CLI_STEPS: expected int, got 'many'"),
         ({"SHELLRL_CLI_DEVICE": "gpu"}, "SHELLRL_CLI_DEVICE: 'gpu' is not one of cpu, cuda"),
         ({"SHELLRL_CLI_FRESH": "maybe"}, "SHELLRL_CLI_FRESH: expected true or false"),
+        # a mistyped name was ignored without a word
+        (
+            {"SHELLRL_CLI_STEPZ": "3"},
+            "SHELLRL_CLI_STEPZ: no option of `shellrl run` or `shellrl up`",
+        ),
         ("device = 'gpu'\n", "config file {path}: device: 'gpu' is not one of cpu, cuda"),
         ("tracker = 'comet'\n", "config file {path}: tracker: 'comet' is not one of auto"),
         ("train-set = 3\n", "config file {path}: train-set: expected a string, got 3"),
@@ -87,6 +92,12 @@ def test_a_recipe_value_a_service_refuses_names_the_option_before_anything_start
     with pytest.raises(CliError) as caught:
         parse(argv)
     assert str(caught.value).startswith(message), str(caught.value)
+
+
+def test_one_commands_environment_option_is_ignored_by_the_other(monkeypatch):
+    monkeypatch.setenv("SHELLRL_CLI_QUIET", "true")
+    monkeypatch.setenv("SHELLRL_CLI_STEPS", "3")
+    assert parse(["run"]).steps == 3 and parse(["up"]).quiet is True
 
 
 def test_every_field_is_a_flag_with_its_help_and_default():
