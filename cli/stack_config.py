@@ -8,6 +8,7 @@ the `Authorization` header the CLI sends to a running stack (its token: shellrl/
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from dataclasses import dataclass, field
@@ -204,6 +205,21 @@ def api_headers(state_dir: Path = STATE_DIR, environ: dict[str, str] | None = No
         return auth_headers(path.read_text().strip())
     except OSError:
         return {}
+
+
+def gateway_url(
+    url: str | None, state_dir: Path = STATE_DIR, environ: dict[str, str] | None = None
+) -> str:
+    """The rollout gateway a CLI call goes to: `url` when given, else SHELLRL_ROLLOUT_URL, else
+    the rollout of the stack running from `state_dir` (its stack.json: a stack moved by
+    --port-offset), else port 8100."""
+    environ = os.environ if environ is None else environ
+    if url or environ.get("SHELLRL_ROLLOUT_URL"):
+        return url or environ["SHELLRL_ROLLOUT_URL"]
+    try:
+        return json.loads((state_dir / "stack.json").read_text())["urls"]["rollout"]
+    except (OSError, ValueError, KeyError, TypeError):  # no stack runs from there: the default
+        return f"http://127.0.0.1:{DEFAULT_PORTS['rollout']}"
 
 
 def port_is_free(port: int) -> bool:

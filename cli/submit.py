@@ -14,7 +14,6 @@ Exit status: 0 all stored, 1 a line was rejected or the gateway failed, 2 the fi
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -22,9 +21,8 @@ from pathlib import Path
 import httpx
 
 from cli.errors import token_hint
-from cli.stack_config import STATE_DIR, api_headers
+from cli.stack_config import STATE_DIR, api_headers, gateway_url
 
-DEFAULT_URL = os.environ.get("SHELLRL_ROLLOUT_URL", "http://127.0.0.1:8100")
 _LIST_FIELD = re.compile(r"^tasks\[(\d+)\]\.?(.*)$")
 
 
@@ -32,8 +30,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("file", type=Path, help="JSONL task file ('-' = stdin)")
     parser.add_argument(
         "--url",
-        default=DEFAULT_URL,
-        help="rollout gateway base URL (SHELLRL_ROLLOUT_URL, else port 8100)",
+        default=None,
+        help="rollout gateway base URL (None: SHELLRL_ROLLOUT_URL, else the rollout of the "
+        "stack running from --state-dir, else port 8100)",
     )
     parser.add_argument("--batch-size", type=int, default=500, help="tasks per request")
     parser.add_argument(
@@ -133,7 +132,7 @@ def run(args) -> int:
     try:
         summary = submit(
             args.file,
-            args.url,
+            gateway_url(args.url, Path(args.state_dir)),
             batch_size=args.batch_size,
             split=args.split,
             timeout_s=args.timeout_s,

@@ -13,7 +13,6 @@ or task (trimmed from its stream, or never finished), 2 the gateway cannot be re
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from cli.errors import CliError
@@ -33,8 +32,9 @@ def add_arguments(parser) -> None:
     )
     parser.add_argument(
         "--url",
-        default=os.environ.get("SHELLRL_ROLLOUT_URL", "http://127.0.0.1:8100"),
-        help="rollout gateway base URL (SHELLRL_ROLLOUT_URL, else port 8100)",
+        default=None,
+        help="rollout gateway base URL (None: SHELLRL_ROLLOUT_URL, else the rollout of the "
+        "stack running from --state-dir, else port 8100)",
     )
     parser.add_argument("--json", action="store_true", help="print the gateway's JSON as it is")
     parser.add_argument(
@@ -142,8 +142,14 @@ def run(args) -> int:
     from rich.console import Console
     from rich.text import Text
 
+    from cli.stack_config import gateway_url
+
+    state_dir = Path(args.state_dir)
     view, others = resolve(
-        args.url, args.trajectory_id, timeout_s=args.timeout_s, state_dir=Path(args.state_dir)
+        gateway_url(args.url, state_dir),
+        args.trajectory_id,
+        timeout_s=args.timeout_s,
+        state_dir=state_dir,
     )
     if args.json:
         print(json.dumps(view, indent=2))

@@ -94,3 +94,22 @@ def test_good_env_values_pass_every_service_that_reads_them():
             "SHELLRL_ISOLATION": "fallback",
         }
     )
+
+
+def test_show_and_submit_reach_the_gateway_of_the_stack_in_their_state_dir(tmp_path):
+    # a second stack on shifted ports: `--state-dir` sent its token to the first stack's port
+    # 8100 unless --url was given too
+    import json
+
+    from cli.stack_config import gateway_url
+
+    state = tmp_path / "stack-b"
+    assert gateway_url(None, state, environ={}) == "http://127.0.0.1:8100"  # no stack there
+    state.mkdir()
+    (state / "stack.json").write_text(json.dumps({"urls": {"rollout": "http://127.0.0.1:9100"}}))
+    assert gateway_url(None, state, environ={}) == "http://127.0.0.1:9100"
+    env = {"SHELLRL_ROLLOUT_URL": "http://gw:8100"}
+    assert gateway_url(None, state, environ=env) == "http://gw:8100"
+    assert gateway_url("http://given:1", state, environ=env) == "http://given:1"
+    for argv in (["show", "some-id"], ["submit", "tasks.jsonl"]):
+        assert parse([*argv, "--state-dir", str(state)]).url is None  # resolved when it runs
