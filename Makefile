@@ -21,10 +21,12 @@ test: setup lint  ## set up, check the house rules, then run the whole test suit
 	-@$(PY) scripts/suite_times.py .shellrl/test-report.xml  # a report: never fails the target
 
 # pytest-randomly shuffles the modules and the tests in each module with one seed, the same on every
-# xdist worker; --dist loadfile hands whole modules out in that shuffled order (TEST_WORKERS=0: one process)
+# xdist worker; --dist loadfile hands whole modules out in that shuffled order (--no-loadscope-reorder:
+# by default xdist hands out the modules with the most tests first) (TEST_WORKERS=0: one process)
 test-random: setup  ## the whole suite in a random order (SEED=n repeats one; pytest-randomly; TEST_WORKERS=n)
-	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --durations=15 -p randomly \
-	  --randomly-seed=$(or $(SEED),default) --junitxml=.shellrl/test-random-report.xml tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=15 \
+	  -p randomly --randomly-seed=$(or $(SEED),default) --junitxml=.shellrl/test-random-report.xml \
+	  tests $(PYTEST_ARGS)
 
 lint: setup  ## ruff (lint + format check), import-linter (layers, independent services, no circles), the module budget
 	$(VENV)/bin/ruff check .
