@@ -42,8 +42,8 @@ if str(REPO) not in sys.path:
 
 from benchmarks.rollout_tail import bench_tail
 from services.rollout.agent_loop import AgentLoop
-from services.rollout.app import connect_redis
 from services.rollout.episode_spec import EpisodeLimits, EpisodeSpec
+from services.rollout.parts import connect_redis
 from services.rollout.prompt import ChatFormat, load_chat_tokenizer
 from shellrl import streams
 from shellrl.clients.engine import EngineClient

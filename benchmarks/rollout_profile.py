@@ -33,8 +33,8 @@ if str(REPO) not in sys.path:
 
 from benchmarks.bench_rollout import REPLY, _agent_turns, _bare_pairs, _start
 from services.rollout.agent_loop import AgentLoop
-from services.rollout.app import connect_redis
 from services.rollout.episode_spec import EpisodeLimits
+from services.rollout.parts import connect_redis
 from services.rollout.prompt import ChatFormat, load_chat_tokenizer
 from shellrl import streams
 from shellrl.clients.engine import EngineClient
