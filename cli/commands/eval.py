@@ -28,7 +28,10 @@ from pathlib import Path
 from cli.errors import CliError, http_errors
 
 NAME = "eval"
-HELP = "evaluate the running stack's policy on the fixed eval sets; per-template tables"
+HELP = (
+    "evaluate a policy (the running stack's, or --model-path DIR on a stack it starts) on the "
+    "fixed eval sets; per-template tables"
+)
 SETS = ("eval_id", "eval_ood", "seeds", "agentbench")
 
 
