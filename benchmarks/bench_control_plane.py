@@ -276,7 +276,8 @@ def report(points: list[Point], profile: dict, out: Path, drain: dict | None = N
         + f"; one engine offers {basis['episodes_per_s_per_engine']:.1f} episodes/s; one process "
         "at 70% of a core carries: "
         + ", ".join(
-            f"{r} {n:.0f} engines" for r, n in basis["single_process_limit_engines"].items()
+            f"{r} {'not measured (0 CPU-ms)' if n is None else f'{n:.0f} engines'}"
+            for r, n in basis["single_process_limit_engines"].items()
         )
     )
     console.print(extrapolated_table(rows))

@@ -112,7 +112,7 @@ def extrapolate(
         "lua_calls_per_episode": lua_per_episode,
         "measured_up_to_episodes_per_s": fastest.episodes_per_s,
         "single_process_limit_engines": {
-            r: PLAN_UTILISATION * 1000 / (ms[r] * per_engine) for r in ("redis", "learner")
+            r: single_process_limit_engines(ms[r], per_engine) for r in ("redis", "learner")
         },
     }
     rows = []
@@ -140,6 +140,15 @@ def extrapolate(
 
 
 DAY_S = 86_400.0
+
+
+def single_process_limit_engines(ms_per_episode: float, per_engine: float) -> float | None:
+    """Engines one process at PLAN_UTILISATION of a core carries, or None when the measured cost
+    is 0 CPU-ms (a quick run's window can end before the process used one tick of CPU time: no
+    measurement, not an unbounded limit)."""
+    if ms_per_episode <= 0 or per_engine <= 0:
+        return None
+    return PLAN_UTILISATION * 1000 / (ms_per_episode * per_engine)
 
 
 def stream_caps() -> dict[str, float | None]:

@@ -64,3 +64,18 @@ def test_rows_size_replicas_redis_and_memory_from_the_per_episode_costs():
     assert row["learner intake % of 1 core"] == f"{100 * episodes * 0.5 / 1000:.0f}"
     assert row["Redis GB held by TTL keys"] == f"{episodes * 2 * 100 * 3600 / 1e9:,.1f}"
     assert basis["ms_per_episode"]["learner"] == 0.5
+
+
+def test_a_process_that_used_no_cpu_tick_in_the_window_has_no_limit_not_a_division_by_zero():
+    """CI at 2740dbb: the quick form's learner used 0.00 CPU-ms per episode (under one clock tick
+    in a 20 s window) and extrapolate() raised ZeroDivisionError. The limit is unmeasured: None."""
+    profile = build_profile(lambda text: [5] * len(text.split()), 2)
+    points = [point(n, 10.0 * n, fixed_cores=0.0, ms=1.0) for n in (1, 4, 16)]
+    for p in points:
+        p.cpu_cores["learner"] = 0.0
+        p.ms_per_episode["learner"] = 0.0
+    rows, basis = extrapolate(points, profile)
+    limits = basis["single_process_limit_engines"]
+    assert limits["learner"] is None
+    assert math.isclose(limits["redis"], 0.7 * 1000 / (1.0 * per_engine_episodes_per_s(profile)))
+    assert rows[2]["learner intake % of 1 core"] == "0"
