@@ -36,14 +36,31 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), loop=sys.argv[2], http
 """
 
 
-async def _median_rtt_ms(port: int, requests: int) -> float:
+START_DEADLINE_S = 120.0  # a server's first answer: imports take seconds on 2 busy cores
+
+
+async def wait_serving(
+    client: httpx.AsyncClient, url: str, proc: subprocess.Popen, deadline_s: float
+) -> None:
+    """Until GET `url` answers; RuntimeError as soon as `proc` (the server) has exited,
+    TimeoutError after `deadline_s` seconds."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            await client.get(url)
+            return
+        except httpx.TransportError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode} before it answered")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer from {url} within {deadline_s:g} s") from None
+            await asyncio.sleep(0.05)  # poll period of the condition above
+
+
+async def _median_rtt_ms(port: int, requests: int, proc: subprocess.Popen) -> float:
     async with httpx.AsyncClient() as client:
-        for _ in range(200):
-            try:
-                await client.get(f"http://127.0.0.1:{port}/healthz")
-                break
-            except httpx.TransportError:
-                await asyncio.sleep(0.05)
+        url = f"http://127.0.0.1:{port}/healthz"
+        await wait_serving(client, url, proc, START_DEADLINE_S)
         samples = []
         for _ in range(requests + 50):
             t0 = time.perf_counter()
@@ -75,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
             port = free_port()
             proc = subprocess.Popen([sys.executable, "-c", SERVER, str(port), loop, http])
             try:
-                results[(loop, http)].append(asyncio.run(_median_rtt_ms(port, args.requests)))
+                results[(loop, http)].append(asyncio.run(_median_rtt_ms(port, args.requests, proc)))
             finally:
                 proc.terminate()
                 proc.wait(timeout=10)
