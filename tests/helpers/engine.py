@@ -77,3 +77,30 @@ def metric_value(text: str, name: str, **labels: str) -> float:
         for s in family.samples
         if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
     )
+
+
+def generated_tokens(url: str) -> float:
+    """The engine's `shellrl_engine_generation_tokens_total`: tokens sampled since it started."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return metric_value(text, "shellrl_engine_generation_tokens_total")
+
+
+async def wait_for_new_tokens(url: str, at_least: int = 2, timeout_s: float = 60.0) -> float:
+    """Wait until the engine has sampled `at_least` more tokens than when this was called (its
+    generation-token counter), instead of sleeping and hoping a busy machine decoded some; returns
+    the count reached. AssertionError naming the wait after `timeout_s` seconds."""
+    import asyncio
+
+    from tests.helpers.waiting import wait_until_async
+
+    start = await asyncio.to_thread(generated_tokens, url)
+
+    async def grown() -> float:
+        now = await asyncio.to_thread(generated_tokens, url)
+        return now if now >= start + at_least else 0.0
+
+    return await wait_until_async(
+        grown, timeout_s, f"{at_least} more tokens sampled by {url}", poll_s=0.02
+    )

@@ -132,7 +132,11 @@ async def test_aborted_requests_return_every_token_generated_so_far_and_resume_f
         )
 
     await _until(full, 30, f"{MAX_RUNNING} running and the rest queued")
-    await asyncio.sleep(1.0)  # the running ones produce ~100 tokens each
+
+    async def sampled():  # a few decode steps of the whole running batch: each has tokens
+        return (await _metrics(http, engine.url))[GENERATED] - before[GENERATED] >= 4 * MAX_RUNNING
+
+    await _until(sampled, 60, "four decode steps of the running requests")
     try:
         running = (await _loads(http, engine.url))[
             "num_running_reqs"

@@ -15,7 +15,12 @@ from shellrl.clients.engine_responses import EngineError, VersionSpan
 from shellrl.models import load_model
 from shellrl.weights import disk as wtd
 from shellrl.weights import shm
-from tests.helpers.engine import perturbed, reference_logprobs, running_engine
+from tests.helpers.engine import (
+    perturbed,
+    reference_logprobs,
+    running_engine,
+    wait_for_new_tokens,
+)
 
 PARITY_TOLERANCE = 1e-4
 PROMPT = [101, 2045, 331, 17, 9000, 42, 7, 7, 512]
@@ -50,7 +55,7 @@ async def wait_for_tokens(engine_url: str, minimum_running: int = 1) -> None:
         for _ in range(200):
             loads = (await http.get(f"{engine_url}/v1/loads")).json()["loads"][0]
             if loads["num_running_reqs"] >= minimum_running:
-                await asyncio.sleep(0.3)  # let it produce some tokens
+                await wait_for_new_tokens(engine_url)  # some tokens on the weights of now
                 return
             await asyncio.sleep(0.05)
     raise AssertionError("request never started running")
@@ -68,7 +73,7 @@ async def test_retract_pause_and_update_mid_generation_labels_tokens_and_matches
     await client.pause_generation("retract")
     await push(client, weights_b, "b")
     await client.continue_generation()
-    await asyncio.sleep(0.5)
+    await wait_for_new_tokens(engine.url)  # some tokens on the new weights
     await client.abort_request("retracted")
     result = await asyncio.wait_for(task, 60)
 
@@ -145,7 +150,7 @@ async def test_in_place_pause_keeps_the_request_and_labels_later_tokens_with_the
     await client.pause_generation("in_place")
     await push(client, perturbed(base_weights, 8), "h")
     await client.continue_generation()
-    await asyncio.sleep(0.5)
+    await wait_for_new_tokens(engine.url)  # some tokens on the new weights
     await client.abort_request("kept")
     result = await asyncio.wait_for(task, 30)
     assert [span.version for span in result.weight_versions] == ["g", "h"]

@@ -372,13 +372,16 @@ async def test_exec_slots_are_fair_between_sessions_and_the_wait_is_reported_apa
                 start = time.perf_counter()
                 result = await c.exec(light, "echo hi")
                 wall_ms = (time.perf_counter() - start) * 1e3
-                assert result.stdout == "hi\n" and result.duration_ms < 500, result
-                assert wall_ms < 4500, f"waited {wall_ms:.0f} ms behind other sessions"
+                # margins against the sleeps, not against an idle machine: a light command runs
+                # in well under half a sleep; fair is at most one sleep away (3 s + its run), FIFO
+                # is two sleeps (6 s) or more
+                assert result.stdout == "hi\n" and result.duration_ms < 1500, result
+                assert wall_ms < 5000, f"waited {wall_ms:.0f} ms behind other sessions"
                 # the wait is reported: what the client saw is the queue plus the run (+ HTTP, policy)
                 assert (
                     result.queue_ms + result.duration_ms - 5
                     <= wall_ms
-                    <= (result.queue_ms + result.duration_ms + 1000)
+                    <= (result.queue_ms + result.duration_ms + 1500)
                 ), (wall_ms, result)
                 print(
                     f"light session: wall {wall_ms:.0f} ms, queue_ms {result.queue_ms:.0f}, "

@@ -11,7 +11,7 @@ import pytest
 from services.learner.weight_sync import WeightSync
 from shellrl.clients.engine import EngineClient
 from shellrl.models import load_model
-from tests.helpers.engine import engine_loads, running_engine
+from tests.helpers.engine import engine_loads, running_engine, wait_for_new_tokens
 
 pytestmark = pytest.mark.slow
 LONG = {"max_new_tokens": 400, "ignore_eos": True, "temperature": 1.0}
@@ -39,7 +39,7 @@ async def test_a_retract_paused_push_aborts_nothing_and_labels_tokens_by_version
                     if engine_loads(engine.url)["num_running_reqs"] >= 4:
                         break
                     await asyncio.sleep(0.05)
-                await asyncio.sleep(0.3)  # some tokens on the first weights
+                await wait_for_new_tokens(engine.url)  # some tokens on the first weights
                 result = await sync.push(model, 1)
                 assert result.confirmed == (engine.url,), result.failed
                 done = await asyncio.gather(*running)
@@ -77,12 +77,12 @@ async def test_the_default_push_never_waits_for_a_long_generation_in_flight(tmp_
                     if engine_loads(engine.url)["num_running_reqs"] >= 1:
                         break
                     await asyncio.sleep(0.05)
-                await asyncio.sleep(0.3)  # some tokens on the first weights
+                await wait_for_new_tokens(engine.url)  # some tokens on the first weights
                 result = await sync.push(model, 1)
                 assert result.confirmed == (engine.url,), result.failed
                 assert not long.done()  # the push did not wait for it
                 assert (await client.get_weight_version())[engine.url] == "1"
-                await asyncio.sleep(0.3)  # some tokens on the new weights
+                await wait_for_new_tokens(engine.url)  # some tokens on the new weights
                 await client.abort_request("long-0")
                 done = await long
                 versions = [s.version for s in done.weight_versions]
