@@ -74,7 +74,9 @@ def _start(*commands: tuple[str, int, tuple[str, ...]]) -> list[subprocess.Popen
     ]
     try:
         for proc, (module, port, _) in zip(procs, commands, strict=True):
-            wait_until_ready(f"http://127.0.0.1:{port}", 60, process=proc, what=module, poll_s=0.1)
+            wait_until_ready(
+                f"http://127.0.0.1:{port}", START_DEADLINE_S, process=proc, what=module, poll_s=0.1
+            )
     except RuntimeError:
         for proc in procs:
             proc.kill()
@@ -83,6 +85,7 @@ def _start(*commands: tuple[str, int, tuple[str, ...]]) -> list[subprocess.Popen
     return procs
 
 
+START_DEADLINE_S = 180.0  # a fake service's start: its imports take seconds on 2 busy cores
 REPLY = "<bash>true</bash>"  # every turn of the fake engine (+ end of turn)
 
 
@@ -94,9 +97,55 @@ class OverheadResult:
     pairs_per_s: float
     cpu_ms_per_turn: float
     cpu_ms_per_pair: float
-    turn_latency_ms: float
-    pair_latency_ms: float
+    turn_latency_ms: float | None  # None: no turn finished in the single-episode run
+    pair_latency_ms: float | None  # None: no pair finished in the single-pair run
     episodes: int = 0
+
+
+NOT_MEASURED = "-"
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator, or None (not measured) when either is missing or the denominator
+    is 0: a quick run's short window on a busy machine can end with no turn, pair or busy slot."""
+    if numerator is None or not denominator:
+        return None
+    return numerator / denominator
+
+
+def cell(value: float | None, spec: str, suffix: str = "") -> str:
+    """`value` formatted with `spec` (and `suffix`), or NOT_MEASURED for None."""
+    return NOT_MEASURED if value is None else f"{value:{spec}}{suffix}"
+
+
+def overhead_cells(r: OverheadResult) -> list[str]:
+    """One row of the gateway-overhead table."""
+    added = (
+        None
+        if r.turn_latency_ms is None or r.pair_latency_ms is None
+        else r.turn_latency_ms - r.pair_latency_ms
+    )
+    return [
+        r.transport,
+        f"{r.turns_per_s:.0f}",
+        f"{r.pairs_per_s:.0f}",
+        cell(ratio(r.turns_per_s, r.pairs_per_s), ".2f"),
+        f"{r.cpu_ms_per_turn:.2f}",
+        f"{r.cpu_ms_per_pair:.2f}",
+        f"{r.cpu_ms_per_turn - r.cpu_ms_per_pair:+.2f}",
+        cell(r.turn_latency_ms, ".2f"),
+        cell(r.pair_latency_ms, ".2f"),
+        cell(added, "+.2f"),
+    ]
+
+
+def shipped_vs_before(shipped: OverheadResult, before: OverheadResult) -> str:
+    """The line under the overhead table: the shipped transport against the one before."""
+    return (
+        f"shipped vs before: {cell(ratio(shipped.turns_per_s, before.turns_per_s), '.2f', 'x')} "
+        f"turns/s, {cell(ratio(before.cpu_ms_per_turn, shipped.cpu_ms_per_turn), '.2f', 'x')} "
+        "less gateway CPU per turn"
+    )
 
 
 TRANSPORTS = {
@@ -172,10 +221,15 @@ async def _agent_turns(
             done_turns += traj.num_turns
             episodes += 1
             n += 1
+            if traj.failure:
+                failed.append(traj.failure_detail)
 
+    failed: list[str] = []
     cpu, start = time.process_time(), time.monotonic()
     await asyncio.gather(*(loop(i) for i in range(concurrency)))
     wall, cpu = time.monotonic() - start, time.process_time() - cpu
+    if failed and len(failed) == episodes:  # broken, not slow: each loop runs its first episode
+        raise RuntimeError(f"every one of {episodes} episodes failed, e.g. {failed[0]!r}")
     return done_turns / wall, 1000 * cpu / max(done_turns, 1), episodes
 
 
@@ -240,8 +294,8 @@ async def bench_overhead(
         pairs_per_s,
         cpu_ms,
         cpu_pair,
-        1000 / one_turns,
-        1000 / one_pair,
+        ratio(1000, one_turns),
+        ratio(1000, one_pair),
         episodes,
     )
 
@@ -304,23 +358,9 @@ def main(argv: list[str] | None = None) -> None:
         ):
             table.add_column(col, justify="right")
         for r in rows:
-            table.add_row(
-                r.transport,
-                f"{r.turns_per_s:.0f}",
-                f"{r.pairs_per_s:.0f}",
-                f"{r.turns_per_s / r.pairs_per_s:.2f}",
-                f"{r.cpu_ms_per_turn:.2f}",
-                f"{r.cpu_ms_per_pair:.2f}",
-                f"{r.cpu_ms_per_turn - r.cpu_ms_per_pair:+.2f}",
-                f"{r.turn_latency_ms:.2f}",
-                f"{r.pair_latency_ms:.2f}",
-                f"{r.turn_latency_ms - r.pair_latency_ms:+.2f}",
-            )
+            table.add_row(*overhead_cells(r))
         console.print(table)
-        console.print(
-            f"shipped vs before: {rows[0].turns_per_s / rows[1].turns_per_s:.2f}x turns/s, "
-            f"{rows[1].cpu_ms_per_turn / rows[0].cpu_ms_per_turn:.2f}x less gateway CPU per turn"
-        )
+        console.print(shipped_vs_before(rows[0], rows[1]))
 
     if not args.skip_tail:
         modes = [("batch-synchronous", 0, True)]
@@ -351,7 +391,7 @@ def main(argv: list[str] | None = None) -> None:
             table.add_row(
                 r.mode,
                 f"{100 * r.utilisation:.1f}%",
-                f"{r.utilisation / base.utilisation:.2f}x",
+                cell(ratio(r.utilisation, base.utilisation), ".2f", "x"),
                 f"{r.trajectories_per_min:.0f}",
                 str(r.steps),
                 str(r.max_staleness_seen),
