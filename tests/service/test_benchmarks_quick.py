@@ -2,9 +2,11 @@
 benchmark broke unseen because nothing ran it).
 
 Each `benchmarks/bench_<name>.py --quick` runs as its own subprocess, as `python -m benchmarks`
-runs it, two at a time (they start together with the module's first test); each test checks one
-benchmark's exit code and that its output has the tables' headings and row labels, never their
-numbers (these machines are noisy). A new benchmark needs an entry in PRINTS.
+runs it, two at a time (they start together with the module's first test, in the order this
+session's tests ask for them: each test then waits at most its own benchmark's run, whatever the
+order pytest-randomly or -k gives); each test checks one benchmark's exit code and that its output
+has the tables' headings and row labels, never their numbers (these machines are noisy). A new
+benchmark needs an entry in PRINTS.
 """
 
 from __future__ import annotations
@@ -49,23 +51,26 @@ PRINTS = {
     "weight_envelope": ["Whole-model push", "SGLang envelope", "gloo broadcast", "vs disk"],
 }
 TIMEOUT_S = 480  # a quick form takes seconds to a minute and a half on 2 busy cores
+INTERRUPT_S = 30  # after TIMEOUT_S: SIGINT, then this long for its finally blocks, then SIGKILL
 WORKERS = (
     2  # at a time: CI has 2 cores, and most quick forms wait on their services part of the time
 )
-LONGEST_FIRST = ["engine", "learner", "engine_fleet", "data_parallel", "rollout", "weight_envelope"]
+# pytest-timeout's limit per test: a test waits for its own benchmark only (see QuickRuns)
+TEST_TIMEOUT_S = TIMEOUT_S + INTERRUPT_S + 90
 
 
 class QuickRuns:
-    """Every quick form started, WORKERS at a time, longest first, each in its own process group
-    (its services in theirs); `result(name)` waits for one. `stop()` interrupts what still runs
+    """The quick forms `names`, started WORKERS at a time in that order (the order the tests ask
+    for them), each in its own process group (its services in theirs); `result(name)` waits for
+    one. In that order, a benchmark has started by the time the one before it has ended, so a
+    test that asks right after the previous test waits at most its own benchmark's run (under
+    TIMEOUT_S + INTERRUPT_S), not the queue in front of it. `stop()` interrupts what still runs
     (SIGINT: a benchmark's finally blocks stop its services), then kills it by pid."""
 
     def __init__(self, names: list[str]) -> None:
         self.procs: dict[str, subprocess.Popen] = {}
-        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-        order = sorted(names, key=lambda n: (rank.get(n, len(rank)), n))
         self.pool = ThreadPoolExecutor(WORKERS)
-        self.futures = {name: self.pool.submit(self._run, name) for name in order}
+        self.futures = {name: self.pool.submit(self._run, name) for name in names}
 
     def _run(self, name: str) -> tuple[int, str, str, float]:
         env = {**os.environ, "COLUMNS": "240", "SHELLRL_AUTH_DISABLED": "true"}
@@ -95,7 +100,7 @@ class QuickRuns:
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGINT)
             try:
-                proc.wait(30)
+                proc.wait(INTERRUPT_S)
             except subprocess.TimeoutExpired:
                 kill_group(proc)
 
@@ -107,10 +112,23 @@ class QuickRuns:
         self.pool.shutdown(wait=True)
 
 
+def asked_for(items: list[pytest.Item]) -> list[str]:
+    """The benchmarks this session's quick-form tests ask for, in the order they will run
+    (session.items: after -k deselection and pytest-randomly's shuffle)."""
+    here = Path(__file__).resolve()
+    return [
+        item.callspec.params["name"]
+        for item in items
+        if getattr(item, "originalname", None)
+        == "test_quick_form_runs_to_its_end_and_prints_its_tables"
+        and Path(item.path).resolve() == here
+    ]
+
+
 @pytest.fixture(scope="module")
-def quick_runs():
-    names = [n for n in PRINTS if _cuda_devices() >= CUDA_DEVICES.get(n, 0)]
-    runs = QuickRuns(names)
+def quick_runs(request):
+    names = asked_for(request.session.items)
+    runs = QuickRuns([n for n in names if _cuda_devices() >= CUDA_DEVICES.get(n, 0)])
     yield runs
     runs.stop()
 
@@ -125,6 +143,7 @@ def _cuda_devices() -> int:
     return torch.cuda.device_count()
 
 
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 @pytest.mark.parametrize("name", sorted(PRINTS))
 def test_quick_form_runs_to_its_end_and_prints_its_tables(name, quick_runs):
     if _cuda_devices() < CUDA_DEVICES.get(name, 0):
