@@ -189,11 +189,14 @@ def grouped(rows: dict[Key, float], group: Callable[[Key], str]) -> dict[Key, fl
 
 
 def print_top(title: str, rows: dict[Key, float], top: int) -> None:
+    """The `top` largest rows with their share of the total ("-": a total of 0, as a short
+    phase's differences can sum to, has no shares)."""
     total = sum(rows.values())
     print(f"\n{title}: {total:.0f} us of own time in all")
     print(f"{'us':>8} {'share':>6}  function")
     for key, us in sorted(rows.items(), key=lambda kv: -kv[1])[:top]:
-        print(f"{us:8.1f} {100 * us / total:5.1f}%  {label(key)}")
+        share = f"{100 * us / total:5.1f}%" if total else f"{'-':>6}"
+        print(f"{us:8.1f} {share}  {label(key)}")
 
 
 async def profile_phases(

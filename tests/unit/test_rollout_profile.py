@@ -7,7 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.rollout_profile import REPO, Phase, category_of, grouped, module_of, read_raw
+from benchmarks.rollout_profile import (
+    REPO,
+    Phase,
+    category_of,
+    grouped,
+    module_of,
+    print_top,
+    read_raw,
+)
 
 LOOP = "run (asyncio/runners.py:118);BaseEventLoop._run_once (/usr/lib/python3.11/asyncio/base_events.py:1922)"
 PROMPT = str(REPO / "services/rollout/prompt.py")
@@ -50,3 +58,15 @@ def test_functions_are_grouped_by_module_and_by_what_they_pay_for():
     rows = grouped({encode: 2.0, request: 1.0, spans: 0.5}, module_of)
     assert rows[("~", 0, "services/rollout/prompt.py")] == 2.0
     assert Path(PROMPT).exists()
+
+
+def test_rows_whose_total_is_zero_print_without_shares(capsys):
+    """'added per turn' is turn minus pair by function: the differences can sum to 0 (a short
+    phase), which printed ZeroDivisionError; rows with a total print their shares as before."""
+    print_top("added", {("~", 0, "f"): 2.0, ("~", 0, "g"): -2.0}, top=5)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1] == "added: 0 us of own time in all"
+    assert lines[3:] == ["     2.0      -  f", "    -2.0      -  g"]
+    print_top("pairs", {("~", 0, "f"): 3.0, ("~", 0, "g"): 1.0}, top=5)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[3:] == ["     3.0  75.0%  f", "     1.0  25.0%  g"]
