@@ -1,24 +1,39 @@
 """What one episode is asked to do: its task and ids (`EpisodeSpec`), its group's sampling
-(`Sampling`, the API's sampling parameters; `to_proto` gives the trajectory's SamplingParams),
-and the limits every episode runs under (`EpisodeLimits`, from the gateway's settings).
-agent_loop.py runs it.
+(`Sampling`, the one type of the sampling parameters from the HTTP API to the episode; `to_proto`
+gives the trajectory's SamplingParams), and the limits every episode runs under (`EpisodeLimits`,
+from the gateway's settings). agent_loop.py runs it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from services.rollout.settings import check_top_k
 from shellrl.contract import SamplingParams, Task
 
 
-@dataclass(frozen=True)
-class Sampling:
-    """One group's sampling config (every episode of a group uses the same)."""
+class Sampling(BaseModel):
+    """One group's sampling parameters (every episode of a group uses the same): the `sampling`
+    of a POST /v1/evaluations body (FastAPI validates it: 422 naming the field, e.g.
+    `sampling.top_k`; its defaults are the API's) and the training episodes' (parts.py builds
+    them from RolloutSettings; `ValidationError` at start-up past the bounds below). An episode's
+    `max_new_tokens` is always set; `None` only in a request body, for the gateway's setting.
+    """
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    max_new_tokens: int = 40
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    temperature: float = Field(0.0, ge=0.0, le=5.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(-1, ge=-1, description="-1 (disabled) or >= 1; SGLang refuses 0.")
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=4096, description="Default: the gateway's max_new_tokens."
+    )
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, value: int) -> int:
+        return check_top_k(value)
 
     def to_proto(self) -> SamplingParams:
         return SamplingParams(
@@ -27,6 +42,10 @@ class Sampling:
             top_k=self.top_k,
             max_new_tokens=self.max_new_tokens,
         )
+
+
+DEFAULT_SAMPLING = Sampling(temperature=1.0, max_new_tokens=40)
+"""An episode's sampling when its maker gives none: RolloutSettings' defaults."""
 
 
 @dataclass(frozen=True)
@@ -50,7 +69,7 @@ class EpisodeSpec:
     group_id: str = ""
     group_size: int = 1
     attempt: int = 0
-    sampling: Sampling = field(default_factory=Sampling)
+    sampling: Sampling = DEFAULT_SAMPLING
     admitted_at: float = 0.0
     eval: bool = False
     evaluation_id: str = ""

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Query
 from services.rollout.episode_spec import Sampling
 from services.rollout.evaluations import EvaluationPlan
 from services.rollout.parts import PartsDep
-from services.rollout.schemas import EvaluationIn, SamplingIn
+from services.rollout.schemas import EvaluationIn
 from services.rollout.task_store import TaskStore
 from shellrl.service.app import ApiError
 from shellrl.service.openapi import error_responses
@@ -70,14 +70,12 @@ async def _evaluation_task_ids(body: EvaluationIn, store: TaskStore) -> list[str
 
 
 def _evaluation_sampling(body: EvaluationIn, default_max_new_tokens: int) -> Sampling:
-    """The body's sampling (greedy: temperature 0, no top-p/top-k cut)."""
-    sampling_in = body.sampling or SamplingIn()
-    return Sampling(
-        temperature=0.0 if body.greedy else sampling_in.temperature,
-        top_p=1.0 if body.greedy else sampling_in.top_p,
-        top_k=-1 if body.greedy else sampling_in.top_k,
-        max_new_tokens=sampling_in.max_new_tokens or default_max_new_tokens,
-    )
+    """The body's sampling (greedy: temperature 0, no top-p/top-k cut), its max_new_tokens set."""
+    sampling = body.sampling or Sampling()
+    max_new_tokens = sampling.max_new_tokens or default_max_new_tokens
+    if body.greedy:
+        return Sampling(max_new_tokens=max_new_tokens)
+    return sampling.model_copy(update={"max_new_tokens": max_new_tokens})
 
 
 @router.get(

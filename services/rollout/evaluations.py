@@ -27,7 +27,7 @@ import math
 import time
 import uuid
 from collections import Counter
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
@@ -103,7 +103,7 @@ class Evaluations:
             "split": plan.split,
             "task_ids": plan.task_ids,
             "episodes_per_task": plan.episodes_per_task,
-            "sampling": asdict(plan.sampling),
+            "sampling": plan.sampling.model_dump(),
             "max_turns": plan.max_turns,
             "policy_version": version,
             "budget_episodes": len(plan.task_ids) * plan.episodes_per_task,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from services.rollout.settings import check_top_k
+from services.rollout.episode_spec import Sampling
 from shellrl.contract import LIMITS
 from shellrl.contract.task_schema import task_schema_components
 from shellrl.service.openapi import REF
@@ -26,21 +26,6 @@ def tasks_body(max_tasks: int) -> dict:
     }
 
 
-class SamplingIn(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    temperature: float = Field(0.0, ge=0.0, le=5.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(-1, ge=-1, description="-1 (disabled) or >= 1; SGLang refuses 0.")
-    max_new_tokens: int | None = Field(
-        None, ge=1, le=4096, description="Default: the gateway's max_new_tokens."
-    )
-
-    @field_validator("top_k")
-    @classmethod
-    def _top_k(cls, value: int) -> int:
-        return check_top_k(value)
-
-
 class EvaluationIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     split: Literal["eval_id", "eval_ood", "eval", "train"] | None = Field(
@@ -52,7 +37,7 @@ class EvaluationIn(BaseModel):
     max_tasks: int | None = Field(None, ge=1, description="Take only the first N tasks.")
     episodes_per_task: int = Field(1, ge=1, le=64)
     greedy: bool = Field(True, description="temperature 0; otherwise `sampling` (fixed) is used.")
-    sampling: SamplingIn | None = None
+    sampling: Sampling | None = None
     max_turns: int | None = Field(
         None, ge=1, le=LIMITS["max_turns"], description="Override every task's max_turns."
     )

@@ -27,7 +27,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -42,7 +42,7 @@ from tenacity import (
 from services.rollout import metrics as m
 from services.rollout.admission import Admission, Ticket
 from services.rollout.agent_loop import AgentLoop, is_setup_failure
-from services.rollout.episode_spec import EpisodeSpec, Sampling
+from services.rollout.episode_spec import DEFAULT_SAMPLING, EpisodeSpec, Sampling
 from services.rollout.gates import Capacity, GroupSlots, HealthGate, InfraGate
 from services.rollout.seeding import episode_seed
 from services.rollout.task_pool import TaskPool
@@ -64,7 +64,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RolloutConfig:
     group_size: int = 8
-    sampling: Sampling = field(default_factory=Sampling)
+    sampling: Sampling = DEFAULT_SAMPLING
     max_attempts: int = 3
     retry_backoff_s: float = 1.0
     episodes_backlog_bound: int = 512

@@ -56,7 +56,9 @@ async def test_three_turn_episode_stores_exactly_the_tokens_the_engine_saw_and_r
     async with EngineClient(proxy.url) as engine, SandboxClient(sandbox_process.url) as sandbox:
         agent = make_agent(engine, sandbox, chat, max_turns=3)
         traj = await agent.run(
-            EpisodeSpec(make_task(), "tito-1", sampling=Sampling(max_new_tokens=12))
+            EpisodeSpec(
+                make_task(), "tito-1", sampling=Sampling(temperature=1.0, max_new_tokens=12)
+            )
         )
     assert traj.failure == Failure.FAILURE_NONE, traj.failure_detail
     calls = proxy.generate_calls()
@@ -178,7 +180,13 @@ async def test_weight_updates_mid_turn_and_mid_episode_split_segments_by_version
             )
             turn_s = time.monotonic() - start
             episode = asyncio.create_task(
-                agent.run(EpisodeSpec(task, "partial-1", sampling=Sampling(max_new_tokens=max_new)))
+                agent.run(
+                    EpisodeSpec(
+                        task,
+                        "partial-1",
+                        sampling=Sampling(temperature=1.0, max_new_tokens=max_new),
+                    )
+                )
             )
             while proxy.in_flight == 0:
                 await asyncio.sleep(0.01)
