@@ -43,7 +43,7 @@ if str(REPO) not in sys.path:
 from benchmarks.control_plane_attribution import attribute
 from benchmarks.control_plane_drain import measure_drain
 from benchmarks.control_plane_measure import ROLES, Point, measure, wait_warm
-from benchmarks.control_plane_report import extrapolate, offered_turns_per_s, plot
+from benchmarks.control_plane_report import extrapolate, measured, offered_turns_per_s, plot
 from benchmarks.control_plane_stack import Stack, StackConfig, start_stack, write_profile
 
 console = Console(width=200)
@@ -133,8 +133,8 @@ def costs_table(points: list[Point]) -> Table:
         )
         table.add_row(
             f"{p.engines} x {p.gateways}",
-            *(f"{p.ms_per_episode.get(r, 0):.2f}" for r in ROLES if r != "fakes"),
-            f"{p.ms_per_turn.get('gateways', 0):.2f}",
+            *(measured(p.ms_per_episode.get(r, 0), ".2f") for r in ROLES if r != "fakes"),
+            measured(p.ms_per_turn.get("gateways", 0), ".2f"),
             f"{sum(p.redis_calls_per_episode.values()):.1f}",
             f"{p.redis_calls_per_episode.get('evalsha', 0):.2f}",
             f"{p.redis_usec_per_call.get('evalsha', 0):.0f}",
@@ -272,11 +272,11 @@ def report(points: list[Point], profile: dict, out: Path, drain: dict | None = N
         "CPU-ms per episode (slope over the 1-gateway points; learner: "
         + ("the drain's" if drain else "the sweep's, no drain run")
         + "): "
-        + ", ".join(f"{r} {v:.2f}" for r, v in basis["ms_per_episode"].items())
+        + ", ".join(f"{r} {measured(v, '.2f')}" for r, v in basis["ms_per_episode"].items())
         + f"; one engine offers {basis['episodes_per_s_per_engine']:.1f} episodes/s; one process "
         "at 70% of a core carries: "
         + ", ".join(
-            f"{r} {'not measured (0 CPU-ms)' if n is None else f'{n:.0f} engines'}"
+            f"{r} {'not measured' if n is None else f'{n:.0f} engines'}"
             for r, n in basis["single_process_limit_engines"].items()
         )
     )

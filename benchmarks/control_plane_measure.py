@@ -10,6 +10,7 @@ counters before/after, and the three consumer groups' pending entries and lag sa
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -28,6 +29,13 @@ from benchmarks.control_plane_stack import Stack
 
 ROLES = ("gateways", "verifier", "learner", "redis", "fakes")
 CALLS = ("generate", "exec", "session_create", "episode")  # the gateways' latency histograms
+
+
+def per_unit_ms(cores: dict[str, float], wall_s: float, units: float) -> dict[str, float]:
+    """Per role, CPU ms per unit (turn, episode) over a window of `wall_s` seconds in which the
+    role used `cores` cores: NaN (not measured) when no unit finished in the window (a quick
+    run's 3 s on a busy machine can end before one does), not the window's whole CPU time."""
+    return {r: 1000 * cores.get(r, 0.0) * wall_s / units if units > 0 else math.nan for r in ROLES}
 
 
 def role(name: str) -> str:
@@ -137,7 +145,6 @@ def measure(stack: Stack, window_s: float, sample_s: float = 0.5) -> Point:
     cores: Counter[str] = Counter()
     for name in pids:
         cores[role(name)] += (cpu1[name] - cpu0[name]) / wall
-    per = lambda n: {r: 1000 * cores[r] * wall / max(n, 1) for r in ROLES}  # noqa: E731
     own = {"xinfo|groups": 3 * len(samples), "info": 4, "dbsize": 1, "hello": len(samples) + 1}
     for command, n in own.items():  # this harness's own commands (stream_lag, redis_snapshot)
         if command in rd["commands"]:
@@ -163,8 +170,8 @@ def measure(stack: Stack, window_s: float, sample_s: float = 0.5) -> Point:
         trained_per_s=(learner1["trained"] - learner0["trained"]) / wall,
         steps=learner1["version"] - learner0["version"],
         cpu_cores=dict(cores),
-        ms_per_turn=per(turns),
-        ms_per_episode=per(episodes),
+        ms_per_turn=per_unit_ms(cores, wall, turns),
+        ms_per_episode=per_unit_ms(cores, wall, episodes),
         redis_calls_per_episode={c: n / max(episodes, 1) for c, n in sorted(calls.items())},
         redis_usec_per_call={c: rd["commands"][c]["usec"] / n for c, n in calls.items() if n},
         redis_in_bytes_per_episode=rd["net_in_bytes"] / max(episodes, 1),

@@ -88,7 +88,9 @@ def extrapolate(
         ms["learner"] = drain["ms_per_trajectory"]
     fastest = max(points, key=lambda p: p.episodes_per_s)
     per_engine = per_engine_episodes_per_s(profile)
-    turns_per_episode = fastest.turns_per_s / max(fastest.episodes_per_s, 1e-9)
+    turns_per_episode = (
+        fastest.turns_per_s / fastest.episodes_per_s if fastest.episodes_per_s > 0 else math.nan
+    )
     lua_per_episode = fastest.redis_calls_per_episode.get("evalsha", 0.0)
     retained = {
         kind: v["keys_per_episode"] * v["bytes_per_key"] * v["ttl_s"]
@@ -123,30 +125,42 @@ def extrapolate(
             {
                 "engines": n,
                 "numbers": "measured" if episodes <= fastest.episodes_per_s else "extrapolated",
-                "turns/s": f"{episodes * turns_per_episode:,.0f}",
+                "turns/s": measured(episodes * turns_per_episode, ",.0f"),
                 "episodes/s": f"{episodes:,.0f}",
-                "gateway cores": f"{cores['gateways']:.1f}",
-                "gateway replicas": math.ceil(cores["gateways"] / PLAN_UTILISATION),
-                "Redis CPU % of 1 core": f"{100 * cores['redis']:.0f}",
+                "gateway cores": measured(cores["gateways"], ".1f"),
+                "gateway replicas": replicas(cores["gateways"]),
+                "Redis CPU % of 1 core": measured(100 * cores["redis"], ".0f"),
                 "Redis in MB/s": f"{episodes * fastest.redis_in_bytes_per_episode / 1e6:.1f}",
                 "Redis GB held by TTL keys": f"{episodes * sum(retained.values()) / 1e9:,.1f}",
                 "Redis GB in streams after a day": f"{_streams_after(episodes, stream_bytes, DAY_S) / 1e9:,.1f}",
                 "Lua calls/s": f"{episodes * lua_per_episode:,.0f}",
-                "verifier replicas": math.ceil(cores["verifier"] / PLAN_UTILISATION),
-                "learner intake % of 1 core": f"{100 * cores['learner']:.0f}",
+                "verifier replicas": replicas(cores["verifier"]),
+                "learner intake % of 1 core": measured(100 * cores["learner"], ".0f"),
             }
         )
     return rows, basis
 
 
 DAY_S = 86_400.0
+NOT_MEASURED = "-"
+
+
+def measured(value: float, spec: str) -> str:
+    """`value` formatted with `spec`, or NOT_MEASURED for NaN (a cost no window measured:
+    control_plane_measure.per_unit_ms)."""
+    return NOT_MEASURED if math.isnan(value) else f"{value:{spec}}"
+
+
+def replicas(cores: float) -> int | str:
+    """Processes at PLAN_UTILISATION of a core that carry `cores`, or NOT_MEASURED (NaN)."""
+    return NOT_MEASURED if math.isnan(cores) else math.ceil(cores / PLAN_UTILISATION)
 
 
 def single_process_limit_engines(ms_per_episode: float, per_engine: float) -> float | None:
     """Engines one process at PLAN_UTILISATION of a core carries, or None when the measured cost
     is 0 CPU-ms (a quick run's window can end before the process used one tick of CPU time: no
-    measurement, not an unbounded limit)."""
-    if ms_per_episode <= 0 or per_engine <= 0:
+    measurement, not an unbounded limit) or NaN (no episode finished in the window)."""
+    if not (ms_per_episode > 0 and per_engine > 0):  # NaN compares False
         return None
     return PLAN_UTILISATION * 1000 / (ms_per_episode * per_engine)
 

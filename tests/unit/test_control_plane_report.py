@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import math
 
-from benchmarks.control_plane_measure import ROLES, Point
+from benchmarks.control_plane_measure import ROLES, Point, per_unit_ms
 from benchmarks.control_plane_profile import build_profile
 from benchmarks.control_plane_report import (
+    NOT_MEASURED,
     extrapolate,
     marginal_ms_per_episode,
     per_engine_episodes_per_s,
@@ -79,3 +80,33 @@ def test_a_process_that_used_no_cpu_tick_in_the_window_has_no_limit_not_a_divisi
     assert limits["learner"] is None
     assert math.isclose(limits["redis"], 0.7 * 1000 / (1.0 * per_engine_episodes_per_s(profile)))
     assert rows[2]["learner intake % of 1 core"] == "0"
+
+
+def test_no_episode_in_the_window_is_not_measured_not_the_window_s_cpu_per_episode():
+    """A window with no finished episode gave each role's whole CPU time as its cost per episode
+    (n / max(n, 1)); it is NaN, and 3 units share the same CPU out."""
+    cores = {"gateways": 0.5, "redis": 0.25}
+    ms = per_unit_ms(cores, wall_s=3.0, units=0)
+    assert set(ms) == set(ROLES) and all(math.isnan(v) for v in ms.values())
+    ms = per_unit_ms(cores, wall_s=3.0, units=3)
+    assert ms["gateways"] == 500.0 and ms["redis"] == 250.0 and ms["learner"] == 0.0
+
+
+def test_points_without_episodes_extrapolate_to_not_measured_rows_not_a_crash():
+    """NaN costs (no episode in any window) gave math.ceil(nan) (ValueError) in the replica
+    columns and 'nan' or 1e9 turns per episode elsewhere: those cells are NOT_MEASURED, the
+    limits None, and what does not depend on the costs stays."""
+    profile = build_profile(lambda text: [5] * len(text.split()), 2)
+    points = [point(n, 10.0 * n, fixed_cores=0.05, ms=2.0) for n in (1, 4)]
+    for p in points:
+        p.episodes_per_s = 0.0
+        p.ms_per_episode = per_unit_ms(p.cpu_cores, p.window_s, 0)
+    rows, basis = extrapolate(points, profile)
+    assert all(basis["single_process_limit_engines"][r] is None for r in ("redis", "learner"))
+    assert math.isnan(basis["turns_per_episode"])
+    for row in rows:
+        for column in ("turns/s", "gateway cores", "gateway replicas", "verifier replicas"):
+            assert row[column] == NOT_MEASURED, column
+        assert row["Redis CPU % of 1 core"] == NOT_MEASURED
+        assert row["learner intake % of 1 core"] == NOT_MEASURED
+        assert row["episodes/s"] == f"{row['engines'] * per_engine_episodes_per_s(profile):,.0f}"
