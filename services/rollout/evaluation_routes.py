@@ -16,6 +16,7 @@ from fastapi import APIRouter, Query
 from services.rollout.episode_spec import Sampling
 from services.rollout.evaluations import EvaluationPlan
 from services.rollout.parts import PartsDep
+from services.rollout.responses import EvaluationList, EvaluationView
 from services.rollout.schemas import EvaluationIn
 from services.rollout.task_store import TaskStore
 from shellrl.service.app import ApiError
@@ -29,6 +30,8 @@ router = APIRouter()
     status_code=202,
     tags=["evaluations"],
     summary="Start an evaluation",
+    response_model=EvaluationView,
+    response_model_exclude_unset=True,
     responses=error_responses(422),
 )
 async def start_evaluation(body: EvaluationIn, parts: PartsDep) -> dict:
@@ -82,6 +85,8 @@ def _evaluation_sampling(body: EvaluationIn, default_max_new_tokens: int) -> Sam
     "/v1/evaluations/{evaluation_id}",
     tags=["evaluations"],
     summary="Results of one evaluation",
+    response_model=EvaluationView,
+    response_model_exclude_unset=True,
     responses=error_responses(404),
 )
 async def get_evaluation(evaluation_id: str, parts: PartsDep) -> dict:
@@ -95,6 +100,8 @@ async def get_evaluation(evaluation_id: str, parts: PartsDep) -> dict:
     "/v1/evaluations",
     tags=["evaluations"],
     summary="Latest evaluations (summaries)",
+    response_model=EvaluationList,
+    response_model_exclude_unset=True,
     responses=error_responses(422),
 )
 async def list_evaluations(parts: PartsDep, limit: int = Query(20, ge=1, le=200)) -> dict:

@@ -29,6 +29,14 @@ from fastapi.responses import JSONResponse
 from services.rollout import metrics as m
 from services.rollout.admission import AdmissionState
 from services.rollout.parts import PartsDep
+from services.rollout.responses import (
+    GatewayStatus,
+    TaskPage,
+    TasksSubmitted,
+    TaskView,
+    TrajectoryList,
+    Transcript,
+)
 from services.rollout.schemas import tasks_body
 from services.rollout.settings import RolloutSettings
 from services.rollout.task_store import TaskConflict
@@ -55,6 +63,8 @@ router = APIRouter()
     status_code=201,
     tags=["tasks"],
     summary="Submit one task or a list of tasks",
+    response_model=TasksSubmitted,
+    response_model_exclude_unset=True,
     openapi_extra=json_body(tasks_body(MAX_TASKS_PER_REQUEST)),
     responses=error_responses(409, 413, 422),
 )
@@ -110,6 +120,8 @@ def _parse_tasks(items: list, prefix: Callable[[int], str]) -> list[Task]:
     "/v1/tasks/{task_id}",
     tags=["tasks"],
     summary="One task and its statistics",
+    response_model=TaskView,
+    response_model_exclude_unset=True,
     responses=error_responses(404),
 )
 async def get_task(task_id: str, parts: PartsDep) -> dict:
@@ -123,6 +135,8 @@ async def get_task(task_id: str, parts: PartsDep) -> dict:
     "/v1/tasks",
     tags=["tasks"],
     summary="List tasks (filters, cursor pagination)",
+    response_model=TaskPage,
+    response_model_exclude_unset=True,
     responses=error_responses(422),
 )
 async def list_tasks(
@@ -143,6 +157,8 @@ async def list_tasks(
     "/v1/trajectories/{trajectory_id}",
     tags=["trajectories"],
     summary="One finished trajectory as the policy saw it",
+    response_model=Transcript,
+    response_model_exclude_unset=True,
     responses=error_responses(404),
 )
 async def get_trajectory(trajectory_id: str, parts: PartsDep) -> dict:
@@ -159,6 +175,8 @@ async def get_trajectory(trajectory_id: str, parts: PartsDep) -> dict:
     "/v1/trajectories",
     tags=["trajectories"],
     summary="The newest finished trajectories of one task (summaries)",
+    response_model=TrajectoryList,
+    response_model_exclude_unset=True,
     responses=error_responses(422),
 )
 async def list_trajectories(
@@ -173,7 +191,13 @@ async def list_trajectories(
     }
 
 
-@router.get("/v1/status", tags=["status"], summary="Admission, pool, episodes in flight, streams")
+@router.get(
+    "/v1/status",
+    tags=["status"],
+    summary="Admission, pool, episodes in flight, streams",
+    response_model=GatewayStatus,
+    response_model_exclude_unset=True,
+)
 async def status(parts: PartsDep) -> dict:
     settings, worker = parts.settings, parts.worker
     adm = await parts.admission.state()

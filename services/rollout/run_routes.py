@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from services.rollout.parts import PartsDep
+from services.rollout.responses import RunList, RunView
 from services.rollout.routes import MAX_TASKS_PER_REQUEST, read_json
 from services.rollout.runs import RunConflict, RunPlan
 from shellrl.contract import Task, TaskValidationError, iter_tasks_jsonl, split_name, task_from_json
@@ -69,6 +70,8 @@ router = APIRouter()
     status_code=201,
     tags=["runs"],
     summary="Start a training run on a train set",
+    response_model=RunView,
+    response_model_exclude_unset=True,
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -99,6 +102,8 @@ async def start_run(request: Request, parts: PartsDep) -> JSONResponse:
     "/v1/runs/{run_id}",
     tags=["runs"],
     summary="Progress of one training run",
+    response_model=RunView,
+    response_model_exclude_unset=True,
     responses=error_responses(404),
 )
 async def get_run(run_id: str, parts: PartsDep) -> dict:
@@ -106,7 +111,12 @@ async def get_run(run_id: str, parts: PartsDep) -> dict:
 
 
 @router.get(
-    "/v1/runs", tags=["runs"], summary="Latest training runs", responses=error_responses(422)
+    "/v1/runs",
+    tags=["runs"],
+    summary="Latest training runs",
+    response_model=RunList,
+    response_model_exclude_unset=True,
+    responses=error_responses(422),
 )
 async def list_runs(parts: PartsDep, limit: int = Query(20, ge=1, le=200)) -> dict:
     return {"runs": await parts.runs.recent(limit)}
@@ -116,6 +126,8 @@ async def list_runs(parts: PartsDep, limit: int = Query(20, ge=1, le=200)) -> di
     "/v1/runs/{run_id}/stop",
     tags=["runs"],
     summary="End a training run now",
+    response_model=RunView,
+    response_model_exclude_unset=True,
     responses=error_responses(404),
 )
 async def stop_run(run_id: str, parts: PartsDep) -> dict:

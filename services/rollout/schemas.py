@@ -1,6 +1,7 @@
 """Request bodies of the rollout gateway's HTTP API (routes.py). FastAPI validates `EvaluationIn`
 before the route runs (422 naming the field); `tasks_body` only documents the body of
-POST /v1/tasks, which `shellrl.contract.task_from_json` validates."""
+POST /v1/tasks, which `shellrl.contract.task_from_json` validates. The success bodies are
+responses.py's."""
 
 from __future__ import annotations
 

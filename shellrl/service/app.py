@@ -20,7 +20,7 @@ from starlette.routing import Match
 
 from shellrl.service.auth import BearerAuth
 from shellrl.service.metrics import metrics_response
-from shellrl.service.openapi import finish_openapi
+from shellrl.service.openapi import Health, Readiness, config_schema, finish_openapi
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +174,7 @@ def create_app(
         app.add_middleware(BearerAuth, token=api_token)  # outermost: refused before anything
     finish_openapi(app, auth=api_token is not None, components=openapi_components)
 
-    @app.get("/healthz", tags=["probes"])
+    @app.get("/healthz", tags=["probes"], response_model=Health)
     async def healthz() -> dict:
         return {"status": "ok", "service": service}
 
@@ -182,11 +182,8 @@ def create_app(
         "/readyz",
         tags=["probes"],
         responses={
-            200: {"content": {"application/json": {"schema": {"type": "object"}}}},
-            503: {
-                "description": "Not ready (the details say why)",
-                "content": {"application/json": {"schema": {"type": "object"}}},
-            },
+            200: {"model": Readiness, "description": "Ready"},
+            503: {"model": Readiness, "description": "Not ready (the details say why)"},
         },
     )
     async def readyz() -> JSONResponse:
@@ -217,7 +214,16 @@ def create_app(
     async def metrics():
         return metrics_response()
 
-    @app.get("/v1/config", tags=["probes"])
+    @app.get(
+        "/v1/config",
+        tags=["probes"],
+        responses={
+            200: {
+                "description": "The resolved settings (secrets masked)",
+                "content": {"application/json": {"schema": config_schema(config)}},
+            }
+        },
+    )
     async def get_config() -> dict:
         return config
 

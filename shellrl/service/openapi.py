@@ -45,6 +45,33 @@ class ErrorBody(BaseModel):
     error: ErrorDetail
 
 
+class Health(BaseModel):
+    """The body of `/healthz`: the process answers."""
+
+    status: str = Field(description="`ok`.")
+    service: str
+
+
+class Readiness(BaseModel):
+    """The body of `/readyz` (200 ready, 503 not): the service's own details besides these."""
+
+    model_config = ConfigDict(extra="allow")
+    ready: bool
+    service: str
+    reason: str | None = Field(None, description="Why not ready (503 only).")
+
+
+def config_schema(config: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema of `/v1/config`'s body: one property per setting of `config` (the resolved
+    settings a service answers), typed by its value (a null value: any type)."""
+    names = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
+    properties = {
+        key: {"type": names[type(value)]} if type(value) in names else {}
+        for key, value in config.items()
+    }
+    return {"type": "object", "title": "Config", "properties": properties}
+
+
 _DESCRIPTIONS = {
     400: "Bad request (names the field)",
     401: "Missing or wrong `Authorization: Bearer <token>`",
