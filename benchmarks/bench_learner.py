@@ -248,6 +248,21 @@ async def bench_step_and_push(
         engine.stop()
 
 
+def memory_cells(
+    name: str, rss: int, tensors: int, seconds: float, base_rss: int, base_tensors: int
+) -> list[str]:
+    """One row of the peak-memory table (bytes in, MiB and ratios out): "-" where the profiler
+    recorded no tensor memory, for this row or for the baseline it is compared with."""
+    return [
+        name,
+        f"{rss / 2**20:.0f}",
+        f"{rss / base_rss:.2f}x" if base_rss else "-",
+        f"{tensors / 2**20:.0f}" if tensors else "-",
+        f"{tensors / base_tensors:.2f}x" if tensors and base_tensors else "-",
+        f"{seconds:.1f}",
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m benchmarks.bench_learner", description=__doc__.splitlines()[0]
@@ -329,14 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     ):
         table.add_column(column, justify="right")
     for name, rss, tensors, seconds in results:
-        table.add_row(
-            name,
-            f"{rss / 2**20:.0f}",
-            f"{rss / base_rss:.2f}x",
-            f"{tensors / 2**20:.0f}" if tensors else "-",
-            f"{tensors / base_tensors:.2f}x" if tensors else "-",
-            f"{seconds:.1f}",
-        )
+        table.add_row(*memory_cells(name, rss, tensors, seconds, base_rss, base_tensors))
     console.print(table)
 
     table = Table(
