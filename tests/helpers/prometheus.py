@@ -1,7 +1,7 @@
 """A real Prometheus for tests, and the PromQL of the generated Grafana dashboards.
 
 `PrometheusServer(directory, targets)` starts Debian's `prometheus` binary on a free loopback port
-with a generated config (cli.prometheus_config) that scrapes `targets` every second and keeps
+with a generated config (cli.prometheus_scrape) that scrapes `targets` every second and keeps
 its TSDB in `directory`; `stop()` ends it by pid. `panel_queries()` walks the dashboard JSON that
 Grafana provisions (deploy/grafana/dashboards/*.json) and `evaluate()` runs every query through
 Prometheus' HTTP API (/api/v1/query), with Grafana's macros replaced by fixed values.
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from cli.prometheus_config import render
+from cli.prometheus_scrape import render
 from tests.helpers.owned_processes import popen_owned, stop_owned
 from tests.helpers.redis_server import free_port
 

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import yaml
 
-from cli import prometheus_config
+from cli import prometheus_config, prometheus_scrape
 from tests.helpers.owned_processes import run_owned
 from tests.helpers.processes import REPO, ServiceProcess
 from tests.helpers.prometheus import (
@@ -72,7 +72,7 @@ def test_compose_config_scrapes_every_replica_of_every_service_on_its_port():
 
 
 def test_promtool_rejects_a_config_with_a_bad_scrape_interval(tmp_path):
-    bad = yaml.safe_load(prometheus_config.render(prometheus_config.LOCAL_TARGETS))
+    bad = yaml.safe_load(prometheus_scrape.render(prometheus_config.LOCAL_TARGETS))
     bad["global"]["scrape_interval"] = "fivesec"
     path = tmp_path / "bad.yml"
     path.write_text(yaml.safe_dump(bad))
@@ -81,7 +81,7 @@ def test_promtool_rejects_a_config_with_a_bad_scrape_interval(tmp_path):
 
 def test_config_rejects_a_target_without_a_port():
     with pytest.raises(ValueError, match="host:port"):
-        prometheus_config.config({"sandbox": ["localhost"]})
+        prometheus_scrape.config({"sandbox": ["localhost"]})
 
 
 def test_every_dashboard_query_is_valid_promql(tmp_path):

@@ -1,11 +1,11 @@
-"""cli.prometheus_config: the scrape config the compose stack, the local stack and tests use."""
+"""cli.prometheus_scrape: the scrape config the compose stack, the local stack and tests use."""
 
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from cli.prometheus_config import config, render
+from cli.prometheus_scrape import config, render
 
 
 def test_static_targets_become_one_job_per_service_with_job_equal_to_the_name():
