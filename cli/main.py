@@ -86,7 +86,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "_options", None) is not None:
-        from cli.options import resolve
+        from cli.option_values import resolve
 
         args = resolve(args, args._options, args.command)
     return args

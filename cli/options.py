@@ -4,9 +4,10 @@ One definition gives the command line (`add_options`: a `--kebab-case` flag per 
 text and default from the field, `--help` from the model), the keys of a `--config` TOML file and
 the environment `SHELLRL_CLI_<FIELD>`. A value comes from, highest first: the flag, the
 environment, the config file (its top level, then the command's own table, e.g. [run]), the
-field's default. `resolve` builds the model from all of them before anything starts; a value any
-of them gets wrong (type, choice, unknown key) is a CliError of one line naming where it came
-from: `--steps`, `SHELLRL_CLI_STEPS` or `config file shellrl.toml: steps`. The file's [env] table
+field's default. `resolve` (cli/option_values.py) builds the model from all of them before
+anything starts; a value any of them gets wrong (type, choice, unknown key) is a CliError of one
+line naming where it came from: `--steps`, `SHELLRL_CLI_STEPS` or `config file shellrl.toml:
+steps`. The file's [env] table
 (services' `SHELLRL_*` settings, each checked by the Settings class of the services that read it)
 is cli/config_file.py's.
 """
@@ -14,15 +15,12 @@ is cli/config_file.py's.
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BeforeValidator, Field, ValidationError
+from pydantic import BeforeValidator, Field
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from cli.errors import CliError
 from cli.main_job import JobConfig
 from cli.recipe import Recipe
 from cli.stack_config import DEFAULT_PORTS, GPU_MEMORY_FRACTIONS
@@ -62,11 +60,12 @@ class Options(BaseSettings):
     def settings_customise_sources(
         cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
     ):
-        return init_settings, env_settings, _FileValues(settings_cls)
+        return init_settings, env_settings, FileValues(settings_cls)
 
 
-class _FileValues(PydanticBaseSettingsSource):
-    """The config file's values for the command (set by `resolve` on the class, read once)."""
+class FileValues(PydanticBaseSettingsSource):
+    """The config file's values for the command (set by cli/option_values.py's `resolve` on the
+    class, read once)."""
 
     values: dict[str, Any] = {}
 
@@ -74,7 +73,7 @@ class _FileValues(PydanticBaseSettingsSource):
         return None, field_name, False
 
     def __call__(self) -> dict[str, Any]:
-        return dict(_FileValues.values)
+        return dict(FileValues.values)
 
 
 class StackOptions(Options):
@@ -230,11 +229,11 @@ class RunOptions(StackOptions):
     )
 
 
-def _extra(info: FieldInfo) -> dict:
+def field_extra(info: FieldInfo) -> dict:
     return info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
 
 
-def _switch_field(info: FieldInfo) -> bool:
+def is_switch(info: FieldInfo) -> bool:
     return info.annotation is bool or any(a is bool for a in get_args(info.annotation))
 
 
@@ -244,13 +243,13 @@ def add_options(parser: argparse.ArgumentParser, model: type[Options]) -> None:
     False for an inverted switch whose field is on). Each flag's argparse default is SUPPRESS,
     so the parsed namespace holds only what was given (`resolve`)."""
     for name, info in model.model_fields.items():
-        extra = _extra(info)
+        extra = field_extra(info)
         flag = extra.get("flag", "--" + name.replace("_", "-"))
         # an inverted switch's flag is off by default when its field is on (--no-require-command)
         shown = (not info.default) if "flag" in extra else info.default
         text = f"{info.description} (default: {shown})"
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": text}
-        if _switch_field(info):
+        if is_switch(info):
             kw["action"] = "store_false" if "flag" in extra else "store_true"
         else:
             if "metavar" in extra:
@@ -261,147 +260,6 @@ def add_options(parser: argparse.ArgumentParser, model: type[Options]) -> None:
             elif kind in (int, float):
                 kw["type"] = kind
         parser.add_argument(flag, **kw)
-
-
-def resolve(args: argparse.Namespace, model: type[Options], command: str) -> argparse.Namespace:
-    """`args` (flags given) completed from the environment, the config file and the defaults:
-    every field of `model` set, plus `config_env` (the file's [env] table). Raises CliError (one
-    line naming the flag, variable or file key) for any value the model refuses."""
-    from cli.config_file import command_values
-
-    given = {k: v for k, v in vars(args).items() if k in model.model_fields}
-    _check_env_names()
-    path = given.get("config") or os.environ.get(ENV_PREFIX + "CONFIG")
-    file_values, config_env, spelled = {}, {}, {}
-    if path:
-        file_values, config_env = command_values(Path(path), command, args._commands)
-        spelled = _check_file_keys(path, file_values, model, command)
-    _FileValues.values = file_values
-    try:
-        options = model(**given)
-    except ValidationError as exc:
-        raise CliError(_first_error(exc, given, spelled, path, model)) from None
-    finally:
-        _FileValues.values = {}
-    if issubclass(model, StackOptions):
-        _check_recipe(options, given, spelled, path)
-    for name in model.model_fields:
-        setattr(args, name, getattr(options, name))
-    if "learner_url" in model.model_fields and args.learner_url is None:
-        args.learner_url = os.environ.get("SHELLRL_LEARNER_URL")
-    args.config_env = config_env
-    return args
-
-
-def _check_env_names() -> None:
-    """Every SHELLRL_CLI_* variable names an option of `run` or `up` (one command's option is
-    ignored by the other). Raises CliError naming a mistyped one, which pydantic-settings would
-    skip silently (extra="forbid" covers flags and file keys only)."""
-    known = {name for m in (UpOptions, RunOptions) for name in m.model_fields}
-    for var in sorted(os.environ):
-        if var.startswith(ENV_PREFIX) and var.removeprefix(ENV_PREFIX).lower() not in known:
-            raise CliError(
-                f"{var}: no option of `shellrl run` or `shellrl up` has this name "
-                f"({ENV_PREFIX}<OPTION>: docs/config.md)"
-            )
-
-
-def _check_file_keys(path, values: dict, model: type[Options], command: str) -> dict[str, str]:
-    """Every key is a field the file may set (a switch's own flag too: `no-require-command =
-    true`), and a switch's value is a bool. Rewrites each key to its field in place; returns
-    {field: the key as the file spells it}."""
-    spelled = {}
-    keys = {n: n for n, info in model.model_fields.items() if _extra(info).get("file", True)}
-    inverted = {
-        _extra(info)["flag"].removeprefix("--").replace("-", "_"): n
-        for n, info in model.model_fields.items()
-        if "flag" in _extra(info)
-    }
-    for key in list(values):
-        name = key.replace("-", "_")
-        if name in inverted:
-            value = values.pop(key)
-            if not isinstance(value, bool):
-                raise CliError(f"config file {path}: {key}: expected true or false, got {value!r}")
-            values[inverted[name]], spelled[inverted[name]] = not value, key
-        elif name in keys:
-            values[name], spelled[name] = values.pop(key), key
-            info = model.model_fields[name]
-            if isinstance(values[name], bool) and not _switch_field(info):
-                kind = getattr(info.annotation, "__name__", "a string")
-                raise CliError(f"config file {path}: {key}: expected {kind}, got {values[name]!r}")
-        else:
-            known = sorted(
-                [n.replace("_", "-") for n in keys] + [n.replace("_", "-") for n in inverted]
-            )
-            raise CliError(
-                f"config file {path}: unknown option {key!r} for `shellrl {command}` "
-                f"(known: {', '.join(known)})"
-            )
-    return spelled
-
-
-EXPECTED = {
-    "int_parsing": "expected int",
-    "int_from_float": "expected int",
-    "int_type": "expected int",
-    "float_parsing": "expected float",
-    "float_type": "expected float",
-    "string_type": "expected a string",
-}
-
-
-def _first_error(exc: ValidationError, given: dict, spelled: dict, path, model) -> str:
-    """One line for the first error: where the value came from (the flag, the file's key as
-    spelled there, else the environment), what was expected."""
-    error = exc.errors()[0]
-    name = str(error["loc"][0]) if error["loc"] else ""
-    value = error.get("input")
-    if error["type"] in EXPECTED:
-        message = f"{EXPECTED[error['type']]}, got {value!r}"
-    elif error["type"] == "literal_error":
-        choices = get_args(model.model_fields[name].annotation)
-        message = f"{value!r} is not one of {', '.join(map(str, choices))}"
-    else:
-        message = error["msg"].removeprefix("Value error, ")
-    return f"{_where(name, given, spelled, path)}: {message}"
-
-
-def _where(name: str, given: dict, spelled: dict, path) -> str:
-    """Where field `name`'s value came from: its flag, the file's key as spelled there, else the
-    environment."""
-    if name in given:
-        return f"--{name.replace('_', '-')}"
-    if name in spelled:
-        return f"config file {path}: {spelled[name]}"
-    return f"{ENV_PREFIX}{name.upper()}"
-
-
-def _check_recipe(options: StackOptions, given: dict, spelled: dict, path) -> None:
-    """Each recipe option not at its default, as the services will read it: the SHELLRL_*
-    settings it sets (cli/recipe.py), checked by the Settings class of every service that has
-    them (cli/config_file.check_env_values), so that `--group-size 0` stops here, naming the
-    option, rather than once Redis and three services have started. Raises CliError."""
-    from dataclasses import fields, replace
-
-    from cli.config_file import check_env_values
-
-    base = Recipe()
-    for field in fields(Recipe):
-        value = getattr(options, field.name)
-        if value == getattr(base, field.name):
-            continue
-        changed = replace(base, **{field.name: value})
-        for old, new in zip(_recipe_envs(base), _recipe_envs(changed), strict=True):
-            try:
-                check_env_values({k: v for k, v in new.items() if old.get(k) != v})
-            except ValueError as exc:
-                raise CliError(f"{_where(field.name, given, spelled, path)}: {exc}") from None
-
-
-def _recipe_envs(recipe: Recipe) -> list[dict[str, str]]:
-    """The recipe's SHELLRL_* settings: those of every service, then one service's each."""
-    return [recipe.env(), *recipe.service_env().values()]
 
 
 def markdown() -> str:
@@ -420,7 +278,7 @@ def markdown() -> str:
         lines += ["", f"## shellrl {command}", "", "| flag | environment | default | meaning |"]
         lines.append("| --- | --- | --- | --- |")
         for name, info in model.model_fields.items():
-            flag = _extra(info).get("flag", "--" + name.replace("_", "-"))
+            flag = field_extra(info).get("flag", "--" + name.replace("_", "-"))
             text = (info.description or "").replace("|", "\\|")
             lines.append(f"| `{flag}` | `{ENV_PREFIX}{name.upper()}` | `{info.default}` | {text} |")
     return "\n".join(lines) + "\n"
