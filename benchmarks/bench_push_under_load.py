@@ -64,15 +64,21 @@ class Load:
             await self.running.wait()
             await self.client.generate(prompt, self.params)
 
-    async def idle(self) -> None:
-        """Stop the loops and wait until nothing of theirs runs."""
+    async def idle(self, deadline_s: float = 300.0) -> None:
+        """Stop the loops and wait until nothing of theirs runs; TimeoutError after `deadline_s`
+        seconds (an engine whose requests never finish)."""
         self.running.clear()
+        deadline = time.monotonic() + deadline_s
         while True:
             info = next(iter((await self.client.get_server_info()).values()))
             state = info["internal_states"][0]
             if not state["num_running_reqs"] and not state["num_waiting_reqs"]:
                 return
-            await asyncio.sleep(0.05)
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"the engine still runs requests after {deadline_s:g} s: {state}"
+                )
+            await asyncio.sleep(0.05)  # poll period of the condition above
 
     def close(self) -> None:
         for task in self.tasks:
