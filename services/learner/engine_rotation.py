@@ -39,6 +39,9 @@ class EngineState:
     # session and swaps them in at its end, so no token is ever sampled on a mix
     commits_atomically: bool | None = None
     dtype: str | None = None  # what it serves in (weight_dtype.engine_dtype; None: unknown)
+    # why the learner never pushes to it (weight_dtype.refusal: weights it cannot produce), from
+    # its last /server_info; the gateway shows it (EngineSync.refused)
+    refused: str | None = None
     info_read: bool = field(default=False, repr=False)  # /server_info read since (re)contact
     last_probe_s: float = field(default=0.0, repr=False)
 
@@ -121,6 +124,7 @@ def take_out_of_rotation(state: EngineState, reason: str) -> None:
     back with a full update (its confirmed version no longer holds)."""
     state.in_rotation, state.version, state.last_error = False, None, reason
     state.tp_size, state.commits_atomically, state.last_probe_s = None, None, 0.0
+    state.info_read = False  # its /server_info is read again (a restart may serve another dtype)
 
 
 async def write_engine_states(

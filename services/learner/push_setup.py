@@ -1,7 +1,8 @@
 """What a push must know about its engines before it sends anything, learned from their
 /server_info on first contact: the transport each can take (cuda_ipc only for engines on a GPU,
-else shm), the dtype the buckets travel in (weight_dtype.py), whether each is paused around its
-update (`pause_for`; `in_place` refused where SGLang's radix cache is on), and its TP size.
+else shm), the dtype the buckets travel in (weight_dtype.py; an engine serving weights the
+learner cannot produce is refused: `_servable`), whether each is paused around its update
+(`pause_for`; `in_place` refused where SGLang's radix cache is on), and its TP size.
 `PushSetup` is the part of `WeightSync` (weight_sync.py) that asks; it reads the attributes
 WeightSync sets up (client, engines, staging, transport, groups, deadline_s, pause_mode, ...).
 """
@@ -14,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from services.learner import weight_dtype
 from services.learner.engine_groups import EngineGroups
-from services.learner.engine_rotation import bounded
+from services.learner.engine_rotation import bounded, take_out_of_rotation
 from services.learner.weight_transport import WeightStaging, engine_transport
 
 if TYPE_CHECKING:
@@ -122,7 +123,33 @@ class PushSetup:
         state.tp_size = int(info.get("tp_size") or 1)
         state.commits_atomically = str(info.get("version", "")).startswith("shellrl-engine")
         state.dtype = weight_dtype.engine_dtype(info, self.checkpoint_dtype)
+        state.refused = weight_dtype.refusal(url, info)
         state.info_read = True
+
+    async def _servable(self, targets: list[str]) -> list[str]:
+        """The targets the learner can push to. Each engine's /server_info is read first (those
+        not met yet, bounded; no answer: not refused this time). An engine that serves weights the
+        learner cannot produce (`weight_dtype.refusal`) is refused with one error line (again only
+        when its reason changes): at the learner's first push (the engines it starts with) the
+        push raises DtypeRefused, so the learner stops; met later (a registered engine joining, a
+        seed engine coming back) it is kept out of rotation, `refused` in the sync hash, and its
+        /server_info read again at each of reconcile's probes until it serves a dtype the learner
+        can produce."""
+        unread = [u for u in targets if not self.engines[u].info_read]
+        await asyncio.gather(
+            *(bounded(self._read_server_info(u), min(self.deadline_s, 5.0)) for u in unread)
+        )
+        refused = {u: self.engines[u].refused for u in targets if self.engines[u].refused}
+        for url, reason in refused.items():
+            if self._refusals_logged.get(url) != reason:
+                self._refusals_logged[url] = reason
+                log.error(reason, extra={"engine": url})
+            if self.last_result is not None:
+                take_out_of_rotation(self.engines[url], reason)
+                self.client.set_available(url, False)
+        if refused and self.last_result is None:
+            raise weight_dtype.DtypeRefused("; ".join(refused.values()))
+        return [u for u in targets if u not in refused]
 
     async def _resolve_dtype(self, targets: list[str], model: torch.nn.Module) -> None:
         """The dtype of this push (`weight_dtype.push_dtype`) into `staging.dtype`, from the

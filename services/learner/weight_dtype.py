@@ -10,7 +10,11 @@ they are copied into the buckets (`WeightStaging.dtype`), or None (sent in the l
 
 Guarantees: never a cast down for an engine that serves float32 or does not say what it serves
 (sent in float32, said in the log); one push serves every engine, so engines of different 16-bit
-dtypes get float32 under auto (each casts on its side).
+dtypes get float32 under auto (each casts on its side). An engine that serves weights the learner
+cannot produce (a dtype other than float32 / bfloat16 / float16, or quantized weights: SGLang's
+`quantization` or `modelopt_quant`) is refused (`refusal`), never pushed to: push_setup.py stops
+the learner when a configured engine says so at the first push, and keeps one met later out of
+rotation.
 """
 
 from __future__ import annotations
@@ -39,6 +43,52 @@ def canonical(name) -> str | None:
     """torch's name of a dtype named by SGLang, HF or torch ("half" -> "float16"); None for
     "auto", a missing value or anything else."""
     return _NAMES.get(str(name).removeprefix("torch.").lower()) if name else None
+
+
+# /server_info fields that say an engine's weights are quantized (SGLang 0.5.23 ServerArgs:
+# `quantization` (QUANTIZATION_CHOICES, also resolved from a quantized checkpoint's config),
+# `modelopt_quant`; `torchao_config` of earlier SGLang releases); "unquant" is SGLang's choice for
+# none
+QUANTIZED_FIELDS = ("quantization", "modelopt_quant", "torchao_config")
+FIX = (
+    "serve unquantized weights in bfloat16, float16 or float32: SGLang --dtype bfloat16 (or "
+    "auto, float16, float32) without --quantization / --modelopt-quant / --torchao-config; "
+    "shellrl's engine SHELLRL_DTYPE=bfloat16"
+)
+
+
+class DtypeRefused(ValueError):
+    """An engine serves weights the learner cannot produce (`refusal`); the message names the
+    engine, what it reported and the settings that fix it."""
+
+
+def refusal(url: str, server_info: dict | None) -> str | None:
+    """Why the learner cannot push to the engine at `url`, from its /server_info, or None.
+    Refused: a `dtype` that is none of SGLang's --dtype spellings ("auto", float32, bfloat16,
+    float16 and their aliases; e.g. "int8", "float8_e4m3fn", "fp8"), or a quantization field
+    (QUANTIZED_FIELDS) that names a method: the learner pushes float32, bfloat16 or float16
+    tensors and has no quantizer. A missing or empty dtype is not refused (float32, said)."""
+    info = server_info or {}
+    reported = info.get("dtype")
+    said = []
+    if (
+        reported not in (None, "")
+        and str(reported).lower() != "auto"
+        and canonical(reported) is None
+    ):
+        said.append(f"dtype {reported!r}")
+    said += [
+        f"{name} {info[name]!r}"
+        for name in QUANTIZED_FIELDS
+        if info.get(name) not in (None, "", "unquant", "none", "None")
+    ]
+    if not said:
+        return None
+    return (
+        f"refused engine {url}: its /server_info reports {' and '.join(said)}, weights the "
+        f"learner cannot produce (it pushes float32, bfloat16 or float16 tensors; "
+        f"SHELLRL_WEIGHT_SYNC_DTYPE cannot change that); {FIX}"
+    )
 
 
 def checkpoint_dtype(model_dir: str | Path | None) -> str | None:

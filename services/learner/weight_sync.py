@@ -110,7 +110,8 @@ class WeightSync(PushSetup):
         flush the cache while a batch is paused in place). dtype: the push's dtype setting
         (weight_dtype.push_dtype: auto, float32, bfloat16, float16; streamed transports cast
         to it); checkpoint_dtype: the checkpoint's config dtype (for an SGLang engine whose
-        /server_info says "auto")."""
+        /server_info says "auto"). An engine serving weights the learner cannot produce is never
+        pushed to (push_setup._servable: DtypeRefused at the first push, later out of rotation)."""
         if pause_mode not in PAUSE_MODES:
             raise ValueError(f"pause_mode must be one of {PAUSE_MODES}; got {pause_mode!r}")
         self.pause_mode = pause_mode
@@ -138,6 +139,7 @@ class WeightSync(PushSetup):
         # (engine_membership.EngineMembership; None: the seed engines only)
         self.membership = None
         self._in_place_checked = False
+        self._refusals_logged: dict[str, str] = {}  # url -> the refusal last logged (_servable)
 
     def close(self) -> None:
         """Release the kept buckets (unlink the shared-memory segments) and the process groups."""
@@ -203,10 +205,12 @@ class WeightSync(PushSetup):
             if u in self.engines and not self.engines[u].in_rotation
         ]
         if healthy:
-            log.info(
-                "engines answer again; sending a full update",
-                extra={"engines": healthy, "policy_version": version},
-            )
+            announced = [u for u in healthy if not self.engines[u].refused]  # refused: _servable
+            if announced:
+                log.info(
+                    "engines answer again; sending a full update",
+                    extra={"engines": announced, "policy_version": version},
+                )
             await bounded(
                 self.client.end_weight_update(urls=healthy), min(self.deadline_s, 5.0)
             )  # a stale session
@@ -228,6 +232,8 @@ class WeightSync(PushSetup):
         start = time.perf_counter()
         failed: dict[str, str] = {}
         confirmed: list[str] = []
+        if targets:
+            targets = await self._servable(targets)
         if targets:
             await self._resolve_dtype(targets, model)
             pauses = await self._pauses(targets, self.staging.bucket_count(model))
