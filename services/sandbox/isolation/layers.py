@@ -93,6 +93,19 @@ ETC_ALLOWLIST = (
 )
 
 
+BWRAP_NAMESPACES = ("--unshare-all", "--unshare-user", "--disable-userns")
+"""bwrap's namespaces: all of them new, a user namespace the sandbox cannot nest."""
+BWRAP_PROCESS = ("--die-with-parent", "--new-session", "--cap-drop", "ALL")
+"""bwrap's process rules: dies with its launcher, no controlling terminal, no capabilities."""
+BWRAP_USR = (
+    "--ro-bind", "/usr", "/usr",
+    "--symlink", "usr/bin", "/bin",
+    "--symlink", "usr/lib", "/lib",
+    "--symlink", "usr/lib64", "/lib64",
+)  # fmt: skip
+"""The host's /usr read-only and the merged-/usr links: the programs a sandbox runs."""
+
+
 class Isolation:
     """One isolation layer: how a session's programs are started in it."""
 
@@ -202,36 +215,16 @@ class Isolation:
     def _wrap_bubblewrap(self, spec: LaunchSpec, program: list[str], as_pid1: bool) -> Launch:
         """bwrap as the session's uid (module doc: what it unshares, binds and drops)."""
         p = spec.paths
-        argv = [
-            *setpriv_argv(spec.uid),
-            BWRAP,
-            "--unshare-all",
-            "--unshare-user",
-            "--disable-userns",
-        ]
+        argv = [*setpriv_argv(spec.uid), BWRAP, *BWRAP_NAMESPACES]
         if spec.network:
             argv.append("--share-net")
         if as_pid1:
             argv.append("--as-pid-1")
         argv += [
-            "--die-with-parent",
-            "--new-session",
-            "--cap-drop",
-            "ALL",
+            *BWRAP_PROCESS,
             "--hostname",
             "sandbox",
-            "--ro-bind",
-            "/usr",
-            "/usr",
-            "--symlink",
-            "usr/bin",
-            "/bin",
-            "--symlink",
-            "usr/lib",
-            "/lib",
-            "--symlink",
-            "usr/lib64",
-            "/lib64",
+            *BWRAP_USR,
             "--symlink",
             "usr/sbin",
             "/sbin",

@@ -11,33 +11,23 @@ import os
 import subprocess
 
 from services.sandbox.isolation.launch import BWRAP, LAUNCHER_ENV, UNSHARE, setpriv_argv
-from services.sandbox.isolation.layers import LAYERS, Isolation
+from services.sandbox.isolation.layers import (
+    BWRAP_NAMESPACES,
+    BWRAP_PROCESS,
+    BWRAP_USR,
+    LAYERS,
+    Isolation,
+)
 
 log = logging.getLogger(__name__)
 
 
 _PROBE_BWRAP = [
     BWRAP,
-    "--unshare-all",
-    "--unshare-user",
-    "--disable-userns",
-    "--die-with-parent",
-    "--new-session",
+    *BWRAP_NAMESPACES,
     "--as-pid-1",
-    "--cap-drop",
-    "ALL",
-    "--ro-bind",
-    "/usr",
-    "/usr",
-    "--symlink",
-    "usr/bin",
-    "/bin",
-    "--symlink",
-    "usr/lib",
-    "/lib",
-    "--symlink",
-    "usr/lib64",
-    "/lib64",
+    *BWRAP_PROCESS,
+    *BWRAP_USR,
     "--proc",
     "/proc",
     "--dev",
@@ -48,7 +38,7 @@ _PROBE_BWRAP = [
     "/",
     "--clearenv",
     "--",
-]
+]  # the launch's own base lists (layers.py), so the probe tries the flags sessions use
 _PROBE_UNSHARE = [
     UNSHARE,
     "--pid",
