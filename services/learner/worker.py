@@ -32,10 +32,11 @@ import torch
 from services.learner import metrics
 from services.learner.checkpoint import CheckpointStore, LearnerState
 from services.learner.data_parallel import DataParallel
-from services.learner.group_assembler import Dropped, GroupAssembler, RolloutGroup, group_samples
+from services.learner.group_assembler import Dropped, GroupAssembler, RolloutGroup
 from services.learner.sample_table import COLUMNS, SampleTable
 from services.learner.step_metrics import export_step_metrics, process_memory
 from services.learner.template_kl import kl_by_template
+from services.learner.train_samples import group_samples
 from services.learner.trainer import Trainer
 from services.learner.weight_sync import WeightSync
 from shellrl.contract import ContractError, parse_trajectory

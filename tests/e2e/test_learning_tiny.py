@@ -14,7 +14,8 @@ import statistics
 import pytest
 import torch
 
-from services.learner.group_assembler import GroupAssembler, group_samples
+from services.learner.group_assembler import GroupAssembler
+from services.learner.train_samples import group_samples
 from services.learner.trainer import Trainer, TrainerConfig
 from services.learner.weight_sync import WeightSync
 from shellrl.clients.engine import EngineClient

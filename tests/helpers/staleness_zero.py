@@ -25,8 +25,9 @@ import torch
 
 from services.learner.app import build_worker, trainer_config
 from services.learner.checkpoint import surviving_steps
-from services.learner.group_assembler import GroupAssembler, group_samples
+from services.learner.group_assembler import GroupAssembler
 from services.learner.settings import LearnerSettings
+from services.learner.train_samples import group_samples
 from services.learner.trainer import Trainer
 from services.learner.weight_sync import WeightSync
 from services.rollout.admission import Admission

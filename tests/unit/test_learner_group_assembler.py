@@ -3,7 +3,8 @@ import math
 import numpy as np
 import pytest
 
-from services.learner.group_assembler import GroupAssembler, group_samples, token_temperatures
+from services.learner.group_assembler import GroupAssembler
+from services.learner.train_samples import group_samples, token_temperatures
 from shellrl.contract import Failure
 from tests.helpers.trajectories import make_trajectory
 
