@@ -24,9 +24,9 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
-from rich.live import Live
 from rich.table import Table
 
+from cli.console import live_table
 from cli.errors import CliError, http_errors
 from cli.job_evaluations import evaluate
 from cli.job_report import JobOutcome, write_job_report
@@ -137,7 +137,7 @@ def follow_run(
     t0 = time.monotonic()
     timeout_s = cfg.time_budget_s + RUN_END_GRACE_S  # the gateway ends the run at its budget
     try:
-        with Live(console=console, refresh_per_second=1) as live:
+        with live_table(console) as live:
 
             def ended() -> bool:
                 run = client.get(f"/v1/runs/{run_id}", timeout=30).json()

@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable
 
 import httpx
-from rich.console import Console
 
+from cli.console import cli_console
 from cli.errors import CliError
 from cli.polling import poll_until
 
-console = Console()
+console = cli_console()
 # the longest the job waits for its evaluations: the main job's take 3-10 min on 2 CPU cores
 EVALUATION_TIMEOUT_S = 3 * 3600.0
 

@@ -23,13 +23,13 @@ from pathlib import Path
 from typing import NoReturn
 
 import httpx
-from rich.console import Console
 
+from cli.console import cli_console
 from cli.job_report import JobOutcome, read_steps, write_job_report
 from cli.polling import poll_until
 from cli.stack_failure import ServiceExited, StackError
 
-console = Console()
+console = cli_console()
 
 # the job's phases on a started stack, in order; each records `<phase>_s` in phases.json when it
 # ends, so the first without one is the phase a failure cut ("report": the last /metrics)

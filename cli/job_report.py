@@ -10,9 +10,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rich.console import Console
+from cli.console import cli_console
 
-console = Console()
+console = cli_console()
 
 
 @dataclass

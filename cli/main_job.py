@@ -36,10 +36,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import httpx
-from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
+from cli.console import cli_console, live_table
 from cli.job_eval_kl import eval_kl
 from cli.job_evaluations import evaluate
 from cli.job_failure import last_metrics, report_failure, service_exited
@@ -60,7 +59,7 @@ from cli.stack_failure import ServiceExited, StackError
 from cli.stack_status import collect, shown
 from shellrl.contract import task_to_json
 
-console = Console()
+console = cli_console()
 
 
 @dataclass
@@ -228,7 +227,7 @@ def train(
             headers=headers,
         ).raise_for_status()
         t_part = time.monotonic()
-        with Live(console=console, refresh_per_second=1) as live:
+        with live_table(console) as live:
 
             def trained() -> bool:  # a snapshot every 3 s until the target or the time budget
                 check_alive()

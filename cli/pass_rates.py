@@ -85,8 +85,7 @@ def measure(
     `templates`) as eval copies, never in the training pool, and evaluate them at `temperature`.
     `headers`: the stack's `Authorization` (default: `cli.stack_config.api_headers()`).
     Returns the rates and the raw evaluation view."""
-    from rich.console import Console
-
+    from cli.console import cli_console
     from cli.main_job import submit
     from tasksets import load_taskset
 
@@ -114,7 +113,7 @@ def measure(
     r.raise_for_status()
     eid = r.json()["evaluation_id"]
     t0 = time.monotonic()
-    with Console().status("pass rates") as status:
+    with cli_console().status("pass rates") as status:
         while True:
             view = client.get(f"/v1/evaluations/{eid}", timeout=30).json()
             status.update(

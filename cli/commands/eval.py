@@ -181,8 +181,8 @@ def evaluate_sets(args, sets: dict[str, list], url: str, headers: dict[str, str]
     import json
 
     import httpx
-    from rich.console import Console
 
+    from cli.console import cli_console
     from cli.job_evaluations import evaluate
     from cli.main_job import submit
 
@@ -194,7 +194,7 @@ def evaluate_sets(args, sets: dict[str, list], url: str, headers: dict[str, str]
             tasks_by_id.update(zip(ids, tasks, strict=True))
             id_sets[name] = ids
         results = evaluate(client, id_sets, "now", args.episodes, args.temperature)
-    console = Console()
+    console = cli_console()
     for name, view in results.items():
         console.print(render(name, view, tasks_by_id))
     if args.out is not None:

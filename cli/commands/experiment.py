@@ -88,8 +88,7 @@ def run(args) -> int:
     import time
     from pathlib import Path
 
-    from rich.console import Console
-
+    from cli.console import cli_console
     from cli.errors import CliError
     from cli.experiments.report import rich_table, write_report
     from cli.experiments.runner import StackOptions, run_experiment
@@ -99,7 +98,7 @@ def run(args) -> int:
 
     check_device(args.device, None, "colocated")
     check_model_path(args.model_path)
-    console = Console()
+    console = cli_console()
     command = shlex.join(["shellrl", *sys.argv[1:]]) if sys.argv[1:] else "shellrl experiment"
     for exp in _experiments(args):
         out = Path(args.state_dir) / "experiments" / exp.name

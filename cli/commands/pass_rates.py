@@ -31,9 +31,8 @@ def run(args) -> int:
     import time
     from pathlib import Path
 
-    from rich.console import Console
-
     from cli import pass_rates as pr
+    from cli.console import cli_console
     from cli.model_path import check_model_path
 
     if not args.rollout_url:
@@ -85,6 +84,6 @@ def run(args) -> int:
         "band": [pr.MIN_PASS_RATE, pr.MAX_PASS_RATE],
     }
     pr.write(out, rates, meta)
-    Console().print(pr.table(rates, 8))
+    cli_console().print(pr.table(rates, 8))
     print(f"written: {out} ({meta['seconds']} s); curriculum: {pr.select_templates(rates)}")
     return 0

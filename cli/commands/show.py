@@ -139,9 +139,9 @@ def resolve(
 def run(args) -> int:
     import json
 
-    from rich.console import Console
     from rich.text import Text
 
+    from cli.console import cli_console
     from cli.stack_config import gateway_url
 
     state_dir = Path(args.state_dir)
@@ -154,7 +154,7 @@ def run(args) -> int:
     if args.json:
         print(json.dumps(view, indent=2))
         return 0
-    console = Console()
+    console = cli_console()
     if view["trajectory_id"] != args.trajectory_id:
         console.print(Text(f"task {args.trajectory_id}: newest trajectory {view['trajectory_id']}"))
         for o in others:

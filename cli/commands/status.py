@@ -35,14 +35,12 @@ def run(args) -> int:
     import time
     from pathlib import Path
 
-    from rich.console import Console
-    from rich.live import Live
-
+    from cli.console import cli_console, live_table
     from cli.stack_status import collect, down_causes, render
 
     pid_file = Path(args.state_dir) / "stack.json"
     if not pid_file.exists():
-        err = Console(stderr=True, highlight=False)
+        err = cli_console(stderr=True, highlight=False)
         err.print(
             f"no stack running ({pid_file} missing); start one with `shellrl up`", markup=False
         )
@@ -57,9 +55,11 @@ def run(args) -> int:
             )
         return 1
     info = json.loads(pid_file.read_text())
+    console = cli_console()
     snap = collect(info)
     if args.watch:
-        with Live(render(snap), refresh_per_second=1) as live:
+        with live_table(console) as live:
+            live.update(render(snap))
             try:
                 while True:
                     time.sleep(2)
@@ -68,7 +68,7 @@ def run(args) -> int:
             except KeyboardInterrupt:
                 pass
     else:
-        Console().print(render(snap))
+        console.print(render(snap))
     if down := down_causes(snap):
         print(f"down: {', '.join(down)}", file=sys.stderr)
         return 1
