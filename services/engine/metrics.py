@@ -52,6 +52,11 @@ DECODE_GRAPH_BYTES = gauge(
     "shellrl_engine_decode_graph_bytes",
     "Bytes of the decode graphs' static KV arena (0: no graphs).",
 )
+WEIGHT_UPDATE_GROUPS = gauge(
+    "shellrl_engine_weight_update_groups",
+    "Weight-update process groups live on this engine (init_weights_update_group; 0 once the "
+    "learner destroyed its group).",
+)
 PREFILL_SECONDS = histogram("shellrl_engine_prefill_seconds", "Wall time of one batched prefill.")
 WEIGHT_UPDATE_SECONDS = histogram(
     "shellrl_engine_weight_update_seconds",

@@ -94,6 +94,7 @@ class EngineRuntime:
         self._session: _Session | None = None
         self._update_lock = asyncio.Lock()
         self.groups = wd.ReceiverGroups(self.weights.device, GROUP_TIMEOUT_S)
+        metrics.WEIGHT_UPDATE_GROUPS.set_function(lambda: len(self.groups.names()))
 
     def _graph_decoder(self, settings: EngineSettings) -> GraphDecoder | None:
         """The decode graphs on a CUDA device (captured here, before the engine serves)."""

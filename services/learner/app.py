@@ -210,7 +210,7 @@ def build_app(settings: LearnerSettings) -> FastAPI:
             stop.set()
             await worker.drain(settings.shutdown_grace_s)
             await cancel_and_wait(task, stats, timeout_s=10.0)
-            worker.sync.close()
+            await worker.sync.aclose()  # the engines destroy their weight-update groups too
             await client.close()
             await redis.aclose()
 

@@ -13,7 +13,10 @@ import socket
 from urllib.parse import urlparse
 
 from services.learner.weight_transport import is_local
+from shellrl.clients.engine_responses import EngineError
 from shellrl.weights import distributed as wdist
+
+DESTROY_TIMEOUT_S = 5.0  # an engine's /destroy_weights_update_group when the learner closes a group
 
 _GROUP_NUMBERS = itertools.count(
     1
@@ -34,8 +37,12 @@ class EngineGroups:
     """The distributed transport's process groups, one per engine (a dead engine breaks only its
     own), made on an engine's first push: the learner serves the TCPStore and joins as rank 0
     while the engine joins through `/init_weights_update_group` (rank_offset 1, world 1 + TP).
-    A group whose push failed is forgotten: closed once its worker thread is done (torch's
-    timeout, the deadline, bounds it), and destroyed on the engine before the next group."""
+    A group the learner closes is destroyed on the engine too (SGLang's
+    `/destroy_weights_update_group`, bounded by DESTROY_TIMEOUT_S), so no engine holds a group
+    the learner left: a group whose push failed or whose engine was taken out (`forget`; closed
+    on the learner once its worker thread is done: torch's timeout, the deadline, bounds it),
+    and every group at `aclose` (the learner's shutdown). An engine that did not answer has its
+    group destroyed before its next one. Both sides leave through shellrl.process_groups.leave."""
 
     def __init__(self, client, *, backend: str, timeout_s: float, master_address: str = "") -> None:
         self.client, self.backend, self.timeout_s, self.master_address = (
@@ -46,6 +53,7 @@ class EngineGroups:
         )
         self._groups: dict[str, wdist.SenderGroup] = {}
         self._stale: dict[str, str] = {}  # url -> the name of a group the engine may still hold
+        self._destroying: set[asyncio.Task] = set()  # destroy calls in flight (`_tell`)
 
     async def group(self, url: str, tp_size: int) -> wdist.SenderGroup:
         """The engine's live group, joined now if there is none (bounded by the caller's deadline)."""
@@ -92,11 +100,54 @@ class EngineGroups:
             self.forget(url, sending)
             raise
 
-    def forget(self, url: str, busy: asyncio.Future | None = None) -> None:
+    def forget(self, url: str, busy: asyncio.Future | None = None, *, tell: bool = True) -> None:
+        """Close the learner's side of `url`'s group (once `busy`, a worker thread in a
+        collective, is done) and, with `tell` and a running event loop, have the engine destroy
+        its side in the background (`_tell`)."""
         group = self._groups.pop(url, None)
         if group is not None:
             self._stale[url] = group.name
             self._close_after(group, busy)
+            if tell:
+                self._tell(url)
+
+    def _tell(self, url: str) -> None:
+        """Destroy the engine's stale group in the background (no event loop: before its next)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        task = loop.create_task(self._destroy_stale(url))
+        self._destroying.add(task)
+        task.add_done_callback(self._destroying.discard)
+
+    async def _destroy_stale(self, url: str) -> None:
+        """/destroy_weights_update_group for `url`'s stale group, bounded; the name is dropped once
+        the engine answered (a 400 too: it destroyed the group itself after a failed broadcast)."""
+        name = self._stale.get(url)
+        if name is None:
+            return
+        try:
+            await asyncio.wait_for(
+                self.client.destroy_weights_update_group(name, urls=[url]),
+                min(self.timeout_s, DESTROY_TIMEOUT_S),
+            )
+        except EngineError:
+            pass
+        except Exception:  # noqa: BLE001 (no answer: destroyed before the engine's next group)
+            return
+        if self._stale.get(url) == name:
+            del self._stale[url]
+
+    async def aclose(self) -> None:
+        """Close every group on both sides: the learner's now, each engine's by its
+        /destroy_weights_update_group (waited for at most DESTROY_TIMEOUT_S; never raises)."""
+        for url in list(self._groups):
+            self.forget(url, tell=False)
+        for url in list(self._stale):
+            self._tell(url)
+        if self._destroying:
+            await asyncio.wait(set(self._destroying), timeout=DESTROY_TIMEOUT_S)
 
     @staticmethod
     def _close_after(group: wdist.SenderGroup, busy: asyncio.Future | None) -> None:
@@ -106,5 +157,6 @@ class EngineGroups:
             busy.add_done_callback(lambda f: (f.cancelled() or f.exception(), group.close()))
 
     def close(self) -> None:
+        """The learner's side only (no event loop needed); `aclose` also tells the engines."""
         for url in list(self._groups):
-            self.forget(url)
+            self.forget(url, tell=False)

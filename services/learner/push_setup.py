@@ -72,6 +72,13 @@ def radix_cache_refusal(infos: dict[str, dict]) -> str | None:
 class PushSetup:
     """The first-contact questions of a push, asked for `WeightSync` (module docstring)."""
 
+    async def aclose(self) -> None:
+        """`close`, after every engine destroyed its weight-update group (the distributed
+        transport: EngineGroups.aclose, bounded), so none stays open once the learner left."""
+        if self.groups is not None:
+            await self.groups.aclose()
+        self.close()
+
     async def _resolve(self, model: torch.nn.Module, targets: list[str]) -> None:
         """On the first push: cuda_ipc stays only if every engine can take it (`engine_transport`,
         from /server_info), else shm; the distributed transport's groups get their backend."""

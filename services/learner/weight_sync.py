@@ -142,7 +142,8 @@ class WeightSync(PushSetup):
         self._refusals_logged: dict[str, str] = {}  # url -> the refusal last logged (_servable)
 
     def close(self) -> None:
-        """Release the kept buckets (unlink the shared-memory segments) and the process groups."""
+        """Release the kept buckets (unlink the shared-memory segments) and the process groups
+        (the learner's side; `aclose` also has each engine destroy its own)."""
         self.staging.close()
         if self.groups is not None:
             self.groups.close()
