@@ -1,4 +1,5 @@
-"""`shellrl up` / `down` / `status`: the whole stack as local processes, without Docker.
+"""The whole stack as local processes, without Docker (`Stack`: what `shellrl up`, `run`, `eval`
+and the end-to-end tests start; the commands are cli/commands/up.py and down.py).
 
 A small launcher on `subprocess` (not honcho/supervisor): we need start-up ordered by each
 service's `/readyz`, per-process log files, a pid file for `shellrl down`, and children that
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cli.polling import poll_until
-from cli.stack_config import STATE_DIR, StackConfig, device_env, port_is_free
+from cli.stack_config import StackConfig, device_env, port_is_free
 from cli.stack_failure import ServiceExited, StackError, last_error_line
 from shellrl.service.main import wait_until_ready
 
@@ -281,56 +282,3 @@ class Stack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def up(config: StackConfig) -> int:
-    """Foreground: start everything, print the URLs, wait for Ctrl-C or `shellrl down`. A
-    process that exits stops the stack: one line on stderr names it with its exit status, failure
-    class, log and the log's last error (as `shellrl run` reports it), and up returns 1."""
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    with Stack(config) as stack:
-        print(
-            f"shellrl is up ({config.device}): rollout {config.url('rollout')}  "
-            f"redis {config.redis_url}  logs {stack.log_dir}/",
-            flush=True,
-        )
-        while not stop.is_set():
-            try:
-                stack.raise_if_exited()
-            except ServiceExited as exc:  # its status, failure class, log and last error
-                last = f" (last error: {exc.cause})" if exc.cause else ""
-                print(
-                    f"{exc.service} exited with status {exc.status}: {exc.failure_class}; see "
-                    f"{exc.log_path}{last}; shutting the stack down",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                return 1
-            stop.wait(1.0)
-        print("shutting down…", flush=True)
-    return 0
-
-
-def down(state_dir: Path = STATE_DIR, timeout_s: float = 60.0) -> int:
-    """Stop the stack a `shellrl up` in another terminal started (SIGTERM to its launcher)."""
-    pid_file = state_dir / "stack.json"
-    if not pid_file.exists():
-        print("no stack running (no pid file)")
-        return 0
-    info = json.loads(pid_file.read_text())
-    pid = info["launcher_pid"]
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        # launcher gone: stop its children ourselves, by the pids it recorded
-        for child in info["processes"].values():
-            try:
-                os.killpg(child, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        pid_file.unlink(missing_ok=True)
-        return 0
-    gone = poll_until(lambda: not pid_file.exists(), timeout_s=timeout_s, interval_s=0.2)
-    return 0 if gone else 1

@@ -13,6 +13,14 @@ on this stack train as `shellrl run` does. Unlike `run`, the learner starts trai
 
 from __future__ import annotations
 
+import signal
+import sys
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cli.stack_config import StackConfig
+
 NAME = "up"
 HELP = "start the stack as local processes (foreground; Ctrl-C stops it)"
 
@@ -25,9 +33,40 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from cli.launcher import up
-
     return up(stack_config(args))
+
+
+def up(config: StackConfig) -> int:
+    """Foreground: start everything, print the URLs, wait for Ctrl-C or `shellrl down`. A
+    process that exits stops the stack: one line on stderr names it with its exit status, failure
+    class, log and the log's last error (as `shellrl run` reports it), and up returns 1."""
+    from cli.launcher import Stack
+    from cli.stack_failure import ServiceExited
+
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with Stack(config) as stack:
+        print(
+            f"shellrl is up ({config.device}): rollout {config.url('rollout')}  "
+            f"redis {config.redis_url}  logs {stack.log_dir}/",
+            flush=True,
+        )
+        while not stop.is_set():
+            try:
+                stack.raise_if_exited()
+            except ServiceExited as exc:  # its status, failure class, log and last error
+                last = f" (last error: {exc.cause})" if exc.cause else ""
+                print(
+                    f"{exc.service} exited with status {exc.status}: {exc.failure_class}; see "
+                    f"{exc.log_path}{last}; shutting the stack down",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                return 1
+            stop.wait(1.0)
+        print("shutting down…", flush=True)
+    return 0
 
 
 def stack_config(args):

@@ -1,4 +1,4 @@
-"""`shellrl up` (cli.launcher.up) stops the stack when one of its processes exits and names it
+"""`shellrl up` (cli.commands.up.up) stops the stack when one of its processes exits and names it
 with its exit status, failure class, log and last error line, as `shellrl run` does (issue 34
 item 5). A real `up` in a subprocess over Redis and a sandbox; the sandbox is SIGKILLed by the
 pid the launcher recorded."""
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 UP = """
 import dataclasses, sys
 from cli.commands import up as up_command
-from cli.launcher import up
+from cli.commands.up import up
 from cli.main import parse
 args = parse(["up", "--model-path", "tiny", "--quiet", "--state-dir", sys.argv[1],
               "--port-offset", sys.argv[2]])
