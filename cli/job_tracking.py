@@ -55,8 +55,9 @@ def eval_samples(
 ) -> list[tuple]:
     """Up to `rows` episodes of an evaluation view (its `results`), successes and the rest taken
     in turn, each fetched from the gateway (`client`: its base URL and token) as GET
-    /v1/trajectories/{id}: SAMPLE_COLUMNS, the prompt's last and the transcript's first
-    `max_chars` characters. An episode the gateway cannot show is left out; [] without a client."""
+    /v1/trajectories/{id}?skip_special_tokens=true: SAMPLE_COLUMNS, the prompt's last and the
+    transcript's first `max_chars` characters, decoded without the chat template's special
+    tokens. An episode the gateway cannot show is left out; [] without a client."""
     if client is None:
         return []
     found = [r for r in view.get("results") or [] if r.get("trajectory_id")]
@@ -66,7 +67,11 @@ def eval_samples(
     out = []
     for r in picked:
         try:
-            answer = client.get(f"/v1/trajectories/{r['trajectory_id']}", timeout=30)
+            answer = client.get(
+                f"/v1/trajectories/{r['trajectory_id']}",
+                params={"skip_special_tokens": "true"},  # no chat-template markers in the table
+                timeout=30,
+            )
             answer.raise_for_status()
         except httpx.HTTPError:
             continue

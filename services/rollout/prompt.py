@@ -315,6 +315,15 @@ class ChatFormat:
             return backend.decode(ids, skip_special_tokens=False)
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
+    def decode_readable(self, ids: list[int]) -> str:
+        """Text of `ids` for people to read: the tokenizer's special tokens (the chat template's
+        markers, e.g. `<|im_start|>`, `<|im_end|>`) left out; the roles' names stay. Never
+        parsed or re-tokenized."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            return backend.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
 
 def _plain_backend(tokenizer):
     """A copy of the fast tokenizer's Rust backend that encodes special-token text as plain text

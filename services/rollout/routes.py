@@ -3,7 +3,9 @@
   POST /v1/tasks               one task or a list (JSON form of ../shared/tasks/*.jsonl) -> ids
   GET  /v1/tasks/{task_id}     state, episodes, rewards, policy versions that ran it, failures
   GET  /v1/tasks               filters split/source/tag, cursor pagination
-  GET  /v1/trajectories/{id}   one finished trajectory's transcript (transcripts.py)
+  GET  /v1/trajectories/{id}   one finished trajectory's transcript (transcripts.py);
+                               ?skip_special_tokens=true: its texts without the chat template's
+                               special tokens (for people: the job's eval samples table)
   GET  /v1/trajectories        ?task_id=&limit=: the newest finished trajectories of one task
   GET  /v1/status              admission, pool, in-flight, streams, infra state, engines
 plus /healthz /readyz /metrics /v1/config from shellrl.service.app.create_app; the evaluations'
@@ -161,14 +163,23 @@ async def list_tasks(
     response_model_exclude_unset=True,
     responses=error_responses(404),
 )
-async def get_trajectory(trajectory_id: str, parts: PartsDep) -> dict:
+async def get_trajectory(
+    trajectory_id: str,
+    parts: PartsDep,
+    skip_special_tokens: bool = Query(
+        False,
+        description="Leave the tokenizer's special tokens (the chat template's markers such as "
+        "`<|im_start|>`) out of every `text`; `token_ids` are unchanged.",
+    ),
+) -> dict:
     found = await find_trajectory(parts.redis, trajectory_id)
     if found is None:
         raise ApiError(
             404, "not_found", f"no finished trajectory {trajectory_id!r}", "trajectory_id"
         )
     traj, stream, entry_id = found
-    return transcript(traj, parts.chat.decode, stream=stream, entry_id=entry_id)
+    decode = parts.chat.decode_readable if skip_special_tokens else parts.chat.decode
+    return transcript(traj, decode, stream=stream, entry_id=entry_id)
 
 
 @router.get(

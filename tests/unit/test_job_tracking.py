@@ -32,7 +32,9 @@ def transcript(trajectory_id: str) -> dict:
 
 class Gateway(BaseHTTPRequestHandler):
     def do_GET(self) -> None:
-        trajectory_id = self.path.rsplit("/", 1)[-1]
+        path, _, query = self.path.partition("?")
+        trajectory_id = path.rsplit("/", 1)[-1]
+        assert query == "skip_special_tokens=true", self.path  # texts without template markers
         if "missing" in trajectory_id:
             self.send_response(404)
             self.end_headers()
