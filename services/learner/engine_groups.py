@@ -132,8 +132,9 @@ class EngineGroups:
                 self.client.destroy_weights_update_group(name, urls=[url]),
                 min(self.timeout_s, DESTROY_TIMEOUT_S),
             )
-        except EngineError:
-            pass
+        except EngineError as exc:
+            if exc.status != 400:  # refused (401, 404...), not "no such group": try again later
+                return
         except Exception:  # noqa: BLE001 (no answer: destroyed before the engine's next group)
             return
         if self._stale.get(url) == name:
@@ -141,13 +142,13 @@ class EngineGroups:
 
     async def aclose(self) -> None:
         """Close every group on both sides: the learner's now, each engine's by its
-        /destroy_weights_update_group (waited for at most DESTROY_TIMEOUT_S; never raises)."""
+        /destroy_weights_update_group (each call bounded by DESTROY_TIMEOUT_S; never raises)."""
         for url in list(self._groups):
             self.forget(url, tell=False)
         for url in list(self._stale):
             self._tell(url)
         if self._destroying:
-            await asyncio.wait(set(self._destroying), timeout=DESTROY_TIMEOUT_S)
+            await asyncio.wait(set(self._destroying))
 
     @staticmethod
     def _close_after(group: wdist.SenderGroup, busy: asyncio.Future | None) -> None:
