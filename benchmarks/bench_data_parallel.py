@@ -80,7 +80,8 @@ def worker(args) -> None:
     from services.learner.checkpoint import CheckpointStore
     from services.learner.data_parallel import DataParallel, follow
     from services.learner.ranks import init_ranks
-    from services.learner.trainer import Trainer, TrainerConfig
+    from services.learner.trainer import Trainer
+    from services.learner.trainer_config import TrainerConfig
     from shellrl.models import load_model
     from shellrl.process_groups import exit_process
 

@@ -208,7 +208,8 @@ async def bench_step_and_push(
 ):
     import torch
 
-    from services.learner.trainer import Trainer, TrainerConfig
+    from services.learner.trainer import Trainer
+    from services.learner.trainer_config import TrainerConfig
     from services.learner.weight_sync import WeightSync
     from shellrl.clients.engine import EngineClient
     from shellrl.models import load_model

@@ -69,7 +69,7 @@ PAD_TO_MULTIPLE_OF = 64  # the learner's SHELLRL_PAD_TO_MULTIPLE_OF default (the
 
 def main_job_config():
     """The main job's TrainerConfig (cli/main_job.py's learner environment, LearnerSettings)."""
-    from services.learner.trainer import TrainerConfig
+    from services.learner.trainer_config import TrainerConfig
     from shellrl.rl.losses import PPOConfig
 
     return TrainerConfig(

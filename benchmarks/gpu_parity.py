@@ -152,7 +152,8 @@ async def scale_sweep(model, bucket, client, url: str, args, version: int) -> di
 
 
 async def parity_section(model, client, url: str, args, version: int) -> dict:
-    from services.learner.trainer import Trainer, TrainerConfig
+    from services.learner.trainer import Trainer
+    from services.learner.trainer_config import TrainerConfig
 
     device = next(model.parameters()).device
     vocab = model.config.vocab_size

@@ -8,12 +8,15 @@ between steps (feasibility.md: 1.7 -> 10 GB over a run); Trainer.step trims afte
 
 jemalloc must be loaded before anything allocates, so `python -m services.learner` re-executes
 itself once with LD_PRELOAD set (same pid, same arguments) when libjemalloc.so.2 is installed
-(Debian: libjemalloc2) and SHELLRL_MALLOC is not "system".
+(Debian: libjemalloc2) and SHELLRL_MALLOC is not "system". `release_memory` (after every
+Trainer.step) collects garbage and hands freed heap pages back to the OS.
 """
 
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
+import gc
 import logging
 import os
 import sys
@@ -61,3 +64,18 @@ def reexec_with_jemalloc(module: str, argv: list[str]) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, [sys.executable, "-m", module, *argv], env)
+
+
+_LIBC = None
+
+
+def release_memory() -> None:
+    """Collect garbage and return freed heap pages to the OS (glibc malloc_trim), so RSS tracks
+    live memory over a long run of steps with varying shapes (feasibility.md: 1.7 -> 10 GB)."""
+    global _LIBC
+    gc.collect()
+    try:
+        _LIBC = _LIBC or ctypes.CDLL("libc.so.6")
+        _LIBC.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

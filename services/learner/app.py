@@ -37,7 +37,8 @@ from services.learner.group_assembler import DROP_REASONS, GroupAssembler
 from services.learner.kl_probe import KlRequest, sequences_kl
 from services.learner.sample_table import SampleTable
 from services.learner.settings import LearnerSettings
-from services.learner.trainer import Trainer, TrainerConfig
+from services.learner.trainer import Trainer
+from services.learner.trainer_config import TrainerConfig
 from services.learner.weight_dtype import checkpoint_dtype
 from services.learner.weight_sync import WeightSync
 from services.learner.weight_transport import choose_transport

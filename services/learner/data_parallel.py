@@ -32,7 +32,8 @@ from typing import Any
 
 from services.learner.checkpoint import CheckpointStore, LearnerState, write_rank
 from services.learner.sharding import FullWeights, gather_all
-from services.learner.trainer import StepPlan, StepResult, Trainer
+from services.learner.step_records import StepPlan, StepResult
+from services.learner.trainer import Trainer
 from shellrl.rl.batch import TrainSample, build_batch
 from shellrl.rl.losses import LossStats
 

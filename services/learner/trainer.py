@@ -26,13 +26,9 @@ reduce-scatters with the other ranks). Without FSDP a step is exactly what it wa
 from __future__ import annotations
 
 import copy
-import ctypes
-import gc
 import logging
 import time
-from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -43,103 +39,15 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from services.learner import ranks as learner_ranks
+from services.learner.allocator import release_memory
 from services.learner.sharding import PolicyLogprobs, shard
-from shellrl.rl.batch import TrainBatch, TrainSample, build_batch
+from services.learner.step_records import StepPlan, StepResult, idle_batch
+from services.learner.trainer_config import REFERENCE_DTYPES, TrainerConfig
+from shellrl.rl.batch import TrainBatch
 from shellrl.rl.logprobs import enable_gradient_checkpointing
-from shellrl.rl.losses import LossStats, PPOConfig, decoupled_ppo_loss, loss_weights, row_kl
+from shellrl.rl.losses import LossStats, decoupled_ppo_loss, loss_weights, row_kl
 
 log = logging.getLogger(__name__)
-
-REFERENCE_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
-
-
-@dataclass(frozen=True)
-class TrainerConfig:
-    """lr: peak AdamW learning rate; warmup_steps: linear warmup (0 = none); grad_clip_norm: max
-    global L2 norm (<= 0: off); ppo_epochs: AdamW updates per batch; micro_batch_size: sequences
-    per forward/backward; chunk_tokens: LM-head positions per float32 chunk; share_prefix_min_tokens:
-    a prefix common to a micro-batch's rows of at least this many tokens runs once (0: off; skipped
-    under gradient checkpointing, see shellrl.rl.logprobs); unpadded_rows: on CPU, after a shared
-    prefix, each row's own tokens run without padding (shellrl.rl.logprobs.decoder_hidden; the
-    same log-probs to float rounding); fused_optimizer: AdamW's fused kernel
-    (torch.optim.AdamW(fused=True), CPU and CUDA; not with FSDP) instead of its per-tensor loop,
-    the same update up to float rounding; reference_dtype: the KL reference's decoder under
-    autocast to "bfloat16" (the LM head stays float32) or "float32" (issue 33 item 3: measured in
-    BENCHMARKS.md); loss: PPOConfig."""
-
-    lr: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    warmup_steps: int = 0
-    grad_clip_norm: float = 1.0
-    ppo_epochs: int = 1
-    micro_batch_size: int = 4
-    chunk_tokens: int = 1024
-    gradient_checkpointing: bool = True
-    share_prefix_min_tokens: int = 32
-    unpadded_rows: bool = True
-    fused_optimizer: bool = True
-    reference_dtype: str = "float32"
-    loss: PPOConfig = field(default_factory=PPOConfig)
-
-    def __post_init__(self) -> None:
-        if (
-            self.lr <= 0
-            or self.ppo_epochs < 1
-            or self.micro_batch_size < 1
-            or self.warmup_steps < 0
-        ):
-            raise ValueError(
-                "lr > 0, ppo_epochs >= 1, micro_batch_size >= 1 and warmup_steps >= 0 are required"
-            )
-        if self.reference_dtype not in REFERENCE_DTYPES:
-            raise ValueError(
-                f"reference_dtype must be one of {sorted(REFERENCE_DTYPES)}; got {self.reference_dtype!r}"
-            )
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What every rank of one step agrees on. micro_batches: forward/backward passes per epoch
-    on every rank; loss_tokens, loss_rows: the whole step's scored tokens, and rows with at
-    least one (the loss normalisation, shellrl.rl.losses.loss_weights)."""
-
-    micro_batches: int
-    loss_tokens: int
-    loss_rows: int
-
-    @staticmethod
-    def of(shares: list[list[TrainSample]], micro_batch_size: int) -> StepPlan:
-        """The plan of a step whose rank r trains `shares[r]`."""
-        counts = [int(np.count_nonzero(s.loss_mask)) for share in shares for s in share]
-        return StepPlan(
-            micro_batches=max(-(-len(share) // micro_batch_size) for share in shares),
-            loss_tokens=sum(counts),
-            loss_rows=sum(c > 0 for c in counts),
-        )
-
-
-@dataclass(frozen=True)
-class StepResult:
-    """What one step did (on one rank: its share; data_parallel.merge_results combines them).
-    `stats`: LossStats.summary() of the last epoch plus grad norms, `totals` its raw sums; parity_*
-    in nats over `parity_tokens` version-fresh tokens; durations in seconds. row_kl: per trained
-    row (trajectory_id, sum of the k3 KL to the reference over its scored tokens, their count),
-    under the weights the step started from (its first epoch); empty without a reference."""
-
-    step: int
-    lr: float
-    stats: dict[str, float]
-    grad_norm: float
-    parity_mean: float
-    parity_max: float
-    parity_tokens: int
-    sequences: int
-    tokens: int
-    duration_s: float
-    skipped_updates: int
-    totals: LossStats = field(default_factory=LossStats)
-    row_kl: tuple[tuple[str, float, int], ...] = ()
 
 
 class Trainer:
@@ -329,7 +237,7 @@ class Trainer:
     def _idle_pass(self) -> None:
         """A forward and backward that adds nothing to any gradient (loss * 0 over one token), so
         that this rank joins the other ranks' all-gathers and reduce-scatters of a pass."""
-        batch = _idle_batch().to(self.params[0].device)
+        batch = idle_batch().to(self.params[0].device)
         positions = torch.ones_like(batch.loss_mask, dtype=torch.bool)
         if self.reference_policy is not None:
             with torch.no_grad():
@@ -399,21 +307,6 @@ def _parity(
     return float(diff.mean()), float(diff.max()), n
 
 
-def _idle_batch() -> TrainBatch:
-    """One row of two tokens whose one scored position carries no loss (see `_idle_pass`)."""
-    sample = TrainSample(
-        trajectory_id="idle",
-        prompt_ids=np.zeros(1, np.int64),
-        response_ids=np.zeros(1, np.int64),
-        behavior_logprobs=np.zeros(1, np.float32),
-        loss_mask=np.zeros(1, np.uint8),
-        policy_versions=np.full(1, -1),
-        temperatures=np.ones(1, np.float32),
-        advantage=0.0,
-    )
-    return build_batch([sample], pad_token_id=0)
-
-
 def _disable_dropout(model: torch.nn.Module) -> None:
     """RL fine-tuning runs without dropout: the proximal pass and the training pass must agree."""
     for module in model.modules():
@@ -421,18 +314,3 @@ def _disable_dropout(model: torch.nn.Module) -> None:
             module.p = 0.0
         if isinstance(getattr(module, "attention_dropout", None), float):
             module.attention_dropout = 0.0
-
-
-_LIBC = None
-
-
-def release_memory() -> None:
-    """Collect garbage and return freed heap pages to the OS (glibc malloc_trim), so RSS tracks
-    live memory over a long run of steps with varying shapes (feasibility.md: 1.7 -> 10 GB)."""
-    global _LIBC
-    gc.collect()
-    try:
-        _LIBC = _LIBC or ctypes.CDLL("libc.so.6")
-        _LIBC.malloc_trim(0)
-    except (OSError, AttributeError):
-        pass

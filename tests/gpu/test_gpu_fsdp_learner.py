@@ -14,7 +14,8 @@ from benchmarks.gpu_parity import gap, sample
 from services.learner.checkpoint import CheckpointStore, LearnerState
 from services.learner.data_parallel import DataParallel
 from services.learner.ranks import Ranks, init_ranks
-from services.learner.trainer import Trainer, TrainerConfig
+from services.learner.trainer import Trainer
+from services.learner.trainer_config import TrainerConfig
 from services.learner.weight_sync import WeightSync
 from shellrl.clients.engine import EngineClient
 from shellrl.models import load_model

@@ -43,7 +43,8 @@ async def test_learner_and_engine_log_probs_agree_within_0_02_nats_in_bf16(
 async def test_two_training_steps_with_weight_pushes_keep_learner_and_engine_in_parity(
     learner_model, gpu_engine
 ):
-    from services.learner.trainer import Trainer, TrainerConfig
+    from services.learner.trainer import Trainer
+    from services.learner.trainer_config import TrainerConfig
 
     vocab = learner_model.config.vocab_size
     bucket = wtg.CudaIpcBucket(ENGINE_DEVICE)

@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script 
 from services.learner.checkpoint import CheckpointStore  # noqa: E402
 from services.learner.data_parallel import DataParallel, follow  # noqa: E402
 from services.learner.ranks import init_ranks  # noqa: E402
-from services.learner.trainer import Trainer, TrainerConfig  # noqa: E402
+from services.learner.trainer import Trainer  # noqa: E402
+from services.learner.trainer_config import TrainerConfig  # noqa: E402
 from shellrl.models import load_model  # noqa: E402
 from shellrl.process_groups import exit_process  # noqa: E402
 from tests.unit.test_rl_logprobs import make_samples  # noqa: E402

@@ -18,7 +18,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from cli.model_path import check_model_path
 from services.learner.checkpoint import CheckpointStore, LearnerState
-from services.learner.trainer import Trainer, TrainerConfig
+from services.learner.trainer import Trainer
+from services.learner.trainer_config import TrainerConfig
 from shellrl.models import load_model, load_tokenizer, resolve_model_path
 from shellrl.rl.batch import build_batch
 from tests.helpers.logprob_reference import compute

@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from services.learner.checkpoint import CheckpointStore, LearnerState, surviving_steps
-from services.learner.trainer import Trainer, TrainerConfig
+from services.learner.trainer import Trainer
+from services.learner.trainer_config import TrainerConfig
 from shellrl.models import load_model
 from shellrl.rl.batch import build_batch
 from tests.unit.test_rl_logprobs import make_samples

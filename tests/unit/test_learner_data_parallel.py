@@ -9,7 +9,9 @@ import torch
 
 from services.learner.checkpoint import CheckpointStore
 from services.learner.data_parallel import DataParallel, merge_results, split_by_tokens
-from services.learner.trainer import StepPlan, Trainer, TrainerConfig
+from services.learner.step_records import StepPlan
+from services.learner.trainer import Trainer
+from services.learner.trainer_config import TrainerConfig
 from shellrl.models import load_model
 from shellrl.rl.batch import build_batch
 from shellrl.rl.losses import LossStats, loss_weights
@@ -92,7 +94,7 @@ def test_merged_results_sum_the_ranks_losses_and_pool_their_parity():
 
 
 def _result(totals: LossStats, parity: tuple, sequences: int):
-    from services.learner.trainer import StepResult
+    from services.learner.step_records import StepResult
 
     return StepResult(
         step=1,

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from benchmarks.bench_learner_step import first_step_terms, reference_logprobs
-from services.learner.trainer import Trainer, TrainerConfig
+from services.learner.trainer import Trainer
+from services.learner.trainer_config import TrainerConfig
 from shellrl.models import load_model
 from shellrl.rl.batch import build_batch
 from shellrl.rl.logprobs import head_logprobs, token_logprobs

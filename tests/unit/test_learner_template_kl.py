@@ -14,8 +14,10 @@ import torch
 
 from services.learner.data_parallel import merge_results
 from services.learner.kl_probe import KlSequence, sequences_kl
+from services.learner.step_records import StepResult
 from services.learner.template_kl import kl_by_template, trajectory_template
-from services.learner.trainer import StepResult, Trainer, TrainerConfig
+from services.learner.trainer import Trainer
+from services.learner.trainer_config import TrainerConfig
 from shellrl.contract import Task, Trajectory
 from shellrl.models import load_model
 from shellrl.rl.batch import build_batch

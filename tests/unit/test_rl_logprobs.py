@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from services.learner.trainer import Trainer, TrainerConfig
+from services.learner.trainer import Trainer
+from services.learner.trainer_config import TrainerConfig
 from shellrl.models import load_model
 from shellrl.rl.batch import TrainSample, build_batch
 from shellrl.rl.logprobs import enable_gradient_checkpointing, shared_prefix_length, token_logprobs
