@@ -281,6 +281,10 @@ fcntl.ioctl(s, 0x8914, struct.pack("16sH14s", b"lo", flags | 1, b""))
 PY
 }
 
+# The comparison suggested for the next lease (issue 33 item 2, BENCHMARKS.md "Contrast sets"): the
+# default pool against the curriculum plus counting tasks that differ only in the quantity asked,
+#   SKIP_PYTEST=1 ARMS="default:;contrast:--train-set contrast" SEEDS="0 1 2" \
+#     JOB_ARGS="--time-budget-min 4" JOB_TIMEOUT_S=560 bash benchmarks/run_gpu_stack.sh seeds
 seeds() {  # ARMS="name:flags;name:flags" x SEEDS="0 1 2", all at once on one GPU, then a comparison
   device_env
   [ -d "$T/site" ] || { echo "run the setup stage first (no $T/site)"; return 1; }

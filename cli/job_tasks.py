@@ -25,7 +25,7 @@ class TaskChoice(Protocol):
 # (run1: word_count 0 -> 8/8, run3: cat_file 0 -> 7/8), so they stay; grep_count and json_field had
 # no success in either pass-rate measurement nor in any before/after evaluation of runs 1-3, so they
 # are out. `--train-set default` trains on everything (seeds + all generated train templates +
-# AgentBench).
+# AgentBench); `--train-set contrast` on the curriculum plus contrast sets (CURRICULUM_SETS).
 CURRICULUM_TEMPLATES = (
     "count_matching_users",
     "count_lines",
@@ -37,11 +37,18 @@ CURRICULUM_TEMPLATES = (
 )
 
 
+CURRICULUM_SETS = ("curriculum", "contrast")
+"""`--train-set` values built on the curriculum: their eval_id is the curriculum templates' (the
+same eval set, so `contrast` compares with the default run for run). `contrast` adds the contrast
+sets of tasksets/contrast.py (48 counting tasks, 4 quantities of each of 12 files) to the
+curriculum's pool (issue 33 item 2)."""
+
+
 def _eval_id(cfg: TaskChoice) -> list:
     """Held-out instances of the training templates (disjoint from every train instance)."""
     from tasksets.generator import generate
 
-    if cfg.train_set != "curriculum":
+    if cfg.train_set not in CURRICULUM_SETS:
         return generate("eval_id", seed=cfg.task_seed)[: cfg.eval_id_episodes]
     pool = [
         t
@@ -106,11 +113,14 @@ def train_tasks(cfg: TaskChoice) -> list:
 def _train_pool(cfg: TaskChoice) -> list:
     from tasksets import load_taskset
 
-    if cfg.train_set == "curriculum":
+    if cfg.train_set in CURRICULUM_SETS:
         generated = [
             t
             for t in load_taskset("generated", "train", seed=cfg.task_seed)
             if t.template in CURRICULUM_TEMPLATES
         ]
-        return load_taskset("seeds") + generated
+        contrast = (
+            load_taskset("contrast", seed=cfg.task_seed) if cfg.train_set == "contrast" else []
+        )
+        return load_taskset("seeds") + generated + contrast
     return load_taskset(cfg.train_set, "train", seed=cfg.task_seed)

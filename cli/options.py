@@ -173,7 +173,9 @@ class RunOptions(StackOptions):
     time_budget_min: float = option(JobConfig.time_budget_s / 60, "training stops after this")
     steps: int = option(JobConfig.steps, "learner steps (policy versions)")
     train_set: str = option(
-        JobConfig.train_set, "curriculum, default, generated, a plug-in's task set, or a .jsonl"
+        JobConfig.train_set,
+        "curriculum, contrast (the curriculum + counting tasks that differ only in the quantity "
+        "asked), default, generated, a plug-in's task set, or a .jsonl",
     )
     eval_id_episodes: int = option(
         JobConfig.eval_id_episodes, "held-out instances of the training templates"

@@ -6,6 +6,8 @@
   seeds           train                           the four tasks of the seed write-up (seeds.py)
   generated       train, eval_id, eval_ood        template tasks (generator.py; 320/96/96 by default)
   agentbench_os   train                           110 AgentBench OS tasks (public.py, Apache-2.0)
+  contrast        train                           counting tasks in contrast sets: one file asked
+                                                  for different quantities (contrast.py; 48)
   default         train, eval_id, eval_ood        train = seeds + generated train + agentbench_os;
                                                   eval_id / eval_ood = the generated ones
   <path>.jsonl    whatever the file holds         a task file in the JSON form
@@ -23,7 +25,7 @@ from pathlib import Path
 
 from shellrl.contract import Task, iter_tasks_jsonl, split_name
 
-TASKSETS = ("seeds", "generated", "agentbench_os", "default")
+TASKSETS = ("seeds", "generated", "agentbench_os", "contrast", "default")
 SPLITS = ("train", "eval_id", "eval_ood", "eval")
 
 
@@ -52,6 +54,10 @@ def load_taskset(name: str, split: str | None = None, *, seed: int = 0) -> list[
         from tasksets.public import load_public
 
         tasks = load_public("agentbench_os")
+    elif name == "contrast":
+        from tasksets.contrast import contrast_tasks
+
+        tasks = contrast_tasks(seed=seed)
     elif name == "default":
         tasks = (
             load_taskset("seeds", split)

@@ -33,7 +33,7 @@ def _cmd_list(_: argparse.Namespace) -> int:
     table = Table(title="shellrl task sets")
     for col in ("set", "split", "tasks", "templates", "difficulty"):
         table.add_column(col)
-    for name in ("seeds", "generated", "agentbench_os"):
+    for name in ("seeds", "generated", "agentbench_os", "contrast"):
         by_split = defaultdict(list)
         for task in load_taskset(name):
             by_split[split_name(task.split)].append(task)

@@ -8,7 +8,7 @@ import pytest
 
 from cli.job_tasks import HELD_OUT_SETS, content_key, eval_sets, train_tasks
 from cli.main_job import JobConfig
-from tasksets.generator import templates_for
+from tasksets.generator import generate, templates_for
 
 
 @pytest.mark.parametrize(
@@ -16,10 +16,19 @@ from tasksets.generator import templates_for
     [
         JobConfig(),
         JobConfig(train_set="default"),
+        JobConfig(train_set="contrast"),
         JobConfig(task_seed=3),
+        JobConfig(train_set="contrast", task_seed=3, eval_ood_episodes=96),
         JobConfig(eval_ood_episodes=96, agentbench_eval_tasks=110),
     ],
-    ids=["curriculum", "default-set", "task-seed-3", "largest-eval-sets"],
+    ids=[
+        "curriculum",
+        "default-set",
+        "contrast",
+        "task-seed-3",
+        "contrast-task-seed-3-all-ood",
+        "largest-eval-sets",
+    ],
 )
 def test_no_eval_instance_or_eval_ood_template_enters_training(cfg):
     sets, train = eval_sets(cfg), train_tasks(cfg)
@@ -52,3 +61,20 @@ def test_a_set_asked_for_with_no_tasks_is_left_out_of_the_evaluations():
     assert set(sets) == {"eval_id", "seeds"} and len(sets["eval_id"]) == 2
     assert all(sets.values())
     assert train_tasks(cfg)
+
+
+def test_the_contrast_pool_is_the_curriculum_plus_contrast_sets_on_the_same_eval_sets():
+    # `--train-set contrast` is compared with the default run for run (issue 33 item 2): same
+    # eval sets, same curriculum tasks, plus the 48 contrast tasks, none sharing a file with an
+    # eval task (the same file asked another way would be an eval instance reworded)
+    curriculum, contrast = JobConfig(), JobConfig(train_set="contrast")
+    assert {name: [t.task_id for t in tasks] for name, tasks in eval_sets(contrast).items()} == {
+        name: [t.task_id for t in tasks] for name, tasks in eval_sets(curriculum).items()
+    }
+    base = [t.task_id for t in train_tasks(curriculum)]
+    added = [t for t in train_tasks(contrast) if t.task_id not in set(base)]
+    assert [t.task_id for t in train_tasks(contrast)][: len(base)] == base
+    assert len(added) == 48 and {t.source for t in added} == {"shellrl:contrast"}
+    held = {t.setup for name in HELD_OUT_SETS for t in eval_sets(contrast)[name]}
+    held |= {t.setup for split in ("eval_id", "eval_ood") for t in generate(split, count=400)}
+    assert not {t.setup for t in added} & held
