@@ -239,6 +239,7 @@ def test_env_file_values_reach_the_services(tmp_path):
     env_file.write_text(
         "SHELLRL_ENGINE_GPU=3\nSHELLRL_LEARNER_GPU=5\nSHELLRL_MAX_STALENESS=7\n"
         "SHELLRL_MODEL=Qwen2.5-0.5B-Instruct\nSGLANG_MEM_FRACTION_STATIC=0.6\n"
+        "SHELLRL_TRACKER=none\n"
     )
     services = rendered(env_file)["services"]
     assert services["engine"]["deploy"]["resources"]["reservations"]["devices"][0][
@@ -253,6 +254,7 @@ def test_env_file_values_reach_the_services(tmp_path):
     )
     assert "/models/Qwen2.5-0.5B-Instruct" in services["engine"]["command"]
     assert "0.6" in services["engine"]["command"]
+    assert services["learner"]["environment"]["SHELLRL_TRACKER"] == "none"
 
 
 def dockerfile_stages() -> dict[str, list]:
@@ -371,5 +373,6 @@ def test_the_learner_image_installs_tensorboard_and_tracks_onto_a_volume(no_env)
     learner_runs = " ".join(c.value[0] for c in dockerfile_stages()["learner"] if c.cmd == "RUN")
     assert "tensorboard==${TENSORBOARD_VERSION}" in learner_runs
     learner = rendered(no_env)["services"]["learner"]
+    assert learner["environment"]["SHELLRL_TRACKER"] == "auto"  # .env's SHELLRL_TRACKER sets it
     tracking = learner["environment"]["SHELLRL_TRACKING_DIR"]
     assert any(tracking.startswith(v["target"] + "/") for v in learner["volumes"])
