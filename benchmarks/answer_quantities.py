@@ -22,8 +22,8 @@ from collections import Counter
 from pathlib import Path
 
 from cli.eval_stats import template_of
+from cli.job_config import JobConfig
 from cli.job_tasks import eval_sets
-from cli.main_job import JobConfig
 
 QUANTITIES = ("lines", "words", "bytes")
 COUNT = "f=$(find . -type f | head -1); echo $(wc -l < $f) $(wc -w < $f) $(wc -c < $f)"

@@ -85,8 +85,8 @@ def base_rates() -> dict[str, float]:
 
 
 def training_pool() -> list:
+    from cli.job_config import JobConfig
     from cli.job_tasks import train_tasks
-    from cli.main_job import JobConfig
 
     return train_tasks(JobConfig())
 

@@ -36,8 +36,8 @@ def _metric(url: str, name: str) -> float:
 
 
 def main(argv: list[str] | None = None) -> None:
+    from cli.job_stack import submit
     from cli.launcher import Stack
-    from cli.main_job import submit
     from cli.stack_config import SERVICE_ORDER, StackConfig
     from tasksets import load_taskset
 

@@ -28,11 +28,13 @@ from rich.table import Table
 
 from cli.console import live_table
 from cli.errors import CliError, http_errors
+from cli.job_config import JobConfig
 from cli.job_evaluations import evaluate
 from cli.job_report import JobOutcome, write_job_report
+from cli.job_stack import check_verifier_config, submit
 from cli.job_tasks import eval_sets, train_tasks
 from cli.job_tracking import log_evaluations, log_service_configs, open_tracker
-from cli.main_job import JobConfig, check_verifier_config, console, submit
+from cli.main_job import console
 from cli.polling import poll_until
 from shellrl.contract import task_to_json
 

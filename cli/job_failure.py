@@ -104,7 +104,7 @@ def last_metrics(url: Callable[[str], str]) -> dict[str, str]:
 def report_failure(cfg, job: JobOutcome, failure: ServiceExited, t_start: float) -> NoReturn:
     """Write the report of what ran (`job`, filled as far as the job got), marked incomplete,
     then raise StackError with the job's one-line error (`failure_message`). cfg: the job's
-    cli.main_job.JobConfig; t_start: unix s the job started."""
+    cli.job_config.JobConfig; t_start: unix s the job started."""
     phase = current_phase(job.phases)
     if phase == "train" and job.train_started_at is not None:
         job.phases["train_s"] = time.time() - job.train_started_at  # cut short

@@ -41,7 +41,7 @@ class JobOutcome:
 def write_job_report(cfg, job: JobOutcome, *, t_start: float, t_train: float | None) -> Path:
     """Write `<state>/report/`: metrics_<service>.prom, phases.json, summary.json and the report
     (cli/report.py); print the summary line. t_start, t_train: unix s of the job's and the
-    training's start (None: training never started). cfg: the job's cli.main_job.JobConfig.
+    training's start (None: training never started). cfg: the job's cli.job_config.JobConfig.
     A job cut short (`job.incomplete`) gets `incomplete` in summary.json, at the head of the
     summary line and of report.md, and "not evaluated" where an evaluation did not run. Returns
     the report directory."""

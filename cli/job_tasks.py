@@ -9,7 +9,7 @@ from typing import Protocol
 
 
 class TaskChoice(Protocol):
-    """The settings of a job that choose its tasks (`cli.main_job.JobConfig` has them)."""
+    """The settings of a job that choose its tasks (`cli.job_config.JobConfig` has them)."""
 
     train_set: str
     task_seed: int

@@ -21,7 +21,7 @@ from pydantic import BeforeValidator, Field
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from cli.main_job import JobConfig
+from cli.job_config import JobConfig
 from cli.recipe import Recipe
 from cli.stack_config import DEFAULT_PORTS, GPU_MEMORY_FRACTIONS
 from shellrl.tracking import BACKENDS

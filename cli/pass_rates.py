@@ -86,7 +86,7 @@ def measure(
     `headers`: the stack's `Authorization` (default: `cli.stack_config.api_headers()`).
     Returns the rates and the raw evaluation view."""
     from cli.console import cli_console
-    from cli.main_job import submit
+    from cli.job_stack import submit
     from tasksets import load_taskset
 
     by_template: dict[str, list] = defaultdict(list)

@@ -85,8 +85,8 @@ def load_sets(names: str, tasks_file: Path | None) -> dict[str, list]:
     wanted = [s.strip() for s in names.split(",") if s.strip()]
     if unknown := [s for s in wanted if s not in SETS]:
         raise CliError(f"--sets: unknown set(s) {', '.join(unknown)}; choose from {SETS}")
+    from cli.job_config import JobConfig
     from cli.job_tasks import eval_sets
-    from cli.main_job import JobConfig
 
     sets = eval_sets(JobConfig())
     return {name: sets[name] for name in wanted}
@@ -184,7 +184,7 @@ def evaluate_sets(args, sets: dict[str, list], url: str, headers: dict[str, str]
 
     from cli.console import cli_console
     from cli.job_evaluations import evaluate
-    from cli.main_job import submit
+    from cli.job_stack import submit
 
     tasks_by_id, id_sets = {}, {}
     client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=60)

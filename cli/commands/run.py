@@ -95,7 +95,7 @@ def job_config(args):
     from dataclasses import asdict
     from pathlib import Path
 
-    from cli.main_job import JobConfig
+    from cli.job_config import JobConfig
     from cli.recipe import recipe_from_args
 
     return JobConfig(

@@ -17,7 +17,7 @@ import os
 import pytest
 import yaml
 
-from cli.main_job import JobConfig
+from cli.job_config import JobConfig
 from tests.service.test_deploy_compose import compose
 from tests.service.test_deploy_k8s import container, manifests, workloads
 from tests.service.test_deploy_settings import settings_class

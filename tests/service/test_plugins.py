@@ -77,7 +77,7 @@ def test_the_task_source_and_the_check_type_reach_the_task_contract(plugin_path)
         """
 import json
 from cli.job_tasks import train_tasks
-from cli.main_job import JobConfig
+from cli.job_config import JobConfig
 from shellrl.contract import TaskValidationError, task_from_json, task_to_json
 from tasksets import load_taskset
 train = load_taskset("palindromes", "train", seed=3)

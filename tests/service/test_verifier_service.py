@@ -11,7 +11,7 @@ import math
 import httpx
 import pytest
 
-from cli.main_job import check_verifier_config
+from cli.job_stack import check_verifier_config
 from services.verifier.checks import VERIFIER_VERSION
 from shellrl import streams
 from shellrl.clients.sandbox import SandboxClient, SandboxNotFound

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from cli.errors import CliError
+from cli.job_config import JobConfig
 from cli.main import parse
-from cli.main_job import JobConfig
 from cli.stack_config import (
     GPU_MEMORY_FRACTIONS,
     SERVICE_ORDER,

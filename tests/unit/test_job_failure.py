@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
+from cli.job_config import JobConfig
 from cli.job_failure import current_phase, failure_message, resume_hint, resume_step
 from cli.job_report import JobOutcome, write_job_report
-from cli.main_job import JobConfig
 from cli.run_summary import summary_line
 from cli.stack_failure import ServiceExited, failure_class, last_error_line
 from cli.stack_status import down_causes, exited_processes

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from cli.job_config import JobConfig
 from cli.job_tasks import HELD_OUT_SETS, content_key, eval_sets, train_tasks
-from cli.main_job import JobConfig
 from tasksets.generator import generate, templates_for
 
 

@@ -10,10 +10,10 @@ import os
 import pytest
 
 from cli.errors import CliError
+from cli.job_config import JobConfig
 from cli.job_evaluations import evaluation_body
 from cli.job_tasks import eval_sets
 from cli.main import parse
-from cli.main_job import JobConfig
 from services.learner.settings import LearnerSettings
 from services.rollout.settings import RolloutSettings
 
