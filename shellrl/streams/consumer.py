@@ -299,7 +299,8 @@ class StreamConsumer:
     async def forward(
         self, entry: StreamEntry, to: StreamProducer, pb: bytes, *, idempotency_key: str, **fields
     ) -> tuple[str, bool]:
-        """Append `pb` to `to.stream` and acknowledge `entry`, atomically (one Lua script).
+        """Append `pb` to `to.stream` and acknowledge `entry`, atomically (one Lua script, one
+        round trip; the script also drops the entry's delivery bookkeeping: attempts, last error).
 
         Returns (downstream entry_id, duplicate). A re-delivered entry whose result was already
         appended under `idempotency_key` is only acknowledged. While Redis is away it retries as
@@ -312,9 +313,8 @@ class StreamConsumer:
             result = await to._add_one(
                 OutgoingEntry(pb, idempotency_key, fields),
                 ack=(self.stream, self.group, entry.entry_id),
+                forget=(self._ledger.error_key, self._ledger.attempts_key),
             )
-            await self.redis.hdel(self._ledger.error_key, entry.entry_id)
-            await self.redis.hdel(self._ledger.attempts_key, entry.entry_id)
             await to._after_adds(1)
             return result
 

@@ -5,10 +5,13 @@ Delivery is at-least-once (DESIGN.md section 3). Guarantees of this module:
 * `StreamProducer.add(..., idempotency_key=k)` appends at most one entry per key (one Lua script,
   one round trip; `add_retrying` retries it while Redis is away); `add_many` does the same for a
   batch in one MULTI/EXEC under WATCH (payloads
-  stay out of Lua, which costs the server ~6x more per large entry). Both are atomic, also in the AOF.
+  stay out of Lua, whose copy of them is ~6x the command time of a large entry; for one entry
+  the script's single round trip costs the server less CPU, see `_add_one`). Both are atomic,
+  also in the AOF.
 * `StreamConsumer.forward(entry, producer, ...)` appends the result downstream and acknowledges the
   input in the same script, so a crash can never leave "produced but not acknowledged" (and
-  a re-delivery finds the idempotency key and only acknowledges).
+  a re-delivery finds the idempotency key and only acknowledges). The same script drops the
+  input's delivery bookkeeping (attempts, last error): one round trip a forward.
 * Entries of crashed consumers are re-claimed with XAUTOCLAIM after `claim_min_idle_ms`; an entry
   delivered more than `max_deliveries` times goes to `shellrl:dead` with the reason and is acked
   (the newest 10,000 dead letters are kept).
@@ -48,7 +51,8 @@ log = logging.getLogger("shellrl.streams")
 _WATCH_ATTEMPTS = 20
 _UNRECORDED = "?"  # value of an idempotency key between EXEC and the write of the entry id
 
-# KEYS[1] stream, KEYS[2] idempotency key ("" = none), KEYS[3] stream to ack ("" = none)
+# KEYS[1] stream, KEYS[2] idempotency key ("" = none), KEYS[3] stream to ack ("" = none),
+# KEYS[4..] hashes whose field ARGV[3] goes with the ack (the delivery bookkeeping)
 # ARGV[1] idempotency ttl s, ARGV[2] ack group, ARGV[3] ack id, ARGV[4..] field/value pairs
 _ADD_SCRIPT = """
 local existing = false
@@ -62,7 +66,10 @@ else
   id = redis.call('XADD', KEYS[1], '*', unpack(args))
   if KEYS[2] ~= '' then redis.call('SET', KEYS[2], id, 'EX', tonumber(ARGV[1])) end
 end
-if KEYS[3] ~= '' then redis.call('XACK', KEYS[3], ARGV[2], ARGV[3]) end
+if KEYS[3] ~= '' then
+  redis.call('XACK', KEYS[3], ARGV[2], ARGV[3])
+  for i = 4, #KEYS do redis.call('HDEL', KEYS[i], ARGV[3]) end
+end
 if existing then return {id, 1} end
 return {id, 0}
 """
@@ -151,14 +158,27 @@ class StreamProducer:
         return out
 
     async def _add_one(
-        self, e: OutgoingEntry, ack: tuple[str, str, str] | None = None
+        self,
+        e: OutgoingEntry,
+        ack: tuple[str, str, str] | None = None,
+        forget: Sequence[str] = (),
     ) -> tuple[str, bool]:
-        """One entry (and optionally XACK `ack` = (stream, group, entry_id)) in one atomic script."""
+        """One entry (and optionally XACK `ack` = (stream, group, entry_id) and HDEL of that
+        entry_id from each hash of `forget`) in one atomic script: one round trip.
+
+        Why the payload still goes through Lua (which copies it in and out, unlike `add_many`'s
+        MULTI/EXEC): on one Redis thread a round trip costs more than the copy. Measured in
+        benchmarks/bench_stream_appends.py (BENCHMARKS.md, "The control plane at cluster scale"):
+        at 4 KB this script cost the server 97 µs of CPU an append, the WATCH/MULTI form with the
+        same guarantees (3 round trips) 117 µs; at 34 KB 213 against 198 µs.
+        """
+        if forget and ack is None:
+            raise ValueError("forget needs ack: the hashes are cleared of the acknowledged id")
         key = idempotency_key(self.stream, e.idempotency_key) if e.idempotency_key else ""
         ack_stream, ack_group, ack_id = ack or ("", "", "")
         flat = [x for item in _flat_fields(e).items() for x in item]
         entry_id, dup = await self._script(
-            keys=[self.stream, key, ack_stream],
+            keys=[self.stream, key, ack_stream, *forget],
             args=[self.idempotency_ttl_s, ack_group, ack_id, *flat],
         )
         if dup:
@@ -173,7 +193,9 @@ class StreamProducer:
         Why not the Lua script of `add`: Redis copies every script argument into Lua and back,
         which measured ~85 µs of server time per 34 KB trajectory versus ~15 µs for XADD + SET
         (INFO commandstats during benchmarks/bench_streams.py). Costs 3 round trips (4 with new
-        keys: their entry ids are written after EXEC) per call, whatever the batch size.
+        keys: their entry ids are written after EXEC) per call, whatever the batch size; each
+        round trip costs the server more CPU than that copy (`_add_one`), so this pays for
+        batches, not for one entry.
         """
         keys = [
             idempotency_key(self.stream, e.idempotency_key) if e.idempotency_key else ""

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import redis.asyncio as aioredis
+from redis.exceptions import ResponseError
 
 from shellrl.contract import ContractError, Trajectory, parse_trajectory
 from shellrl.streams import (
@@ -99,6 +100,43 @@ async def test_forward_appends_downstream_and_acks_in_one_step_and_only_acks_a_r
     # a re-delivery of the same entry (e.g. after an AOF replay lost the ack) appends nothing
     assert (await consumer.forward(entry, downstream, b"scored", idempotency_key="a"))[1] is True
     assert await redis.xlen(STREAM) == 1
+
+
+async def _failed_once(redis, stream: str):
+    """A consumer of `stream` holding one entry that failed once: attempts 1, its error stored."""
+    consumer = StreamConsumer(redis, stream, "verifier", "v1", block_ms=100, claim_interval_s=3600)
+    await consumer.ensure_group()
+    await StreamProducer(redis, stream).add(_traj("a"))
+    (entry,) = await consumer.read()
+    await consumer.fail(entry, "sandbox away")
+    ledger = consumer._ledger
+    assert await redis.hget(ledger.attempts_key, entry.entry_id) == b"1"
+    assert await redis.hget(ledger.error_key, entry.entry_id) == b"sandbox away"
+    return consumer, entry
+
+
+async def test_forward_drops_the_entrys_delivery_bookkeeping_in_its_one_script(redis):
+    consumer, entry = await _failed_once(redis, "shellrl:episodes")
+    downstream = StreamProducer(redis, STREAM)
+    reads = (await redis.info("stats"))["total_reads_processed"]
+    await consumer.forward(entry, downstream, b"scored", idempotency_key="a")
+    # one request read by the server for the forward (three before: script, HDEL, HDEL), one INFO
+    assert (await redis.info("stats"))["total_reads_processed"] == reads + 2
+    assert (await redis.info("commandstats"))["cmdstat_hdel"]["calls"] == 2
+    assert await redis.hlen(consumer._ledger.attempts_key) == 0
+    assert await redis.hlen(consumer._ledger.error_key) == 0
+    assert (await redis.xpending("shellrl:episodes", "verifier"))["pending"] == 0
+
+
+async def test_a_forward_whose_append_fails_leaves_the_entry_pending_with_its_bookkeeping(redis):
+    consumer, entry = await _failed_once(redis, "shellrl:episodes")
+    await redis.set(STREAM, "not a stream")  # XADD answers WRONGTYPE inside the script
+    with pytest.raises(ResponseError, match="WRONGTYPE"):
+        await consumer.forward(entry, StreamProducer(redis, STREAM), b"x", idempotency_key="a")
+    assert (await redis.xpending("shellrl:episodes", "verifier"))["pending"] == 1
+    assert await redis.hget(consumer._ledger.attempts_key, entry.entry_id) == b"1"
+    assert await redis.hget(consumer._ledger.error_key, entry.entry_id) == b"sandbox away"
+    assert await redis.get("shellrl:idem:" + STREAM + ":a") is None
 
 
 # --- dead letters ---------------------------------------------------------------------------
