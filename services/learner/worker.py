@@ -34,8 +34,7 @@ from services.learner.checkpoint import CheckpointStore, LearnerState
 from services.learner.data_parallel import DataParallel
 from services.learner.group_assembler import Dropped, GroupAssembler, RolloutGroup
 from services.learner.sample_table import COLUMNS, SampleTable
-from services.learner.step_metrics import export_step_metrics, process_memory
-from services.learner.template_kl import kl_by_template
+from services.learner.step_metrics import step_record
 from services.learner.train_samples import group_samples
 from services.learner.trainer import Trainer
 from services.learner.weight_sync import WeightSync
@@ -353,59 +352,14 @@ class LearnerWorker:
     # ----- bookkeeping ------------------------------------------------------------------------------
 
     def record(self, version, groups, samples, rewards, outcomes, result, seconds) -> None:
+        """The step's record (step_metrics.step_record) to /v1/status, the tracker, the sample
+        table when due, the ledger (steps.jsonl) and the log."""
         step = self.version
         self.trained_total += len(samples)
-        metrics.TRAINED.inc(len(samples))
-        metrics.POLICY_VERSION.set(step)
-        metrics.LEARNER_STEP.set(step)
-        metrics.STEP_SECONDS.observe(seconds)
-        reward_mean = sum(r for r, _ in rewards) / len(rewards) if rewards else 0.0
-        success = sum(o >= 1.0 for _, o in rewards) / len(rewards) if rewards else 0.0
-        metrics.REWARD.set(reward_mean)
-        metrics.SUCCESS_RATE.set(success)
-        counted = [o for o in outcomes if o != "not_counted"]
-        zero_fraction = counted.count("zero_variance") / len(counted) if counted else 0.0
-        metrics.ZERO_VARIANCE_FRACTION.set(zero_fraction)
-        self.last = {
-            "step": step,
-            "trained_on_version": version,
-            "groups": len(groups),
-            "zero_variance_fraction": zero_fraction,
-            "outcomes": {o: outcomes.count(o) for o in set(outcomes)},
-            "trajectories": len(samples),
-            "reward_mean": reward_mean,
-            "success_rate": success,
-            "seconds": seconds,
-            "finished_at": time.time(),
-        }
-        if result is not None:
-            s = result.stats
-            self.last.update(
-                {
-                    "lr": result.lr,
-                    "tokens": result.tokens,
-                    "loss": s["policy_loss"],
-                    "kl": s["kl"],
-                    "grad_norm": result.grad_norm,
-                    "stats": s,
-                    "parity_mean": result.parity_mean,
-                    "parity_max": result.parity_max,
-                    "parity_tokens": result.parity_tokens,
-                    "tokens_per_second": result.tokens / max(result.duration_s, 1e-9),
-                    "kl_by_template": kl_by_template(groups, result.row_kl),
-                }
-            )
-            export_step_metrics(result)
-        rss, peak = process_memory()
-        metrics.RSS_BYTES.set(rss)
-        metrics.PEAK_MEMORY_BYTES.set(peak)
-        self.last["rss_bytes"] = rss
-        if self._staleness:
-            self.last.update(
-                staleness_mean=sum(self._staleness) / len(self._staleness),
-                staleness_max=max(self._staleness),
-            )
-            self._staleness = []
+        self.last = step_record(
+            step, version, groups, samples, rewards, outcomes, result, seconds, self._staleness
+        )
+        self._staleness = []
         self.tracker.log_metrics(flatten(self.last, exclude=("step", "finished_at")), step)
         if self.samples is not None and self.samples.due(step):
             if rows := self.samples.table(groups):
