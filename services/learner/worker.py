@@ -11,7 +11,8 @@ This loop runs on rank 0 only; at world size 1 it is the whole learner.
 Guarantees: an entry is acknowledged only after a durable checkpoint includes the step that
 resolved it; after a crash the same consumer name re-reads its pending entries, skips (and
 acknowledges) those a checkpoint already covers, and trains the rest again, so no trajectory is
-lost and none trains twice in the surviving history (steps.jsonl, checkpoint.surviving_steps).
+lost and none trains twice in the surviving history (steps.jsonl, checkpoint.surviving_steps;
+the bookkeeping is acks.py's).
 The version advances once per `groups_per_step` counted groups even when none of them is
 trainable (all zero variance or stale): the weights are then unchanged but the step, the LR
 schedule and the published version move on, in step with the gateway's admission count.
@@ -22,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from services.learner import metrics
+from services.learner.acks import AckLedger
 from services.learner.checkpoint import CheckpointStore, LearnerState
 from services.learner.data_parallel import DataParallel
 from services.learner.group_assembler import Dropped, GroupAssembler, RolloutGroup
@@ -45,7 +46,6 @@ from shellrl.tracking import Tracker, TrackingConfig, create_tracker, flatten
 
 log = logging.getLogger(__name__)
 
-CONSUMED_IDS_KEPT = 200_000
 FINAL_CHECKPOINT_S = 30.0  # drain: time for the last checkpoint on top of the grace period
 
 
@@ -94,12 +94,8 @@ class LearnerWorker:
         )
         self.samples = samples  # a table of sampled episodes every N steps (None: never)
         self._staleness: list[int] = []  # of the trajectories trained in the step in progress
-        self.consumed: OrderedDict[str, int] = (
-            OrderedDict()
-        )  # trajectory id -> step that resolved it
-        self.unacked: list[str] = []  # entry ids resolved since the last checkpoint
+        self.acks = AckLedger()  # what a checkpoint lets the worker acknowledge (acks.py)
         self.ready: list[RolloutGroup] = []  # released groups waiting for a step
-        self.checkpointed_step = 0
         self.completed_step = 0  # what /v1/status reports: steps whose record is complete
         # set once `resume` has restored the newest checkpoint and pushed its weights: /readyz
         # waits for it, so nothing evaluates the engine before it serves the resumed policy
@@ -148,7 +144,7 @@ class LearnerWorker:
             await self.sync.push(self.data_parallel.weights, self.version)
             if self.version % self.config.checkpoint_interval_steps == 0:
                 await self.checkpoint()
-        if self.version > self.checkpointed_step:
+        if self.version > self.acks.checkpointed_step:
             await self.checkpoint()
         await asyncio.to_thread(self.data_parallel.stop)
         self.tracker.close()
@@ -168,7 +164,7 @@ class LearnerWorker:
                 extra={
                     "grace_s": grace_s,
                     "policy_version": self.version,
-                    "checkpointed_step": self.checkpointed_step,
+                    "checkpointed_step": self.acks.checkpointed_step,
                 },
             )
         return bool(done)
@@ -181,9 +177,9 @@ class LearnerWorker:
         path = self.store.latest()
         if path is not None:
             state = await asyncio.to_thread(self.data_parallel.load, path)
-            self.consumed = OrderedDict((t, state.step) for t in state.consumed_ids)
+            self.acks.restore(state.consumed_ids, state.step)
             self.assembler.restore_released(state.released_group_ids)
-            self.checkpointed_step = self.resumed_step = state.step
+            self.resumed_step = state.step
             self.store.append_ledger(
                 {"event": "resume", "step": state.step, "checkpoint": path.name}
             )
@@ -206,12 +202,13 @@ class LearnerWorker:
                 await self.consumer.dead_letter(entry, f"undecodable trajectory: {exc}")
                 metrics.DROPPED.labels("invalid").inc()
                 continue
-            if traj.trajectory_id in self.consumed:  # trained or dropped already: never twice
+            resolved_by = self.acks.resolved_by(traj.trajectory_id)
+            if resolved_by is not None:  # trained or dropped already: never twice
                 metrics.DROPPED.labels("duplicate").inc()
-                if self.consumed[traj.trajectory_id] <= self.checkpointed_step:
+                if resolved_by <= self.acks.checkpointed_step:
                     await self.consumer.ack(entry.entry_id)  # a checkpoint already covers it
                 else:
-                    self.unacked.append(entry.entry_id)  # acknowledged with the next checkpoint
+                    self.acks.wait_for_checkpoint(entry.entry_id)
                 continue
             dropped = self.assembler.add(entry.entry_id, traj, self.version)
             if dropped is not None:
@@ -263,22 +260,20 @@ class LearnerWorker:
     def resolve_members(self, group: RolloutGroup, trained: bool) -> None:
         now = time.time()
         for m in group.members:
-            self.consumed[m.trajectory_id] = self.version + 1
-            self.unacked.append(m.entry_id)
+            self.acks.resolve(m.trajectory_id, m.entry_id, self.version + 1)
             if trained:
                 self._staleness.append(max(0, self.version - m.min_policy_version))
                 metrics.STALENESS.observe(self._staleness[-1])
                 if m.trajectory.finished_at:
                     metrics.AGE.observe(max(0.0, now - m.trajectory.finished_at))
-        self._trim_consumed()
 
     def resolve_dropped(self, dropped: tuple[Dropped, ...] | list[Dropped]) -> None:
         for d in dropped:
             metrics.DROPPED.labels(d.reason).inc()
-            if d.reason != "duplicate":
-                self.consumed[d.trajectory_id] = self.version + 1
-            self.unacked.append(d.entry_id)
-        self._trim_consumed()
+            if d.reason == "duplicate":
+                self.acks.wait_for_checkpoint(d.entry_id)
+            else:
+                self.acks.resolve(d.trajectory_id, d.entry_id, self.version + 1)
 
     async def checkpoint(self) -> str:
         """Write a checkpoint of the current step, then acknowledge what it covers."""
@@ -289,14 +284,14 @@ class LearnerWorker:
         state = LearnerState(
             step=step,
             version=step,
-            consumed_ids=list(self.consumed),
+            consumed_ids=list(self.acks.consumed),
             released_group_ids=[g for g in self.assembler.released_group_ids() if g not in waiting],
         )
         path = await asyncio.to_thread(self.data_parallel.save, state)
-        acked, self.unacked = self.unacked, []
+        acked = self.acks.take_unacked()
         for lo in range(0, len(acked), 1000):
             await self.consumer.ack(*acked[lo : lo + 1000])
-        self.checkpointed_step = step
+        self.acks.checkpointed_step = step
         metrics.CHECKPOINT_SECONDS.observe(time.perf_counter() - start)
         log.info(
             "checkpoint written; entries acknowledged",
@@ -337,11 +332,11 @@ class LearnerWorker:
             "step_target": self.step_target,
             "world_size": self.trainer.ranks.world_size,
             "lr": self.trainer.lr,
-            "checkpointed_step": self.checkpointed_step,
+            "checkpointed_step": self.acks.checkpointed_step,
             "pending_groups": self.assembler.pending_groups,
             "pending_trajectories": self.assembler.pending_trajectories,
             "ready_groups": len(self.ready),
-            "unacked_entries": len(self.unacked),
+            "unacked_entries": len(self.acks.unacked),
             "trajectories_trained": self.trained_total,
             "trajectories_per_second": self.trained_total
             / max(time.monotonic() - self.started_s, 1e-9),
@@ -377,10 +372,6 @@ class LearnerWorker:
             extra={"policy_version": step, **{k: v for k, v in self.last.items() if k != "stats"}},
         )
         self.completed_step = step
-
-    def _trim_consumed(self) -> None:
-        while len(self.consumed) > CONSUMED_IDS_KEPT:
-            self.consumed.popitem(last=False)
 
 
 def allocate_past_device_memory(device: torch.device) -> None:
