@@ -169,8 +169,9 @@ class StreamProducer:
         Why the payload still goes through Lua (which copies it in and out, unlike `add_many`'s
         MULTI/EXEC): on one Redis thread a round trip costs more than the copy. Measured in
         benchmarks/bench_stream_appends.py (BENCHMARKS.md, "The control plane at cluster scale"):
-        at 4 KB this script cost the server 97 µs of CPU an append, the WATCH/MULTI form with the
-        same guarantees (3 round trips) 117 µs; at 34 KB 213 against 198 µs.
+        at 4 KB this script cost the server 88 µs of CPU an append, the WATCH/MULTI form with the
+        same guarantees (3 round trips) 99 µs (1.12-1.35x in three runs); at 34 KB 199 against
+        169 µs. Each round trip costs the server 11-33 µs; Lua's copy ~22 µs at 4 KB.
         """
         if forget and ack is None:
             raise ValueError("forget needs ack: the hashes are cleared of the acknowledged id")

@@ -46,6 +46,7 @@ PRINTS = {
     "rollout": ["Gateway overhead", "aiohttp", "turns/s", "Long tail", "async strict k=2"],
     "sandbox": ["sandbox exec of `true`", "baseline: bash -c true", "bubblewrap/session"],
     "sandbox_warm_pool": ["episode start", "groups, 100 files, pool off", "pool on", "warm starts"],
+    "stream_appends": ["Redis server per append", "multi-norecord", "lua-3rt", "ratio"],
     "streams": ["Streams:", "protobuf, raw LE bytes", "JSON (orjson, lists)", "vs JSON"],
     "verifier": ["Verifier: latency", "Verifier stream", "file_exists", "p50 ms"],
     "weight_envelope": ["Whole-model push", "SGLang envelope", "gloo broadcast", "vs disk"],
