@@ -69,7 +69,11 @@ class BeginBody(_Body):
 
 
 class EndBody(_Body):
-    pass
+    """SGLang's EndWeightUpdateReqInput (no fields), plus shellrl's `discard`: true drops what the
+    session staged, nothing goes live (a push its learner abandoned mid-way; SGLang, which loads
+    each bucket as it comes, has no such field: the learner sends it only to shellrl's engine)."""
+
+    discard: StrictBool = False
 
 
 class TensorUpdateBody(_Body):

@@ -280,12 +280,17 @@ class EngineRuntime:
             raise WeightUpdateError(str(exc)) from exc
         return await self._add_to_session(session, staged, weight_version, abort_all)
 
-    async def end_session(self) -> str:
+    async def end_session(self, discard: bool = False) -> str:
+        """Close the session: its staged buckets go live at once (with its weight_version), or,
+        with `discard`, are dropped and nothing changes. WeightUpdateError when none is open or an
+        update in it failed (then discarded)."""
         session, self._session = self._session, None
         if session is None:
             raise WeightUpdateError(
                 "no weight-update session is open; call begin_weight_update first"
             )
+        if discard:
+            return "Success. Session discarded; nothing went live."
         if session.failed:
             raise WeightUpdateError(f"session discarded, an update in it failed: {session.failed}")
         if not session.staged.tensors and session.weight_version is None:

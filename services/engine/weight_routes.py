@@ -63,8 +63,8 @@ async def begin_weight_update(request: Request, parts: PartsDep):
 
 @router.post("/end_weight_update", **route_doc(EndBody, update=True))
 async def end_weight_update(request: Request, parts: PartsDep):
-    await parse_body(request, EndBody)
-    return await _weight_update(parts.runtime.end_session())
+    body = await parse_body(request, EndBody)
+    return await _weight_update(parts.runtime.end_session(discard=body.discard))
 
 
 @router.post("/update_weights_from_tensor", **route_doc(TensorUpdateBody, update=True))

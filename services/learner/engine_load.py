@@ -16,6 +16,7 @@ from services.learner.engine_groups import EngineGroups
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_responses import EngineError, EngineUnavailable
 
+CLOSE_TIMEOUT_S = 5.0  # the session's end after an interrupted transfer
 VERIFY_POLL_S = 0.01  # how often an engine's weight_version is read until it reports the new one
 
 
@@ -28,6 +29,7 @@ async def load_engine(
     begin: asyncio.Future | None,
     tp_size_of: Callable[[], Awaitable[int]],
     flush: bool = True,
+    atomic: bool = False,
 ) -> dict[str, float]:
     """Load `prepared` (WeightStaging.prepare's output) into the engine at `url` as `version` and
     wait until it reports it. begin: its begin_weight_update, already sent (None: sent here);
@@ -35,7 +37,12 @@ async def load_engine(
     bucket (or the disk load) asks the engine to flush its cache (False for a push paused in
     place: SGLang refuses a flush while requests sit in its running batch). Returns phase
     seconds: transfer, load (session end: the engine swaps the weights in), verify. Raises the
-    client's EngineError / EngineUnavailable; the caller's deadline bounds the whole call."""
+    client's EngineError / EngineUnavailable; the caller's deadline bounds the whole call.
+    Interrupted during the transfer (cancelled: the deadline, the learner's shutdown; or a bucket
+    that could not be made), it closes the session (within CLOSE_TIMEOUT_S) before the exception
+    goes on: `atomic` (shellrl's engine, which stages buckets until the end) discards what was
+    staged, so the engine keeps serving its version; SGLang loaded each bucket as it came (its
+    end only closes the session)."""
     phases, urls, weight_version = {}, [url], str(version)
     t0 = time.perf_counter()
     if "model_path" in prepared:
@@ -54,6 +61,13 @@ async def load_engine(
             # update (or another client's) can open one (the end answers 400: ignored)
             with contextlib.suppress(EngineError, EngineUnavailable):
                 await client.end_weight_update(urls=urls)
+            raise
+        except BaseException:
+            # interrupted (cancelled, or a bucket that could not be made): close the session
+            # before going on, bounded (reconcile closes one left open before its next update)
+            with contextlib.suppress(Exception):
+                ending = client.end_weight_update(urls=urls, discard=atomic)
+                await asyncio.wait_for(ending, CLOSE_TIMEOUT_S)
             raise
         t1 = time.perf_counter()
         phases["transfer"] = t1 - t0

@@ -79,6 +79,34 @@ class PushSetup:
             await self.groups.aclose()
         self.close()
 
+    async def _abandon_sessions(self, opening: dict[str, asyncio.Future]) -> None:
+        """Close the sessions opened for a push whose weights were never sent (bounded, errors
+        ignored: `reconcile` also closes a stale session before an engine's next full update)."""
+        for url, begin in opening.items():
+            await bounded(begin, min(self.deadline_s, 5.0))
+            await self._end_stale_sessions([url])
+
+    async def _end_stale_sessions(self, urls: list[str]) -> None:
+        """End whatever weight-update session each engine has open (a push interrupted mid-way,
+        this learner's or a killed one's), bounded, errors ignored (none open: a 400). shellrl's
+        engine (`commits_atomically`; unknown: its /server_info read first) discards what the
+        session staged, so half a push never goes live; SGLang's end only closes the session."""
+        unknown = [u for u in urls if self.engines[u].commits_atomically is None]
+        await asyncio.gather(
+            *(bounded(self._read_server_info(u), min(self.deadline_s, 5.0)) for u in unknown)
+        )
+        await asyncio.gather(
+            *(
+                bounded(
+                    self.client.end_weight_update(
+                        urls=[u], discard=bool(self.engines[u].commits_atomically)
+                    ),
+                    min(self.deadline_s, 5.0),
+                )
+                for u in urls
+            )
+        )
+
     async def _resolve(self, model: torch.nn.Module, targets: list[str]) -> None:
         """On the first push: cuda_ipc stays only if every engine can take it (`engine_transport`,
         from /server_info), else shm; the distributed transport's groups get their backend."""

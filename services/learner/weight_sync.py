@@ -60,7 +60,7 @@ import torch
 
 from services.learner import metrics, weight_dtype
 from services.learner.engine_groups import EngineGroups
-from services.learner.engine_load import load_engine, weight_version_of
+from services.learner.engine_load import CLOSE_TIMEOUT_S, load_engine, weight_version_of
 from services.learner.engine_rotation import (
     EngineState,
     SyncResult,
@@ -212,9 +212,7 @@ class WeightSync(PushSetup):
                     "engines answer again; sending a full update",
                     extra={"engines": announced, "policy_version": version},
                 )
-            await bounded(
-                self.client.end_weight_update(urls=healthy), min(self.deadline_s, 5.0)
-            )  # a stale session
+            await self._end_stale_sessions(healthy)
             await self._resolve(model, healthy)
             result = await self._push(model, version, healthy)
         if self.published_version != version:
@@ -328,13 +326,6 @@ class WeightSync(PushSetup):
         partial = bool(failed) or any(not e.in_rotation for e in self.engines.values())
         return SyncResult(version, tuple(confirmed), failed, False, partial, phases)
 
-    async def _abandon_sessions(self, opening: dict[str, asyncio.Future]) -> None:
-        """Close the sessions opened for a push whose weights were never sent (bounded, errors ignored:
-        `reconcile` also closes a stale session before an engine's next full update)."""
-        for url, begin in opening.items():
-            await bounded(begin, min(self.deadline_s, 5.0))
-            await bounded(self.client.end_weight_update(urls=[url]), min(self.deadline_s, 5.0))
-
     async def _update_within_deadline(
         self,
         url: str,
@@ -348,7 +339,12 @@ class WeightSync(PushSetup):
         length, so a call that timed out (EngineUnavailable.timed_out) is reported as the deadline
         too: the session opened during the flatten can time out just before the deadline's timer."""
         task = asyncio.ensure_future(self._update(url, prepared, version, pause, begin))
-        done, _ = await asyncio.wait({task}, timeout=self.deadline_s)
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.deadline_s)
+        except asyncio.CancelledError:  # the learner interrupted: the update stops, its session
+            task.cancel()  # closes (load_engine, bounded) before the learner goes on
+            await asyncio.wait({task}, timeout=CLOSE_TIMEOUT_S + 1.0)
+            raise
         if "stream" in prepared:  # done with the buckets, whatever happened: no engine waits on it
             prepared["stream"].leave(url)
         deadline = f"deadline: no confirmation within {self.deadline_s:g} s"
@@ -414,6 +410,7 @@ class WeightSync(PushSetup):
             begin,
             lambda: self._tp_size(url),
             flush,
+            bool(self.engines[url].commits_atomically),
         )
 
     # ----- publication -----------------------------------------------------------------------------

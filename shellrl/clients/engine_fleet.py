@@ -177,9 +177,14 @@ class EngineFleet:
         {url: False} on older servers that answer 404 (they need no session)."""
         return await self._session_call("/begin_weight_update", {"selector": selector}, urls)
 
-    async def end_weight_update(self, *, urls: Iterable[str] | None = None) -> dict[str, bool]:
-        """POST /end_weight_update; on shellrl's engine this is when staged weights become live."""
-        return await self._session_call("/end_weight_update", {}, urls)
+    async def end_weight_update(
+        self, *, urls: Iterable[str] | None = None, discard: bool = False
+    ) -> dict[str, bool]:
+        """POST /end_weight_update; on shellrl's engine this is when staged weights become live.
+        discard: shellrl's engine only (SGLang has no such field): drop the staged buckets instead,
+        nothing goes live (a push abandoned mid-way)."""
+        body = {"discard": True} if discard else {}
+        return await self._session_call("/end_weight_update", body, urls)
 
     async def _session_call(
         self, path: str, body: dict, urls: Iterable[str] | None

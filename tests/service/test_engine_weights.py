@@ -321,3 +321,22 @@ async def test_a_push_the_engine_refuses_closes_its_session_so_the_next_update_c
         await client.end_weight_update()
     finally:
         sync.close()
+
+
+async def test_a_session_ended_with_discard_puts_nothing_live_and_the_next_one_opens(
+    engine, client, base_weights
+):
+    """shellrl's `discard` on /end_weight_update (a push its learner abandoned mid-way, issue 30):
+    the staged bucket never goes live, neither its weights nor its version, and the session is
+    closed; a plain end of the next session puts its bucket live."""
+    before = await _snapshot(engine.url, client)
+    await client.begin_weight_update()
+    with shm.SharedMemoryBucket(perturbed(base_weights, 12)) as bucket:
+        await client.update_weights_from_tensor(
+            [bucket.payload()], weight_version="discarded", session=False
+        )
+    assert (await client.end_weight_update(discard=True)) == {engine.url: True}
+    assert_same_serving(await _snapshot(engine.url, client), before)
+    assert (await client.get_weight_version())[engine.url] != "discarded"
+    await push(client, perturbed(base_weights, 13), "after-discard")  # begin, bucket, end
+    assert (await client.get_weight_version())[engine.url] == "after-discard"
