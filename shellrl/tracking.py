@@ -9,11 +9,14 @@
 Backends (imported only when selected; none of them is needed to train):
   tensorboard  event files under <directory>/<source>/ (torch.utils.tensorboard; needs the
                `tensorboard` package). The default when it is installed ("auto").
-  wandb        Weights & Biases, offline by default (`wandb_mode`; runs under <directory>/wandb,
-               `wandb sync` uploads them later); WANDB_* variables apply as usual.
-  mlflow       MLflow: a file store under <directory>/mlruns (no server or database; MLflow 3
-               asks for MLFLOW_ALLOW_FILE_STORE=true, which is set for this process unless the
-               environment says otherwise), or `mlflow_tracking_uri`.
+  wandb        Weights & Biases, offline by default (`wandb_mode`, which WANDB_MODE does not
+               override; runs under $WANDB_DIR/wandb, else <directory>/wandb; `wandb sync`
+               uploads them later); the config is the run config (in the run file offline).
+  mlflow       MLflow: `mlflow_tracking_uri`, else $MLFLOW_TRACKING_URI, else a file store under
+               <directory>/mlruns (no server or database; MLflow 3 asks for
+               MLFLOW_ALLOW_FILE_STORE=true for a file store, which is set for this process unless
+               the environment says otherwise); the config is the run's params (nested keys
+               joined by `/`) and a <name>.json artifact.
   none         nothing is logged.
 Each process (the learner, the job) logs its own run, named `<run_name>-<source>` and grouped by
 `run_name`; a run name not given is made once and kept in <directory>/run_name, so a restarted
@@ -36,6 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
+from urllib.parse import urlsplit
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +255,7 @@ class WandbTracker:
             name=f"{run_name}-{source}",
             group=run_name,
             job_type=source,
-            dir=str(directory),
+            dir=os.environ.get("WANDB_DIR") or str(directory),
             mode=config.wandb_mode,
             reinit="create_new",
         )
@@ -282,9 +286,10 @@ class MlflowTracker:
     def __init__(self, config: TrackingConfig, directory: Path, run_name: str, source: str) -> None:
         from mlflow.tracking import MlflowClient
 
-        uri = config.mlflow_tracking_uri
+        uri = config.mlflow_tracking_uri or os.environ.get("MLFLOW_TRACKING_URI", "")
         if not uri:
             uri = (directory / "mlruns").resolve().as_uri()
+        if urlsplit(uri).scheme in ("", "file"):
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = MlflowClient(tracking_uri=uri)
         experiment = self.client.get_experiment_by_name(config.project)
@@ -298,8 +303,19 @@ class MlflowTracker:
             run_name=f"{run_name}-{source}",
             tags={"shellrl.group": run_name, "shellrl.source": source},
         ).info.run_id
+        self.logged_params: set[str] = set()
 
     def log_config(self, config: Mapping, step: int = 0, name: str = "config") -> None:
+        """The run's params (another process's under `<name>/`) and the artifact <name>.json
+        (rewritten). MLflow's params cannot change: a key logged before keeps its first value."""
+        from mlflow.entities import Param
+
+        prefix = "" if name == "config" else name
+        values = {_mlflow_key(k)[:250]: v[:6000] for k, v in _param_values(config, prefix).items()}
+        params = [Param(k, v) for k, v in values.items() if k not in self.logged_params]
+        self.logged_params.update(values.keys())
+        for lo in range(0, len(params), 100):  # MLflow's limit of params in one batch
+            self.client.log_batch(self.run_id, params=params[lo : lo + 100])
         self.client.log_dict(self.run_id, dict(config), f"{name}.json")
 
     def log_metrics(self, metrics: Mapping[str, float], step: int) -> None:
@@ -322,6 +338,19 @@ class MlflowTracker:
 
     def close(self) -> None:
         self.client.set_terminated(self.run_id)
+
+
+def _param_values(values: Mapping, prefix: str = "") -> dict[str, str]:
+    """A nested mapping as MLflow params {"a/b": str}: strings as they are, other values as JSON
+    (`true`, `null`, `[1, 2]`, `2e-05`)."""
+    out: dict[str, str] = {}
+    for key, value in values.items():
+        name = f"{prefix}/{key}" if prefix else str(key)
+        if isinstance(value, Mapping) and value:
+            out.update(_param_values(value, name))
+        else:
+            out[name] = value if isinstance(value, str) else json.dumps(value, default=str)
+    return out
 
 
 def _mlflow_key(name: str) -> str:

@@ -216,3 +216,52 @@ def test_another_processs_config_goes_under_its_name(tmp_path):
     assert verifier == {"require_command": True}
     ((_, text),) = read_texts(tmp_path / "job", "config/verifier")
     assert json.loads(text.removeprefix("```json\n").removesuffix("\n```")) == verifier
+
+
+@pytest.mark.skipif(
+    not installed("mlflow"), reason="mlflow not installed (pip install '.[tracking]')"
+)
+def test_mlflow_config_is_the_runs_params_in_the_store_mlflow_tracking_uri_names(
+    tmp_path, monkeypatch
+):
+    from mlflow.tracking import MlflowClient
+
+    store = tmp_path / "store"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"file:{store}")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)  # the tracker sets it
+    tracker = create_tracker(TrackingConfig(backend="mlflow", run_name="t"), "job", tmp_path)
+    config = {"lr": 2e-5, "kl": {"coef": 0.1}, "paused": False, "token": None, "ids": [1, 2]}
+    tracker.log_config(config | {"model": "tiny", "empty": {}})
+    tracker.log_config({"require_command": True}, name="config/verifier")
+    # logged again, changed (a restarted service): MLflow params are immutable; tracking stays on
+    tracker.log_config({"require_command": False}, name="config/verifier")
+    tracker.log_metrics({"reward_mean": 0.5}, step=1)
+    assert not tracker.failed
+    tracker.close()
+    assert not (tmp_path / "mlruns").exists()
+    client = MlflowClient(tracking_uri=f"file:{store}")
+    [run] = client.search_runs([client.get_experiment_by_name("shellrl").experiment_id])
+    assert run.data.params == {
+        "lr": "2e-05",
+        "kl/coef": "0.1",
+        "paused": "false",
+        "token": "null",
+        "ids": "[1, 2]",
+        "model": "tiny",
+        "empty": "{}",
+        "config/verifier/require_command": "true",
+    }
+    assert [m.value for m in client.get_metric_history(run.info.run_id, "reward_mean")] == [0.5]
+
+
+@pytest.mark.skipif(
+    not installed("wandb"), reason="wandb not installed (pip install '.[tracking]')"
+)
+def test_wandb_writes_under_wandb_dir_when_it_is_set(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path / "elsewhere"))
+    (tmp_path / "elsewhere").mkdir()
+    tracker = create_tracker(TrackingConfig(backend="wandb", run_name="t"), "learner", tmp_path)
+    tracker.close()
+    assert len(list((tmp_path / "elsewhere" / "wandb").glob("offline-run-*/run-*.wandb"))) == 1
+    assert not (tmp_path / "wandb").exists()
