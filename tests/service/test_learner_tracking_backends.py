@@ -19,7 +19,7 @@ import pytest
 from services.learner.sample_table import COLUMNS
 from shellrl import streams
 from shellrl.clients.engine import EngineClient
-from shellrl.tracking import _param_values
+from shellrl.tracking import _param_values, installed
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port
 from tests.helpers.waiting import wait_until_async
@@ -62,14 +62,14 @@ def no_upload_env() -> dict[str, str]:
     return {"WANDB_BASE_URL": f"http://127.0.0.1:{free_port()}", "WANDB_SILENT": "true"}
 
 
+@pytest.mark.skipif(not installed("mlflow"), reason="mlflow not installed (the tracking extra)")
 async def test_learner_logs_config_scalars_and_samples_to_mlflow(
     engine,  # noqa: F811
     redis_server,
     tmp_path,
     monkeypatch,
 ):
-    pytest.importorskip("mlflow")
-    from mlflow.tracking import MlflowClient
+    MlflowClient = pytest.importorskip("mlflow.tracking").MlflowClient
 
     store = tmp_path / "mlflow-store"
     # the learner sets MLflow 3's file store opt-in itself; this process's reader needs it too
@@ -110,6 +110,7 @@ async def test_learner_logs_config_scalars_and_samples_to_mlflow(
     assert table["rows"][0][0] == "g1" and len(table["rows"][0]) == len(COLUMNS)
 
 
+@pytest.mark.skipif(not installed("wandb"), reason="wandb not installed (the tracking extra)")
 async def test_learner_logs_config_scalars_and_samples_to_wandb_offline(
     engine,  # noqa: F811
     redis_server,
