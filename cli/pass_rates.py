@@ -22,6 +22,8 @@ from pathlib import Path
 
 import httpx
 
+from cli.polling import poll_until
+
 # the band of T=1 pass rates the curriculum keeps (inclusive). The low end is below feasibility.md's 10 %
 # because with G = 8 a 5 % template still gives a trainable group 34 % of the time.
 MIN_PASS_RATE = 0.05
@@ -80,11 +82,14 @@ def measure(
     seed: int = 0,
     poll_s: float = 2.0,
     headers: dict | None = None,
+    timeout_s: float = 3600.0,
 ) -> tuple[list[TemplateRate], dict]:
     """Submit `tasks_per_template` train instances of every generated train template (or of
     `templates`) as eval copies, never in the training pool, and evaluate them at `temperature`.
     `headers`: the stack's `Authorization` (default: `cli.stack_config.api_headers()`).
-    Returns the rates and the raw evaluation view."""
+    Returns the rates and the raw evaluation view. Raises TimeoutError naming the evaluation and
+    its progress when it has not ended (done, failed or cancelled) within `timeout_s` seconds;
+    the evaluation stays on the gateway (GET /v1/evaluations/<id>)."""
     from cli.console import cli_console
     from cli.job_stack import submit
     from tasksets import load_taskset
@@ -113,16 +118,25 @@ def measure(
     r.raise_for_status()
     eid = r.json()["evaluation_id"]
     t0 = time.monotonic()
+    total = len(ids) * episodes_per_task
+    last: dict = {}
+
+    def ended() -> dict | None:
+        last.update(client.get(f"/v1/evaluations/{eid}", timeout=30).json())
+        status.update(
+            f"pass rates: {last.get('episodes_done', 0)}/{total} episodes, "
+            f"{time.monotonic() - t0:.0f} s"
+        )
+        return dict(last) if last.get("state") in ("done", "failed", "cancelled") else None
+
     with cli_console().status("pass rates") as status:
-        while True:
-            view = client.get(f"/v1/evaluations/{eid}", timeout=30).json()
-            status.update(
-                f"pass rates: {view.get('episodes_done', 0)}/{len(ids) * episodes_per_task} episodes, "
-                f"{time.monotonic() - t0:.0f} s"
-            )
-            if view.get("state") in ("done", "failed", "cancelled"):
-                break
-            time.sleep(poll_s)
+        view = poll_until(ended, timeout_s=timeout_s, interval_s=poll_s)
+    if view is None:
+        raise TimeoutError(
+            f"evaluation {eid} not ended after {timeout_s:g} s: state {last.get('state')!r}, "
+            f"{last.get('episodes_done', 0)}/{total} episodes (it stays on the gateway: "
+            f"GET /v1/evaluations/{eid})"
+        )
     return rates_from_view(view, template_of), view
 
 

@@ -56,3 +56,81 @@ def test_the_committed_measurements_load():
     for name in ("pass_rates_T1.0.json", "pass_rates_T0.7.json"):
         rates = pr.load(Path(__file__).resolve().parents[2] / "docs" / "runs" / "pass-rates" / name)
         assert rates and all(0 <= r.successes <= r.episodes for r in rates)
+
+
+class _StuckEvaluationGateway:
+    """A fault-injecting fake of the rollout gateway's task and evaluation routes (real HTTP on
+    loopback): tasks are accepted, the evaluation is created, then stays `running` with 3
+    episodes done until `finish_after` polls (None: never)."""
+
+    def __init__(self, finish_after: int | None) -> None:
+        import http.server
+        import threading
+
+        fake = self
+        self.polls = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def _answer(self, body: dict) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("content-type", "application/json")
+                self.send_header("content-length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self) -> None:
+                sent = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                if self.path == "/v1/tasks":
+                    self._answer({"tasks": [{"task_id": t["task_id"]} for t in sent]})
+                else:
+                    self._answer({"evaluation_id": "e1"})
+
+            def do_GET(self) -> None:
+                fake.polls += 1
+                done = finish_after is not None and fake.polls > finish_after
+                self._answer({"state": "done" if done else "running", "episodes_done": 3})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _one_template() -> str:
+    from tasksets import load_taskset
+
+    return load_taskset("generated", "train", seed=0)[0].template
+
+
+def test_measure_gives_up_at_its_deadline_naming_the_evaluation_and_its_progress():
+    """New user, issue 34 item 7: the pass-rate wait polled with no overall deadline."""
+    import time
+
+    with _StuckEvaluationGateway(finish_after=None) as gateway:
+        start = time.monotonic()
+        with pytest.raises(TimeoutError, match=r"evaluation e1 not ended after 1 s: state "
+                           r"'running', 3/2 episodes .*GET /v1/evaluations/e1"):  # fmt: skip
+            pr.measure(gateway.url, tasks_per_template=1, episodes_per_task=2, temperature=1.0,
+                       max_new_tokens=8, templates=(_one_template(),), poll_s=0.05,
+                       headers={}, timeout_s=1.0)  # fmt: skip
+        assert time.monotonic() - start < 30 and gateway.polls >= 2
+
+
+def test_measure_returns_the_view_once_the_evaluation_ended():
+    with _StuckEvaluationGateway(finish_after=2) as gateway:
+        rates, view = pr.measure(gateway.url, tasks_per_template=1, episodes_per_task=2,
+                                 temperature=1.0, max_new_tokens=8,
+                                 templates=(_one_template(),), poll_s=0.05, headers={},
+                                 timeout_s=60.0)  # fmt: skip
+    assert view["state"] == "done" and gateway.polls == 3 and rates == []
