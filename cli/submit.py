@@ -1,9 +1,10 @@
 """`shellrl submit FILE.jsonl`: post a task file to the rollout gateway's `POST /v1/tasks`.
 
-One JSON object per line (the format of ../shared/tasks/*.jsonl; blank lines skipped). Lines are
-sent in batches of `--batch-size` as JSON lists; the gateway validates a whole batch before it
-stores any of it, and names the bad field as `tasks[i].<field>`, which is reported here as
-`FILE:LINE: <field>: <message>`. Re-submitting a file is idempotent (same content = `duplicate`).
+One JSON object per line, the body of `POST /v1/tasks` (what `python -m tasksets export` writes;
+blank lines skipped). Lines are sent in batches of `--batch-size` as JSON lists; the gateway
+validates a whole batch before it stores any of it, and names the bad field as
+`tasks[i].<field>`, which is reported here as `FILE:LINE: <field>: <message>`. Re-submitting a
+file is idempotent (same content = `duplicate`).
 
 The gateway's token comes from SHELLRL_API_TOKEN, SHELLRL_API_TOKEN_FILE or the running local
 stack's `.shellrl/api_token` (`cli.stack_config.api_headers`).

@@ -1,4 +1,5 @@
-"""Post a task file (JSONL, the format of ../shared/tasks/*.jsonl) to the rollout gateway.
+"""Post a task file (JSONL: one `POST /v1/tasks` body a line, as `python -m tasksets export` writes) to
+the rollout gateway.
 
 shellrl submit tasks.jsonl [--url http://127.0.0.1:8100] [--batch-size 500] [--split train]
 """

@@ -55,7 +55,7 @@ class ToolEventIn(BaseModel):
 class VerifyRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     task: dict = Field(
-        description="A task in JSON form (the format of ../shared/tasks/*.jsonl).",
+        description="A task in JSON form (the body of the rollout gateway's POST /v1/tasks).",
         json_schema_extra={"allOf": [{"$ref": REF.format(model="Task")}]},
     )
     answer: str | None = Field(None, description="The agent's final answer; null = none given.")
