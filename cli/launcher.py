@@ -83,7 +83,8 @@ class Stack:
         # a stack that was just stopped may still hold its ports
         if not poll_until(lambda: not busy(), timeout_s=20, interval_s=0.5):
             raise StackError(
-                f"ports in use: {', '.join(busy())} (another stack running? try `shellrl down`)"
+                f"ports in use: {', '.join(busy())} (another stack running? try `shellrl down`, "
+                "or run this one beside it with --port-offset N and its own --state-dir)"
             )
         try:
             self._write_token_file()
