@@ -24,6 +24,14 @@ from tests.helpers.processes import REPO
 from tests.helpers.redis_server import RedisServer
 from tests.helpers.waiting import wait_until
 
+# `python -m cli.main` with Ctrl-C as a terminal gives it: a pytest started as a background job of
+# a non-interactive shell (`bash .ci/run &`, nohup ...) has SIGINT ignored, every child inherits
+# that, and a Python started so never installs its KeyboardInterrupt handler: the SIGINT below
+# would be lost and `status --watch` run on (both CI runs at 4c3a39b failed so)
+WITH_CTRL_C = (
+    "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "runpy.run_module('cli.main', run_name='__main__', alter_sys=True)"
+)
 NOWHERE = "http://127.0.0.1:9"
 SERVICES = ("rollout", "learner", "sandbox", "verifier", "engine")
 BORDERS = "┌┏│┃├┡└┗"  # a table line's first character (rich's box and heavy-head box)
@@ -82,7 +90,7 @@ def test_status_watch_piped_ends_its_live_table_on_a_line_of_its_own(tmp_path):
         before = client.info("stats")["total_connections_received"]
         argv = ["status", "--watch", "--state-dir", str(tmp_path / "state")]
         proc = popen_owned(
-            [sys.executable, "-m", "cli.main", *argv],
+            [sys.executable, "-c", WITH_CTRL_C, *argv],
             cwd=REPO,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
