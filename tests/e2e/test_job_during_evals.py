@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 
 import pytest
@@ -24,22 +25,27 @@ from tests.helpers.processes import REPO
 
 pytestmark = pytest.mark.slow
 
-PORT_OFFSET = 700
 JOB_FLAGS = (
     "--model-path tiny --steps 2 --eval-every-steps 1 --eval-kl --time-budget-min 5 "
     "--eval-id-episodes 2 --eval-ood-episodes 1 --agentbench-eval-tasks 1 --max-new-tokens 8 "
-    f"--max-turns 1 --group-size 2 --groups-per-step 1 --tracker none --port-offset {PORT_OFFSET}"
+    "--max-turns 1 --group-size 2 --groups-per-step 1 --tracker none"
 ).split()
 
 
+def free_port_offset() -> int:
+    """A port offset whose ports are all free, drawn from this process's own random order: a fixed
+    offset (700) collided with the same test of a second suite on the machine (two fresh-clone CIs
+    at once: 'ports in use: redis:7099, ...'; both had seen them free a moment before)."""
+    offsets = list(range(1000, 30000, 37))
+    random.Random(os.getpid()).shuffle(offsets)
+    for offset in offsets:
+        if all(port_is_free(p + offset) for p in DEFAULT_PORTS.values()):
+            return offset
+    pytest.skip("no port offset with every port of the stack free")
+
+
 def test_a_job_evaluating_during_training_gives_every_template_three_points(tmp_path):
-    busy = [
-        f"{n}:{p + PORT_OFFSET}"
-        for n, p in DEFAULT_PORTS.items()
-        if not port_is_free(p + PORT_OFFSET)
-    ]
-    if busy:
-        pytest.skip(f"the job's ports are taken: {', '.join(busy)}")
+    offset = free_port_offset()
     state = tmp_path / "state"
     state.mkdir()
     os.chmod(state, 0o755)  # the sandbox's workspace root must be traversable by other uids
@@ -47,7 +53,7 @@ def test_a_job_evaluating_during_training_gives_every_template_three_points(tmp_
     config.write_text("[env]\nSHELLRL_TRAIN_ZERO_VARIANCE_GROUPS = true\n")
     job = run_owned(
         [sys.executable, "-m", "cli.main", "run", "--state-dir", str(state)]
-        + ["--config", str(config), *JOB_FLAGS],
+        + ["--config", str(config), *JOB_FLAGS, "--port-offset", str(offset)],
         cwd=REPO,
         env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"},
         capture_output=True,
