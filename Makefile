@@ -70,7 +70,7 @@ system-deps:
 	command -v prometheus >/dev/null || missing="$$missing prometheus"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
-	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing; \
+	  SUDO=$(SUDO) scripts/apt_install.sh $$missing; \
 	fi
 
 $(STAMP): pyproject.toml

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import sys
 
 import pytest
 
-from cli.stack_config import DEFAULT_PORTS, port_is_free
 from tests.helpers.owned_processes import run_owned
+from tests.helpers.port_offsets import free_port_offsets
 from tests.helpers.processes import REPO
 
 pytestmark = pytest.mark.slow
@@ -32,20 +31,8 @@ JOB_FLAGS = (
 ).split()
 
 
-def free_port_offset() -> int:
-    """A port offset whose ports are all free, drawn from this process's own random order: a fixed
-    offset (700) collided with the same test of a second suite on the machine (two fresh-clone CIs
-    at once: 'ports in use: redis:7099, ...'; both had seen them free a moment before)."""
-    offsets = list(range(1000, 30000, 37))
-    random.Random(os.getpid()).shuffle(offsets)
-    for offset in offsets:
-        if all(port_is_free(p + offset) for p in DEFAULT_PORTS.values()):
-            return offset
-    pytest.skip("no port offset with every port of the stack free")
-
-
 def test_a_job_evaluating_during_training_gives_every_template_three_points(tmp_path):
-    offset = free_port_offset()
+    (offset,) = free_port_offsets()
     state = tmp_path / "state"
     state.mkdir()
     os.chmod(state, 0o755)  # the sandbox's workspace root must be traversable by other uids

@@ -17,26 +17,11 @@ from cli.launcher import Stack
 from cli.main import parse
 from cli.stack_config import DEFAULT_PORTS, port_is_free
 from tests.helpers.owned_processes import adopt_stack
+from tests.helpers.port_offsets import free_port_offsets
 
 pytestmark = pytest.mark.slow
 
 SERVICES = ("sandbox", "verifier")
-
-
-def free_offsets(count: int) -> list[int]:
-    """`count` port offsets whose ports (Redis and SERVICES) are free and shared with no other
-    offset's nor with the default stack's."""
-    names = ("redis", *SERVICES)
-    taken, offsets = set(DEFAULT_PORTS.values()), []
-    for offset in range(1000, 30000, 37):
-        ports = {DEFAULT_PORTS[n] + offset for n in names}
-        if ports & taken or not all(port_is_free(p) for p in ports):
-            continue
-        taken |= ports
-        offsets.append(offset)
-        if len(offsets) == count:
-            return offsets
-    raise RuntimeError("no free port offsets")
 
 
 def redis_answers(port: int) -> bool:
@@ -48,7 +33,7 @@ def redis_answers(port: int) -> bool:
 def test_two_stacks_with_port_offsets_answer_each_on_its_own_ports(tmp_path):
     stacks = []
     try:
-        for offset in free_offsets(2):
+        for offset in free_port_offsets(2, SERVICES):
             state = tmp_path / f"stack-{offset}"
             state.mkdir()
             state.chmod(0o755)  # the sandbox's workspace root must be traversable by other uids

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from cli.stack_config import DEFAULT_PORTS, port_is_free
 from tests.helpers.owned_processes import popen_owned, stop_owned
+from tests.helpers.port_offsets import free_port_offsets
 from tests.helpers.processes import REPO
 
 pytestmark = pytest.mark.slow
@@ -31,19 +31,12 @@ sys.exit(up(config))
 """
 
 
-def free_offset() -> int:
-    for offset in range(2011, 30000, 41):
-        if all(port_is_free(DEFAULT_PORTS[n] + offset) for n in ("redis", "sandbox")):
-            return offset
-    raise RuntimeError("no free port offset")
-
-
 def test_up_names_the_process_that_died_with_its_status_and_log(tmp_path):
     state = tmp_path / "state"
     state.mkdir()
     state.chmod(0o755)  # the sandbox's workspace root must be traversable by other uids
     proc = popen_owned(
-        [sys.executable, "-c", UP, str(state), str(free_offset())],
+        [sys.executable, "-c", UP, str(state), str(free_port_offsets(1, ("sandbox",))[0])],
         cwd=REPO,
         stderr=open(tmp_path / "stderr", "w"),  # noqa: SIM115 (the child holds it)
         stdout=open(tmp_path / "stdout", "w"),  # noqa: SIM115

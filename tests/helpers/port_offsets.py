@@ -1,0 +1,36 @@
+"""Port offsets for a second `shellrl up`/`run` stack inside a test (`--port-offset N`).
+
+Two suites on one machine (two fresh-clone CIs, a developer's run beside CI) run the same test at the
+same moment: a fixed offset, or the first free one in a fixed order, gave both the same ports
+('ports in use: redis:7099, ...' after both had seen them free). Each process draws offsets in its
+own random order (seeded by its pid), so two suites meet the same offset with probability ~1/800.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+from cli.stack_config import DEFAULT_PORTS, port_is_free
+
+OFFSETS = range(1000, 30000, 37)
+
+
+def free_port_offsets(count: int = 1, services: tuple[str, ...] | None = None) -> list[int]:
+    """`count` offsets whose ports (Redis and `services`; every service by default) are free and
+    shared with no other returned offset nor with the default stack's ports.
+
+    Raises RuntimeError when fewer than `count` such offsets exist."""
+    names = ("redis", *services) if services is not None else tuple(DEFAULT_PORTS)
+    taken, offsets = {DEFAULT_PORTS[n] for n in names}, []
+    order = list(OFFSETS)
+    random.Random(os.getpid()).shuffle(order)
+    for offset in order:
+        ports = {DEFAULT_PORTS[n] + offset for n in names}
+        if ports & taken or not all(port_is_free(p) for p in ports):
+            continue
+        taken |= ports
+        offsets.append(offset)
+        if len(offsets) == count:
+            return offsets
+    raise RuntimeError(f"fewer than {count} port offsets with every port of {names} free")
