@@ -10,8 +10,9 @@ first N calls, then records its arguments and succeeds.
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
+
+from tests.helpers.owned_processes import run_owned
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "apt_install.sh"
 
@@ -43,12 +44,12 @@ def _run(tmp_path: Path, busy: int, fail: str = "", timeout_s: int = 600):
         "APT_LOCK_TIMEOUT_S": str(timeout_s),
         "APT_LOCK_POLL_S": "0.1",
     }
-    return subprocess.run(
+    return run_owned(
         ["bash", str(SCRIPT), "bubblewrap", "prometheus"],
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout_s=120,
     )
 
 
