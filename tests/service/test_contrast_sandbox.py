@@ -13,22 +13,8 @@ from services.verifier.parts import build_verifier
 from services.verifier.settings import VerifierSettings
 from shellrl.clients.sandbox import SandboxClient
 from tasksets.contrast import QUANTITIES, contrast_tasks
-from tests.helpers.processes import ServiceProcess
-from tests.helpers.redis_server import free_port
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def sandbox_url(tmp_path_factory):
-    proc = ServiceProcess(
-        "sandbox",
-        free_port(),
-        {"SHELLRL_LOG_LEVEL": "WARNING"},
-        tmp_path_factory.mktemp("sandbox-logs"),
-    ).start()
-    yield proc.url
-    proc.stop()
 
 
 async def test_each_task_rewards_its_quantity_and_no_other_quantity_of_the_file(sandbox_url):

@@ -11,22 +11,8 @@ import pytest
 from tasksets import load_taskset
 from tasksets.generator import TEMPLATES
 from tasksets.validate import generated_wrong_answers, validate_tasks
-from tests.helpers.processes import ServiceProcess
-from tests.helpers.redis_server import free_port
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def sandbox_url(tmp_path_factory):
-    proc = ServiceProcess(
-        "sandbox",
-        free_port(),
-        {"SHELLRL_LOG_LEVEL": "WARNING"},
-        tmp_path_factory.mktemp("sandbox-logs"),
-    ).start()
-    yield proc.url
-    proc.stop()
 
 
 def sample() -> list:

@@ -13,22 +13,9 @@ from services.verifier.settings import VerifierSettings
 from shellrl.clients.sandbox import SandboxClient, SandboxNotFound
 from shellrl.contract import Failure, task_from_json
 from tasksets.seeds import SHA256_WITH_NEWLINE, WRONG_ANSWERS, seed_tasks
-from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def sandbox_url(tmp_path_factory):
-    proc = ServiceProcess(
-        "sandbox",
-        free_port(),
-        {"SHELLRL_LOG_LEVEL": "WARNING"},
-        tmp_path_factory.mktemp("sandbox-logs"),
-    ).start()
-    yield proc.url
-    proc.stop()
 
 
 @pytest.fixture

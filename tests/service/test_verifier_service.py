@@ -35,18 +35,6 @@ pytestmark = pytest.mark.slow
 NUMBERS = next(t for t in seed_tasks() if t.task_id == "seed-numbers")
 
 
-@pytest.fixture(scope="module")
-def sandbox_url(tmp_path_factory):
-    proc = ServiceProcess(
-        "sandbox",
-        free_port(),
-        {"SHELLRL_LOG_LEVEL": "WARNING"},
-        tmp_path_factory.mktemp("sandbox-logs"),
-    ).start()
-    yield proc.url
-    proc.stop()
-
-
 def verifier_process(redis_url: str, sandbox_url: str, log_dir, name: str, **env) -> ServiceProcess:
     return ServiceProcess(
         "verifier",
