@@ -37,8 +37,19 @@ def test_every_link_of_the_contents_reaches_a_heading():
     assert [link for link in links if link not in headings] == []
 
 
-def test_readme_points_at_nothing_outside_the_repository():
-    assert "../shared" not in README
+def test_readme_and_docs_point_at_nothing_outside_the_repository():
+    """A clone has no ../shared nor /work/ (docs/checks.md, design-notes.md, sglang.md and
+    terminal-rewards.md pointed there)."""
+    pages = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+    pages += sorted((REPO / "deploy").glob("**/*.md"))
+    outside = [
+        f"{page.relative_to(REPO)}:{n}"
+        for page in pages
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        if "../shared" in line or "/work/" in line
+    ]
+    assert len(pages) > 5
+    assert outside == []
 
 
 def test_license_file_is_the_apache_license_pyproject_names():
