@@ -25,10 +25,12 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from shellrl.clients import registry
+from shellrl.clients.registry import Registration
 from shellrl.streams.keys import ENGINE_SYNC_KEY, ENGINES_KEY
 
 log = logging.getLogger(__name__)
@@ -44,19 +46,9 @@ FINGERPRINT_FIELDS = (
     "head_dim",
 )
 
-# HDEL the field only while it still holds this instance's registration (a restarted engine on
-# the same URL may have registered again in between)
-_DELETE_OWN = """
-local raw = redis.call('HGET', KEYS[1], ARGV[1])
-if raw and cjson.decode(raw)['instance'] == ARGV[2] then
-  return redis.call('HDEL', KEYS[1], ARGV[1])
-end
-return 0
-"""
-
 
 @dataclass(frozen=True)
-class EngineRegistration:
+class EngineRegistration(Registration):
     """One engine's entry in `shellrl:engines`. url: where the gateway and learner reach it.
     instance: a new id per process start (a restart on the same URL is a new instance).
     heartbeat_at: Redis TIME of the last write, unix seconds; ttl_s: live that long after it."""
@@ -69,19 +61,6 @@ class EngineRegistration:
     heartbeat_at: float = 0.0
     ttl_s: float = 10.0
     leaving: bool = False
-
-    def live(self, now: float) -> bool:
-        return now - self.heartbeat_at <= self.ttl_s
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def from_json(cls, raw: str | bytes) -> EngineRegistration:
-        """ValueError/TypeError/KeyError for an entry that is no registration."""
-        data = json.loads(raw)
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 @dataclass(frozen=True)
@@ -131,38 +110,19 @@ def model_summary(config: Mapping) -> str:
     )
 
 
-async def redis_now(redis: aioredis.Redis) -> float:
-    """Redis's clock, unix seconds (TIME)."""
-    seconds, micros = await redis.time()
-    return seconds + micros / 1e6
-
-
 async def write_registration(redis: aioredis.Redis, registration: EngineRegistration) -> None:
     """HSET the registration with heartbeat_at = Redis's clock now."""
-    stamped = EngineRegistration(**{**asdict(registration), "heartbeat_at": await redis_now(redis)})
-    await redis.hset(ENGINES_KEY, registration.url, stamped.to_json())
+    await registry.write(redis, ENGINES_KEY, registration)
 
 
 async def delete_registration(redis: aioredis.Redis, url: str, instance: str) -> bool:
     """HDEL `url` if it still holds `instance`'s registration; True when deleted."""
-    return bool(await redis.eval(_DELETE_OWN, 1, ENGINES_KEY, url, instance))
+    return await registry.delete(redis, ENGINES_KEY, url, instance)
 
 
 async def read_registrations(redis: aioredis.Redis) -> dict[str, EngineRegistration]:
     """The live registrations, url -> registration (dead and malformed entries are skipped)."""
-    raw = await redis.hgetall(ENGINES_KEY)
-    now = await redis_now(redis)
-    out = {}
-    for key, value in raw.items():
-        url = key.decode() if isinstance(key, bytes) else key
-        try:
-            registration = EngineRegistration.from_json(value)
-        except (ValueError, TypeError, KeyError) as exc:
-            log.warning("unreadable engine registration", extra={"engine": url, "error": str(exc)})
-            continue
-        if registration.live(now):
-            out[url] = registration
-    return out
+    return await registry.read_live(redis, ENGINES_KEY, EngineRegistration, "engine")
 
 
 async def read_sync(redis: aioredis.Redis) -> dict[str, EngineSync]:
