@@ -1,6 +1,7 @@
 """The learner's weight push into a CPU engine that is generating, by pause mode (issue 30 item 6):
 `python -m benchmarks.bench_push_under_load [--model smollm2] [--streams 8] [--blocks 3]
-[--quick]` (`--quick`: the tiny test model, 2 streams, 1 block of 2 pushes).
+[--rows standalone,in_place] [--quick]` (`--quick`: the tiny test model, 2 streams, 1 block of 2
+pushes).
 
 The main job's timing.json on CPU: 41 pushes, mean 1,932 ms, of which `load` 1,690 ms, against
 78-117 ms for the same shm push standalone. `load` is the engine's session end, and shellrl's
@@ -105,8 +106,9 @@ async def bench(url: str, args) -> Table:
     from shellrl.models import load_model
 
     model = load_model(args.model)
-    pushes: dict[str, list[dict]] = {row: [] for row in ROWS}
-    rates: dict[str, list[float]] = {row: [] for row in ROWS}
+    rows = args.rows
+    pushes: dict[str, list[dict]] = {row: [] for row in rows}
+    rates: dict[str, list[float]] = {row: [] for row in rows}
     version = 0
     with tempfile.TemporaryDirectory() as sync_dir:
         async with EngineClient([url], timeout_s=600) as client:
@@ -120,7 +122,7 @@ async def bench(url: str, args) -> Table:
                     version += 1
                     await sync.push(model, version)
                 for _ in range(args.blocks):
-                    for row in ROWS:
+                    for row in rows:
                         if row == "standalone":
                             await load.idle()
                         else:
@@ -167,7 +169,7 @@ def _table(pushes: dict, rates: dict, args) -> Table:
     ):
         table.add_column(column, justify="right")
     base = statistics.median(p["total"] for p in pushes["standalone"])
-    for row in ROWS:
+    for row in pushes:
         totals = [p["total"] for p in pushes[row]]
         loads = [p.get("load", 0.0) for p in pushes[row]]
         table.add_row(
@@ -195,9 +197,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--blocks", type=int, default=3, help="rounds over the rows")
     parser.add_argument("--gap-s", type=float, default=0.5, help="seconds between two pushes")
     parser.add_argument(
+        "--rows",
+        default=",".join(ROWS),
+        help=f"comma-separated rows of {', '.join(ROWS)} (standalone, the baseline, always runs "
+        "first); off takes tens of seconds a push under load",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help="tiny model, 2 streams, 1 block of 2 pushes"
     )
     args = parser.parse_args(argv)
+    asked = [r.strip() for r in args.rows.split(",") if r.strip()]
+    if unknown := sorted(set(asked) - set(ROWS)):
+        parser.error(f"--rows: unknown {unknown}; rows are {', '.join(ROWS)}")
+    args.rows = ["standalone", *(r for r in ROWS if r in asked and r != "standalone")]
     if args.quick:
         args.model, args.streams, args.blocks, args.pushes, args.gap_s = "tiny", 2, 1, 2, 0.1
         args.prompt_tokens = 64
