@@ -11,9 +11,10 @@ A command module defines:
     def run(args) -> int                # exit status
 
 and must import nothing heavy at module level (no torch): `shellrl --help` imports every one.
-A command whose options are a typed model (cli/options.py: `run`, `up`) also reads them from
-SHELLRL_CLI_* and a `--config FILE` TOML file (cli/config_file.py); flags override both. A
-`CliError` raised by a command is printed as one line on stderr (no traceback).
+A command whose options are a typed model (cli/options.py: `run`, `up`; cli/command_options.py:
+`eval`, `submit`, `show`) also reads them from SHELLRL_CLI_* (`run` and `up` from a `--config
+FILE` TOML file too, cli/config_file.py); flags override both. A `CliError` raised by a command
+is printed as one line on stderr (no traceback).
 """
 
 from __future__ import annotations

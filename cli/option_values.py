@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import get_args
 
 from pydantic import ValidationError
 
@@ -20,24 +19,28 @@ from cli.options import (
     ENV_PREFIX,
     FileValues,
     Options,
-    RunOptions,
     StackOptions,
-    UpOptions,
+    choices_of,
     field_extra,
+    flag_of,
+    is_inverted,
     is_switch,
 )
 from cli.recipe import Recipe
 
 
 def resolve(args: argparse.Namespace, model: type[Options], command: str) -> argparse.Namespace:
-    """`args` (flags given) completed from the environment, the config file and the defaults:
-    every field of `model` set, plus `config_env` (the file's [env] table). Raises CliError (one
-    line naming the flag, variable or file key) for any value the model refuses."""
+    """`args` (flags given) completed from the environment, the config file (a model with a
+    `config` field only) and the defaults: every field of `model` set (a None one from its
+    `fallback_env` variable when set), plus `config_env` (the file's [env] table). Raises
+    CliError (one line naming the flag, variable or file key) for any value the model refuses."""
     from cli.config_file import command_values
 
     given = {k: v for k, v in vars(args).items() if k in model.model_fields}
     _check_env_names()
-    path = given.get("config") or os.environ.get(ENV_PREFIX + "CONFIG")
+    path = None
+    if "config" in model.model_fields:
+        path = given.get("config") or os.environ.get(ENV_PREFIX + "CONFIG")
     file_values, config_env, spelled = {}, {}, {}
     if path:
         file_values, config_env = command_values(Path(path), command, args._commands)
@@ -53,23 +56,33 @@ def resolve(args: argparse.Namespace, model: type[Options], command: str) -> arg
         _check_recipe(options, given, spelled, path)
     for name in model.model_fields:
         setattr(args, name, getattr(options, name))
-    if "learner_url" in model.model_fields and args.learner_url is None:
-        args.learner_url = os.environ.get("SHELLRL_LEARNER_URL")
+    for name, variable in model.fallback_env.items():
+        if getattr(args, name) is None:
+            setattr(args, name, os.environ.get(variable))
     args.config_env = config_env
     return args
 
 
 def _check_env_names() -> None:
-    """Every SHELLRL_CLI_* variable names an option of `run` or `up` (one command's option is
-    ignored by the other). Raises CliError naming a mistyped one, which pydantic-settings would
-    skip silently (extra="forbid" covers flags and file keys only)."""
-    known = {name for m in (UpOptions, RunOptions) for name in m.model_fields}
+    """Every SHELLRL_CLI_* variable names an option of a command with a typed model
+    (cli/command_options.py's MODELS; one command's option is ignored by the others). Raises
+    CliError naming a mistyped one, which pydantic-settings would skip silently (extra="forbid"
+    covers flags and file keys only)."""
+    from cli.command_options import MODELS
+
+    known = {_env_name(name, m) for m in MODELS.values() for name in m.model_fields}
     for var in sorted(os.environ):
-        if var.startswith(ENV_PREFIX) and var.removeprefix(ENV_PREFIX).lower() not in known:
+        if var.upper().startswith(ENV_PREFIX) and var.upper() not in known:
             raise CliError(
-                f"{var}: no option of `shellrl run` or `shellrl up` has this name "
-                f"({ENV_PREFIX}<OPTION>: docs/config.md)"
+                f"{var}: no option of a `shellrl` command ({', '.join(MODELS)}) has this name "
+                f"({ENV_PREFIX}<OPTION>, {ENV_PREFIX}<COMMAND>_<OPTION>: docs/config.md)"
             )
+
+
+def _env_name(name: str, model: type[Options]) -> str:
+    """The environment variable of field `name` of `model` (SHELLRL_CLI_STEPS,
+    SHELLRL_CLI_EVAL_EPISODES)."""
+    return model.model_config["env_prefix"] + name.upper()
 
 
 def _check_file_keys(path, values: dict, model: type[Options], command: str) -> dict[str, str]:
@@ -79,9 +92,9 @@ def _check_file_keys(path, values: dict, model: type[Options], command: str) -> 
     spelled = {}
     keys = {n: n for n, info in model.model_fields.items() if field_extra(info).get("file", True)}
     inverted = {
-        field_extra(info)["flag"].removeprefix("--").replace("-", "_"): n
+        flag_of(n, info).removeprefix("--").replace("-", "_"): n
         for n, info in model.model_fields.items()
-        if "flag" in field_extra(info)
+        if is_inverted(n, info)
     }
     for key in list(values):
         name = key.replace("-", "_")
@@ -126,21 +139,21 @@ def _first_error(exc: ValidationError, given: dict, spelled: dict, path, model) 
     if error["type"] in EXPECTED:
         message = f"{EXPECTED[error['type']]}, got {value!r}"
     elif error["type"] == "literal_error":
-        choices = get_args(model.model_fields[name].annotation)
+        choices = choices_of(model.model_fields[name])
         message = f"{value!r} is not one of {', '.join(map(str, choices))}"
     else:
         message = error["msg"].removeprefix("Value error, ")
-    return f"{_where(name, given, spelled, path)}: {message}"
+    return f"{_where(name, given, spelled, path, model)}: {message}"
 
 
-def _where(name: str, given: dict, spelled: dict, path) -> str:
+def _where(name: str, given: dict, spelled: dict, path, model: type[Options]) -> str:
     """Where field `name`'s value came from: its flag, the file's key as spelled there, else the
     environment."""
     if name in given:
-        return f"--{name.replace('_', '-')}"
+        return flag_of(name, model.model_fields[name])
     if name in spelled:
         return f"config file {path}: {spelled[name]}"
-    return f"{ENV_PREFIX}{name.upper()}"
+    return _env_name(name, model)
 
 
 def _check_recipe(options: StackOptions, given: dict, spelled: dict, path) -> None:
@@ -162,7 +175,8 @@ def _check_recipe(options: StackOptions, given: dict, spelled: dict, path) -> No
             try:
                 check_env_values({k: v for k, v in new.items() if old.get(k) != v})
             except ValueError as exc:
-                raise CliError(f"{_where(field.name, given, spelled, path)}: {exc}") from None
+                where = _where(field.name, given, spelled, path, type(options))
+                raise CliError(f"{where}: {exc}") from None
 
 
 def _recipe_envs(recipe: Recipe) -> list[dict[str, str]]:

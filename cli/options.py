@@ -9,13 +9,15 @@ anything starts; a value any of them gets wrong (type, choice, unknown key) is a
 line naming where it came from: `--steps`, `SHELLRL_CLI_STEPS` or `config file shellrl.toml:
 steps`. The file's [env] table
 (services' `SHELLRL_*` settings, each checked by the Settings class of the services that read it)
-is cli/config_file.py's.
+is cli/config_file.py's. The models of `eval`, `submit` and `show` (on this base, with no file)
+are cli/command_options.py's; docs/config.md lists every model's options (cli/config_doc.py).
 """
 
 from __future__ import annotations
 
 import argparse
-from typing import Annotated, Any, Literal, get_args, get_origin
+import types
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import BeforeValidator, Field
 from pydantic.fields import FieldInfo
@@ -55,6 +57,8 @@ class Options(BaseSettings):
     """The base of every command's options model: flags > SHELLRL_CLI_* > the file > defaults."""
 
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="forbid")
+    # {field: the environment variable a None value falls back to (`resolve`)}
+    fallback_env: ClassVar[dict[str, str]] = {}
 
     @classmethod
     def settings_customise_sources(
@@ -170,6 +174,8 @@ class UpOptions(StackOptions):
 class RunOptions(StackOptions):
     """`shellrl run`: the stack's options, the job's and --attach's."""
 
+    fallback_env: ClassVar[dict[str, str]] = {"learner_url": "SHELLRL_LEARNER_URL"}
+
     time_budget_min: float = option(JobConfig.time_budget_s / 60, "training stops after this")
     steps: int = option(JobConfig.steps, "learner steps (policy versions)")
     train_set: str = option(
@@ -239,52 +245,43 @@ def is_switch(info: FieldInfo) -> bool:
     return info.annotation is bool or any(a is bool for a in get_args(info.annotation))
 
 
+def flag_of(name: str, info: FieldInfo) -> str:
+    """The field's flag: its own `flag` (`--no-require-command`, `--json`), else --field-name."""
+    return field_extra(info).get("flag", "--" + name.replace("_", "-"))
+
+
+def is_inverted(name: str, info: FieldInfo) -> bool:
+    """A switch whose flag turns it off: its own flag starts with --no-."""
+    return is_switch(info) and flag_of(name, info).startswith("--no-")
+
+
+def choices_of(info: FieldInfo) -> tuple | None:
+    """The values of a Literal field (None allowed or not), else None."""
+    kind = info.annotation
+    if get_origin(kind) in (Union, types.UnionType):
+        kind = next(a for a in get_args(kind) if a is not type(None))
+    return get_args(kind) if get_origin(kind) is Literal else None
+
+
 def add_options(parser: argparse.ArgumentParser, model: type[Options]) -> None:
-    """A flag per field of `model`, in field order: `--field-name` (a switch turns the field on,
-    or off when it names its own `flag`), its choices, its help with `(default: X)` (the flag's:
-    False for an inverted switch whose field is on). Each flag's argparse default is SUPPRESS,
-    so the parsed namespace holds only what was given (`resolve`)."""
+    """A flag per field of `model`, in field order: `--field-name` or the field's own `flag` (a
+    switch turns the field on, or off when its flag starts with --no-), its choices, its help
+    with `(default: X)` (the flag's: False for an inverted switch whose field is on). Each flag's
+    argparse default is SUPPRESS, so the parsed namespace holds only what was given (`resolve`)."""
     for name, info in model.model_fields.items():
         extra = field_extra(info)
-        flag = extra.get("flag", "--" + name.replace("_", "-"))
+        inverted = is_inverted(name, info)
         # an inverted switch's flag is off by default when its field is on (--no-require-command)
-        shown = (not info.default) if "flag" in extra else info.default
+        shown = (not info.default) if inverted else info.default
         text = f"{info.description} (default: {shown})"
         kw: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": text}
         if is_switch(info):
-            kw["action"] = "store_false" if "flag" in extra else "store_true"
+            kw["action"] = "store_false" if inverted else "store_true"
         else:
             if "metavar" in extra:
                 kw["metavar"] = extra["metavar"]
-            kind = info.annotation
-            if get_origin(kind) is Literal:
-                kw["choices"] = get_args(kind)
-            elif kind in (int, float):
-                kw["type"] = kind
-        parser.add_argument(flag, **kw)
-
-
-def markdown() -> str:
-    """docs/config.md: a table of each command's options (`python -m cli.options > docs/config.md`;
-    tests/unit/test_cli_typed_options.py checks the file is current)."""
-    lines = [
-        "# Options of `shellrl run` and `shellrl up`",
-        "",
-        "Generated from the typed models in `cli/options.py` (`python -m cli.options >"
-        " docs/config.md`). Each option is a flag, a key of a `--config` TOML file (top level"
-        " or the command's table; `-` or `_`) and an environment variable; a flag beats the"
-        " environment, which beats the file. A config file's `[env]` table sets the services'"
-        " own `SHELLRL_*` settings (`services/<name>/settings.py`), except those an option sets.",
-    ]
-    for command, model in (("up", UpOptions), ("run", RunOptions)):
-        lines += ["", f"## shellrl {command}", "", "| flag | environment | default | meaning |"]
-        lines.append("| --- | --- | --- | --- |")
-        for name, info in model.model_fields.items():
-            flag = field_extra(info).get("flag", "--" + name.replace("_", "-"))
-            text = (info.description or "").replace("|", "\\|")
-            lines.append(f"| `{flag}` | `{ENV_PREFIX}{name.upper()}` | `{info.default}` | {text} |")
-    return "\n".join(lines) + "\n"
-
-
-if __name__ == "__main__":
-    print(markdown(), end="")
+            if choices := choices_of(info):
+                kw["choices"] = choices
+            elif info.annotation in (int, float):
+                kw["type"] = info.annotation
+        parser.add_argument(flag_of(name, info), **kw)

@@ -28,27 +28,14 @@ _LIST_FIELD = re.compile(r"^tasks\[(\d+)\]\.?(.*)$")
 
 
 def add_arguments(parser) -> None:
+    """FILE, then the flags of SubmitOptions (cli/command_options.py; also
+    SHELLRL_CLI_SUBMIT_<OPTION>)."""
+    from cli.command_options import SubmitOptions
+    from cli.options import add_options
+
     parser.add_argument("file", type=Path, help="JSONL task file ('-' = stdin)")
-    parser.add_argument(
-        "--url",
-        default=None,
-        help="rollout gateway base URL (None: SHELLRL_ROLLOUT_URL, else the rollout of the "
-        "stack running from --state-dir, else port 8100)",
-    )
-    parser.add_argument("--batch-size", type=int, default=500, help="tasks per request")
-    parser.add_argument(
-        "--split",
-        choices=("train", "eval_id", "eval_ood", "eval"),
-        help="split for lines that do not name one (the gateway's default is train)",
-    )
-    parser.add_argument("--timeout-s", type=float, default=60.0, help="HTTP timeout per request")
-    parser.add_argument("--quiet", action="store_true", help="print only errors and the summary")
-    parser.add_argument(
-        "--state-dir",
-        default=str(STATE_DIR),
-        help="the local stack whose <state-dir>/api_token is sent (after SHELLRL_API_TOKEN, "
-        "SHELLRL_API_TOKEN_FILE)",
-    )
+    add_options(parser, SubmitOptions)
+    parser.set_defaults(_options=SubmitOptions)
 
 
 def read_lines(path: Path) -> list[tuple[int, dict]]:

@@ -22,7 +22,6 @@ refuses the tasks, or a bad `--model-path` (one line, before anything starts).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from cli.errors import CliError, http_errors
@@ -32,48 +31,21 @@ HELP = (
     "evaluate a policy (the running stack's, or --model-path DIR on a stack it starts) on the "
     "fixed eval sets; per-template tables"
 )
-SETS = ("eval_id", "eval_ood", "seeds", "agentbench")
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument(
-        "--url",
-        default=os.environ.get("SHELLRL_ROLLOUT_URL"),
-        help="rollout gateway base URL (None: SHELLRL_ROLLOUT_URL, else http://127.0.0.1 on "
-        "port 8100 + --port-offset)",
-    )
-    parser.add_argument(
-        "--sets", default=",".join(SETS), help=f"comma-separated eval sets of {', '.join(SETS)}"
-    )
-    parser.add_argument("--tasks", type=Path, help="evaluate this JSONL task file instead")
-    parser.add_argument("--episodes", type=int, default=4, help="episodes per task when T > 0")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy, 1 episode")
-    parser.add_argument("--out", type=Path, help="write the evaluations' JSON views here")
-    parser.add_argument(
-        "--model-path",
-        default=None,
-        help="start a stack on this model (smollm2, tiny, or a Hugging Face directory) and "
-        "evaluate it; None: the running stack at --url",
-    )
-    parser.add_argument(
-        "--state-dir",
-        default=".shellrl-eval",
-        help="with --model-path: the started stack's state (deleted first); without it, a "
-        "stack whose <state-dir>/api_token is sent when that file exists (after "
-        "SHELLRL_API_TOKEN, SHELLRL_API_TOKEN_FILE; else .shellrl/api_token)",
-    )
-    from cli.stack_config import DEVICES
-    from cli.stack_options import add_port_offset_argument
+    """The flags of EvalOptions (cli/command_options.py; also SHELLRL_CLI_EVAL_<OPTION>)."""
+    from cli.command_options import EvalOptions
+    from cli.options import add_options
 
-    parser.add_argument(
-        "--device", choices=DEVICES, default="cpu", help="with --model-path: where the engine runs"
-    )
-    add_port_offset_argument(parser)
+    add_options(parser, EvalOptions)
+    parser.set_defaults(_options=EvalOptions)
 
 
 def load_sets(names: str, tasks_file: Path | None) -> dict[str, list]:
     """{set name: [Task]}: the file's tasks, or the named sets of the main job. Raises CliError
     for an unknown set name or a task file that cannot be read or parsed."""
+    from cli.command_options import EVAL_SETS as SETS
     from shellrl.contract import iter_tasks_jsonl
 
     if tasks_file is not None:

@@ -25,30 +25,17 @@ HELP = (
 
 
 def add_arguments(parser) -> None:
+    """ID, then the flags of ShowOptions (cli/command_options.py; also SHELLRL_CLI_SHOW_<OPTION>)."""
+    from cli.command_options import ShowOptions
+    from cli.options import add_options
+
     parser.add_argument(
         "trajectory_id",
         metavar="ID",
         help="id of a finished trajectory, or of a task (then its newest finished trajectory)",
     )
-    parser.add_argument(
-        "--url",
-        default=None,
-        help="rollout gateway base URL (None: SHELLRL_ROLLOUT_URL, else the rollout of the "
-        "stack running from --state-dir, else port 8100)",
-    )
-    parser.add_argument("--json", action="store_true", help="print the gateway's JSON as it is")
-    parser.add_argument(
-        "--tokens", action="store_true", help="also print every segment's token ids"
-    )
-    parser.add_argument("--timeout-s", type=float, default=30.0, help="HTTP timeout")
-    from cli.stack_config import STATE_DIR
-
-    parser.add_argument(
-        "--state-dir",
-        default=str(STATE_DIR),
-        help="the local stack whose <state-dir>/api_token is sent (after SHELLRL_API_TOKEN, "
-        "SHELLRL_API_TOKEN_FILE)",
-    )
+    add_options(parser, ShowOptions)
+    parser.set_defaults(_options=ShowOptions)
 
 
 def fetch(
@@ -151,7 +138,7 @@ def run(args) -> int:
         timeout_s=args.timeout_s,
         state_dir=state_dir,
     )
-    if args.json:
+    if args.as_json:
         print(json.dumps(view, indent=2))
         return 0
     console = cli_console()

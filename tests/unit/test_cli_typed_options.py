@@ -39,7 +39,7 @@ def test_flags_beat_the_environment_which_beats_the_file(tmp_path, monkeypatch):
         # a mistyped name was ignored without a word
         (
             {"SHELLRL_CLI_STEPZ": "3"},
-            "SHELLRL_CLI_STEPZ: no option of `shellrl run` or `shellrl up`",
+            "SHELLRL_CLI_STEPZ: no option of a `shellrl` command (up, run, eval, submit, show)",
         ),
         ("device = 'gpu'\n", "config file {path}: device: 'gpu' is not one of cpu, cuda"),
         ("tracker = 'comet'\n", "config file {path}: tracker: 'comet' is not one of auto"),
@@ -121,8 +121,8 @@ def test_every_field_is_a_flag_with_its_help_and_default():
 def test_docs_config_md_is_generated_from_the_models():
     from pathlib import Path
 
-    from cli.options import markdown
+    from cli.config_doc import markdown
 
     assert (Path(__file__).parents[2] / "docs/config.md").read_text() == markdown(), (
-        "regenerate: python -m cli.options > docs/config.md"
+        "regenerate: python -m cli.config_doc > docs/config.md"
     )
