@@ -30,7 +30,12 @@ from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port
 from tests.helpers.sandbox_service import PLANTED_SECRETS
 
-MARKER = b"sleep\x001234"  # argv of `sleep 1234`, as /proc/<pid>/cmdline holds it
+# `sleep 1234.<this process's pid>`: the marker is looked for host-wide, and a second suite on the
+# machine (a second CI, a developer's run) runs the same test at the same moment: a fixed `sleep
+# 1234` of the other suite's live sandbox was taken for an orphan of this one (under-load CI run
+# at 51da119)
+SLEEP = f"sleep 1234.{os.getpid():07d}"
+MARKER = SLEEP.replace(" ", "\x00").encode()  # its argv as /proc/<pid>/cmdline holds it
 
 
 def children(pid: int) -> set[int]:
@@ -68,7 +73,7 @@ def state(pid: int) -> str:
 
 
 def running_marker() -> list[int]:
-    """Live (non-zombie) processes anywhere on the host whose argv is `sleep 1234`."""
+    """Live (non-zombie) processes anywhere on the host whose argv is this process's SLEEP."""
     pids = []
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -165,7 +170,7 @@ async def test_a_sandbox_launcher_killed_0_to_5_ms_after_it_starts_leaves_no_orp
                 start = time.monotonic()
                 if exec_mode == "per_command":
                     sid = (await client.create_session())["session_id"]
-                    result = await client.exec(sid, "sleep 1234", timeout_s=30)
+                    result = await client.exec(sid, SLEEP, timeout_s=30)
                 else:  # the runner starts with the session: kill it, then run the command
                     try:
                         sid = (await client.create_session())["session_id"]
@@ -173,7 +178,7 @@ async def test_a_sandbox_launcher_killed_0_to_5_ms_after_it_starts_leaves_no_orp
                         sid, failed_creates = None, failed_creates + [exc.status]
                     await asyncio.to_thread(watcher.join, 20)
                     if sid is not None:
-                        result = await client.exec(sid, "sleep 1234", timeout_s=0.5)
+                        result = await client.exec(sid, SLEEP, timeout_s=0.5)
                         assert result.timed_out  # a live (restarted) runner ran the command
                         assert (await client.exec(sid, "echo ok")).stdout == "ok\n"
                 await asyncio.to_thread(watcher.join, 20)
@@ -212,7 +217,7 @@ async def test_a_sandbox_service_killed_0_to_5_ms_after_a_sandbox_starts_leaves_
             async with SandboxClient(service.url, timeout_s=60) as client:
                 sid = (await client.create_session())["session_id"]
                 with pytest.raises(Exception):  # the service dies under the request
-                    await client.exec(sid, "sleep 1234", timeout_s=30)
+                    await client.exec(sid, SLEEP, timeout_s=30)
             await asyncio.to_thread(watcher.join, 20)
             assert killed[1:] == [service.proc.pid]
             service.proc.wait(10)
