@@ -49,11 +49,29 @@ from benchmarks.control_plane_stack import Stack, StackConfig, start_stack, writ
 console = Console(width=200)
 
 
+def start_warm(config: StackConfig, profile: Path, warm_steps: int, attempts: int = 3) -> Stack:
+    """A started stack whose learner took `warm_steps` steps. A process that lost its port to
+    another process between the stack's choice and its bind (seen with two test suites beside
+    `make bench`: a gateway exited with 'address already in use' during the warm-up, after the
+    port's new owner had answered its readiness check) restarts the whole stack with fresh ports,
+    `attempts` in all; any other failure is raised at once."""
+    for attempt in range(1, attempts + 1):
+        stack = start_stack(config, profile)
+        try:
+            wait_warm(stack, warm_steps, deadline_s=240)
+            return stack
+        except RuntimeError as exc:
+            stack.stop()
+            if attempt == attempts or "address already in use" not in str(exc):
+                raise
+            console.print("[yellow]a process lost its port while warming up: fresh ports[/yellow]")
+    raise AssertionError("unreachable")
+
+
 def run_point(config: StackConfig, profile: Path, window_s: float, warm_steps: int) -> Point:
     console.print(f"[dim]engines={config.engines} gateways={config.gateways}: starting[/dim]")
-    stack = start_stack(config, profile)
+    stack = start_warm(config, profile, warm_steps)
     try:
-        wait_warm(stack, warm_steps, deadline_s=240)
         return measure(stack, window_s)
     finally:
         stack.stop()
@@ -61,9 +79,8 @@ def run_point(config: StackConfig, profile: Path, window_s: float, warm_steps: i
 
 def run_attribution(config: StackConfig, profile: Path, seconds: float) -> Table:
     """Redis commands by process and Lua script, per episode (MONITOR; control_plane_attribution)."""
-    stack = start_stack(config, profile)
+    stack = start_warm(config, profile, 1)
     try:
-        wait_warm(stack, 1, deadline_s=240)
         before = _episodes(stack)
         by_role = attribute(stack, seconds)
         episodes = max(_episodes(stack) - before, 1)

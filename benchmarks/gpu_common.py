@@ -8,21 +8,15 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 from shellrl.service.main import wait_until_ready
+from shellrl.service.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def summary_ms(samples_s: list[float]) -> dict:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import shutil
 import signal
-import socket
 import tempfile
 import time
 from collections.abc import Callable
@@ -40,6 +39,7 @@ from cli.stack_config import DEFAULT_PORTS, StackConfig
 from cli.stack_failure import StackError
 from shellrl import streams
 from shellrl.contract import Failure, parse_trajectory
+from shellrl.service.ports import free_port
 
 RESTARTED = ("sandbox", "verifier", "rollout", "learner")  # in start order
 VERSION_0_TIMEOUT_S = 300.0
@@ -54,12 +54,6 @@ class StackOptions:
     model_path: str = "tiny"
     device: str = "cpu"
     threads: int = 1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def stack_config(

@@ -4,7 +4,6 @@ stopped by its own pid. Tests never touch the shared Redis on port 6379."""
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
 import socket
@@ -12,37 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from shellrl.service.ports import free_port
 from tests.helpers.owned_processes import popen_owned
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-_PORTS = random.SystemRandom()
-
-
-def free_port() -> int:
-    """A free port below the kernel's ephemeral range. A port from bind(0) is an ephemeral one, which
-    any outgoing connection (a service's Redis client, say) may take between this call and the
-    server's bind: the e2e stack's learner lost its port that way ("address already in use").
-    Drawn from the OS (SystemRandom): pytest-randomly reseeds `random` before every test, which
-    would give every test, and every concurrent run with the same seed, the same ports."""
-    low = _ephemeral_low()
-    for _ in range(500):
-        port = _PORTS.randint(max(1024, low - 12000), low - 1)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as s:  # the range below is full: an ephemeral port, as before
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class RedisServer:
