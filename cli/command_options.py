@@ -1,5 +1,6 @@
 """The options of `shellrl eval`, `shellrl submit` and `shellrl show` as typed models (the
-`Options` of cli/options.py), and `MODELS`: every command that has one.
+`Options` of cli/options.py), and `MODELS`: every command that has one (those of `down`, `status`,
+`export`, `pass-rates`, `report` and `experiment`: cli/tool_options.py).
 
 One definition gives each command's flags and --help (`add_options`) and its environment
 `SHELLRL_CLI_<COMMAND>_<FIELD>` (e.g. SHELLRL_CLI_EVAL_EPISODES): a command of its own name in the
@@ -22,6 +23,14 @@ from pydantic_settings import SettingsConfigDict
 
 from cli.options import ENV_PREFIX, Options, RunOptions, Switch, UpOptions, option
 from cli.stack_config import STATE_DIR, default_ports_text
+from cli.tool_options import (
+    DownOptions,
+    ExperimentOptions,
+    ExportOptions,
+    PassRatesOptions,
+    ReportOptions,
+    StatusOptions,
+)
 
 EVAL_SETS = ("eval_id", "eval_ood", "seeds", "agentbench")
 
@@ -106,4 +115,10 @@ MODELS: dict[str, type[Options]] = {
     "eval": EvalOptions,
     "submit": SubmitOptions,
     "show": ShowOptions,
+    "down": DownOptions,
+    "status": StatusOptions,
+    "export": ExportOptions,
+    "pass-rates": PassRatesOptions,
+    "report": ReportOptions,
+    "experiment": ExperimentOptions,
 }

@@ -12,8 +12,9 @@ A command module defines:
 
 and must import nothing heavy at module level (no torch): `shellrl --help` imports every one.
 A command whose options are a typed model (cli/options.py: `run`, `up`; cli/command_options.py:
-`eval`, `submit`, `show`) also reads them from SHELLRL_CLI_* (`run` and `up` from a `--config
-FILE` TOML file too, cli/config_file.py); flags override both. A `CliError` raised by a command
+`eval`, `submit`, `show`; cli/tool_options.py: `down`, `status`, `export`, `pass-rates`, `report`,
+`experiment`) also reads them from SHELLRL_CLI_* (`run` and `up` from a `--config FILE` TOML file
+too, cli/config_file.py); flags override both. A `CliError` raised by a command
 is printed as one line on stderr (no traceback).
 """
 

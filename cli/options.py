@@ -9,8 +9,10 @@ anything starts; a value any of them gets wrong (type, choice, unknown key) is a
 line naming where it came from: `--steps`, `SHELLRL_CLI_STEPS` or `config file shellrl.toml:
 steps`. The file's [env] table
 (services' `SHELLRL_*` settings, each checked by the Settings class of the services that read it)
-is cli/config_file.py's. The models of `eval`, `submit` and `show` (on this base, with no file)
-are cli/command_options.py's; docs/config.md lists every model's options (cli/config_doc.py).
+is cli/config_file.py's. The models of the other commands (on this base, with no file) are
+cli/command_options.py's (`eval`, `submit`, `show`) and cli/tool_options.py's (`down`, `status`,
+`export`, `pass-rates`, `report`, `experiment`); docs/config.md lists every model's options
+(cli/config_doc.py).
 """
 
 from __future__ import annotations
@@ -255,18 +257,25 @@ def is_inverted(name: str, info: FieldInfo) -> bool:
     return is_switch(info) and flag_of(name, info).startswith("--no-")
 
 
-def choices_of(info: FieldInfo) -> tuple | None:
-    """The values of a Literal field (None allowed or not), else None."""
+def value_type(info: FieldInfo) -> Any:
+    """The field's type without None (`float | None` -> float)."""
     kind = info.annotation
     if get_origin(kind) in (Union, types.UnionType):
         kind = next(a for a in get_args(kind) if a is not type(None))
+    return kind
+
+
+def choices_of(info: FieldInfo) -> tuple | None:
+    """The values of a Literal field (None allowed or not), else None."""
+    kind = value_type(info)
     return get_args(kind) if get_origin(kind) is Literal else None
 
 
 def add_options(parser: argparse.ArgumentParser, model: type[Options]) -> None:
     """A flag per field of `model`, in field order: `--field-name` or the field's own `flag` (a
-    switch turns the field on, or off when its flag starts with --no-), its choices, its help
-    with `(default: X)` (the flag's: False for an inverted switch whose field is on). Each flag's
+    switch turns the field on, or off when its flag starts with --no-), its choices, its type (an
+    int or float, None allowed or not; a list of them: one or more values), its help with
+    `(default: X)` (the flag's: False for an inverted switch whose field is on). Each flag's
     argparse default is SUPPRESS, so the parsed namespace holds only what was given (`resolve`)."""
     for name, info in model.model_fields.items():
         extra = field_extra(info)
@@ -282,6 +291,8 @@ def add_options(parser: argparse.ArgumentParser, model: type[Options]) -> None:
                 kw["metavar"] = extra["metavar"]
             if choices := choices_of(info):
                 kw["choices"] = choices
-            elif info.annotation in (int, float):
-                kw["type"] = info.annotation
+            elif value_type(info) in (int, float):
+                kw["type"] = value_type(info)
+            elif get_origin(value_type(info)) is list:
+                kw["nargs"], [kw["type"]] = "+", get_args(value_type(info))
         parser.add_argument(flag_of(name, info), **kw)

@@ -17,12 +17,12 @@ HELP = "stop a running stack (SIGTERM to its launcher, which stops every process
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument(
-        "--state-dir", default=".shellrl", help="the stack's state directory (its stack.json)"
-    )
-    parser.add_argument(
-        "--timeout-s", type=float, default=90.0, help="seconds to wait for the stack to stop"
-    )
+    """The flags of DownOptions (cli/tool_options.py; also SHELLRL_CLI_DOWN_<OPTION>)."""
+    from cli.options import add_options
+    from cli.tool_options import DownOptions
+
+    add_options(parser, DownOptions)
+    parser.set_defaults(_options=DownOptions)
 
 
 def run(args) -> int:

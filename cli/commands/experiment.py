@@ -19,43 +19,15 @@ HELP = "infrastructure experiments (concurrency, long tail, staleness): report, 
 
 
 def add_arguments(parser) -> None:
+    """NAME, then the flags of ExperimentOptions (cli/tool_options.py; also
+    SHELLRL_CLI_EXPERIMENT_<OPTION>)."""
     from cli.experiments.workload import NAMES
+    from cli.options import add_options
+    from cli.tool_options import ExperimentOptions
 
     parser.add_argument("name", choices=(*NAMES, "all"), help="which experiment (all: the three)")
-    parser.add_argument(
-        "--quick", action="store_true", help="short windows and fewer points (make bench)"
-    )
-    parser.add_argument(
-        "--window-s",
-        type=float,
-        default=None,
-        help="measuring time per point (None: 25-30 s quick, 60-90 s full)",
-    )
-    parser.add_argument(
-        "--scale",
-        type=float,
-        default=None,
-        help="episode durations are base seconds (10 s, 80 s) times this (default 0.1 on cpu, "
-        "1 on cuda)",
-    )
-    parser.add_argument(
-        "--levels", type=int, nargs="+", default=None, help="concurrency: environments per point"
-    )
-    parser.add_argument(
-        "--ks", type=int, nargs="+", default=None, help="staleness: max_staleness per point"
-    )
-    parser.add_argument(
-        "--model-path", default="tiny", help="tiny (default), smollm2 or a Hugging Face directory"
-    )
-    parser.add_argument(
-        "--device", choices=("cpu", "cuda"), default="cpu", help="where engine and learner run"
-    )
-    parser.add_argument(
-        "--threads", type=int, default=1, help="torch threads of the engine and the learner"
-    )
-    parser.add_argument(
-        "--state-dir", default=".shellrl", help="reports go to <state-dir>/experiments/<name>/"
-    )
+    add_options(parser, ExperimentOptions)
+    parser.set_defaults(_options=ExperimentOptions)
 
 
 def _experiments(args) -> list:

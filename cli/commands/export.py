@@ -16,20 +16,15 @@ HELP = "write a learner checkpoint as a servable Hugging Face directory"
 
 
 def add_arguments(parser) -> None:
+    """CHECKPOINT and OUT, then the flags of ExportOptions (cli/tool_options.py; also
+    SHELLRL_CLI_EXPORT_<OPTION>)."""
+    from cli.options import add_options
+    from cli.tool_options import ExportOptions
+
     parser.add_argument("checkpoint", help="a checkpoint directory (<checkpoint_dir>/step-NNNNNN)")
     parser.add_argument("out", help="the directory to write (must not exist, or be empty)")
-    parser.add_argument(
-        "--dtype",
-        choices=("float32", "bfloat16", "float16"),
-        default=None,
-        help="cast the weights (None: the training dtype, as checkpointed)",
-    )
-    parser.add_argument(
-        "--tokenizer-from",
-        default=None,
-        help="base model (smollm2, tiny or a directory) whose tokenizer to copy when the "
-        "checkpoint has none",
-    )
+    add_options(parser, ExportOptions)
+    parser.set_defaults(_options=ExportOptions)
 
 
 def run(args) -> int:

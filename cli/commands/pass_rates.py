@@ -12,18 +12,13 @@ HELP = "measure the base policy's pass rate per template (what GRPO can learn fr
 
 
 def add_arguments(parser) -> None:
-    add = parser.add_argument
-    add("--model-path", default="smollm2", help="smollm2, tiny, or a Hugging Face directory")
-    add("--state-dir", default=".shellrl-pass-rates", help="the stack's state (deleted first)")
-    add("--rollout-url", default=None, help="use this running gateway instead of starting a stack")
-    add("--tasks-per-template", type=int, default=4, help="task instances per template")
-    add("--episodes-per-task", type=int, default=4, help="sampled episodes per task")
-    add("--temperature", type=float, default=1.0, help="sampling temperature")
-    add("--max-new-tokens", type=int, default=40, help="new tokens per turn")
-    add("--max-turns", type=int, default=2, help="agent turns per episode")
-    add("--engine-threads", type=int, default=2, help="torch threads of the engine")
-    add("--templates", default="", help="comma-separated templates ('' = every train template)")
-    add("--out", default="", help="'' = docs/runs/pass-rates/pass_rates_T<temperature>.json")
+    """The flags of PassRatesOptions (cli/tool_options.py; also
+    SHELLRL_CLI_PASS_RATES_<OPTION>)."""
+    from cli.options import add_options
+    from cli.tool_options import PassRatesOptions
+
+    add_options(parser, PassRatesOptions)
+    parser.set_defaults(_options=PassRatesOptions)
 
 
 def run(args) -> int:

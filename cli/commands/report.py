@@ -13,6 +13,11 @@ HELP = "compare main-job runs: success with intervals over runs, per template, t
 
 
 def add_arguments(parser) -> None:
+    """--compare (a required argparse argument), then the flags of ReportOptions
+    (cli/tool_options.py; also SHELLRL_CLI_REPORT_<OPTION>)."""
+    from cli.options import add_options
+    from cli.tool_options import ReportOptions
+
     parser.add_argument(
         "--compare",
         nargs="+",
@@ -20,9 +25,8 @@ def add_arguments(parser) -> None:
         required=True,
         help="report directories (<state-dir>/report) or state directories of the runs",
     )
-    parser.add_argument(
-        "--out", default=".shellrl/compare", help="where compare.json, .md and .png go"
-    )
+    add_options(parser, ReportOptions)
+    parser.set_defaults(_options=ReportOptions)
 
 
 def run(args) -> int:

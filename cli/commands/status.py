@@ -23,10 +23,12 @@ HELP = "versions, queues, throughput and staleness of a running stack (exit 1: s
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument(
-        "--state-dir", default=".shellrl", help="the stack's state directory (its stack.json)"
-    )
-    parser.add_argument("--watch", action="store_true", help="refresh every 2 s until Ctrl-C")
+    """The flags of StatusOptions (cli/tool_options.py; also SHELLRL_CLI_STATUS_<OPTION>)."""
+    from cli.options import add_options
+    from cli.tool_options import StatusOptions
+
+    add_options(parser, StatusOptions)
+    parser.set_defaults(_options=StatusOptions)
 
 
 def run(args) -> int:

@@ -39,7 +39,8 @@ def test_flags_beat_the_environment_which_beats_the_file(tmp_path, monkeypatch):
         # a mistyped name was ignored without a word
         (
             {"SHELLRL_CLI_STEPZ": "3"},
-            "SHELLRL_CLI_STEPZ: no option of a `shellrl` command (up, run, eval, submit, show)",
+            "SHELLRL_CLI_STEPZ: no option of a `shellrl` command (up, run, eval, submit, show, "
+            "down, status, export, pass-rates, report, experiment)",
         ),
         ("device = 'gpu'\n", "config file {path}: device: 'gpu' is not one of cpu, cuda"),
         ("tracker = 'comet'\n", "config file {path}: tracker: 'comet' is not one of auto"),
