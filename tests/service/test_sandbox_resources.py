@@ -112,10 +112,22 @@ async def test_a_session_runs_under_its_cpu_quota_capped_by_all_sessions_share(s
         sid = session["session_id"]
         result = await c.exec(sid, f"python3 -c '{BUSY_LOOP}'", timeout_s=20)
         # 0.2 CPU for 1 s of wall clock: never much more than 0.2 s of CPU, however idle the host
-        assert float(result.stdout) < 0.45, result
+        cpu_s = float(result.stdout)
+        assert cpu_s < 0.45, result
         uid = (await c.session_info(sid))["uid"]
-        stat = (session_cgroup(ready, uid, "cpu") / "cpu.stat").read_text()
-        assert int(stat.split("nr_throttled ")[1].split()[0]) > 0
+        group = session_cgroup(ready, uid, "cpu")
+        if ready["cgroup_version"] == "v2":
+            quota, period = (group / "cpu.max").read_text().split()
+        else:
+            quota = (group / "cpu.cfs_quota_us").read_text()
+            period = (group / "cpu.cfs_period_us").read_text()
+        assert int(quota) == round(0.2 * int(period))  # the limit the kernel enforces
+        # The kernel throttles a group only when it asks for more than its quota within a period.
+        # On a host so busy that the loop got less than 3/4 of 0.2 CPU (the under-load CI: load 18
+        # on 2 cores, 0.11 CPU for each runnable process), the host was the limit, not the quota.
+        stat = (group / "cpu.stat").read_text()
+        if cpu_s >= 0.15:
+            assert int(stat.split("nr_throttled ")[1].split()[0]) > 0, (cpu_s, stat)
         await c.delete(sid)
 
 
