@@ -160,7 +160,16 @@ def test_run_of_a_task_file_trains_its_steps_then_its_tasks_leave_the_pool(stack
 
     view = wait_until(ended, 120, "the run to reach its step", poll_s=1.0)
     assert view["state"] == "done" and view["steps_done"] == 1 and view["progress"] == 1.0
-    assert view["groups_admitted"] >= 1 and view["episodes"]["finished"] >= 2
+    assert view["groups_admitted"] >= 1
+    # The step that ends the run may train a group of an earlier test of this module (random order,
+    # seed 13: `done` with the run's own group admitted and none of its episodes finished), so the
+    # run's own group may finish after `done`: in-flight groups finish and are counted (runs.py).
+
+    def own_group_finished():
+        v = api(stack, "GET", f"/v1/runs/{run['run_id']}").json()
+        return v if v["episodes"]["finished"] >= 2 else None
+
+    view = wait_until(own_group_finished, 120, "the run's own group to finish", poll_s=1.0)
     assert view["policy_version"] >= view["target_policy_version"]
     r = sync_redis.Redis.from_url(stack["redis"]["SHELLRL_REDIS_URL"])
     assert not r.sismember(POOL_KEY, "run-task-0") and not r.sismember(POOL_KEY, "run-task-1")
