@@ -52,7 +52,7 @@ def timing(phases: dict, learner: str, rollout: str, engine: str) -> dict:
     pushes = total(learner, f"{sync}_count", phase="total")
     push_ms = {
         phase: round(1000 * total(learner, f"{sync}_sum", phase=phase) / pushes, 2)
-        for phase in ("flatten", "fill", "transfer", "load", "verify", "total")
+        for phase in ("pause", "flatten", "fill", "transfer", "load", "verify", "continue", "total")
         if pushes
     }
     decode_steps = total(engine, "shellrl_engine_decode_step_seconds_count")

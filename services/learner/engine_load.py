@@ -13,11 +13,44 @@ from collections.abc import Awaitable, Callable
 from tenacity import AsyncRetrying, retry_if_result, wait_fixed
 
 from services.learner.engine_groups import EngineGroups
+from services.learner.engine_rotation import bounded
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_responses import EngineError, EngineUnavailable
 
 CLOSE_TIMEOUT_S = 5.0  # the session's end after an interrupted transfer
 VERIFY_POLL_S = 0.01  # how often an engine's weight_version is read until it reports the new one
+
+
+async def load_paused(
+    client: EngineClient,
+    url: str,
+    mode: str,
+    atomic: bool,
+    load: Callable[[asyncio.Future | None], Awaitable[dict[str, float]]],
+) -> dict[str, float]:
+    """`load(paused)` (a load_engine call) between the engine's pause_generation(`mode`) and
+    continue_generation. SGLang loads each bucket as it comes, so every bucket waits for the pause
+    (paused=None). An `atomic` engine (shellrl's) only stages buckets until the session's end, off
+    its scheduler thread, so its pause (answered once its current step ended) runs beside the
+    transfer and only the end waits for it (paused=the pause's future): the step's wait and the
+    copy overlap. The continue is sent whatever happened, after a pause still in flight landed
+    (bounded by CLOSE_TIMEOUT_S), so the engine is never left paused. Returns load's phases plus
+    pause (from sending it to its answer) and continue (its round trip), seconds."""
+    start = time.perf_counter()
+    answered: list[float] = []
+    pausing = asyncio.ensure_future(client.pause_generation(mode, urls=[url]))
+    pausing.add_done_callback(lambda _: answered.append(time.perf_counter()))
+    pausing.add_done_callback(lambda t: t.cancelled() or t.exception())  # raised where awaited
+    try:
+        if not atomic:
+            await pausing
+        phases = await load(pausing if atomic else None)
+    finally:
+        await asyncio.wait({pausing}, timeout=CLOSE_TIMEOUT_S)
+        t1 = time.perf_counter()
+        await client.continue_generation(urls=[url])
+    pause_s = (answered[0] if answered else t1) - start
+    return {"pause": pause_s, **phases, "continue": time.perf_counter() - t1}
 
 
 async def load_engine(
@@ -30,6 +63,7 @@ async def load_engine(
     tp_size_of: Callable[[], Awaitable[int]],
     flush: bool = True,
     atomic: bool = False,
+    paused: asyncio.Future | None = None,
 ) -> dict[str, float]:
     """Load `prepared` (WeightStaging.prepare's output) into the engine at `url` as `version` and
     wait until it reports it. begin: its begin_weight_update, already sent (None: sent here);
@@ -42,7 +76,9 @@ async def load_engine(
     that could not be made), it closes the session (within CLOSE_TIMEOUT_S) before the exception
     goes on: `atomic` (shellrl's engine, which stages buckets until the end) discards what was
     staged, so the engine keeps serving its version; SGLang loaded each bucket as it came (its
-    end only closes the session)."""
+    end only closes the session). paused: the engine's pause_generation, sent beside the transfer
+    (an atomic engine stages buckets while it still generates): awaited before the session's end,
+    so the swap happens paused; its error (EngineError) closes the session like a bucket's."""
     phases, urls, weight_version = {}, [url], str(version)
     t0 = time.perf_counter()
     if "model_path" in prepared:
@@ -65,10 +101,14 @@ async def load_engine(
         except BaseException:
             # interrupted (cancelled, or a bucket that could not be made): close the session
             # before going on, bounded (reconcile closes one left open before its next update)
-            with contextlib.suppress(Exception):
-                ending = client.end_weight_update(urls=urls, discard=atomic)
-                await asyncio.wait_for(ending, CLOSE_TIMEOUT_S)
+            await _close_session(client, urls, atomic)
             raise
+        if paused is not None:
+            try:
+                await paused
+            except BaseException:  # not paused: the staged buckets must not go live
+                await _close_session(client, urls, atomic)
+                raise
         t1 = time.perf_counter()
         phases["transfer"] = t1 - t0
         await client.end_weight_update(urls=urls)
@@ -82,6 +122,13 @@ async def load_engine(
     await confirmed(weight_version_of, client, url)
     phases["verify"] = time.perf_counter() - t2
     return phases
+
+
+async def _close_session(client: EngineClient, urls: list[str], atomic: bool) -> None:
+    """End an interrupted session, bounded by CLOSE_TIMEOUT_S, errors ignored; `atomic`: discard
+    what it staged (an engine that swaps at the end then keeps its version)."""
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(client.end_weight_update(urls=urls, discard=atomic), CLOSE_TIMEOUT_S)
 
 
 async def _transfer(
@@ -160,3 +207,10 @@ async def _send_buckets(
 
 async def weight_version_of(client: EngineClient, url: str) -> str | None:
     return (await client.get_weight_version(urls=[url]))[url]
+
+
+async def reports_version(client: EngineClient, url: str, version: int, timeout_s: float) -> bool:
+    """Whether the engine's weight_version, read back (within timeout_s; errors: False), is
+    `version`."""
+    got = await bounded(weight_version_of(client, url), timeout_s)
+    return got == str(version)

@@ -54,9 +54,10 @@ PHASE_SECONDS = m.histogram(
 )
 WEIGHT_SYNC_SECONDS = m.histogram(
     "shellrl_weight_sync_seconds",
-    "Weight sync phases: flatten (plan; unstreamed transports also copy), fill (streamed: "
-    "slots filled, host time), transfer (engines "
-    "copy the bucket), load (engines swap weights in), verify, total.",
+    "Weight sync phases: pause (pause_generation answered: the engine's current iteration "
+    "ended), flatten (plan; unstreamed transports also copy), fill (streamed: slots filled, host "
+    "time), transfer (engines copy the bucket), load (engines swap weights in), verify, continue "
+    "(continue_generation answered), total.",
     ("phase",),
 )
 WEIGHT_SYNC_RESIDENT_BYTES = m.gauge(

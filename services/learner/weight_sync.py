@@ -21,15 +21,14 @@ An engine's TP size (one `serialized_named_tensors` entry per rank) and kind com
 computed by the old weights) and alone carries `weight_version`: SGLang records the version of
 every bucket that carries one as soon as it loaded it, so a label on an earlier bucket would name
 weights half loaded. With a pause (`pause_mode`; "auto": SGLang retract when the push takes more
-than one bucket, shellrl's engine in_place: push_setup.pause_for) each engine's
-update runs between pause_generation and continue_generation: SGLang releases its writer lock
-between two bucket calls, and without the pause it would sample between them on a mix of old and
-new weights; paused, in-flight requests keep their tokens and continue on the new weights, and a
-push never waits for them to finish. Paused in place, the last bucket asks for no flush: SGLang
-flushes only an idle scheduler, so it would answer the bucket with an error after loading it and
-the engine's label (moved only on success) would stay behind its weights (in_place is allowed
-against SGLang only with its radix cache off). Checked on SGLang's own scheduler code:
-tests/service/test_sglang_scheduler_harness.py. Phases are timed into `shellrl_weight_sync_seconds{phase}`.
+than one bucket, shellrl's engine in_place: push_setup.pause_for) each engine's update runs
+between pause_generation and continue_generation (engine_load.load_paused): SGLang releases its
+writer lock between two bucket calls and would sample between them on half-new weights; paused,
+in-flight requests keep their tokens, continue on the new weights, and a push never waits for
+them. Paused in place, the last bucket asks for no flush: SGLang flushes only an idle scheduler
+and would answer the bucket with an error after loading it (in_place is allowed against SGLang
+only with its radix cache off). Checked on SGLang's own scheduler code:
+tests/service/test_sglang_scheduler_harness.py. Phases: `shellrl_weight_sync_seconds{phase}`.
 
 Guarantees:
 * Never hangs: each engine's whole update runs under `deadline_s`; at the deadline the call is
@@ -60,7 +59,12 @@ import torch
 
 from services.learner import metrics, weight_dtype
 from services.learner.engine_groups import EngineGroups
-from services.learner.engine_load import CLOSE_TIMEOUT_S, load_engine, weight_version_of
+from services.learner.engine_load import (
+    CLOSE_TIMEOUT_S,
+    load_engine,
+    load_paused,
+    reports_version,
+)
 from services.learner.engine_rotation import (
     EngineState,
     SyncResult,
@@ -357,7 +361,7 @@ class WeightSync(PushSetup):
         except EngineUnavailable as exc:
             return False, f"{deadline} ({exc})" if exc.timed_out else f"{type(exc).__name__}: {exc}"
         except EngineError as exc:
-            if await self._reports(url, version):
+            if await reports_version(self.client, url, version, min(self.deadline_s, 5.0)):
                 log.warning(
                     "engine answered an error but reports the new version; kept in rotation",
                     extra={"engine": url, "policy_version": version, "error": str(exc)[:500]},
@@ -367,11 +371,6 @@ class WeightSync(PushSetup):
         except Exception as exc:  # a broken payload or client bug: report, never crash the loop
             log.exception("weight update failed", extra={"engine": url})
             return False, f"{type(exc).__name__}: {exc}"
-
-    async def _reports(self, url: str, version: int) -> bool:
-        """Whether the engine's weight_version, read back (bounded, errors: False), is `version`."""
-        got = await bounded(weight_version_of(self.client, url), min(self.deadline_s, 5.0))
-        return got == str(version)
 
     async def _update(
         self,
@@ -384,14 +383,16 @@ class WeightSync(PushSetup):
         """begin: the engine's begin_weight_update, already sent (None: send it here)."""
         if pause == "off":
             return await self._load(url, prepared, version, begin)
-        await self.client.pause_generation(pause, urls=[url])
-        try:
-            # paused in place, the running batch stays: SGLang would refuse the flush (and answer
-            # the last bucket with an error after loading it); in_place is allowed against SGLang
-            # only without a radix cache (push_setup.radix_cache_refusal), so none is asked for
-            return await self._load(url, prepared, version, begin, flush=pause != "in_place")
-        finally:
-            await self.client.continue_generation(urls=[url])
+        # paused in place, the running batch stays: SGLang would refuse the flush (and answer the
+        # last bucket with an error after loading it); in_place is allowed against SGLang only
+        # without a radix cache (push_setup.radix_cache_refusal), so none is asked for
+        return await load_paused(
+            self.client,
+            url,
+            pause,
+            bool(self.engines[url].commits_atomically),
+            lambda paused: self._load(url, prepared, version, begin, pause != "in_place", paused),
+        )
 
     async def _load(
         self,
@@ -400,6 +401,7 @@ class WeightSync(PushSetup):
         version: int,
         begin: asyncio.Future | None,
         flush: bool = True,
+        paused: asyncio.Future | None = None,
     ) -> dict[str, float]:
         return await load_engine(
             self.client,
@@ -411,6 +413,7 @@ class WeightSync(PushSetup):
             lambda: self._tp_size(url),
             flush,
             bool(self.engines[url].commits_atomically),
+            paused,
         )
 
     # ----- publication -----------------------------------------------------------------------------

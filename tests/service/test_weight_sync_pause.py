@@ -10,6 +10,7 @@ import pytest
 
 from services.learner.weight_sync import WeightSync
 from shellrl.clients.engine import EngineClient
+from shellrl.clients.engine_responses import EngineError
 from shellrl.models import load_model
 from tests.helpers.engine import engine_loads, running_engine, wait_for_new_tokens
 
@@ -91,4 +92,42 @@ async def test_the_default_push_never_waits_for_a_long_generation_in_flight(tmp_
             finally:
                 if not long.done():
                     long.cancel()
+                sync.close()
+
+
+class PauseRefusedClient(EngineClient):
+    """Fault injection (a fake, named so): the real client, except that pause_generation answers
+    HTTP 503 a moment after it was sent, while the push's buckets are being staged beside it."""
+
+    async def pause_generation(self, mode="abort", *, urls=None):
+        await asyncio.sleep(0.2)
+        raise EngineError(next(iter(urls)), 503, {"error": "injected: pause refused"})
+
+
+async def test_a_refused_pause_beside_the_transfer_loads_nothing_and_leaves_no_session(tmp_path):
+    """shellrl's engine stages buckets while its pause is in flight (engine_load.load_paused); a
+    pause that fails must not let the staged buckets go live unpaused: the session is discarded,
+    the engine keeps its version and is not left paused, and the next push succeeds."""
+    model = load_model("tiny")
+    with running_engine(tmp_path) as engine:
+        async with PauseRefusedClient([engine.url], timeout_s=120) as client:
+            sync = WeightSync(client, None, transport="shm", deadline_s=60, sync_dir=tmp_path)
+            try:
+                before = (await client.get_weight_version())[engine.url]
+                result = await sync.push(model, 1)
+                assert result.confirmed == () and "injected" in result.failed[engine.url]
+                assert (await client.get_weight_version())[engine.url] == before
+                assert not engine_loads(engine.url).get("paused")
+                await client.begin_weight_update()  # no session was left open
+                await client.end_weight_update(discard=True)
+            finally:
+                sync.close()
+        async with EngineClient([engine.url], timeout_s=120) as client:
+            sync = WeightSync(client, None, transport="shm", deadline_s=60, sync_dir=tmp_path)
+            try:
+                result = await sync.push(model, 2)
+                assert result.confirmed == (engine.url,), result.failed
+                assert {"pause", "transfer", "load", "continue"} <= set(result.phases)
+                assert (await client.get_weight_version())[engine.url] == "2"
+            finally:
                 sync.close()
