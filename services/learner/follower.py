@@ -17,9 +17,9 @@ import signal
 import numpy as np
 import torch
 
-from services.learner.app import trainer_config
 from services.learner.checkpoint import CheckpointStore
 from services.learner.data_parallel import follow
+from services.learner.parts import trainer_config
 from services.learner.ranks import RendezvousError, init_ranks
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import Trainer

@@ -276,16 +276,16 @@ class Trainer:
         schedule = {"scheduler": self.scheduler.state_dict(), "step": self.step_count}
         return {"model": model, "optimizer": optimizer, "schedule": schedule}
 
-    def load_checkpoint_state(self, state: dict) -> None:
+    def load_checkpoint_state(self, saved: dict) -> None:
         """Restore what `checkpoint_state` returned, filled by a load. Sharded: a collective."""
         set_state_dict(
             self.model,
             self.optimizer,
-            model_state_dict=state["model"],
-            optim_state_dict=state["optimizer"],
+            model_state_dict=saved["model"],
+            optim_state_dict=saved["optimizer"],
         )
-        self.scheduler.load_state_dict(state["schedule"]["scheduler"])
-        self.step_count = int(state["schedule"]["step"])
+        self.scheduler.load_state_dict(saved["schedule"]["scheduler"])
+        self.step_count = int(saved["schedule"]["step"])
 
     def full_state_dict(self) -> dict | None:
         """Sharded: the whole weights by parameter name on CPU on the leader, {} on the others (a

@@ -1,6 +1,6 @@
 """The learner's Trainer configuration (`TrainerConfig`: optimizer, schedule, micro-batching,
 log-prob computation, the KL reference's dtype, the loss), checked when built (ValueError).
-app.py builds it from LearnerSettings; trainer.py reads it.
+parts.py builds it from LearnerSettings; trainer.py reads it.
 """
 
 from __future__ import annotations

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import torch
 
-from services.learner.app import build_worker, trainer_config
 from services.learner.checkpoint import surviving_steps
 from services.learner.group_assembler import GroupAssembler
+from services.learner.parts import build_worker, trainer_config
 from services.learner.settings import LearnerSettings
 from services.learner.train_samples import group_samples
 from services.learner.trainer import Trainer

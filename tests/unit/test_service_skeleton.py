@@ -1,4 +1,4 @@
-"""Every service but the learner (issue 30) has the same skeleton (README Layout): parts.py with a
+"""Every service has the same skeleton (README Layout): parts.py with a
 `Parts` dataclass, `PartsDep` and `build_parts`, routes.py with a module-level `router` whose
 routes take `parts: PartsDep`, an app.py that attaches the parts, and no untyped state dict.
 Read from the source (ast), so nothing is imported (the engine's parts import torch)."""
@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 
 SERVICES = Path(__file__).resolve().parents[2] / "services"
-SHAPED = ("rollout", "verifier", "sandbox", "engine")
+SHAPED = ("rollout", "verifier", "sandbox", "engine", "learner")
 ROUTE_MODULES = {
     "rollout": ("routes.py", "evaluation_routes.py", "run_routes.py"),
     "verifier": ("routes.py",),
     "sandbox": ("routes.py",),
     "engine": ("routes.py", "weight_routes.py"),
+    "learner": ("routes.py",),
 }
 
 
