@@ -22,7 +22,7 @@ Paths (sync section):
   c  host-staged    flatten on the learner GPU, ONE copy to a page-locked shared-memory segment,
                     the engine copies it up (for GPUs without peer access)
   d  disk           safetensors on local disk + /update_weights_from_disk
-  w  WeightSync     services.learner.weight_sync.WeightSync.push (the learner service's own code,
+  w  WeightSync     services.learner.weights.weight_sync.WeightSync.push (the learner service's own code,
                     engine_device = the engine's GPU: a kept bucket there, fill(sync=False), the
                     session opened during the copies, then the /model_info check)
   floor             raw device-to-device copy of the same bytes (cuda:0 -> cuda:1), no engine
@@ -81,7 +81,7 @@ async def run_path(
     pinned = PinnedHostBucket() if path == "c" else None
     sync = None
     if path == "w":
-        from services.learner.weight_sync import WeightSync
+        from services.learner.weights.weight_sync import WeightSync
 
         sync = WeightSync(
             client,

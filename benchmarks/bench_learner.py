@@ -210,7 +210,7 @@ async def bench_step_and_push(
 
     from services.learner.trainer import Trainer
     from services.learner.trainer_config import TrainerConfig
-    from services.learner.weight_sync import WeightSync
+    from services.learner.weights.weight_sync import WeightSync
     from shellrl.clients.engine import EngineClient
     from shellrl.models import load_model
     from tests.helpers.processes import ServiceProcess

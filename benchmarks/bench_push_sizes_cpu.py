@@ -124,7 +124,7 @@ class Pusher:
     def __init__(self, rank: Rank, variant: str, transport: str, model, tmp: Path) -> None:
         import httpx
 
-        from services.learner.weight_sync import WeightSync
+        from services.learner.weights.weight_sync import WeightSync
         from shellrl.clients.engine import EngineClient
         from tests.fakes.sglang_front import SGLangFront
 
@@ -172,7 +172,7 @@ def bound_rows(shapes: list[str], budgets: list[int]) -> list[tuple]:
     from transformers import Qwen2ForCausalLM
 
     from benchmarks.model_shapes import qwen2_config
-    from services.learner.weight_transport import split_buckets
+    from services.learner.weights.weight_transport import split_buckets
     from shellrl.weights import bucket as wt
 
     rows = []

@@ -102,7 +102,7 @@ async def generated_tokens(url: str) -> float:
 async def bench(url: str, args) -> Table:
     import torch
 
-    from services.learner.weight_sync import WeightSync
+    from services.learner.weights.weight_sync import WeightSync
     from shellrl.models import load_model
 
     model = load_model(args.model)

@@ -86,7 +86,7 @@ async def bench(
 ) -> tuple[Table, dict[str, float]]:
     import torch
 
-    from services.learner.engine_groups import EngineGroups
+    from services.learner.weights.engine_groups import EngineGroups
     from shellrl.models import load_model
     from shellrl.weights import disk as wtd
     from shellrl.weights import distributed as wdist

@@ -113,7 +113,7 @@ def summary_ms(samples_s: list[float]) -> dict:
 
 
 def variant_sync(variant: str, client, args, work: Path, on_gpu: bool):
-    from services.learner.weight_sync import WeightSync
+    from services.learner.weights.weight_sync import WeightSync
 
     return WeightSync(
         client,

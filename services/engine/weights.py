@@ -296,7 +296,7 @@ class WeightStore:
         bucket in torch's file-system shared memory, torch's receiver cache then returns the same
         mapping for the learner's kept bucket next push (no new mmap and page faults); a CUDA one
         stays open the same way. A bucket of part of the model is one of a streamed push, whose
-        two slots alternate (services/learner/bucket_stream.py): it is dropped after its copy, so
+        two slots alternate (services/learner/weights/bucket_stream.py): it is dropped after its copy, so
         this engine never keeps a learner's slot alive past its update call (for CUDA IPC that
         memory would stay allocated on the GPU until the engine let go)."""
         try:

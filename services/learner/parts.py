@@ -19,15 +19,15 @@ import torch
 from fastapi import Depends
 
 from services.learner.checkpoint import CheckpointStore
-from services.learner.engine_membership import EngineMembership
 from services.learner.group_assembler import GroupAssembler
 from services.learner.sample_table import SampleTable
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import Trainer
 from services.learner.trainer_config import TrainerConfig
-from services.learner.weight_dtype import checkpoint_dtype
-from services.learner.weight_sync import WeightSync
-from services.learner.weight_transport import choose_transport
+from services.learner.weights.engine_membership import EngineMembership
+from services.learner.weights.weight_dtype import checkpoint_dtype
+from services.learner.weights.weight_sync import WeightSync
+from services.learner.weights.weight_transport import choose_transport
 from services.learner.worker import LearnerWorker, WorkerConfig
 from shellrl import streams
 from shellrl.clients.engine import EngineClient

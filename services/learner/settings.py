@@ -283,7 +283,7 @@ class LearnerSettings(TrainingScheduleSettings):
     weight_sync_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
         "auto",
         description="The dtype cuda_ipc and streamed shm pushes are sent in (the copy into the "
-        "bucket casts; services/learner/weight_dtype.py): auto = the engines' dtype from their "
+        "bucket casts; services/learner/weights/weight_dtype.py): auto = the engines' dtype from their "
         "/server_info (SGLang's 'auto': the checkpoint's torch_dtype when 16-bit) when every "
         "engine serves the same 16-bit dtype, else float32; bfloat16 / float16 = that dtype; "
         "float32 = the learner's float32 (no cast). Never cast down for an engine that serves "

@@ -38,7 +38,7 @@ from services.learner.sample_table import COLUMNS, SampleTable
 from services.learner.step_metrics import step_record
 from services.learner.train_samples import group_samples
 from services.learner.trainer import Trainer
-from services.learner.weight_sync import WeightSync
+from services.learner.weights.weight_sync import WeightSync
 from shellrl.contract import ContractError, parse_trajectory
 from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import StreamConsumer, StreamEntry

@@ -4,11 +4,11 @@ themselves) and what the learner made of each (`shellrl:engines:sync`, written b
     engine (services/engine/registration.py, in the engine or as a sidecar beside SGLang)
       HSET shellrl:engines <url> EngineRegistration   every heartbeat while it serves; leaving=true
                                                       once it drains (SIGTERM); HDEL at exit
-    learner (services/learner/engine_membership.py)
+    learner (services/learner/weights/engine_membership.py)
       a new live registration whose model fingerprint matches its own gets a full weight push of
       the current version; a mismatch is refused (named in its log and in the sync hash); a
       leaving or dead one gets no more pushes
-      HSET shellrl:engines:sync <url> EngineState (services/learner/engine_rotation.py)
+      HSET shellrl:engines:sync <url> EngineState (services/learner/weights/engine_rotation.py)
     gateway (services/rollout/engine_directory.py)
       routes to a registered engine only once the sync hash shows the learner confirmed a push to
       its current `instance` (so a joined or restarted engine serves the current weights first)

@@ -18,7 +18,7 @@ from services.learner.group_assembler import GroupAssembler
 from services.learner.train_samples import group_samples
 from services.learner.trainer import Trainer
 from services.learner.trainer_config import TrainerConfig
-from services.learner.weight_sync import WeightSync
+from services.learner.weights.weight_sync import WeightSync
 from shellrl.clients.engine import EngineClient
 from shellrl.models import load_model
 from shellrl.rl.batch import build_batch

@@ -16,7 +16,7 @@ from services.learner.data_parallel import DataParallel
 from services.learner.ranks import Ranks, init_ranks
 from services.learner.trainer import Trainer
 from services.learner.trainer_config import TrainerConfig
-from services.learner.weight_sync import WeightSync
+from services.learner.weights.weight_sync import WeightSync
 from shellrl.clients.engine import EngineClient
 from shellrl.models import load_model
 from shellrl.rl.batch import TrainSample, build_batch

@@ -192,7 +192,7 @@ def test_sglangs_own_deserializer_in_another_process_reads_the_learners_cuda_buc
 async def test_weight_sync_push_over_cuda_ipc_is_served_by_the_engine(
     learner_model, gpu_engine, tmp_path
 ):
-    from services.learner.weight_sync import WeightSync
+    from services.learner.weights.weight_sync import WeightSync
 
     async with EngineClient(gpu_engine.url) as client:
         sync = WeightSync(client, None, transport="cuda_ipc", deadline_s=120.0, sync_dir=tmp_path)

@@ -26,7 +26,7 @@ from services.learner.data_parallel import DataParallel, follow  # noqa: E402
 from services.learner.ranks import init_ranks  # noqa: E402
 from services.learner.sharding import FullWeights  # noqa: E402
 from services.learner.trainer import Trainer  # noqa: E402
-from services.learner.weight_transport import WeightStaging  # noqa: E402
+from services.learner.weights.weight_transport import WeightStaging  # noqa: E402
 from shellrl.process_groups import exit_process  # noqa: E402
 from shellrl.weights.disk import load_safetensors_dir  # noqa: E402
 from shellrl.weights.safe_unpickle import decode_flattened_bucket, deserialize  # noqa: E402

@@ -12,8 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.learner.engine_membership import EngineMembership
-from services.learner.weight_sync import WeightSync
+from services.learner.weights.engine_membership import EngineMembership
+from services.learner.weights.weight_sync import WeightSync
 from services.rollout.engine_directory import EngineDirectory
 from services.rollout.engine_pin import EnginePin
 from services.rollout.policy_version import PolicyVersionWatcher

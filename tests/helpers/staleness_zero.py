@@ -29,7 +29,7 @@ from services.learner.parts import build_worker, trainer_config
 from services.learner.settings import LearnerSettings
 from services.learner.train_samples import group_samples
 from services.learner.trainer import Trainer
-from services.learner.weight_sync import WeightSync
+from services.learner.weights.weight_sync import WeightSync
 from services.rollout.admission import Admission
 from services.rollout.policy_version import PolicyVersionWatcher
 from shellrl import streams

@@ -191,7 +191,7 @@ async def test_a_seed_engine_that_restarted_is_out_of_rotation_until_updated(
     while the learner had confirmed version 5 was restarted: the learner takes it out of rotation
     (so its next reconcile gives it a full update) and the gateway stops routing to it. A FAKE
     engine (its /model_info) plays the restarted one."""
-    from services.learner.engine_rotation import write_engine_states
+    from services.learner.weights.engine_rotation import write_engine_states
     from tests.fakes.fake_engine import ScriptedEngine, serve_in_thread
 
     fake = ScriptedEngine(lambda body: None, weight_version="default")

@@ -14,7 +14,7 @@ import httpx
 import pytest
 import torch
 
-from services.learner.engine_groups import EngineGroups
+from services.learner.weights.engine_groups import EngineGroups
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_responses import EngineError
 from shellrl.models import load_model

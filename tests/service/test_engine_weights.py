@@ -309,7 +309,7 @@ async def test_tensor_update_outside_a_session_and_pickled_payloads_are_refused(
 async def test_a_push_the_engine_refuses_closes_its_session_so_the_next_update_can_open_one(
     engine, client, tmp_path
 ):
-    from services.learner.weight_sync import WeightSync
+    from services.learner.weights.weight_sync import WeightSync
 
     model = load_model("tiny")
     model.register_parameter("not_in_the_engine", torch.nn.Parameter(torch.zeros(2)))

@@ -13,7 +13,7 @@ import asyncio
 import threading
 import time
 
-from services.learner.engine_rotation import EngineState, publish_version
+from services.learner.weights.engine_rotation import EngineState, publish_version
 from shellrl.streams import (
     POLICY_VERSION_KEY,
     STREAM_DEAD,
@@ -113,7 +113,7 @@ async def test_a_paused_learner_publishes_the_version_a_redis_restart_kept_it_fr
     calls, publishes 3 once Redis is back, so the gateway's admission bound (computed from the
     published version) does not stay behind the learner (how the chaos test's window came up
     short: groups counted 0 of 4 under pytest-xdist load)."""
-    from services.learner.weight_sync import WeightSync
+    from services.learner.weights.weight_sync import WeightSync
     from shellrl.clients.engine import EngineClient
 
     redis = connect(redis_server.url)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from services.engine.bodies import MAX_TRUNCATE_SIZE
-from services.learner.weight_sync import WeightSync
+from services.learner.weights.weight_sync import WeightSync
 from shellrl.clients.engine import EngineClient
 from shellrl.models import load_model
 from tests.fakes.gated_bucket_client import GatedBucketClient

@@ -37,8 +37,8 @@ if (
         "sglang is not installed (make setup installs sglang==0.5.23)", allow_module_level=True
     )
 
-from services.learner.weight_sync import WeightSync  # noqa: E402
-from services.learner.weight_transport import WeightStaging  # noqa: E402
+from services.learner.weights.weight_sync import WeightSync  # noqa: E402
+from services.learner.weights.weight_transport import WeightStaging  # noqa: E402
 from services.rollout.agent_loop import STOP_STRINGS  # noqa: E402
 from shellrl.clients.engine import EngineClient  # noqa: E402
 from shellrl.models import load_model  # noqa: E402
@@ -522,7 +522,7 @@ async def test_the_admin_key_goes_where_sglangs_own_auth_asks_for_it(sgl, tmp_pa
 async def test_in_place_is_refused_against_sglang_with_its_radix_cache_on(tmp_path):
     """SGLang refuses the last bucket's flush while a batch is paused in place; the first push
     stops with one line naming the setting instead of loading weights it would then disown."""
-    from services.learner.push_setup import PauseModeRefused
+    from services.learner.weights.push_setup import PauseModeRefused
 
     fake = FakeSGLang()  # its /server_info has no disable_radix_cache: SGLang's default, on
     client = _client(fake)

@@ -45,8 +45,8 @@ if not sglang_modules.installed():
         "sglang is not installed (make setup installs sglang==0.5.23)", allow_module_level=True
     )
 
-from services.learner.push_setup import PauseModeRefused  # noqa: E402
-from services.learner.weight_sync import WeightSync  # noqa: E402
+from services.learner.weights.push_setup import PauseModeRefused  # noqa: E402
+from services.learner.weights.weight_sync import WeightSync  # noqa: E402
 from shellrl.clients.engine import EngineClient  # noqa: E402
 from tests.fakes.sglang_front import SGLangFront  # noqa: E402
 from tests.helpers.owned_processes import popen_owned, stop_owned  # noqa: E402

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from services.engine.bodies import MAX_TRUNCATE_SIZE
-from services.learner.weight_sync import WeightSync
+from services.learner.weights.weight_sync import WeightSync
 from shellrl.models import load_model
 from shellrl.weights import sglang as wsg
 from tests.fakes.bucket_spy_client import BucketSpyClient

@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 
-from services.learner.weight_sync import WeightSync
+from services.learner.weights.weight_sync import WeightSync
 from shellrl.clients.engine import EngineClient
 from shellrl.models import load_model
 from tests.helpers.engine import metric_value, running_engine

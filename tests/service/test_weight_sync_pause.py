@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from services.learner.weight_sync import WeightSync
+from services.learner.weights.weight_sync import WeightSync
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_responses import EngineError
 from shellrl.models import load_model

@@ -1,4 +1,4 @@
-"""The slot schedule of a streamed push (services/learner/bucket_stream.py) as engine_load's
+"""The slot schedule of a streamed push (services/learner/weights/bucket_stream.py) as engine_load's
 `_transfer` drives it: engines of different speeds, an engine that fails or freezes mid-push, at
 most two slots filled at once, and no slot rewritten while an engine's update on it is in
 flight (tests/fakes/slow_bucket_engines.py reads each slot at the start and the end of a call)."""
@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
-from services.learner.bucket_stream import SLOTS, BucketStream, PushAbandoned
-from services.learner.engine_load import _transfer
+from services.learner.weights.bucket_stream import SLOTS, BucketStream, PushAbandoned
+from services.learner.weights.engine_load import _transfer
 from shellrl.clients.engine_responses import EngineError
 from tests.fakes.slow_bucket_engines import SlowBucketEngines
 

@@ -12,8 +12,8 @@ import json
 
 import httpx
 
-from services.learner import engine_groups
-from services.learner.engine_groups import EngineGroups
+from services.learner.weights import engine_groups
+from services.learner.weights.engine_groups import EngineGroups
 from shellrl.clients.engine import EngineClient
 
 URL = "http://engine.test:30000"

@@ -3,7 +3,7 @@ import sys
 
 import torch
 
-from services.learner.weight_transport import (
+from services.learner.weights.weight_transport import (
     choose_transport,
     remove_orphan_segments,
     split_buckets,
@@ -53,7 +53,7 @@ async def test_a_call_that_timed_out_is_reported_as_the_deadline_and_a_refused_o
     # out just before the deadline's timer. That is the deadline; a refused connection is an error.
     import asyncio
 
-    from services.learner.weight_sync import WeightSync
+    from services.learner.weights.weight_sync import WeightSync
     from shellrl.clients.engine import EngineClient
     from shellrl.clients.engine_responses import EngineUnavailable
 

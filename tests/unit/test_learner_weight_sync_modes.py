@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.learner.push_setup import pause_for, radix_cache_refusal
 from services.learner.settings import LearnerSettings
+from services.learner.weights.push_setup import pause_for, radix_cache_refusal
 
 KEY = "admin-key-for-weights-0123456789"
 
@@ -53,14 +53,14 @@ def test_the_admin_key_comes_from_one_source_and_must_be_a_token(tmp_path, monke
 def test_a_tensor_larger_than_the_bucket_budget_goes_alone_and_the_log_says_so(caplog):
     import torch
 
-    from services.learner.weight_transport import split_buckets
+    from services.learner.weights.weight_transport import split_buckets
 
     named = [
         ("a", torch.zeros(10)),
         ("lm_head.only_in_this_test", torch.zeros(1000)),
         ("b", torch.zeros(10)),
     ]
-    with caplog.at_level("WARNING", logger="services.learner.weight_transport"):
+    with caplog.at_level("WARNING", logger="services.learner.weights.weight_transport"):
         buckets = split_buckets(named, bucket_bytes=1024)
     assert [[n for n, _ in b] for b in buckets] == [["a"], ["lm_head.only_in_this_test"], ["b"]]
     said = [r for r in caplog.records if getattr(r, "tensor", None) == "lm_head.only_in_this_test"]
@@ -70,7 +70,7 @@ def test_a_tensor_larger_than_the_bucket_budget_goes_alone_and_the_log_says_so(c
 def test_the_disk_transports_safetensors_are_readable_by_an_engine_of_another_user(tmp_path):
     import torch
 
-    from services.learner.weight_transport import WeightStaging
+    from services.learner.weights.weight_transport import WeightStaging
 
     staging = WeightStaging("disk", tmp_path)
     model = torch.nn.Linear(4, 2)

@@ -11,7 +11,7 @@ import uuid
 
 import torch
 
-from services.learner.weight_transport import WeightStaging, split_buckets
+from services.learner.weights.weight_transport import WeightStaging, split_buckets
 from shellrl.weights import distributed as wdist
 
 BUDGET = 1000  # bytes
@@ -38,7 +38,7 @@ def said(caplog, name: str) -> list[logging.LogRecord]:
 def test_a_tensor_over_the_budget_goes_alone_said_once_in_the_log(caplog):
     model = Model()
     named = [(n, p.detach()) for n, p in model.named_parameters()]
-    caplog.set_level(logging.WARNING, logger="services.learner.weight_transport")
+    caplog.set_level(logging.WARNING, logger="services.learner.weights.weight_transport")
     buckets = split_buckets(named, BUDGET)
     assert [[n for n, _ in b] for b in buckets] == [["a"], [model.big], ["b", "c"]]
     records = said(caplog, model.big)

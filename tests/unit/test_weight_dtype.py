@@ -1,4 +1,4 @@
-"""Which dtype a push travels in (services/learner/weight_dtype.py): the engines' own 16-bit
+"""Which dtype a push travels in (services/learner/weights/weight_dtype.py): the engines' own 16-bit
 dtype, never a cast down for an engine that serves float32 or does not say, and the bucket
 sizes and layouts of a cast (split_buckets, SharedTensorBucket)."""
 
@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from services.learner.weight_dtype import checkpoint_dtype, engine_dtype, push_dtype
-from services.learner.weight_transport import split_buckets
+from services.learner.weights.weight_dtype import checkpoint_dtype, engine_dtype, push_dtype
+from services.learner.weights.weight_transport import split_buckets
 from shellrl.weights import safe_unpickle as wsu
 from shellrl.weights import sglang as wsg
 from shellrl.weights.bucket import unflatten_tensors
@@ -67,7 +67,7 @@ def test_the_distributed_transport_streams_in_the_engines_dtype(tmp_path):
     buckets (share_parameters), as before."""
     import asyncio
 
-    from services.learner.weight_transport import WeightStaging
+    from services.learner.weights.weight_transport import WeightStaging
     from shellrl.weights import distributed as wdist
 
     model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Linear(5, 3))

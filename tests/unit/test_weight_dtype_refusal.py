@@ -16,14 +16,14 @@ import time
 import httpx
 import pytest
 
-from services.learner.weight_dtype import DtypeRefused, refusal
-from services.learner.weight_sync import WeightSync
+from services.learner.weights.weight_dtype import DtypeRefused, refusal
+from services.learner.weights.weight_sync import WeightSync
 from shellrl.clients.engine import EngineClient
 from shellrl.models import load_model
 
 GOOD = "http://good.test:30000"
 BAD = "http://bad.test:30000"
-LOGGER = "services.learner.weight_sync"
+LOGGER = "services.learner.weights.weight_sync"
 
 
 class ReportingSGLang:

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from services.learner.weight_transport import choose_transport, engine_transport
+from services.learner.weights.weight_transport import choose_transport, engine_transport
 from shellrl.weights import distributed as wdist
 from shellrl.weights import safe_unpickle as wsu
 from shellrl.weights import sglang as wsg

@@ -45,9 +45,9 @@ from urllib.parse import urlparse
 
 import torch
 
-from services.learner.bucket_stream import SLOTS, BucketStream
 from services.learner.pids import pid_alive
 from services.learner.sharding import FullWeights
+from services.learner.weights.bucket_stream import SLOTS, BucketStream
 from shellrl.weights import bucket as wt
 from shellrl.weights import disk as wtd
 from shellrl.weights import distributed as wdist

@@ -12,7 +12,7 @@ import os
 import socket
 from urllib.parse import urlparse
 
-from services.learner.weight_transport import is_local
+from services.learner.weights.weight_transport import is_local
 from shellrl.clients.engine_responses import EngineError
 from shellrl.weights import distributed as wdist
 

@@ -13,15 +13,15 @@ import asyncio
 import logging
 from typing import TYPE_CHECKING
 
-from services.learner import weight_dtype
-from services.learner.engine_groups import EngineGroups
-from services.learner.engine_rotation import bounded, take_out_of_rotation
-from services.learner.weight_transport import WeightStaging, engine_transport
+from services.learner.weights import weight_dtype
+from services.learner.weights.engine_groups import EngineGroups
+from services.learner.weights.engine_rotation import bounded, take_out_of_rotation
+from services.learner.weights.weight_transport import WeightStaging, engine_transport
 
 if TYPE_CHECKING:
     import torch
 
-log = logging.getLogger("services.learner.weight_sync")
+log = logging.getLogger("services.learner.weights.weight_sync")
 
 
 PAUSE_MODES = ("auto", "off", "retract", "in_place")

@@ -57,15 +57,16 @@ from pathlib import Path
 import redis.asyncio as aioredis
 import torch
 
-from services.learner import metrics, weight_dtype
-from services.learner.engine_groups import EngineGroups
-from services.learner.engine_load import (
+from services.learner import metrics
+from services.learner.weights import weight_dtype
+from services.learner.weights.engine_groups import EngineGroups
+from services.learner.weights.engine_load import (
     CLOSE_TIMEOUT_S,
     load_engine,
     load_paused,
     reports_version,
 )
-from services.learner.engine_rotation import (
+from services.learner.weights.engine_rotation import (
     EngineState,
     SyncResult,
     bounded,
@@ -73,8 +74,8 @@ from services.learner.engine_rotation import (
     update_gauges,
     write_engine_states,
 )
-from services.learner.push_setup import PAUSE_MODES, PushSetup
-from services.learner.weight_transport import BUCKET_BYTES, WeightStaging
+from services.learner.weights.push_setup import PAUSE_MODES, PushSetup
+from services.learner.weights.weight_transport import BUCKET_BYTES, WeightStaging
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_responses import EngineError, EngineUnavailable
 
@@ -383,9 +384,8 @@ class WeightSync(PushSetup):
         """begin: the engine's begin_weight_update, already sent (None: send it here)."""
         if pause == "off":
             return await self._load(url, prepared, version, begin)
-        # paused in place, the running batch stays: SGLang would refuse the flush (and answer the
-        # last bucket with an error after loading it); in_place is allowed against SGLang only
-        # without a radix cache (push_setup.radix_cache_refusal), so none is asked for
+        # paused in place, no flush: SGLang would refuse it with requests in the batch (and answer
+        # the last bucket with an error after loading it); see push_setup.radix_cache_refusal
         return await load_paused(
             self.client,
             url,

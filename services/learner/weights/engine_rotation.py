@@ -18,7 +18,7 @@ from services.learner import metrics
 from shellrl.streams import POLICY_UPDATES_CHANNEL, POLICY_VERSION_KEY
 from shellrl.streams.keys import ENGINE_SYNC_KEY
 
-log = logging.getLogger("services.learner.weight_sync")
+log = logging.getLogger("services.learner.weights.weight_sync")
 
 
 @dataclass

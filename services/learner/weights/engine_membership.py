@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 
-from services.learner.engine_rotation import (
+from services.learner.weights.engine_rotation import (
     EngineState,
     bounded,
     take_out_of_rotation,
@@ -39,7 +39,7 @@ from shellrl.clients.engine_registry import EngineRegistration, read_registratio
 from shellrl.streams.keys import ENGINE_SYNC_KEY
 
 if TYPE_CHECKING:
-    from services.learner.weight_sync import WeightSync
+    from services.learner.weights.weight_sync import WeightSync
 
 log = logging.getLogger(__name__)
 

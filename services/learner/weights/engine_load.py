@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable
 
 from tenacity import AsyncRetrying, retry_if_result, wait_fixed
 
-from services.learner.engine_groups import EngineGroups
-from services.learner.engine_rotation import bounded
+from services.learner.weights.engine_groups import EngineGroups
+from services.learner.weights.engine_rotation import bounded
 from shellrl.clients.engine import EngineClient
 from shellrl.clients.engine_responses import EngineError, EngineUnavailable
 
