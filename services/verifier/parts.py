@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Annotated
 
 import redis.asyncio as aioredis
@@ -91,10 +91,8 @@ def build_worker(
 def build_terminal_rewards(settings: VerifierSettings, redis=None) -> TerminalRewards | None:
     """The terminal reward components (None: all off). The safety component keeps its state in
     `redis` (None: a client of settings.redis_url)."""
-    weights = ComponentWeights(
-        settings.reward_safety_weight,
-        settings.reward_state_drift_weight,
-        settings.reward_time_efficiency_weight,
+    weights = ComponentWeights(  # each component's weight is the setting reward_<name>_weight
+        **{f.name: getattr(settings, f"reward_{f.name}_weight") for f in fields(ComponentWeights)}
     )
     if not weights.enabled():
         return None

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from services.verifier import metrics
 from services.verifier.rewards import command_events
@@ -49,22 +49,17 @@ class ComponentWeights:
     time_efficiency: float = 0.0
 
     def __post_init__(self) -> None:
-        for name in ("safety", "state_drift", "time_efficiency"):
-            value = getattr(self, name)
+        for name, value in self.by_name().items():
             if not math.isfinite(value) or value < 0:
                 raise ValueError(f"ComponentWeights.{name} must be finite and >= 0")
 
+    def by_name(self) -> dict[str, float]:
+        """Every component's weight, by its name (the fields: one per component)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
     def enabled(self) -> dict[str, float]:
         """The components that are on, with their weights."""
-        return {
-            k: v
-            for k, v in (
-                ("safety", self.safety),
-                ("state_drift", self.state_drift),
-                ("time_efficiency", self.time_efficiency),
-            )
-            if v
-        }
+        return {k: v for k, v in self.by_name().items() if v}
 
 
 def _norm(path: str) -> str:

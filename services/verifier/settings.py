@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from shellrl.service.settings import ServiceSettings
 
@@ -136,21 +136,13 @@ class VerifierSettings(ServiceSettings):
         60.0, gt=0, description="time_efficiency: budget of a task without a time_budget_s: tag, s."
     )
 
-    @field_validator(
-        "reward_safety_weight",
-        "reward_safety_penalty",
-        "reward_safety_escalated_penalty",
-        "reward_state_drift_weight",
-        "reward_time_efficiency_weight",
-        "reward_time_budget_s",
-        "shaping_exit_zero_bonus",
-        "shaping_exit_zero_cap",
-        "shaping_timeout_penalty",
-        "shaping_safety_penalty",
-        "check_timeout_s",
-    )
+    @field_validator("*")
     @classmethod
-    def _finite(cls, value: float) -> float:
-        if not math.isfinite(value):
+    def _finite(cls, value, info: ValidationInfo):
+        """Every reward and shaping number and check_timeout_s is finite (a new component's
+        reward_<name>_weight included, with no list to extend)."""
+        name = info.field_name or ""
+        checked = name.startswith(("reward_", "shaping_")) or name == "check_timeout_s"
+        if checked and isinstance(value, float) and not math.isfinite(value):
             raise ValueError("must be a finite number")
         return value

@@ -15,6 +15,7 @@ from services.sandbox.isolation.argv_trace import argv_safety_events, read_trace
 from services.sandbox.isolation.preludes import bash_prelude
 from services.sandbox.limits import Limits
 from services.sandbox.policy import PolicySet
+from services.verifier.parts import build_terminal_rewards
 from services.verifier.reward_components import (
     ComponentWeights,
     TerminalRewards,
@@ -25,6 +26,7 @@ from services.verifier.reward_components import (
     time_efficiency,
 )
 from services.verifier.rewards import Shaping, compute_reward
+from services.verifier.settings import VerifierSettings
 from shellrl.contract import ToolEvent, task_from_json
 from tests.helpers.owned_processes import run_owned
 
@@ -107,6 +109,24 @@ def test_components_enter_training_reward_times_their_weight_and_off_means_absen
         TerminalRewards(ComponentWeights(safety=1.0))
     with pytest.raises(ValueError, match="state_drift"):
         ComponentWeights(state_drift=-1.0)
+
+
+def test_each_component_has_one_weight_setting_and_the_parts_pass_every_one():
+    """issue 31 item 6: a component is a ComponentWeights field and a reward_<name>_weight
+    setting; the verifier's parts map every field to its setting, with no list to extend."""
+    names = set(ComponentWeights().by_name())
+    settings = {n for n in VerifierSettings.model_fields if n.startswith("reward_")}
+    assert {
+        n.removeprefix("reward_").removesuffix("_weight") for n in settings if n.endswith("_weight")
+    } == names
+    on = VerifierSettings(reward_state_drift_weight=0.5, reward_time_efficiency_weight=2.0)
+    assert build_terminal_rewards(on).weights.enabled() == {
+        "state_drift": 0.5,
+        "time_efficiency": 2.0,
+    }
+    assert build_terminal_rewards(VerifierSettings()) is None
+    with pytest.raises(ValueError, match="finite"):
+        VerifierSettings(reward_time_efficiency_weight=float("inf"))
 
 
 # --- the executed-argv trace: the sandbox's prelude, run by a real bash -------------------------
