@@ -67,6 +67,24 @@ def rss_bytes(pid: int | str = "self") -> tuple[int, int]:
     return fields["VmRSS"], fields["VmHWM"]
 
 
+def unfit_reason(transport: str, variant: str, fp32_bytes: int) -> str | None:
+    """Why `variant` over `transport` cannot run on this machine now, or None. The old distributed
+    push holds the whole model twice more in float32 (the learner's send bucket and the engine's
+    receive bucket) beside both models: at 1.5B that is 11.8 GB more, which a 24 GiB VM running
+    anything else does not have (the OOM killer then ends the benchmark). 10% margin."""
+    if transport != "distributed" or VARIANTS[variant][0] != 0:
+        return None
+    meminfo = Path("/proc/meminfo").read_text().split()
+    available = int(meminfo[meminfo.index("MemAvailable:") + 1]) * 1024
+    need = 2 * fp32_bytes
+    if need * 1.1 <= available:
+        return None
+    return (
+        f"skipped: needs ~{need / MIB:,.0f} MiB more (float32 send and receive buckets), "
+        f"{available / MIB:,.0f} MiB available"
+    )
+
+
 def reset_peak(pid: int | str = "self") -> None:
     Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM := VmRSS (Linux >= 4.0)
 
@@ -211,9 +229,15 @@ async def bench(args) -> list[Table]:
             try:
                 version = 0
                 for transport in args.transports:
-                    pushers, kept, samples = {}, {}, {v: [] for v in args.variants}
+                    fp32 = sum(p.numel() * 4 for p in model.parameters())
+                    unfit = {v: unfit_reason(transport, v, fp32) for v in args.variants}
+                    for variant, reason in unfit.items():
+                        if reason:
+                            console.print(f"{shape} {transport} {variant}: {reason}")
+                    variants = [v for v in args.variants if not unfit[v]]
+                    pushers, kept, samples = {}, {}, {v: [] for v in variants}
                     try:
-                        for variant in args.variants:  # warm-up: what each keeps between pushes
+                        for variant in variants:  # warm-up: what each keeps between pushes
                             gc.collect()
                             before = rss_bytes()[0], rss_bytes(rank.proc.pid)[0]
                             pushers[variant] = Pusher(rank, variant, transport, model, Path(tmp))
@@ -231,7 +255,7 @@ async def bench(args) -> list[Table]:
                     finally:
                         for pusher in pushers.values():
                             await pusher.close()
-                    first = samples.get("old") or next(iter(samples.values()))
+                    first = samples.get("old") or next(iter(samples.values()), [(1.0,)])
                     old = statistics.median(s[0] for s in first)
                     label = shape if args.layers is None else f"{shape} ({args.layers} layers)"
                     for variant, rows in samples.items():
@@ -240,6 +264,9 @@ async def bench(args) -> list[Table]:
                                        f"{median[0]:.2f}", f"{kept[variant][0] / MIB:.0f}",
                                        f"{median[1] / MIB:.0f}", f"{kept[variant][1] / MIB:.0f}",
                                        f"{median[2] / MIB:.0f}", f"{median[0] / old:.2f}x")  # fmt: skip
+                    for variant in (v for v in args.variants if unfit[v]):
+                        timing.add_row(label, transport, variant, "-", unfit[variant],
+                                       *["-"] * 5)  # fmt: skip
             finally:
                 rank.close()
         del model
