@@ -103,18 +103,7 @@ class WeightStore:
     def _check(self, named_tensors: list) -> None:
         """WeightUpdateError for an unknown name, a shape mismatch or a float-to-int replacement."""
         for name, tensor in named_tensors:
-            param = self.params.get(name)
-            if param is None:
-                raise WeightUpdateError(f"unknown parameter name {name!r}")
-            if tuple(tensor.shape) != tuple(param.shape):
-                raise WeightUpdateError(
-                    f"{name}: shape {list(tensor.shape)} does not match the model's "
-                    f"{list(param.shape)}"
-                )
-            if not (tensor.dtype.is_floating_point or not param.dtype.is_floating_point):
-                raise WeightUpdateError(
-                    f"{name}: dtype {tensor.dtype} cannot replace {param.dtype}"
-                )
+            self._check_one(name, tensor.shape, tensor.dtype)
 
     def _check_metadata(self, metadata: list[wt.TensorMeta], buffer_bytes: int) -> None:
         """`_check` from the metadata alone (no tensor views: on a GPU a view costs ~10 us of host
@@ -125,17 +114,21 @@ class WeightStore:
                     f"{m.name}: bytes [{m.start_idx}, {m.end_idx}) overrun the bucket "
                     f"({buffer_bytes} bytes)"
                 )
-            param = self.params.get(m.name)
-            if param is None:
-                raise WeightUpdateError(f"unknown parameter name {m.name!r}")
-            if tuple(m.shape) != tuple(param.shape):
-                raise WeightUpdateError(
-                    f"{m.name}: shape {list(m.shape)} does not match the model's "
-                    f"{list(param.shape)}"
-                )
-            dtype = getattr(torch, m.dtype)
-            if not (dtype.is_floating_point or not param.dtype.is_floating_point):
-                raise WeightUpdateError(f"{m.name}: dtype {dtype} cannot replace {param.dtype}")
+            self._check_one(m.name, m.shape, m.dtype)
+
+    def _check_one(self, name: str, shape, dtype: torch.dtype | str) -> None:
+        """`_check` of one tensor; `dtype` may be torch's name of it (resolved after the shape)."""
+        param = self.params.get(name)
+        if param is None:
+            raise WeightUpdateError(f"unknown parameter name {name!r}")
+        if tuple(shape) != tuple(param.shape):
+            raise WeightUpdateError(
+                f"{name}: shape {list(shape)} does not match the model's {list(param.shape)}"
+            )
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        if not (dtype.is_floating_point or not param.dtype.is_floating_point):
+            raise WeightUpdateError(f"{name}: dtype {dtype} cannot replace {param.dtype}")
 
     def _target(self, name: str) -> int:
         """The arena `name` is staged into: the one its parameter does not live in."""
