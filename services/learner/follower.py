@@ -20,7 +20,7 @@ import torch
 from services.learner.checkpoint import CheckpointStore
 from services.learner.data_parallel import follow
 from services.learner.parts import trainer_config
-from services.learner.ranks import RendezvousError, init_ranks
+from services.learner.ranks import join_ranks
 from services.learner.settings import LearnerSettings
 from services.learner.trainer import Trainer
 from shellrl.models import load_model
@@ -32,15 +32,7 @@ log = logging.getLogger(__name__)
 def run_follower(settings: LearnerSettings) -> None:
     """Join the ranks, build the trainer, follow rank 0 until STOP (see the module docstring)."""
     setup_logging("learner", settings.log_level)
-    try:
-        ranks = init_ranks(
-            fsdp=settings.fsdp,
-            backend=settings.distributed_backend,
-            device=settings.device,
-            timeout_s=settings.distributed_timeout_s,
-        )
-    except (RendezvousError, ValueError) as exc:
-        raise SystemExit(f"learner: {exc}") from None
+    ranks = join_ranks(settings)
     signal.signal(signal.SIGTERM, lambda *_: log.info("SIGTERM: rank 0 decides when to stop"))
     if settings.num_threads:
         torch.set_num_threads(settings.num_threads)

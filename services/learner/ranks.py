@@ -23,12 +23,15 @@ import logging
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from shellrl.process_groups import leave
+
+if TYPE_CHECKING:
+    from services.learner.settings import LearnerSettings
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +124,20 @@ def _store(rank: int, world: int, timeout: timedelta, env) -> dist.Store:
     return dist.PrefixStore(
         f"shellrl-learner/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store
     )
+
+
+def join_ranks(settings: LearnerSettings) -> Ranks:
+    """`init_ranks` with the learner's settings, for start-up (rank 0 and followers alike): a
+    rendezvous that fails or a bad fsdp setting exits with a one-line `learner: ...` error."""
+    try:
+        return init_ranks(
+            fsdp=settings.fsdp,
+            backend=settings.distributed_backend,
+            device=settings.device,
+            timeout_s=settings.distributed_timeout_s,
+        )
+    except (RendezvousError, ValueError) as exc:
+        raise SystemExit(f"learner: {exc}") from None
 
 
 def init_ranks(*, fsdp: str, backend: str, device: str, timeout_s: float, env=os.environ) -> Ranks:

@@ -49,18 +49,10 @@ def main(argv: list[str] | None = None) -> None:
         lock.acquire()
     except (LearnerLockHeld, redis.ConnectionError) as exc:
         raise SystemExit(f"learner: {exc}") from None
-    from services.learner.ranks import RendezvousError, current, init_ranks  # imports torch
+    from services.learner.ranks import current, join_ranks  # imports torch
 
     try:
-        try:
-            ranks = init_ranks(
-                fsdp=settings.fsdp,
-                backend=settings.distributed_backend,
-                device=settings.device,
-                timeout_s=settings.distributed_timeout_s,
-            )
-        except (RendezvousError, ValueError) as exc:
-            raise SystemExit(f"learner: {exc}") from None
+        ranks = join_ranks(settings)
         lock.start_renewing(on_lost=_stop_when_lost)
         # uvicorn re-raises the SIGTERM it handled once the server has shut down (with the
         # handler found before it): release the lock then, and die of the signal as before
