@@ -19,7 +19,8 @@ from services.rollout.agent_loop import AgentLoop
 from services.rollout.engine_directory import EngineDirectory
 from services.rollout.episode_spec import EpisodeLimits, Sampling
 from services.rollout.evaluations import Evaluations
-from services.rollout.gates import Capacity, HealthGate, InfraGate
+from services.rollout.gates import Capacity, InfraGate
+from services.rollout.health_gate import HealthGate
 from services.rollout.policy_version import PolicyVersionWatcher
 from services.rollout.prompt import ChatFormat, load_chat_tokenizer
 from services.rollout.runs import Runs

@@ -43,7 +43,8 @@ from services.rollout import metrics as m
 from services.rollout.admission import Admission, Ticket
 from services.rollout.agent_loop import AgentLoop, is_setup_failure
 from services.rollout.episode_spec import DEFAULT_SAMPLING, EpisodeSpec, Sampling
-from services.rollout.gates import Capacity, GroupSlots, HealthGate, InfraGate
+from services.rollout.gates import Capacity, GroupSlots, InfraGate
+from services.rollout.health_gate import HealthGate
 from services.rollout.seeding import episode_seed
 from services.rollout.task_pool import TaskPool
 from services.rollout.task_store import TaskStore

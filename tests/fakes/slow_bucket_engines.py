@@ -1,9 +1,9 @@
 """Engines that read a streamed push's slots slowly, or fail, for tests of the slot schedule.
 
 Replaces: shellrl.clients.engine.EngineClient's `update_weights_from_tensor` as
-services/learner/engine_load._transfer calls it, for engines that only read buckets. The "slots"
-are a plain list the test's fill function writes (`slots[s] = bucket index`); an entry names the
-slot and the bucket it should hold ("slot:bucket"). Each update call reads its slot when it
+services/learner/weights/bucket_send.transfer calls it, for engines that only read buckets. The
+"slots" are a plain list the test's fill function writes (`slots[s] = bucket index`); an entry
+names the slot and the bucket it should hold ("slot:bucket"). Each update call reads its slot when it
 starts, waits the engine's `delay_s` (its copy), and reads it again: a slot rewritten under an
 outstanding read is recorded in `torn`. `fail_at`: url -> the bucket index whose call raises
 EngineError (after its delay); `hang_at`: url -> the bucket index whose call never returns.

@@ -1,5 +1,5 @@
 """The slot schedule of a streamed push (services/learner/weights/bucket_stream.py) as engine_load's
-`_transfer` drives it: engines of different speeds, an engine that fails or freezes mid-push, at
+`transfer` (bucket_send.py) drives it: engines of different speeds, an engine that fails or freezes mid-push, at
 most two slots filled at once, and no slot rewritten while an engine's update on it is in
 flight (tests/fakes/slow_bucket_engines.py reads each slot at the start and the end of a call)."""
 
@@ -9,8 +9,8 @@ import asyncio
 
 import pytest
 
+from services.learner.weights.bucket_send import transfer
 from services.learner.weights.bucket_stream import SLOTS, BucketStream, PushAbandoned
-from services.learner.weights.engine_load import _transfer
 from shellrl.clients.engine_responses import EngineError
 from tests.fakes.slow_bucket_engines import SlowBucketEngines
 
@@ -42,12 +42,12 @@ def stream_of(urls: list[str]) -> tuple[BucketStream, SlotRecorder]:
 
 
 async def push(stream: BucketStream, engines: SlowBucketEngines, urls: list[str]) -> list:
-    """Every engine's transfer at once, as WeightSync runs them; `_transfer` itself leaves the
+    """Every engine's transfer at once, as WeightSync runs them; `transfer` itself leaves the
     stream when its engine is done or fails (WeightSync leaves again after the call: idempotent)."""
     prepared = {"buckets": stream.providers, "stream": stream}
     return await asyncio.wait_for(
         asyncio.gather(
-            *(_transfer(engines, None, u, prepared, "5", 1) for u in urls),
+            *(transfer(engines, None, u, prepared, "5", 1) for u in urls),
             return_exceptions=True,
         ),
         GUARD_S,
@@ -105,8 +105,8 @@ async def test_a_frozen_engine_holds_the_others_only_until_it_leaves_at_its_dead
     stream, recorder = stream_of(urls)
     engines = SlowBucketEngines(recorder.slots, {"ok": 0.0, "frozen": 0.0}, hang_at={"frozen": 1})
     prepared = {"buckets": stream.providers, "stream": stream}
-    ok = asyncio.ensure_future(_transfer(engines, None, "ok", prepared, "5", 1))
-    frozen = asyncio.ensure_future(_transfer(engines, None, "frozen", prepared, "5", 1))
+    ok = asyncio.ensure_future(transfer(engines, None, "ok", prepared, "5", 1))
+    frozen = asyncio.ensure_future(transfer(engines, None, "frozen", prepared, "5", 1))
     await asyncio.sleep(0.1)
     # "ok" answered buckets 0 and 1 and waits: slot 1 holds bucket 1, which "frozen" still reads
     assert engines.received["ok"] == [0, 1, 2] and not ok.done()
@@ -121,7 +121,7 @@ async def test_when_every_engine_left_a_waiting_fill_ends_and_nothing_stays_pend
     stream, recorder = stream_of(urls)
     engines = SlowBucketEngines(recorder.slots, {"a": 0.0}, hang_at={"a": 0})
     prepared = {"buckets": stream.providers, "stream": stream}
-    task = asyncio.ensure_future(_transfer(engines, None, "a", prepared, "5", 1))
+    task = asyncio.ensure_future(transfer(engines, None, "a", prepared, "5", 1))
     await asyncio.sleep(0.05)
     waiting_fill = stream._fills[1]  # prefetched into the other slot: done, it was free
     assert waiting_fill.done()

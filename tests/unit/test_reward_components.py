@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from services.rollout.gates import HealthGate, sandbox_health_score
+from services.rollout.health_gate import HealthGate, sandbox_health_score
 from services.sandbox.host.health import HealthWeights, HostHealth, score_of
 from services.sandbox.isolation.argv_trace import argv_safety_events, read_trace
 from services.sandbox.isolation.preludes import bash_prelude

@@ -7,7 +7,7 @@
 Consumes: the plan (a list of buckets, each a list of (name, tensor)), the engines of the push
 (their urls) and a `fill(slot, bucket)` that writes a bucket into a kept slot and returns its
 `entries(tp_size) -> serialized_named_tensors` (weight_transport.WeightStaging). Produces one
-awaitable provider per bucket (`providers[i](tp_size)`) for engine_load._transfer, which tells
+awaitable provider per bucket (`providers[i](tp_size)`) for bucket_send.transfer, which tells
 the stream when an engine's update for bucket i returned (`answered`) and when the engine is done
 with the push, by success or failure (`leave`).
 
@@ -74,7 +74,7 @@ class BucketStream:
         self.filled_at_once = 0  # the most slots holding a bucket some engine may still read
         self.providers = [_Provider(self, i) for i in range(len(buckets))]
 
-    # ----- what engine_load._transfer calls ------------------------------------------------------
+    # ----- what bucket_send.transfer calls ------------------------------------------------------
 
     async def entries(self, i: int, tp_size: int) -> list[str]:
         """Bucket i's `serialized_named_tensors` for an engine of `tp_size` ranks, once it is in
@@ -147,7 +147,7 @@ class BucketStream:
 
 
 class _Provider:
-    """Bucket i of a stream as engine_load._transfer calls it: `await provider(tp_size)`."""
+    """Bucket i of a stream as bucket_send.transfer calls it: `await provider(tp_size)`."""
 
     def __init__(self, stream: BucketStream, i: int) -> None:
         self.stream, self.index = stream, i

@@ -1,17 +1,18 @@
-"""One engine's weight load: the transfer of a prepared version (SGLang's tensor envelope, a
-gloo/NCCL broadcast, or a safetensors directory), the session end that swaps it in, and the read
-back of its weight_version. WeightSync (weight_sync.py) runs it per engine under the deadline."""
+"""One engine's weight load: the pause around it (load_paused), the transfer of a prepared version
+(bucket_send.py: SGLang's tensor envelope or a gloo/NCCL broadcast; or a safetensors directory),
+the session end that swaps it in, and the read back of its weight_version. WeightSync
+(weight_sync.py) runs it per engine under the deadline."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import time
 from collections.abc import Awaitable, Callable
 
 from tenacity import AsyncRetrying, retry_if_result, wait_fixed
 
+from services.learner.weights.bucket_send import transfer
 from services.learner.weights.engine_groups import EngineGroups
 from services.learner.weights.engine_rotation import bounded
 from shellrl.clients.engine import EngineClient
@@ -89,9 +90,7 @@ async def load_engine(
     else:
         await (begin if begin is not None else client.begin_weight_update(urls=urls))
         try:
-            await _transfer(
-                client, groups, url, prepared, weight_version, await tp_size_of(), flush
-            )
+            await transfer(client, groups, url, prepared, weight_version, await tp_size_of(), flush)
         except EngineError:
             # the engine refused a bucket and discarded the session: close it, so that its next
             # update (or another client's) can open one (the end answers 400: ignored)
@@ -129,80 +128,6 @@ async def _close_session(client: EngineClient, urls: list[str], atomic: bool) ->
     what it staged (an engine that swaps at the end then keeps its version)."""
     with contextlib.suppress(Exception):
         await asyncio.wait_for(client.end_weight_update(urls=urls, discard=atomic), CLOSE_TIMEOUT_S)
-
-
-async def _transfer(
-    client: EngineClient,
-    groups: EngineGroups | None,
-    url: str,
-    prepared: dict,
-    weight_version: str,
-    tp_size: int,
-    flush: bool = True,
-) -> None:
-    """Every bucket of `prepared` into the engine's open session (tensor envelope or broadcast),
-    one at a time. A streamed push (`prepared["stream"]`, weight_transport.WeightStaging) gives
-    awaitable buckets, filled into their slot on demand; the stream is told when this engine's
-    update for a bucket returned (its slot may then take a later bucket) and when the engine is
-    done, by success or failure (it then holds no slot, so no other engine waits on it)."""
-    stream = prepared.get("stream")
-    try:
-        await _send_buckets(client, groups, url, prepared, weight_version, tp_size, flush)
-    finally:
-        if stream is not None:
-            stream.leave(url)
-
-
-async def _send_buckets(
-    client: EngineClient,
-    groups: EngineGroups | None,
-    url: str,
-    prepared: dict,
-    weight_version: str,
-    tp_size: int,
-    flush: bool = True,
-) -> None:
-    urls, stream = [url], prepared.get("stream")
-    group = await groups.group(url, tp_size) if "broadcast" in prepared else None
-    buckets = prepared.get("buckets") or prepared["broadcast"]
-    for i, bucket in enumerate(buckets):
-        # the last flushes the KV of the old weights and alone carries the version: SGLang
-        # records a bucket's weight_version as soon as it loaded it (scheduler_components/
-        # weight_updater.py 242-246), so an earlier label would name weights half loaded
-        last = i == len(buckets) - 1
-        version_label = weight_version if last else None
-        if group is None:
-            entries = bucket(tp_size)
-            if inspect.isawaitable(entries):  # a streamed bucket, filled when first asked for
-                entries = await entries
-            await client.update_weights_from_tensor(
-                entries,
-                weight_version=version_label,
-                session=False,
-                flush_cache=last and flush,
-                urls=urls,
-            )
-            if stream is not None:  # the engine copied the bucket during the call
-                stream.answered(url, i)
-        else:
-            sent = bucket(tp_size) if callable(bucket) else bucket
-            if inspect.isawaitable(sent):  # a streamed bucket, filled when first asked for
-                sent = await sent
-            fields, flat = sent
-            await groups.broadcast(
-                url,
-                group,
-                flat,
-                client.update_weights_from_distributed(
-                    **fields,
-                    group_name=group.name,
-                    weight_version=version_label,
-                    flush_cache=last and flush,
-                    urls=urls,
-                ),
-            )
-            if stream is not None:  # the broadcast is done: every rank received the bucket
-                stream.answered(url, i)
 
 
 async def weight_version_of(client: EngineClient, url: str) -> str | None:

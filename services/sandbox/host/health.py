@@ -19,7 +19,7 @@ time (policy check, waits for the session and an exec slot, runner round trip), 
 
 Consumes nothing but the host's /proc and statvfs; produces `HealthSample` for /readyz
 (`health`) and the gauges `shellrl_sandbox_health_*` (metrics.py). The rollout gateway reads
-the score from /readyz and slows new groups below its threshold (services/rollout/gates.py).
+the score from /readyz and slows new groups below its threshold (services/rollout/health_gate.py).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from services.rollout.gates import HealthGate
+from services.rollout.health_gate import HealthGate
 from shellrl.clients.sandbox import SandboxClient
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port
