@@ -23,6 +23,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -93,6 +94,8 @@ class Stack:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     gateway_urls: list[str] = field(default_factory=list)
     engine_urls: list[str] = field(default_factory=list)
+    sandbox_url: str = ""
+    verifier_url: str = ""
     stopped: set[str] = field(default_factory=set)  # by stop_only: not a failure
 
     @property
@@ -122,7 +125,7 @@ class Stack:
                 ["-m", "tests.fakes.fake_latency", "engines", "--ports", ports_arg,
                  "--profile", str(profile)],
             )  # fmt: skip
-            sandbox = f"http://127.0.0.1:{free_port()}"
+            sandbox = self.sandbox_url = f"http://127.0.0.1:{free_port()}"
             self._spawn(
                 "sandbox",
                 ["-m", "tests.fakes.fake_latency", "sandbox", "--port", sandbox.rsplit(":", 1)[1],
@@ -136,7 +139,7 @@ class Stack:
                 "SHELLRL_MAX_STALENESS": str(c.max_staleness),
                 "SHELLRL_GROUPS_PER_STEP": str(c.groups_per_step),
             }
-            verifier = f"http://127.0.0.1:{free_port()}"
+            verifier = self.verifier_url = f"http://127.0.0.1:{free_port()}"
             self._spawn(
                 "verifier",
                 ["-m", "services.verifier", "--port", verifier.rsplit(":", 1)[1]],
@@ -184,6 +187,7 @@ class Stack:
                 *((f"gateway-{i}", u) for i, u in enumerate(self.gateway_urls)),
             ]:
                 wait_until_ready(target, 180, process=self.procs[name], what=name, poll_s=0.1)
+            self._check_ports_owned()
             r = httpx.post(f"{self.gateway_urls[0]}/v1/tasks", json=tasks(c.tasks), timeout=60)
             r.raise_for_status()
         except RuntimeError as exc:  # a process that exited: its log says why
@@ -194,6 +198,29 @@ class Stack:
             self.stop()
             raise
         return self
+
+    def _check_ports_owned(self, deadline_s: float = 60.0) -> None:
+        """RuntimeError unless every port this stack chose is listened on by the process it was
+        chosen for, within deadline_s (the fake engines bind theirs one after another). A ready
+        answer alone does not say whose it is: a port another process bound between choice and
+        bind answers /readyz while ours dies of EADDRINUSE (a verifier, then the learner's push
+        to an engine that is not ours, ended two make bench runs)."""
+        wanted = {"engines": self.engine_urls, "sandbox": [self.sandbox_url],
+                  "verifier": [self.verifier_url],
+                  **{f"gateway-{i}": [u] for i, u in enumerate(self.gateway_urls)}}  # fmt: skip
+        deadline = time.monotonic() + deadline_s
+        while True:
+            stray = {
+                name: ports
+                for name, urls in wanted.items()
+                if (ports := [p for p in _ports(urls) if not _listens(self.procs[name].pid, p)])
+            }
+            if not stray:
+                return
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"ports listened on by another process: {stray}")
+            time.sleep(0.1)  # poll period of the condition
 
     def _exited_logs(self) -> str:
         out = []
@@ -248,3 +275,33 @@ def start_stack(config: StackConfig, profile: Path, attempts: int = 2) -> Stack:
                 raise
             print(f"stack start failed, once more with fresh ports: {str(exc)[-600:]}")
     raise AssertionError("unreachable")
+
+
+def _ports(urls: list[str]) -> list[int]:
+    return [int(u.rsplit(":", 1)[1]) for u in urls]
+
+
+def _listens(pid: int, port: int) -> bool:
+    """Whether process `pid` holds a socket listening on TCP `port` (/proc/net/tcp{,6}: state 0A,
+    the socket's inode among the process's fds)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{f[9]}]")
+    try:
+        fds = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(fd) in inodes:
+                return True
+        except OSError:
+            continue
+    return False
