@@ -112,6 +112,10 @@ class FakeWeightSync:
     async def reconcile(self, weights, version: int) -> None:
         pass
 
+    async def publish_pending(self, version: int) -> bool:
+        """Nothing waits to be published: push publishes each version at once."""
+        return True
+
     def status(self) -> dict:
         return {}
 
