@@ -319,6 +319,11 @@ seeds() {  # ARMS="name:flags;name:flags" x SEEDS="0 1 2", all at once on one GP
       dirs+=("$T/seeds/$name-s$s")
       tail -n 3 "$OUT/$name-s$s/job.log"
       cp "$T/seeds/$name-s$s/report/summary.json" "$OUT/$name-s$s/" 2>/dev/null
+      # each service's errors and last lines: a stack whose engine stopped answering (big4-s1,
+      # 2026-12-06: every episode after step 3 infra_engine) can then be diagnosed afterwards
+      for f in "$T/seeds/$name-s$s"/logs/*.log; do
+        echo "== $f"; grep -i -m20 "error\|traceback\|out of memory\|killed" "$f"; tail -20 "$f"
+      done > "$OUT/$name-s$s/service-logs.txt" 2>&1
       tar -czf "$OUT/$name-s$s/report.tar.gz" -C "$T/seeds/$name-s$s" report 2>/dev/null
     done
     python3 -m cli.main report --compare "${dirs[@]}" --out "$OUT/compare-$name" \

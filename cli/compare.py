@@ -52,6 +52,10 @@ def load_run(directory: Path) -> dict:
         )
     if summary.get("incomplete"):
         raise ValueError(f"{directory}: an incomplete run ({summary.get('line')}): not comparable")
+    if (summary.get("target") or {}).get("evaluated") is False:
+        raise ValueError(
+            f"{directory}: not evaluated after training ({summary_line(summary)}): not comparable"
+        )
     summary = template_trajectories.ensure_trajectories(summary)
     return {**summary, "line": summary_line(summary)}
 

@@ -16,6 +16,11 @@ evaluations that did not run, never a number:
     incomplete: learner killed (SIGKILL) during train, no checkpoint | eval_id 18.8% -> not
     evaluated | eval_ood 6.2% -> not evaluated | target not evaluated
 
+So is a job whose last evaluation of eval_id or eval_ood scored no episode (every one an INFRA
+failure: an engine that stopped answering); summary.json's `unscored` gives the outcomes:
+
+    eval_id 18.8% -> not evaluated (no episode scored: 64 infra_engine) | ...
+
 `cli/compare.py` aggregates the summaries of several runs (complete ones only).
 """
 
@@ -44,10 +49,12 @@ def summarize(
     trajectory over the eval points (before, `during` ({set: view} each, in order), after) and
     the step each first lost an instance (cli/template_trajectories.py), the regressions, the
     target verdict, and `meta` (seed, steps, settings) as given. An evaluation
-    that did not run (`before` or `after` empty: a job cut short) is not evaluated: its sets'
-    and templates' `after` is None, no regressions, target {"met": False, "evaluated": False}."""
-    evaluated = bool(before) and bool(after)
+    that did not run (`before` or `after` empty: a job cut short), or whose `after` scored no
+    episode of eval_id or eval_ood (`unscored_sets`), is not evaluated: its sets' and templates'
+    `after` is None, no regressions, target {"met": False, "evaluated": False}."""
     after = after or {}
+    unscored = unscored_sets(before, after)
+    evaluated = bool(before) and bool(after) and not unscored
     sets = {
         name: {
             "before": asdict(set_score(view)),
@@ -75,11 +82,29 @@ def summarize(
     found = regressions(templates) if evaluated else []
     return {
         **meta,
+        **({"unscored": unscored} if unscored else {}),
         "sets": sets,
         "templates": templates,
         "regressions": found,
         "target": target(sets, found) if evaluated else {"met": False, "evaluated": False},
     }
+
+
+def unscored_sets(before: dict, after: dict) -> dict[str, dict[str, int]]:
+    """{set: {outcome: episodes}} of each set of TEMPLATE_SETS that the `after` evaluation ran
+    but scored no episode of (every one an INFRA failure, e.g. `infra_engine` from an engine
+    that stopped answering): that set was not evaluated, so its templates must not count as
+    lost (before: "count_lines 4/10 -> 0/10 !" for a run whose engine died in training)."""
+    out = {}
+    for name in TEMPLATE_SETS:
+        view = after.get(name)
+        if name not in before or not view or set_score(view).episodes:
+            continue
+        outcomes: dict[str, int] = {}
+        for r in view.get("results", []):
+            outcomes[r.get("outcome") or "none"] = outcomes.get(r.get("outcome") or "none", 0) + 1
+        out[name] = outcomes
+    return out
 
 
 def regressions(templates: dict[str, dict[str, dict]]) -> list[dict]:
@@ -128,7 +153,15 @@ def summary_line(summary: dict) -> str:
                 parts.append(f"{name} not evaluated")
             continue
         if s["after"] is None:
-            parts.append(f"{name} {_pct(s['before']['rate'])} -> not evaluated")
+            why = (summary.get("unscored") or {}).get(name)
+            reason = (
+                " (no episode scored: "
+                + ", ".join(f"{n} {outcome}" for outcome, n in sorted(why.items()))
+                + ")"
+                if why
+                else ""
+            )
+            parts.append(f"{name} {_pct(s['before']['rate'])} -> not evaluated{reason}")
             continue
         b, a = s["before"]["rate"], s["after"]["rate"]
         text = f"{name} {_pct(b)} -> {_pct(a)}"

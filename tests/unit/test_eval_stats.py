@@ -96,3 +96,51 @@ def test_summary_line_names_each_template_that_lost_instances():
     assert summary["seed"] == 3 and not summary["target"]["met"]
     assert "eval_id 50.0% -> 50.0% (1.00x, +0.0 pts)" in line
     assert "regressions: count_lines 1/1 -> 0/1" in line and " !" not in line
+
+
+def test_an_after_evaluation_that_scored_nothing_is_not_evaluated_and_loses_no_template():
+    """big4-s1 (H100, 2026-12-06): the engine stopped answering in training, every episode of the
+    last evaluation was infra_engine, and the line read "count_lines 4/10 -> 0/10 !": templates
+    counted as lost that were never evaluated. Such a set is not evaluated, and neither is the
+    target; `shellrl report --compare` refuses the run as it refuses an incomplete one."""
+    before = {
+        "eval_id": view({"gen-count_lines-000000000001": "s", "gen-word_count-000000000002": "w"}),
+        "eval_ood": view({"gen-last_line-000000000003": "s"}),
+    }
+    infra = [
+        {"task_id": t, "episode": 0, "outcome": "infra_engine", "reward": None}
+        for t in ("gen-count_lines-000000000001", "gen-word_count-000000000002")
+    ]
+    after = {
+        "eval_id": {"results": infra, "episodes_scored": 0, "success_rate": None},
+        "eval_ood": view({"gen-last_line-000000000003": "s"}),
+    }
+    summary = summarize(before, after, None, {"seed": 1})
+    assert summary["target"] == {"met": False, "evaluated": False}
+    assert summary["regressions"] == []
+    assert summary["unscored"] == {"eval_id": {"infra_engine": 2}}
+    assert summary["sets"]["eval_id"]["after"] is None
+    assert summary["templates"]["eval_id"]["count_lines"]["after"] is None
+    line = summary_line(summary)
+    assert "eval_id 50.0% -> not evaluated (no episode scored: 2 infra_engine)" in line
+    assert "target not evaluated" in line and "regressions" not in line
+    # one scored episode is an evaluation: the loss then counts as before
+    after["eval_id"] = view(
+        {"gen-count_lines-000000000001": "w", "gen-word_count-000000000002": "i"}
+    )
+    summary = summarize(before, after, None, {"seed": 1})
+    assert "unscored" not in summary and "evaluated" not in summary["target"]
+    assert [r["template"] for r in summary["regressions"]] == ["count_lines"]
+
+
+def test_compare_refuses_a_run_that_was_not_evaluated(tmp_path):
+    from cli.compare import load_run
+
+    before = {"eval_id": view({"gen-count_lines-000000000001": "s"})}
+    infra = [{"task_id": "gen-count_lines-000000000001", "episode": 0, "outcome": "infra_engine"}]
+    after = {"eval_id": {"results": infra, "episodes_scored": 0, "success_rate": None}}
+    import json
+
+    (tmp_path / "evaluations.json").write_text(json.dumps({"before": before, "after": after}))
+    with pytest.raises(ValueError, match="not evaluated after training"):
+        load_run(tmp_path)
