@@ -58,6 +58,12 @@ WEIGHT_UPDATE_GROUPS = gauge(
     "learner destroyed its group).",
 )
 PREFILL_SECONDS = histogram("shellrl_engine_prefill_seconds", "Wall time of one batched prefill.")
+STEP_FAILURES = counter(
+    "shellrl_engine_step_failures_total",
+    "Prefill or decode forwards that raised, by stage and exception class (their requests end "
+    "with an engine error; OutOfMemoryError also empties the prefix cache).",
+    ("stage", "error"),
+)
 WEIGHT_UPDATE_SECONDS = histogram(
     "shellrl_engine_weight_update_seconds",
     "Weight update time from request to live weights, by source.",

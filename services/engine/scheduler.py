@@ -165,9 +165,23 @@ class Scheduler(SchedulerCommands):
             step()
         except Exception as exc:  # a failed forward fails its requests, never the engine
             log.exception("engine step failed")
+            self._failed("decode", exc)
             for state in self._batch.live():
-                self._finish(state, engine_error(exc))
+                if state.finish_reason is None:  # not one this step had finished already
+                    self._finish(state, engine_error(exc))
             self._batch.clear()
+
+    def _failed(self, stage: str, exc: Exception) -> None:
+        """Count a failed forward; after a CUDA out-of-memory error also drop the prefix cache,
+        the one memory the engine holds by choice (SGLang evicts its radix cache under memory
+        pressure too), so that the next forward has it."""
+        metrics.STEP_FAILURES.labels(stage, type(exc).__name__).inc()
+        if isinstance(exc, torch.OutOfMemoryError):
+            log.error(
+                "CUDA out of memory: prefix cache emptied",
+                extra={"stage": stage, "prefix_cache_bytes": self.prefix_cache.bytes},
+            )
+            self.prefix_cache.clear()
 
     # ----- prefill -----------------------------------------------------------------------------------
 
@@ -187,12 +201,26 @@ class Scheduler(SchedulerCommands):
         return True
 
     def _guarded_prefill(self, group: list[Admitted]) -> None:
+        """`_prefill(group)`; if it raises, the group's requests end with an engine error and
+        any of them that had already joined the running batch leave it. Before, a failure after
+        the join (sampling the first token) left those rows live without a token, and the next
+        decode step failed every running request with IndexError (seen on an H100 after CUDA
+        out-of-memory errors, BENCHMARKS.md issue 33; tests/unit/test_engine_step_failures.py)."""
         try:
             self._prefill(group)
         except Exception as exc:  # a failed prefill ends its requests, never the scheduler
             log.exception("prefill failed")
+            self._failed("prefill", exc)
+            states = {id(state) for state, *_ in group}
             for state, *_ in group:
-                self._finish(state, engine_error(exc))
+                if state.finish_reason is None:
+                    self._finish(state, engine_error(exc))
+            rows = self._batch.rows
+            for row, state in enumerate(rows):
+                if state is not None and id(state) in states:
+                    rows[row] = None  # padding until the next compaction: no copy, no memory
+            if rows and not self._batch.live():
+                self._batch.clear()
 
     def _prefill(self, group: list[Admitted]) -> None:
         start = time.perf_counter()
