@@ -70,16 +70,20 @@ class QuickRuns:
 
     def __init__(self, names: list[str]) -> None:
         self.procs: dict[str, subprocess.Popen] = {}
+        # the environment, copied here on pytest's own thread: pytest sets and deletes
+        # PYTEST_CURRENT_TEST on it around every test phase, and a pool thread copying os.environ
+        # meanwhile died with KeyError('PYTEST_CURRENT_TEST') (a fresh-clone CI, 2026-12-06)
+        self.env = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+        self.env |= {"COLUMNS": "240", "SHELLRL_AUTH_DISABLED": "true"}
         self.pool = ThreadPoolExecutor(WORKERS)
         self.futures = {name: self.pool.submit(self._run, name) for name in names}
 
     def _run(self, name: str) -> tuple[int, str, str, float]:
-        env = {**os.environ, "COLUMNS": "240", "SHELLRL_AUTH_DISABLED": "true"}
         start = time.monotonic()
         proc = popen_owned(  # its own session, dies with this pytest (owned_processes)
             [sys.executable, "-m", f"benchmarks.bench_{name}", "--quick"],
             cwd=REPO,
-            env=env,
+            env=dict(self.env),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
