@@ -1,9 +1,12 @@
 """Run the benchmarks: `python -m benchmarks` (every benchmarks/bench_*.py) or
-`python -m benchmarks streams engine` (only bench_streams and bench_engine).
+`python -m benchmarks streams engine` (only bench_streams and bench_engine); `--quick` runs each
+one's quick form (the tiny model, seconds to a minute each).
 
 Each module's `main(argv)` runs in its own subprocess, so a failing or crashing benchmark does not
-stop the others; arguments after `--` go to every selected benchmark. Prints which ran, how long
-they took and which failed; exits 1 if any failed.
+stop the others; arguments after `--` go to every selected benchmark (`python -m benchmarks rollout
+-- --quick` = `python -m benchmarks rollout --quick`). Prints which ran, how long they took and
+which failed; exits 1 if any failed. Run it with the project's interpreter (`make setup` makes
+.venv: `.venv/bin/python -m benchmarks`), or through `make bench ARGS="..."`.
 """
 
 from __future__ import annotations
@@ -37,13 +40,21 @@ def main(argv: list[str] | None = None, directory: Path = HERE) -> int:
     if "--" in argv:
         argv, extra = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     parser = argparse.ArgumentParser(
-        prog="python -m benchmarks", description=__doc__.splitlines()[0]
+        prog="python -m benchmarks",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     names_available = available(directory)
     parser.add_argument(
         "names", nargs="*", help=f"benchmarks to run (default: all of {names_available})"
     )
-    names = parser.parse_args(argv).names or names_available
+    parser.add_argument(
+        "--quick", action="store_true", help="each benchmark's quick form (passes --quick to it)"
+    )
+    args = parser.parse_args(argv)
+    names = args.names or names_available
+    if args.quick and "--quick" not in extra:
+        extra = ["--quick", *extra]
     unknown = [
         n.removeprefix("bench_") for n in names if n.removeprefix("bench_") not in names_available
     ]

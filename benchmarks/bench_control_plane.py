@@ -233,6 +233,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.engines, args.gateways, args.window_s, args.warm_steps = [2], [1], 3.0, 1
         args.attribute_engines = args.drain_engines = 0
+        console.print(
+            "quick form: a check that the harness runs (2 engines, a 3 s window); its costs per "
+            "episode and its extrapolation are not results (the full sweep's are in BENCHMARKS.md)"
+        )
         with tempfile.TemporaryDirectory(prefix="bench-cp-quick-") as out:
             args.out = Path(out)
             return run(args)

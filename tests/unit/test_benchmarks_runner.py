@@ -40,3 +40,13 @@ def test_named_benchmarks_only_and_unknown_names_are_refused(tmp_path, capfd):
 
 def test_the_streams_benchmark_is_found():
     assert "streams" in available()
+
+
+def test_quick_before_the_separator_reaches_each_benchmark_once(tmp_path, capfd):
+    """A new user's `python -m benchmarks rollout --quick` was refused ("unrecognized arguments:
+    --quick"); only `-- --quick` worked."""
+    pkg = _fake_benchmarks(tmp_path)
+    assert main(["alpha", "--quick"], directory=pkg) == 0
+    assert "alpha ran with ['--quick']" in capfd.readouterr().out
+    assert main(["alpha", "--quick", "--", "--quick", "--n", "2"], directory=pkg) == 0
+    assert "alpha ran with ['--quick', '--n', '2']" in capfd.readouterr().out
