@@ -3,7 +3,14 @@
 Two suites on one machine (two fresh-clone CIs, a developer's run beside CI) run the same test at the
 same moment: a fixed offset, or the first free one in a fixed order, gave both the same ports
 ('ports in use: redis:7099, ...' after both had seen them free). Each process draws offsets in its
-own random order (seeded by its pid), so two suites meet the same offset with probability ~1/800.
+own random order (seeded by its pid), so two suites meet the same offset with probability ~1/350.
+
+Every shifted port stays below the kernel's ephemeral range (net.ipv4.ip_local_port_range), where
+any process's outgoing connection may take a port between our check and the service's bind: with
+offsets up to 30000 the engine (30000 + offset) bound in that range, and a fresh-clone CI beside
+two others failed with "[Errno 98] ... ('127.0.0.1', 45430): address already in use"
+(tests/e2e/test_job_during_evals.py, 2026-12-06). Offsets step by 5: the default ports differ
+pairwise by 1-3, 1701-1704 and more, none a multiple of 5, so no two offsets share a port.
 """
 
 from __future__ import annotations
@@ -12,8 +19,10 @@ import os
 import random
 
 from cli.stack_config import DEFAULT_PORTS, port_is_free
+from shellrl.service.ports import ephemeral_low
 
-OFFSETS = range(1000, 30000, 37)
+STEP = 5
+OFFSETS = range(1000, ephemeral_low() - max(DEFAULT_PORTS.values()), STEP)
 
 
 def free_port_offsets(count: int = 1, services: tuple[str, ...] | None = None) -> list[int]:
