@@ -9,8 +9,10 @@ Every shifted port stays below the kernel's ephemeral range (net.ipv4.ip_local_p
 any process's outgoing connection may take a port between our check and the service's bind: with
 offsets up to 30000 the engine (30000 + offset) bound in that range, and a fresh-clone CI beside
 two others failed with "[Errno 98] ... ('127.0.0.1', 45430): address already in use"
-(tests/e2e/test_job_during_evals.py, 2026-12-06). Offsets step by 5: the default ports differ
-pairwise by 1-3, 1701-1704 and more, none a multiple of 5, so no two offsets share a port.
+(tests/e2e/test_job_during_evals.py, 2026-12-06). Offsets step by 5: the differences between
+default ports that two offsets of the range can bridge (1-3 and 1701-1704) are no multiple of 5,
+so no two offsets share a port. A machine whose ephemeral range starts too low to leave 50 such
+offsets gets the range above it, as before.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ from cli.stack_config import DEFAULT_PORTS, port_is_free
 from shellrl.service.ports import ephemeral_low
 
 STEP = 5
-OFFSETS = range(1000, ephemeral_low() - max(DEFAULT_PORTS.values()), STEP)
+BELOW_EPHEMERAL = range(1000, ephemeral_low() - max(DEFAULT_PORTS.values()), STEP)
+OFFSETS = (
+    BELOW_EPHEMERAL
+    if len(BELOW_EPHEMERAL) >= 50
+    else range(1000, 65535 - max(DEFAULT_PORTS.values()), STEP)
+)
 
 
 def free_port_offsets(count: int = 1, services: tuple[str, ...] | None = None) -> list[int]:
