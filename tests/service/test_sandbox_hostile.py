@@ -104,7 +104,9 @@ def service(sandbox_services):
 async def client(service):
     async with SandboxClient(service.url, timeout_s=30) as c:
         yield c
-        async with httpx.AsyncClient(base_url=service.url) as http:
+        # the service survived the test: the client's own 30 s bound, not httpx's default 5 s
+        # (a CI beside another, load ~14, timed out connecting at 5 s: httpx.ConnectTimeout)
+        async with httpx.AsyncClient(base_url=service.url, timeout=30) as http:
             assert (await http.get("/healthz")).status_code == 200
 
 
