@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -43,7 +44,13 @@ if str(REPO) not in sys.path:
 from benchmarks.control_plane_attribution import attribute
 from benchmarks.control_plane_drain import measure_drain
 from benchmarks.control_plane_measure import ROLES, Point, measure, wait_warm
-from benchmarks.control_plane_report import extrapolate, measured, offered_turns_per_s, plot
+from benchmarks.control_plane_report import (
+    extrapolate,
+    measured,
+    offered_turns_per_s,
+    per_engine_episodes_per_s,
+    plot,
+)
 from benchmarks.control_plane_stack import Stack, StackConfig, start_stack, write_profile
 
 console = Console(width=200)
@@ -69,7 +76,10 @@ def start_warm(config: StackConfig, profile: Path, warm_steps: int, attempts: in
 
 
 def run_point(config: StackConfig, profile: Path, window_s: float, warm_steps: int) -> Point:
-    console.print(f"[dim]engines={config.engines} gateways={config.gateways}: starting[/dim]")
+    console.print(
+        f"[dim]engines={config.engines} gateways={config.gateways} "
+        f"stream shards={config.stream_shards}: starting[/dim]"
+    )
     stack = start_warm(config, profile, warm_steps)
     try:
         return measure(stack, window_s)
@@ -149,7 +159,7 @@ def costs_table(points: list[Point]) -> Table:
             f"{k} {v:.2f}" for k, v in p.admission_wait_s_per_group.items() if v > 0.005
         )
         table.add_row(
-            f"{p.engines} x {p.gateways}",
+            _label(p),
             *(measured(p.ms_per_episode.get(r, 0), ".2f") for r in ROLES if r != "fakes"),
             measured(p.ms_per_turn.get("gateways", 0), ".2f"),
             f"{sum(p.redis_calls_per_episode.values()):.1f}",
@@ -184,7 +194,41 @@ def memory_table(points: list[Point]) -> Table:
             cells.append(
                 f"{v['keys_per_episode']:.2f} / {v['bytes_per_key']:.0f} / {ttl}" if v else "-"
             )
-        table.add_row(f"{p.engines} x {p.gateways}", *cells)
+        table.add_row(_label(p), *cells)
+    return table
+
+
+def _label(p: Point) -> str:
+    """ "engines x gateways", and " + S shards" with stream shards."""
+    shards = f" + {p.stream_shards} shards" if p.stream_shards else ""
+    return f"{p.engines} x {p.gateways}{shards}"
+
+
+def shards_table(points: list[Point], profile: dict) -> Table:
+    """Each Redis process's CPU per episode, and how many engines the busiest one carries at
+    70% of one core at that cost (this point's cost, not the slope over a sweep)."""
+    per_engine = per_engine_episodes_per_s(profile)
+    table = Table(
+        title="Redis instances: CPU ms per episode (the control Redis and the stream shards)"
+    )
+    cols = ["engines x gw", "episodes/s", "control ms/ep", "shards ms/ep (each)"]
+    cols += ["all Redis ms/ep", "busiest ms/ep", "engines at 70% of its core"]
+    for c in cols:
+        table.add_column(c, justify="right")
+    for p in points:
+        per = p.redis_instance_ms_per_episode
+        control = per.get("redis", math.nan)
+        shards = [v for k, v in sorted(per.items()) if k != "redis"]
+        busiest = max(per.values(), default=math.nan)
+        table.add_row(
+            _label(p),
+            f"{p.episodes_per_s:.1f}",
+            measured(control, ".2f"),
+            " / ".join(measured(v, ".2f") for v in shards) or "-",
+            measured(sum(per.values()), ".2f"),
+            measured(busiest, ".2f"),
+            f"{700 / (busiest * per_engine):.0f}" if busiest > 0 else "-",
+        )
     return table
 
 
@@ -222,17 +266,32 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         help="the verifier's SHELLRL_TRAJECTORIES_STREAM_MAXLEN (default: its own)",
     )
+    parser.add_argument(
+        "--stream-shards",
+        type=int,
+        nargs="+",
+        default=[0],
+        help="Redis instances holding the training streams beside the control one "
+        "(SHELLRL_STREAM_SHARD_URLS; shellrl/streams/shards.py), one sweep each (default: 0)",
+    )
     parser.add_argument("--out", type=Path, default=REPO / ".shellrl/benchmarks/control-plane")
     parser.add_argument(
         "--from-results",
         type=Path,
         help="print the tables and plots of an earlier run's results.json (runs nothing)",
     )
-    parser.add_argument("--quick", action="store_true", help="2 engines x 1 gateway, 3 s window")
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="2 engines x 1 gateway, 3 s window, without and with one stream shard "
+        "(unless --stream-shards is given)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.engines, args.gateways, args.window_s, args.warm_steps = [2], [1], 3.0, 1
         args.attribute_engines = args.drain_engines = 0
+        if args.stream_shards == [0]:  # the default: the sharded data path runs too
+            args.stream_shards = [0, 1]
         console.print(
             "quick form: a check that the harness runs (2 engines, a 3 s window); its costs per "
             "episode and its extrapolation are not results (the full sweep's are in BENCHMARKS.md)"
@@ -256,17 +315,20 @@ def run(args: argparse.Namespace) -> None:
     profile_path = write_profile(args.out)  # kept beside results.json
     profile = json.loads(profile_path.read_text())
     points: list[Point] = []
-    for gateways in args.gateways:
-        for engines in args.engines:
-            if gateways > 1 and engines < 16:
-                continue  # one gateway carries these with room to spare
-            config = StackConfig(
-                engines=engines, gateways=gateways, trajectories_maxlen=args.trajectories_maxlen
-            )
-            points.append(run_point(config, profile_path, args.window_s, args.warm_steps))
-            (args.out / "results.json").write_text(
-                json.dumps({"profile": profile, "points": [p.to_json() for p in points]}, indent=1)
-            )
+    sweeps = [(s, g, e) for s in args.stream_shards for g in args.gateways for e in args.engines]
+    for shards, gateways, engines in sweeps:
+        if gateways > 1 and engines < 16:
+            continue  # one gateway carries these with room to spare
+        config = StackConfig(
+            engines=engines,
+            gateways=gateways,
+            trajectories_maxlen=args.trajectories_maxlen,
+            stream_shards=shards,
+        )
+        points.append(run_point(config, profile_path, args.window_s, args.warm_steps))
+        (args.out / "results.json").write_text(
+            json.dumps({"profile": profile, "points": [p.to_json() for p in points]}, indent=1)
+        )
     if args.attribute_engines:
         config = StackConfig(engines=args.attribute_engines)
         console.print(run_attribution(config, profile_path, seconds=3.0))
@@ -288,7 +350,10 @@ def report(points: list[Point], profile: dict, out: Path, drain: dict | None = N
     console.print(points_table(points, profile))
     console.print(costs_table(points))
     console.print(memory_table(points))
-    rows, basis = extrapolate(points, profile, drain)
+    console.print(shards_table(points, profile))
+    # the extrapolation's slopes: the sweep without stream shards (when it ran)
+    unsharded = [p for p in points if not p.stream_shards] or points
+    rows, basis = extrapolate(unsharded, profile, drain)
     console.print(
         "CPU-ms per episode (slope over the 1-gateway points; learner: "
         + ("the drain's" if drain else "the sweep's, no drain run")

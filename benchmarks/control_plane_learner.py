@@ -18,7 +18,8 @@ Started with --start-paused it publishes version 0 and takes nothing until SIGUS
 worker's pause and resume). Every second it writes its counters to `--stats` (JSON, replaced
 atomically), which the harness reads at the edges of its measuring window.
 
-    python -m benchmarks.control_plane_learner --redis-url URL --engines URL,... --stats FILE
+    python -m benchmarks.control_plane_learner --redis-url URL [--shard-urls URL,...] \
+        --engines URL,... --stats FILE
 """
 
 from __future__ import annotations
@@ -142,8 +143,8 @@ def _write_stats(path: Path, worker: LearnerWorker, compute: FakeStepCompute) ->
 
 async def run(args: argparse.Namespace) -> None:
     redis = streams.connect(args.redis_url)
-    consumer = streams.StreamConsumer(
-        redis,
+    shards = streams.StreamShards(redis, streams.shards.parse_shard_urls(args.shard_urls))
+    consumer = shards.consumer(
         streams.STREAM_TRAJECTORIES,
         streams.GROUP_LEARNER,
         "learner-0",
@@ -164,6 +165,7 @@ async def run(args: argparse.Namespace) -> None:
     store = CheckpointStore(tempfile.mkdtemp(prefix="bench-cp-learner-"))
     sync = FakeWeightSync(redis, [u for u in args.engines.split(",") if u])
     worker = LearnerWorker(consumer, assembler, trainer, sync, store, config)
+    worker.shards = shards
     compute = worker.data_parallel = FakeStepCompute(trainer, args.step_s)
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
@@ -180,6 +182,7 @@ async def run(args: argparse.Namespace) -> None:
         await worker.run(stop)
     finally:
         reporter.cancel()
+        await worker.close_streams()
         shutil.rmtree(store.directory, ignore_errors=True)
     _write_stats(Path(args.stats), worker, compute)
 
@@ -189,6 +192,9 @@ def main(argv: list[str] | None = None) -> None:
         prog="python -m benchmarks.control_plane_learner", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--redis-url", required=True)
+    parser.add_argument(
+        "--shard-urls", default="", help="stream shards' Redis URLs, comma-separated (shards.py)"
+    )
     parser.add_argument("--engines", default="", help="engine URLs, comma-separated")
     parser.add_argument("--stats", required=True, help="JSON file of counters, every second")
     parser.add_argument("--groups-per-step", type=int, default=4)

@@ -41,6 +41,8 @@ def per_unit_ms(cores: dict[str, float], wall_s: float, units: float) -> dict[st
 def role(name: str) -> str:
     if name.startswith("gateway"):
         return "gateways"
+    if name.startswith("redis"):  # the control Redis and the stream shards, together
+        return "redis"
     return {"engines": "fakes", "sandbox": "fakes"}.get(name, name)
 
 
@@ -72,6 +74,9 @@ class Point:
     redis_keys_per_episode: float = 0.0  # DBSIZE growth over the window
     # kind -> keys per episode, bytes per key, TTL s: the keys an episode leaves behind
     retained: dict[str, dict[str, float]] = field(default_factory=dict)
+    stream_shards: int = 0  # Redis instances holding the training streams beside the control one
+    # each Redis process ("redis": the control one, "redis-shard-k") -> its CPU ms per episode
+    redis_instance_ms_per_episode: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -122,30 +127,61 @@ def wait_warm(stack: Stack, steps: int, deadline_s: float) -> None:
         time.sleep(0.2)  # poll period of the condition above
 
 
+def _summed(parts: list[dict]) -> dict:
+    """Nested dicts of numbers added key by key (the Redis instances' figures, together)."""
+    out: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            if isinstance(value, dict):
+                out[key] = _summed([out.get(key, {}), value])
+            else:
+                out[key] = out.get(key, 0) + value
+    return out
+
+
+def _census(urls: list[str]) -> dict[str, dict[str, float]]:
+    """`key_census` of every Redis instance: keys summed, a key's bytes and TTL from the first
+    instance that holds one."""
+    out: dict[str, dict[str, float]] = {}
+    for census in map(key_census, urls):
+        for kind, c in census.items():
+            have = out.setdefault(kind, {"keys": 0, "bytes": 0.0, "ttl_s": 0.0})
+            if not have["keys"] and c["keys"]:
+                have["bytes"], have["ttl_s"] = c["bytes"], c["ttl_s"]
+            have["keys"] += c["keys"]
+    return out
+
+
 def measure(stack: Stack, window_s: float, sample_s: float = 0.5) -> Point:
-    url = stack.redis.url
+    urls = stack.redis_urls  # the control Redis, then the stream shards
     pids = stack.pids()
-    census0 = key_census(url)  # SCANs: outside the CPU window
+    census0 = _census(urls)  # SCANs: outside the CPU window
     cpu0 = {n: cpu_s(p) for n, p in pids.items()}
-    redis0, gw0, learner0 = redis_snapshot(url), _gateways(stack), _learner(stack)
+    redis0, gw0, learner0 = [redis_snapshot(u) for u in urls], _gateways(stack), _learner(stack)
     start = time.monotonic()
     samples: list[dict] = []
     while (now := time.monotonic()) < start + window_s:
-        samples.append(stream_lag(url))
+        samples.append(_summed([stream_lag(u) for u in urls]))
         time.sleep(min(sample_s, max(0.0, start + window_s - now)))  # the sampling period
     wall = time.monotonic() - start
     cpu1 = {n: cpu_s(p) for n, p in pids.items()}
-    redis1, gw1, learner1 = redis_snapshot(url), _gateways(stack), _learner(stack)
-    census1 = key_census(url)
+    redis1, gw1, learner1 = [redis_snapshot(u) for u in urls], _gateways(stack), _learner(stack)
+    census1 = _census(urls)
     stack.check_alive()
 
-    gw, rd = delta(gw0, gw1), delta(redis0, redis1)
+    gw = delta(gw0, gw1)
+    rd = _summed([delta(a, b) for a, b in zip(redis0, redis1, strict=True)])
     turns, episodes = gw.get("shellrl_rollout_turns_total", 0.0), gw.get("episodes", 0.0)
     groups = gw.get("shellrl_rollout_groups_admitted_total", 0.0)
     cores: Counter[str] = Counter()
     for name in pids:
         cores[role(name)] += (cpu1[name] - cpu0[name]) / wall
-    own = {"xinfo|groups": 3 * len(samples), "info": 4, "dbsize": 1, "hello": len(samples) + 1}
+    own = {  # on each instance
+        c: n * len(urls)
+        for c, n in {
+            "xinfo|groups": 3 * len(samples), "info": 4, "dbsize": 1, "hello": len(samples) + 1
+        }.items()
+    }  # fmt: skip
     for command, n in own.items():  # this harness's own commands (stream_lag, redis_snapshot)
         if command in rd["commands"]:
             rd["commands"][command]["calls"] = max(0, rd["commands"][command]["calls"] - n)
@@ -200,6 +236,12 @@ def measure(stack: Stack, window_s: float, sample_s: float = 0.5) -> Point:
                 "ttl_s": c["ttl_s"],
             }
             for kind, c in census1.items()
+        },
+        stream_shards=stack.config.stream_shards,
+        redis_instance_ms_per_episode={
+            name: 1000 * (cpu1[name] - cpu0[name]) / episodes if episodes > 0 else math.nan
+            for name in pids
+            if name.startswith("redis")
         },
         call_ms={
             c: 1000

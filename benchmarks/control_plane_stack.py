@@ -1,6 +1,7 @@
 """The stack the control-plane benchmark loads: real shared parts, simulated engines and sandboxes.
 
-    redis-server (real, AOF everysec: the test fixture's configuration)
+    redis-server (real, AOF everysec: the test fixture's configuration), and with
+                 --stream-shards S, S more holding the training streams (shards.py)
     N FakeLatencyEngines in one process, one port each  ─┐  tests/fakes/fake_latency.py
     one FakeLatencySandbox                               ─┘  (latency from control_plane_profile)
     R rollout gateways   python -m services.rollout   (real: admission, task pool, agent loop)
@@ -53,6 +54,9 @@ class StackConfig:
     learner_cprofile: str | None = None  # cProfile the learner's intake into this file
     trajectories_maxlen: int | None = None  # SHELLRL_TRAJECTORIES_STREAM_MAXLEN of the verifier
     learner_paused: bool = False  # the learner takes nothing until SIGUSR1 (control_plane_drain)
+    stream_shards: int = (
+        0  # Redis instances holding the training streams (shellrl/streams/shards.py)
+    )
 
     @property
     def groups_per_step(self) -> int:
@@ -91,6 +95,7 @@ class Stack:
     config: StackConfig
     directory: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="bench-cp-")))
     redis: RedisServer | None = None
+    shard_redis: list[RedisServer] = field(default_factory=list)  # the stream shards
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     gateway_urls: list[str] = field(default_factory=list)
     engine_urls: list[str] = field(default_factory=list)
@@ -117,6 +122,9 @@ class Stack:
         try:
             self.redis = RedisServer(self.directory / "redis").start()
             url = self.redis.url
+            for k in range(1, c.stream_shards + 1):
+                self.shard_redis.append(RedisServer(self.directory / f"redis-shard-{k}").start())
+            shard_urls = ",".join(r.url for r in self.shard_redis)
             ports = [free_port() for _ in range(c.engines)]
             self.engine_urls = [f"http://127.0.0.1:{p}" for p in ports]
             ports_arg = ",".join(map(str, ports))
@@ -138,6 +146,7 @@ class Stack:
                 "SHELLRL_SHUTDOWN_GRACE_S": "2",  # the harness stops them: drain briefly
                 "SHELLRL_MAX_STALENESS": str(c.max_staleness),
                 "SHELLRL_GROUPS_PER_STEP": str(c.groups_per_step),
+                "SHELLRL_STREAM_SHARD_URLS": shard_urls,
             }
             verifier = self.verifier_url = f"http://127.0.0.1:{free_port()}"
             self._spawn(
@@ -174,6 +183,7 @@ class Stack:
             self._spawn(
                 "learner",
                 ["-m", "benchmarks.control_plane_learner", "--redis-url", url,
+                 "--shard-urls", shard_urls,
                  "--engines", ",".join(self.engine_urls), "--stats", str(self.learner_stats),
                  "--groups-per-step", str(c.groups_per_step),
                  "--max-staleness", str(c.max_staleness), "--step-s", str(c.step_s),
@@ -234,7 +244,15 @@ class Stack:
         out = {name: p.pid for name, p in self.procs.items()}
         if self.redis and self.redis.proc:
             out["redis"] = self.redis.proc.pid
+        for k, shard in enumerate(self.shard_redis, start=1):
+            if shard.proc:
+                out[f"redis-shard-{k}"] = shard.proc.pid
         return out
+
+    @property
+    def redis_urls(self) -> list[str]:
+        """The control Redis's URL, then the stream shards'."""
+        return [self.redis.url, *(r.url for r in self.shard_redis)] if self.redis else []
 
     def check_alive(self) -> None:
         for name, proc in self.procs.items():
@@ -259,8 +277,9 @@ class Stack:
                     proc.terminate()
             for proc in procs:
                 stop_owned(proc, grace_s=10)
-        if self.redis:
-            self.redis.stop()
+        for server in [self.redis, *self.shard_redis]:
+            if server:
+                server.stop()
         shutil.rmtree(self.directory, ignore_errors=True)  # logs, AOF: read by check_alive before
 
 

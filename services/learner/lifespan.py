@@ -32,9 +32,11 @@ async def running(parts: Parts) -> AsyncIterator[None]:
     task = asyncio.create_task(worker.run(stop))
     task.add_done_callback(_exit_on_error)
     parts.worker_task = task
-    stats = asyncio.create_task(
-        export_stream_stats(parts.redis, [(streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER)])
-    )
+    watched = [(streams.STREAM_TRAJECTORIES, streams.GROUP_LEARNER)]
+    stats = asyncio.create_task(export_stream_stats(parts.redis, watched))
+    shard_stats = None
+    if worker.shards is not None and len(worker.shards) > 1:
+        shard_stats = asyncio.create_task(worker.shards.export_shard_stats(watched))
     log.info(
         "learner started",
         extra={"config": settings.public_dict(), "transport": worker.sync.transport},
@@ -44,7 +46,8 @@ async def running(parts: Parts) -> AsyncIterator[None]:
     finally:
         stop.set()
         await worker.drain(settings.shutdown_grace_s)
-        await cancel_and_wait(task, stats, timeout_s=10.0)
+        await cancel_and_wait(task, stats, shard_stats, timeout_s=10.0)
+        await worker.close_streams()
         await worker.sync.aclose()  # the engines destroy their weight-update groups too
         await parts.client.close()
         await parts.redis.aclose()

@@ -144,8 +144,8 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
         summary=model_summary(config),
         refresh_s=s.engine_refresh_s,
     )
-    consumer = streams.StreamConsumer(
-        redis,
+    shards = streams.StreamShards(redis, s.shard_urls)  # shard 0: `redis` (shards.py)
+    consumer = shards.consumer(
         streams.STREAM_TRAJECTORIES,
         streams.GROUP_LEARNER,
         s.consumer_name,
@@ -187,4 +187,5 @@ def build_worker(s: LearnerSettings, redis) -> tuple[LearnerWorker, EngineClient
             rows=s.sample_table_rows,
         ),
     )
+    worker.shards = shards
     return worker, client

@@ -41,7 +41,7 @@ from services.learner.trainer import Trainer
 from services.learner.weights.weight_sync import WeightSync
 from shellrl.contract import ContractError, parse_trajectory
 from shellrl.service.aio import cancel_and_wait
-from shellrl.streams import StreamConsumer, StreamEntry
+from shellrl.streams import ShardedStreamConsumer, StreamConsumer, StreamEntry, StreamShards
 from shellrl.tracking import Tracker, TrackingConfig, create_tracker, flatten
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class WorkerConfig:
 class LearnerWorker:
     def __init__(
         self,
-        consumer: StreamConsumer,
+        consumer: StreamConsumer | ShardedStreamConsumer,
         assembler: GroupAssembler,
         trainer: Trainer,
         sync: WeightSync,
@@ -95,6 +95,7 @@ class LearnerWorker:
         self.samples = samples  # a table of sampled episodes every N steps (None: never)
         self._staleness: list[int] = []  # of the trajectories trained in the step in progress
         self.acks = AckLedger()  # what a checkpoint lets the worker acknowledge (acks.py)
+        self.shards: StreamShards | None = None  # the stream shards' clients (closed by aclose)
         self.ready: list[RolloutGroup] = []  # released groups waiting for a step
         self.completed_step = 0  # what /v1/status reports: steps whose record is complete
         # set once `resume` has restored the newest checkpoint and pushed its weights: /readyz
@@ -168,6 +169,14 @@ class LearnerWorker:
                 },
             )
         return bool(done)
+
+    async def close_streams(self) -> None:
+        """After `run` ended: cancel a sharded consumer's reads in flight (what they delivered
+        stays pending on its shard) and close the stream shards' clients."""
+        if isinstance(self.consumer, ShardedStreamConsumer):
+            await self.consumer.close()
+        if self.shards is not None:
+            await self.shards.aclose()
 
     # ----- stages ------------------------------------------------------------------------------------
 

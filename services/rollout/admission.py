@@ -55,7 +55,7 @@ from services.rollout.policy_version import PolicyVersionWatcher
 from shellrl.contract import ContractError, Trajectory, is_infra, parse_trajectory
 from shellrl.rl.dynamic_sampling import reward_key
 from shellrl.rl.staleness import admission_bound_terms, max_admitted_groups
-from shellrl.streams import POLICY_VERSION_KEY, STREAM_EPISODES, idempotency_key
+from shellrl.streams import POLICY_VERSION_KEY, STREAM_EPISODES, StreamShards, idempotency_key
 from shellrl.streams.keys import ADMITTED_KEY, INFLIGHT_KEY, group_accounting_key
 
 log = logging.getLogger(__name__)
@@ -210,10 +210,12 @@ class Admission:
         poll_s: float = 1.0,
         group_size: int | None = None,
         max_attempts: int = 1,
+        shards: StreamShards | None = None,
     ) -> None:
         """group_size, max_attempts: the members a group's samples hand off as
         (`<group_id>-<index>-a<attempt>` on shellrl:episodes, rollout/worker.py), so that `recover`
-        counts the usable members a dead replica had already handed off (None: counts none)."""
+        counts the usable members a dead replica had already handed off (None: counts none).
+        shards: where shellrl:episodes is, by group (shellrl/streams/shards.py; None: `redis`)."""
         if max_staleness < 0 or groups_per_step < 1:
             raise ValueError("max_staleness >= 0 and groups_per_step >= 1")
         self.redis, self.watcher, self.replica = redis, watcher, replica
@@ -226,6 +228,7 @@ class Admission:
         self.dynamic_sampling = dynamic_sampling
         self._dynamic = "1" if dynamic_sampling else "0"
         self.group_size, self.max_attempts = group_size, max_attempts
+        self.shards = shards
         self._bound_at_zero, self._groups_per_version = admission_bound_terms(
             max_staleness, groups_per_step
         )
@@ -354,7 +357,8 @@ class Admission:
 
     async def handed_off_usable(self, group_id: str) -> int:
         """Samples of `group_id` (index 0..group_size-1) of which an attempt is on
-        shellrl:episodes without an INFRA failure, found through the stream's idempotency keys
+        shellrl:episodes (on the group's stream shard) without an INFRA failure, found through the
+        stream's idempotency keys
         (entry ids). An entry trimmed since counts as not usable (the conservative side: the
         slot is given back, as before). 0 without `group_size`."""
         if not self.group_size:
@@ -364,14 +368,15 @@ class Admission:
             for index in range(self.group_size)
             for attempt in range(self.max_attempts)
         ]
-        entry_ids = await self.redis.mget(
+        episodes = self.shards.for_group(group_id) if self.shards is not None else self.redis
+        entry_ids = await episodes.mget(
             [idempotency_key(STREAM_EPISODES, name) for _, name in names]
         )
         usable: set[int] = set()
         for (index, _), entry_id in zip(names, entry_ids, strict=True):
             if not entry_id or index in usable:
                 continue
-            entries = await self.redis.xrange(STREAM_EPISODES, entry_id, entry_id)
+            entries = await episodes.xrange(STREAM_EPISODES, entry_id, entry_id)
             try:
                 handed_off = parse_trajectory(entries[0][1][b"pb"]) if entries else None
             except (ContractError, KeyError):  # not ours to judge here: not counted

@@ -43,6 +43,7 @@ async def running(parts: Parts) -> AsyncIterator[None]:
             await parts.worker.drain(settings.shutdown_grace_s)
         await parts.evaluations.shutdown()
         await cancel_and_wait(*background)
+        await parts.shards.aclose()
         await parts.engine.close()
         await parts.sandbox.aclose()
         await parts.verifier.aclose()
@@ -66,6 +67,7 @@ def _background(parts: Parts, stop: asyncio.Event) -> list[asyncio.Task]:
             consumer=settings.consumer_name,
             claim_min_idle_ms=settings.claim_min_idle_ms,
             steering=parts.steering,
+            shards=parts.shards,
         )
         tasks.append(asyncio.create_task(stats.run(stop), name="task-stats"))
         consumers.append(stats.consumer)
@@ -87,6 +89,11 @@ def _background(parts: Parts, stop: asyncio.Event) -> list[asyncio.Task]:
         ]
         stream_stats = export_stream_stats(parts.redis, watched)
         tasks.append(asyncio.create_task(stream_stats, name="stream-stats"))
+        if len(parts.shards) > 1:  # shellrl:episodes on the other stream shards (shards.py)
+            shard_stats = parts.shards.export_shard_stats(
+                [(streams.STREAM_EPISODES, streams.GROUP_VERIFIER)]
+            )
+            tasks.append(asyncio.create_task(shard_stats, name="stream-shard-stats"))
     for task in tasks:
         task.add_done_callback(_log_crash)
     return tasks

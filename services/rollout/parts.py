@@ -34,6 +34,7 @@ from shellrl.clients.engine import EngineClient
 from shellrl.clients.sandbox_fleet import SandboxFleet
 from shellrl.clients.verifier import VerifierClient
 from shellrl.service.parts import parts_dependency
+from shellrl.streams import StreamShards
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Parts:
 
     settings: RolloutSettings
     redis: aioredis.Redis
+    shards: StreamShards  # shards[0] is `redis`; the others hold only the two training streams
     store: TaskStore
     chat: ChatFormat
     engine: EngineClient
@@ -70,6 +72,11 @@ def build_parts(settings: RolloutSettings, api_token: str | None) -> Parts:
     redis = connect_redis(
         settings.redis_url, settings.max_episodes_in_flight + settings.eval_max_in_flight + 32
     )
+    shards = StreamShards(  # the episodes/trajectories streams' Redis instances (shards.py)
+        redis,
+        settings.shard_urls,
+        connect_url=lambda url: connect_redis(url, settings.max_episodes_in_flight + 32),
+    )
     store = TaskStore(redis)
     chat = ChatFormat.from_tokenizer(load_chat_tokenizer(settings.model_path))
     engine = EngineClient(
@@ -87,7 +94,7 @@ def build_parts(settings: RolloutSettings, api_token: str | None) -> Parts:
     agent = AgentLoop(engine, sandbox, chat, episode_limits(settings))
     verifier = VerifierClient(settings.verifier_url, settings.verify_timeout_s, api_token=api_token)
     watcher = PolicyVersionWatcher(redis)
-    admission = build_admission(redis, watcher, settings)
+    admission = build_admission(redis, watcher, settings, shards)
     steering = build_steering(redis, settings)
     pool = TaskPool(
         redis,
@@ -116,10 +123,12 @@ def build_parts(settings: RolloutSettings, api_token: str | None) -> Parts:
         gate,
         rollout_config(settings),
         health=health,
+        shards=shards,
     )
     return Parts(
         settings=settings,
         redis=redis,
+        shards=shards,
         store=store,
         chat=chat,
         engine=engine,
@@ -147,7 +156,10 @@ def build_parts(settings: RolloutSettings, api_token: str | None) -> Parts:
 
 
 def build_admission(
-    redis: aioredis.Redis, watcher: PolicyVersionWatcher, settings: RolloutSettings
+    redis: aioredis.Redis,
+    watcher: PolicyVersionWatcher,
+    settings: RolloutSettings,
+    shards: StreamShards | None = None,
 ) -> Admission:
     """Admission control by policy version (admission.py) with the training schedule's bound."""
     return Admission(
@@ -160,6 +172,7 @@ def build_admission(
         dynamic_sampling=settings.dynamic_sampling,
         group_size=settings.group_size,
         max_attempts=settings.max_attempts,
+        shards=shards,
     )
 
 

@@ -30,7 +30,7 @@ from redis.exceptions import RedisError
 
 from services.rollout.admission import Admission
 from services.rollout.task_pool import TaskPool
-from shellrl.streams import StreamConsumer
+from shellrl.streams import ShardedStreamConsumer, StreamConsumer
 from shellrl.streams.keys import REPLICAS_KEY
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class Replicas:
         redis: aioredis.Redis,
         pool: TaskPool,
         admission: Admission,
-        consumers: list[StreamConsumer],
+        consumers: list[StreamConsumer | ShardedStreamConsumer],
         *,
         name: str,
         heartbeat_s: float = 5.0,
@@ -91,10 +91,12 @@ class Replicas:
         idle_ms = int(self.dead_after_s * 1000)
         left = 0
         for consumer in self.consumers:
-            await consumer.delete_idle_consumers(idle_ms)
-            with contextlib.suppress(RedisError):  # no stream or group yet: no consumer
-                infos = await self.redis.xinfo_consumers(consumer.stream, consumer.group)
-                left += sum(1 for info in infos if _name(info) == name)
+            parts = consumer.shards if isinstance(consumer, ShardedStreamConsumer) else [consumer]
+            for part in parts:  # each stream shard's Redis (shellrl/streams/shards.py)
+                await part.delete_idle_consumers(idle_ms)
+                with contextlib.suppress(RedisError):  # no stream or group yet: no consumer
+                    infos = await part.redis.xinfo_consumers(part.stream, part.group)
+                    left += sum(1 for info in infos if _name(info) == name)
         return left
 
 

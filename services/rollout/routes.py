@@ -172,7 +172,7 @@ async def get_trajectory(
         "`<|im_start|>`) out of every `text`; `token_ids` are unchanged.",
     ),
 ) -> dict:
-    found = await find_trajectory(parts.redis, trajectory_id)
+    found = await find_trajectory(parts.redis, trajectory_id, parts.shards.clients[1:])
     if found is None:
         raise ApiError(
             404, "not_found", f"no finished trajectory {trajectory_id!r}", "trajectory_id"
@@ -195,7 +195,7 @@ async def list_trajectories(
     task_id: str = Query(min_length=1, max_length=256),
     limit: int = Query(10, ge=1, le=100),
 ) -> dict:
-    found = await find_task_trajectories(parts.redis, task_id, limit)
+    found = await find_task_trajectories(parts.redis, task_id, limit, parts.shards.clients[1:])
     return {
         "task_id": task_id,
         "trajectories": [trajectory_summary(t, stream=s, entry_id=e) for t, s, e in found],

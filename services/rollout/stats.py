@@ -31,7 +31,7 @@ from services.rollout.admission import Admission
 from services.rollout.steering import Steering
 from services.rollout.task_store import TaskStore
 from shellrl.contract import ContractError, Failure, Trajectory, is_infra
-from shellrl.streams import STREAM_TRAJECTORIES, StreamConsumer, StreamEntry
+from shellrl.streams import STREAM_TRAJECTORIES, StreamEntry, StreamShards
 
 GROUP_STATS = "rollout-stats"
 
@@ -47,10 +47,11 @@ class TaskStats:
         block_ms: int = 1000,
         claim_min_idle_ms: int = 30_000,
         steering: Steering | None = None,
+        shards: StreamShards | None = None,
     ) -> None:
         self.store, self.admission, self.steering = store, admission, steering
-        self.consumer = StreamConsumer(
-            redis,
+        # shellrl:trajectories on every stream shard (shards.py; None: only `redis`)
+        self.consumer = (shards or StreamShards(redis)).consumer(
             STREAM_TRAJECTORIES,
             GROUP_STATS,
             consumer,

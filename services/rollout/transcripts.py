@@ -17,13 +17,13 @@ trajectory are NaN) become null.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import redis.asyncio as aioredis
 
 from shellrl.contract import ContractError, failure_label, parse_trajectory, task_to_json
 from shellrl.contract.trajectory import ACTION, decode_token_ids
-from shellrl.streams import STREAM_EVALUATIONS, STREAM_TRAJECTORIES, idempotency_key
+from shellrl.streams import STREAM_EVALUATIONS, STREAM_TRAJECTORIES, idempotency_key, tag
 from shellrl.v1.trajectory_pb2 import EpisodeEnd, FinishReason, Segment, Trajectory
 
 STREAMS = (STREAM_TRAJECTORIES, STREAM_EVALUATIONS)
@@ -33,27 +33,38 @@ SCAN_LIMIT = 1_000
 SCAN_PAGE = 200
 
 
+def _places(
+    redis: aioredis.Redis, shards: Sequence[aioredis.Redis]
+) -> list[tuple[aioredis.Redis, str, int]]:
+    """(client, stream, shard) of every kept stream: both on the control Redis (shard 0), then
+    shellrl:trajectories on stream shards 1.. (`shards`; shellrl/streams/shards.py)."""
+    here = [(redis, stream, 0) for stream in STREAMS]
+    return here + [(c, STREAM_TRAJECTORIES, k) for k, c in enumerate(shards, start=1)]
+
+
 async def find_trajectory(
-    redis: aioredis.Redis, trajectory_id: str
+    redis: aioredis.Redis, trajectory_id: str, shards: Sequence[aioredis.Redis] = ()
 ) -> tuple[Trajectory, str, str] | None:
     """(trajectory, stream, entry id) of the finished trajectory `trajectory_id`, or None when no
-    kept stream holds it. Raises redis.RedisError when Redis does not answer."""
-    for stream in STREAMS:
-        entry_id = await redis.get(idempotency_key(stream, trajectory_id))
+    kept stream holds it. `shards`: the clients of stream shards 1.. (their entry ids come back
+    tagged "<k>@<id>"). Raises redis.RedisError when Redis does not answer."""
+    places = _places(redis, shards)
+    for client, stream, shard in places:
+        entry_id = await client.get(idempotency_key(stream, trajectory_id))
         if entry_id:
-            for eid, fields in await redis.xrange(stream, entry_id, entry_id, count=1):
+            for eid, fields in await client.xrange(stream, entry_id, entry_id, count=1):
                 traj = _parse(fields.get(b"pb", b""), trajectory_id)
                 if traj is not None:
-                    return traj, stream, _s(eid)
+                    return traj, stream, tag(_s(eid), shard)
     needle = trajectory_id.encode()
-    for stream in STREAMS:
+    for client, stream, shard in places:
         last, seen = "+", 0
         while seen < SCAN_LIMIT:
-            rows = await redis.xrevrange(stream, last, "-", count=SCAN_PAGE)
+            rows = await client.xrevrange(stream, last, "-", count=SCAN_PAGE)
             for eid, fields in rows:
                 pb = fields.get(b"pb", b"")
                 if needle in pb and (traj := _parse(pb, trajectory_id)) is not None:
-                    return traj, stream, _s(eid)
+                    return traj, stream, tag(_s(eid), shard)
             if len(rows) < SCAN_PAGE:
                 break
             seen += len(rows)
@@ -62,18 +73,19 @@ async def find_trajectory(
 
 
 async def find_task_trajectories(
-    redis: aioredis.Redis, task_id: str, limit: int = 10
+    redis: aioredis.Redis, task_id: str, limit: int = 10, shards: Sequence[aioredis.Redis] = ()
 ) -> list[tuple[Trajectory, str, str]]:
     """[(trajectory, stream, entry id)] of the newest finished trajectories of task `task_id`, at
     most `limit`, newest `finished_at` first: the newest `SCAN_LIMIT` entries of each kept stream
-    are searched by their `task_id` field (an older trajectory is not found here; its id still
-    is, through `find_trajectory`). Raises redis.RedisError when Redis does not answer."""
+    (and of shellrl:trajectories on each stream shard of `shards`) are searched by their
+    `task_id` field (an older trajectory is not found here; its id still is, through
+    `find_trajectory`). Raises redis.RedisError when Redis does not answer."""
     needle = task_id.encode()
     found: list[tuple[Trajectory, str, str]] = []
-    for stream in STREAMS:
+    for client, stream, shard in _places(redis, shards):
         last, seen, hits = "+", 0, 0
         while seen < SCAN_LIMIT and hits < limit:
-            rows = await redis.xrevrange(stream, last, "-", count=SCAN_PAGE)
+            rows = await client.xrevrange(stream, last, "-", count=SCAN_PAGE)
             for eid, fields in rows:
                 if fields.get(b"task_id") != needle or hits >= limit:
                     continue
@@ -81,7 +93,7 @@ async def find_task_trajectories(
                     traj = parse_trajectory(fields.get(b"pb", b""))
                 except ContractError:
                     continue
-                found.append((traj, stream, _s(eid)))
+                found.append((traj, stream, tag(_s(eid), shard)))
                 hits += 1
             if len(rows) < SCAN_PAGE:
                 break

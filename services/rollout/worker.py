@@ -57,7 +57,7 @@ from shellrl.contract import (
     min_policy_version,
 )
 from shellrl.service.aio import cancel_and_wait
-from shellrl.streams import GROUP_VERIFIER, STREAM_EPISODES, StreamProducer
+from shellrl.streams import GROUP_VERIFIER, STREAM_EPISODES, StreamShards
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +85,15 @@ class RolloutWorker:
         gate: InfraGate,
         config: RolloutConfig,
         health: HealthGate | None = None,
+        shards: StreamShards | None = None,
     ) -> None:
         self.redis, self.store, self.pool, self.admission = redis, store, pool, admission
         self.agent, self.capacity, self.gate, self.config = agent, capacity, gate, config
         self.health = health
-        self.producer = StreamProducer(redis, STREAM_EPISODES, maxlen=config.episodes_stream_maxlen)
+        # shellrl:episodes on the group's stream shard (shards.py; None: all on `redis`)
+        self.producer = (shards or StreamShards(redis)).producer(
+            STREAM_EPISODES, maxlen=config.episodes_stream_maxlen
+        )
         self._groups: set[asyncio.Task] = set()
         self.published = 0
         self.running = (

@@ -64,9 +64,10 @@ def build_parts(settings: VerifierSettings, api_token: str | None) -> Parts:
 def build_worker(
     settings: VerifierSettings, redis: aioredis.Redis, verifier: Verifier, sandbox: SandboxFleet
 ) -> VerifierWorker:
-    """The stream worker: shellrl:episodes -> verify -> shellrl:trajectories (or evaluations)."""
-    consumer = streams.StreamConsumer(
-        redis,
+    """The stream worker: shellrl:episodes -> verify -> shellrl:trajectories (or evaluations),
+    on every stream shard of `settings.stream_shard_urls` (shard 0: `redis`)."""
+    shards = streams.StreamShards(redis, settings.shard_urls)
+    consumer = shards.consumer(
         streams.STREAM_EPISODES,
         streams.GROUP_VERIFIER,
         consumer_name(settings),
@@ -77,14 +78,13 @@ def build_worker(
     )
     return VerifierWorker(
         consumer,
-        streams.StreamProducer(
-            redis, streams.STREAM_TRAJECTORIES, maxlen=settings.trajectories_stream_maxlen
-        ),
+        shards.producer(streams.STREAM_TRAJECTORIES, maxlen=settings.trajectories_stream_maxlen),
         streams.StreamProducer(redis, STREAM_EVALUATIONS),
         verifier,
         sandbox,
         concurrency=settings.concurrency,
         release_sessions=settings.release_sessions,
+        shards=shards,
     )
 
 

@@ -37,10 +37,14 @@ from shellrl.contract import (
 )
 from shellrl.service.aio import cancel_and_wait
 from shellrl.streams import (
+    ShardedStreamConsumer,
+    ShardedStreamProducer,
     StreamConsumer,
     StreamEntry,
     StreamProducer,
+    StreamShards,
     idempotency_key,
+    untag,
 )
 
 log = logging.getLogger(__name__)
@@ -63,21 +67,25 @@ class VerifierWorker:
     """Consumes episodes, verifies them `concurrency` at a time, forwards the results.
 
     sandbox: a SandboxClient (for releasing sessions). release_sessions: DELETE each episode's
-    session after scoring.
+    session after scoring. With stream shards (shellrl/streams/shards.py) `consumer` reads every
+    shard and a result goes to `trajectories` on its episode's own shard; evaluations stay on
+    shard 0.
     """
 
     def __init__(
         self,
-        consumer: StreamConsumer,
-        trajectories: StreamProducer,
+        consumer: StreamConsumer | ShardedStreamConsumer,
+        trajectories: StreamProducer | ShardedStreamProducer,
         evaluations: StreamProducer,
         verifier: Verifier,
         sandbox,
         *,
         concurrency: int,
         release_sessions: bool = True,
+        shards: StreamShards | None = None,
     ) -> None:
         self.consumer, self.trajectories, self.evaluations = consumer, trajectories, evaluations
+        self.shards = shards  # closed by `aclose` (the shard clients; shard 0 is the caller's)
         self.verifier, self.sandbox = verifier, sandbox
         self.concurrency, self.release_sessions = concurrency, release_sessions
         self._in_flight: set[asyncio.Task] = set()
@@ -113,6 +121,14 @@ class VerifierWorker:
             log.info("worker drained", extra={"finished": len(done), "left_pending": len(pending)})
         await cancel_and_wait(self._renewing, timeout_s=5.0)
 
+    async def aclose(self) -> None:
+        """After `drain` and the end of `run`: cancel a sharded consumer's reads in flight and
+        close the stream shards' clients."""
+        if isinstance(self.consumer, ShardedStreamConsumer):
+            await self.consumer.close()
+        if self.shards is not None:
+            await self.shards.aclose()
+
     async def handle(self, entry: StreamEntry) -> None:
         """Verify and forward one entry; failures leave it pending for a retry (never lost)."""
         try:
@@ -124,7 +140,12 @@ class VerifierWorker:
         metrics.IN_FLIGHT.inc()
         out = self.evaluations if traj.eval else self.trajectories
         try:
-            if entry.deliveries > 1 and await self.already_forwarded(out, traj.trajectory_id):
+            shard_out = (  # the producer on this entry's own Redis (stream shards, shards.py)
+                out.for_shard(untag(entry.entry_id)[0])
+                if isinstance(out, ShardedStreamProducer)
+                else out
+            )
+            if entry.deliveries > 1 and await self.already_forwarded(shard_out, traj.trajectory_id):
                 outcome = (
                     "duplicate"  # re-delivered after a crash past forward's XADD: only acknowledge
                 )

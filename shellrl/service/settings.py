@@ -21,6 +21,21 @@ from shellrl.service.auth import check_token
 ENV_PREFIX = "SHELLRL_"
 
 
+def parse_shard_urls(value: str) -> list[str]:
+    """The Redis URLs of stream shards 1..N from `stream_shard_urls` (comma-separated; blanks
+    ignored). Raises ValueError for a URL that is not redis://, rediss:// or unix://, or for one
+    given twice."""
+    urls = [u.strip() for u in value.split(",") if u.strip()]
+    for url in urls:
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"stream shard URL {url!r} is not a redis://, rediss:// or unix:// URL"
+            )
+    if len(set(urls)) != len(urls):
+        raise ValueError(f"a stream shard URL is given twice: {urls}")
+    return urls
+
+
 class ServiceSettings(BaseSettings):
     """Settings every service shares. Environment: `SHELLRL_<FIELD>` (case-insensitive)."""
 
@@ -30,6 +45,14 @@ class ServiceSettings(BaseSettings):
     host: str = Field("127.0.0.1", description="Interface the HTTP server binds to.")
     port: int = Field(0, ge=0, le=65535, description="HTTP port; 0 = the service's default port.")
     redis_url: str = Field("redis://127.0.0.1:6379/0", description="Redis holding the streams.")
+    stream_shard_urls: str = Field(
+        "",
+        description="Redis instances that hold the training episodes and trajectories instead "
+        "of redis_url (comma-separated URLs; empty: every stream on redis_url): a group's "
+        "episodes go to shard 1 + crc32(group_id) mod N (shellrl/streams/shards.py); admission, "
+        "the task pool and evaluations stay on redis_url. The rollout gateways, verifiers and "
+        "learner of one run must list the same URLs in the same order.",
+    )
     log_level: str = Field("INFO", description="stdlib logging level name.")
     shutdown_grace_s: float = Field(
         10.0, ge=0, description="Drain time for in-flight work on SIGTERM."
@@ -78,6 +101,24 @@ class ServiceSettings(BaseSettings):
                     f"{ENV_PREFIX}{close.upper()}?"
                 )
         return self
+
+    @model_validator(mode="after")
+    def _stream_shards(self):
+        """`stream_shard_urls` parses (`shard_urls`) and does not repeat redis_url."""
+        try:
+            urls = parse_shard_urls(self.stream_shard_urls)
+        except ValueError as exc:
+            raise ValueError(f"stream_shard_urls: {exc}") from None
+        if self.redis_url in urls:
+            raise ValueError(
+                f"stream_shard_urls: {self.redis_url!r} is redis_url (shard 0) already"
+            )
+        return self
+
+    @property
+    def shard_urls(self) -> list[str]:
+        """The Redis URLs of stream shards 1..N (`stream_shard_urls`, parsed)."""
+        return parse_shard_urls(self.stream_shard_urls)
 
     @model_validator(mode="after")
     def _one_token_source(self):

@@ -8,6 +8,7 @@ consumer.py        StreamConsumer: group reads, acknowledge/forward, re-claim, d
 deliveries.py      handling attempts per entry, poison entries, dead letters (for the consumer)
 consumer_groups.py what groups delivered and acknowledged: backlog, trim, idle consumers
 stats.py           stream gauges for /metrics
+shards.py          the episodes and trajectories streams sharded across Redis instances
 metrics.py         the stream layer's Prometheus metrics
 
 The names below are the public surface; import them from `shellrl.streams`.
@@ -39,6 +40,14 @@ from shellrl.streams.keys import (
     task_key,
 )
 from shellrl.streams.producer import StreamProducer
+from shellrl.streams.shards import (
+    ShardedStreamConsumer,
+    ShardedStreamProducer,
+    StreamShards,
+    shard_of,
+    tag,
+    untag,
+)
 from shellrl.streams.stats import STATS_INTERVAL_S, export_stream_stats, stream_stats
 
 __all__ = [
@@ -58,14 +67,20 @@ __all__ = [
     "STREAM_TRAJECTORIES",
     "CancelSafeConnection",
     "OutgoingEntry",
+    "ShardedStreamConsumer",
+    "ShardedStreamProducer",
     "StreamConsumer",
     "StreamEntry",
     "StreamProducer",
+    "StreamShards",
     "check_block_ms",
     "connect",
     "export_stream_stats",
     "idempotency_key",
     "pool_kwargs",
+    "shard_of",
     "stream_stats",
+    "tag",
     "task_key",
+    "untag",
 ]

@@ -30,7 +30,14 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 CUDA_DEVICES = {"gpu_decode": 1, "gpu_weight_sync": 2}  # needed; elsewhere it prints a skip line
 PRINTS = {
-    "control_plane": ["Control plane: measured points", "Cost per episode", "Extrapolated", "1024"],
+    "control_plane": [
+        "Control plane: measured points",
+        "Cost per episode",
+        "Extrapolated",
+        "1024",
+        "Redis instances",
+        "2 x 1 + 1 shards",
+    ],
     "data_parallel": ["Learner tokens/s on CPU", "1 rank, no FSDP", "2 ranks, FSDP2", "gather s"],
     "dynamic_sampling": ["| setting |", "| baseline |", "| dynamic sampling |", "| groups trained"],
     "engine": ["Engine batching", "Whole-model weight update", "with prefix cache", "speed-up"],
