@@ -41,6 +41,12 @@ GPU_SERVICES = ("engine", "learner")
 # 10% holds the two CUDA contexts (~0.5 GiB each) and what is allocated outside torch's allocator
 # (the CUDA IPC mapping of a weight push).
 GPU_MEMORY_FRACTIONS = {"engine": 0.4, "learner": 0.5}
+# With no allocator options of the user's, the caching allocator also maps memory in segments that
+# grow (expandable_segments) instead of fixed blocks: at a cap of 0.1 of an H100 the engine ran
+# out of memory with 3.2-3.5 GiB of its 7.1-7.9 GiB reserved but unallocated (fragmentation;
+# big4-s1 and bigbroad, 2026-12-06), and with this option the same caps ran 6 stacks of 6 without
+# one OOM, CUDA IPC weight pushes included (BENCHMARKS.md, "Learning that transfers").
+EXPANDABLE_SEGMENTS = "expandable_segments:True"
 # where --device cuda puts engine and learner: "colocated" on the first visible GPU (the fractions
 # above share it), "split" on the first two visible GPUs (engine on the first, learner on the
 # second, each within its fraction of its own GPU; the learner also sees the engine's GPU, where it
@@ -124,7 +130,8 @@ def device_env(
     its `cuda:0`, where its CUDA IPC buckets go: SHELLRL_ENGINE_CUDA_DEVICE), each capped at its
     fraction. The visible GPUs are those CUDA_VISIBLE_DEVICES in `environ` (default os.environ)
     lists, else 0 and 1. The other services see no GPU. A PYTORCH_CUDA_ALLOC_CONF or
-    PYTORCH_ALLOC_CONF already in `environ` keeps its options."""
+    PYTORCH_ALLOC_CONF already in `environ` keeps its options (its fraction replaced); without
+    one the options are EXPANDABLE_SEGMENTS and the fraction."""
     if device == "cpu":
         return {"SHELLRL_DEVICE": "cpu"} if service in GPU_SERVICES else {}
     if service not in GPU_SERVICES:
@@ -139,6 +146,8 @@ def device_env(
         for o in environ.get(name, "").split(",")
         if o.strip() and not o.strip().startswith("per_process_memory_fraction")
     ]
+    if not options:  # the user's own allocator options stay theirs; else segments that grow
+        options = [EXPANDABLE_SEGMENTS]
     budget = f"per_process_memory_fraction:{fraction:g}"
     env = {"SHELLRL_DEVICE": "cuda", name: ",".join([*options, budget])}
     if service == "engine":

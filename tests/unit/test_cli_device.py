@@ -87,7 +87,7 @@ def test_split_puts_the_engine_on_the_first_gpu_and_the_learner_on_the_second():
     assert engine == {
         "SHELLRL_DEVICE": "cuda",
         "SHELLRL_DTYPE": "bfloat16",
-        "PYTORCH_ALLOC_CONF": "per_process_memory_fraction:0.8",
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True,per_process_memory_fraction:0.8",
         "CUDA_VISIBLE_DEVICES": "0",
     }
     # the learner sees the engine's GPU first (its cuda:0, where a push's CUDA IPC bucket is
@@ -95,7 +95,7 @@ def test_split_puts_the_engine_on_the_first_gpu_and_the_learner_on_the_second():
     learner = device_env("cuda", "learner", fractions, environ={}, layout="split")
     assert learner == {
         "SHELLRL_DEVICE": "cuda:1",
-        "PYTORCH_ALLOC_CONF": "per_process_memory_fraction:0.9",
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True,per_process_memory_fraction:0.9",
         "CUDA_VISIBLE_DEVICES": "0,1",
         "SHELLRL_ENGINE_CUDA_DEVICE": "cuda:0",
     }
@@ -124,18 +124,21 @@ def test_cuda_colocates_engine_and_learner_each_with_its_memory_budget():
     assert engine == {
         "SHELLRL_DEVICE": "cuda",
         "SHELLRL_DTYPE": "bfloat16",
-        "PYTORCH_ALLOC_CONF": "per_process_memory_fraction:0.4",
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True,per_process_memory_fraction:0.4",
     }
     learner = device_env("cuda", "learner", {"engine": 0.3, "learner": 0.6}, environ={})
     assert learner == {
         "SHELLRL_DEVICE": "cuda",
-        "PYTORCH_ALLOC_CONF": "per_process_memory_fraction:0.6",
+        "PYTORCH_ALLOC_CONF": "expandable_segments:True,per_process_memory_fraction:0.6",
     }
     for name in ("sandbox", "verifier", "rollout"):  # never touch the GPU
         assert device_env("cuda", name, environ={}) == {"CUDA_VISIBLE_DEVICES": ""}
 
 
 def test_cuda_keeps_the_allocator_options_already_set():
+    # the user's options are theirs: no expandable_segments added beside them
+    env = device_env("cuda", "engine", environ={"PYTORCH_ALLOC_CONF": "expandable_segments:False"})
+    assert env["PYTORCH_ALLOC_CONF"] == "expandable_segments:False,per_process_memory_fraction:0.4"
     env = device_env(
         "cuda",
         "learner",
