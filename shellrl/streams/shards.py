@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 import zlib
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -42,6 +43,7 @@ from shellrl.streams.entry import StreamEntry
 from shellrl.streams.producer import StreamProducer
 from shellrl.streams.stats import STATS_INTERVAL_S, export_stream_stats, stream_stats
 
+log = logging.getLogger("shellrl.streams")
 SHARD_MARK = "@"
 __all__ = [
     "ShardedStreamConsumer",
@@ -214,17 +216,30 @@ class ShardedStreamConsumer:
     async def take(self, stop: asyncio.Event, count: int | None = None) -> list[StreamEntry]:
         """`StreamConsumer.take` over the shards: one take in flight per shard; returns the
         entries of every shard whose take has finished (at most `count` each), after waiting for
-        the first. [] once `stop` is set and the finished takes delivered nothing."""
+        the first. [] once `stop` is set and the finished takes delivered nothing. A take that
+        raised (take itself retries Redis errors) raises here when no other shard delivered;
+        otherwise the entries are returned and that shard is read again by the next call."""
         for k, shard in enumerate(self.shards):
             if self._reads[k] is None:
                 self._reads[k] = asyncio.create_task(shard.take(stop, count))
         live = [t for t in self._reads if t is not None]
         await asyncio.wait(live, return_when=asyncio.FIRST_COMPLETED)
         out: list[StreamEntry] = []
+        error: BaseException | None = None
         for k, task in enumerate(self._reads):
             if task is not None and task.done():
                 self._reads[k] = None
+                if task.cancelled() or task.exception() is not None:
+                    error = error or (task.exception() or asyncio.CancelledError())
+                    continue
                 out += [_tagged(e, k) for e in task.result()]
+        if error is not None and not out:  # entries handed out are never dropped for an error
+            raise error
+        if error is not None:
+            log.warning(
+                "reading one stream shard failed; reading it again next time",
+                extra={"stream": self.stream, "group": self.group, "error": repr(error)},
+            )
         return out
 
     async def consume(
