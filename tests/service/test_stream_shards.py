@@ -214,3 +214,47 @@ async def test_the_gateway_finds_a_groups_episodes_and_transcripts_on_its_shard(
     assert await find_trajectory(shards.clients[0], scored.trajectory_id) is None
     listed = await find_task_trajectories(shards.clients[0], TASK.task_id, 5, shards.clients[1:])
     assert [(t.trajectory_id, e) for t, _, e in listed] == [(scored.trajectory_id, tagged)]
+
+
+async def test_a_shard_whose_read_fails_never_costs_the_entries_another_shard_delivered(shards):
+    """A named injected fault: shard 2's take raises once shard 1's has delivered. The entries of
+    shard 1 come back (tagged), the failure is raised only by a call in which nothing else came,
+    and the next calls read shard 2 again."""
+    g = next(i for i in range(100) if shard_of(f"g{i}", 2) == 1)
+    await _publish(shards, _episode(g, 0))
+    consumer = shards.consumer(STREAM_EPISODES, GROUP_VERIFIER, "v-0", block_ms=200)
+    await consumer.ensure_group()
+    delivered = asyncio.Event()
+    one, two = consumer.shards[1], consumer.shards[2]
+    real_take_one, real_take_two = one.take, two.take
+
+    async def take_one(stop, count=None):
+        try:
+            return await real_take_one(stop, count)
+        finally:
+            delivered.set()
+
+    failed = []
+
+    async def failing_once_after_one(stop, count=None):  # FailsOnceAfterShardOne
+        if not failed:
+            await delivered.wait()
+            failed.append(True)
+            raise RuntimeError("injected: shard 2 read failed")
+        return await real_take_two(stop, count)
+
+    one.take, two.take = take_one, failing_once_after_one
+    never = asyncio.Event()
+    try:
+        first = await consumer.take(never)
+        assert [untag(e.entry_id)[0] for e in first] == [1]
+        assert Trajectory.FromString(first[0].pb).group_id == f"g{g}"
+        # shard 2's failure surfaces in a call that got nothing else, or was logged with `first`
+        try:
+            again = await consumer.take(never)
+        except RuntimeError as exc:
+            assert "injected" in str(exc)
+            again = await consumer.take(never)
+        assert again == [] and failed == [True]
+    finally:
+        await consumer.close()
