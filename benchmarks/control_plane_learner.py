@@ -113,6 +113,9 @@ class FakeWeightSync:
     async def reconcile(self, weights, version: int) -> None:
         pass
 
+    async def end_stale_sessions(self) -> None:
+        """The fake engines keep no weight-update sessions."""
+
     async def publish_pending(self, version: int) -> bool:
         """Nothing waits to be published: push publishes each version at once."""
         return True

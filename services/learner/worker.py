@@ -182,7 +182,8 @@ class LearnerWorker:
 
     async def resume(self) -> None:
         """Load the latest checkpoint (if any) on every rank, then push its weights and publish
-        its version."""
+        its version. After a restart (a checkpoint found) the engines' stale weight-update
+        sessions are ended first (`WeightSync.end_stale_sessions`)."""
         path = self.store.latest()
         if path is not None:
             state = await asyncio.to_thread(self.data_parallel.load, path)
@@ -196,6 +197,8 @@ class LearnerWorker:
                 "resumed from checkpoint",
                 extra={"path": str(path), "step": state.step, "lr": self.trainer.lr},
             )
+            # a restart: a killed predecessor may have left an engine's session open mid-push
+            await self.sync.end_stale_sessions()
         metrics.POLICY_VERSION.set(self.version)
         metrics.LEARNER_STEP.set(self.version)
         self.completed_step = self.version

@@ -90,3 +90,36 @@ async def test_a_second_learner_pushing_at_once_is_refused_and_the_first_push_la
             for name in CHECKED:
                 want = params[name].detach().double().flatten()[:MAX_TRUNCATE_SIZE]
                 assert torch.equal(await served(engine.url, name), want), name
+
+
+async def test_a_restarted_learner_ends_the_session_its_killed_predecessor_left_open(tmp_path):
+    """A learner SIGKILLed between two buckets leaves its weight-update session open on the
+    engine (no process is left to end it; the raw /begin_weight_update below is what its push
+    had sent). A new process's pushes are then refused ("a weight-update session is already
+    open") and the engine leaves its rotation: in a chaos run versions 9 and 10 stayed unpublished
+    for 16 s and admission stalled. The restarted learner (`LearnerWorker.resume` from a
+    checkpoint) first ends the stale session; its push then lands whole and is published."""
+    model = perturbed(3)
+    with running_engine(tmp_path) as engine:
+        async with EngineClient([engine.url], timeout_s=60) as client:
+            async with httpx.AsyncClient(timeout=60) as http:
+                opened = await http.post(f"{engine.url}/begin_weight_update", json={})
+            assert opened.json()["success"] is True  # the killed learner's session
+            without, restarted = sync_for(client, tmp_path / "a"), sync_for(client, tmp_path / "b")
+            try:
+                refused = await asyncio.wait_for(without.push(model, 9), 60)
+                assert "weight-update session is already open" in refused.failed[engine.url]
+                assert not without.engines[engine.url].in_rotation
+
+                await restarted.end_stale_sessions()
+                landed = await asyncio.wait_for(restarted.push(model, 9), 60)
+                assert landed.confirmed == (engine.url,), landed.failed
+                assert restarted.engines[engine.url].in_rotation
+            finally:
+                await without.aclose()
+                await restarted.aclose()
+            assert (await client.get_weight_version())[engine.url] == "9"
+            params = dict(model.named_parameters())
+            for name in CHECKED:
+                want = params[name].detach().double().flatten()[:MAX_TRUNCATE_SIZE]
+                assert torch.equal(await served(engine.url, name), want), name

@@ -86,6 +86,15 @@ class PushSetup:
             await bounded(begin, min(self.deadline_s, 5.0))
             await self._end_stale_sessions([url])
 
+    async def end_stale_sessions(self) -> None:
+        """End the weight-update session any engine in rotation still has open. For a learner
+        restarted from its checkpoint (`LearnerWorker.resume`): only the learner holding the
+        run's lock pushes, so a session open now was left by its killed predecessor mid-push,
+        and the engine would refuse every push of this process ("a weight-update session is
+        already open") until it left rotation and came back through `reconcile` (a chaos run:
+        versions 9 and 10 unpublished for 16 s, the gateway's admission stalled meanwhile)."""
+        await self._end_stale_sessions([u for u, e in self.engines.items() if e.in_rotation])
+
     async def _end_stale_sessions(self, urls: list[str]) -> None:
         """End whatever weight-update session each engine has open (a push interrupted mid-way,
         this learner's or a killed one's), bounded, errors ignored (none open: a 400). shellrl's
