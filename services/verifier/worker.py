@@ -44,7 +44,7 @@ from shellrl.streams import (
     StreamProducer,
     StreamShards,
     idempotency_key,
-    untag,
+    producer_for_entry,
 )
 
 log = logging.getLogger(__name__)
@@ -140,11 +140,7 @@ class VerifierWorker:
         metrics.IN_FLIGHT.inc()
         out = self.evaluations if traj.eval else self.trajectories
         try:
-            shard_out = (  # the producer on this entry's own Redis (stream shards, shards.py)
-                out.for_shard(untag(entry.entry_id)[0])
-                if isinstance(out, ShardedStreamProducer)
-                else out
-            )
+            shard_out = producer_for_entry(out, entry.entry_id)  # on the entry's own Redis
             if entry.deliveries > 1 and await self.already_forwarded(shard_out, traj.trajectory_id):
                 outcome = (
                     "duplicate"  # re-delivered after a crash past forward's XADD: only acknowledge

@@ -278,14 +278,7 @@ class StreamProducer:
 
         Raises TimeoutError after `timeout_s` (None = wait forever).
         """
-        start = time.monotonic()
-        while await self.backlog(group) >= bound:
-            if timeout_s is not None and time.monotonic() - start > timeout_s:
-                raise TimeoutError(
-                    f"{self.stream}: backlog of group {group} stayed >= {bound} for {timeout_s}s"
-                )
-            await asyncio.sleep(poll_s)
-        return time.monotonic() - start
+        return await wait_while_backlog(self, group, bound, poll_s=poll_s, timeout_s=timeout_s)
 
     async def trim_acknowledged(self, maxlen: int) -> int:
         """If XLEN > maxlen, drop entries that every group has delivered and acknowledged.
@@ -295,3 +288,19 @@ class StreamProducer:
         some acknowledged entries, never the reverse. Returns the number of entries removed.
         """
         return await consumer_groups.trim_acknowledged(self.redis, self.stream, maxlen)
+
+
+async def wait_while_backlog(
+    producer, group: str, bound: int, *, poll_s: float = 0.2, timeout_s: float | None = None
+) -> float:
+    """Poll `producer.backlog(group)` every `poll_s` s while it is >= `bound`; seconds waited.
+    TimeoutError after `timeout_s` (None: forever). The loop of every producer's backpressure
+    (StreamProducer, shards.ShardedStreamProducer)."""
+    start = time.monotonic()
+    while await producer.backlog(group) >= bound:
+        if timeout_s is not None and time.monotonic() - start > timeout_s:
+            raise TimeoutError(
+                f"{producer.stream}: backlog of group {group} stayed >= {bound} for {timeout_s}s"
+            )
+        await asyncio.sleep(poll_s)
+    return time.monotonic() - start

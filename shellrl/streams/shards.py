@@ -40,7 +40,7 @@ from shellrl.service.settings import parse_shard_urls
 from shellrl.streams.connection import connect
 from shellrl.streams.consumer import StreamConsumer
 from shellrl.streams.entry import StreamEntry
-from shellrl.streams.producer import StreamProducer
+from shellrl.streams.producer import StreamProducer, wait_while_backlog
 from shellrl.streams.stats import STATS_INTERVAL_S, export_stream_stats, stream_stats
 
 log = logging.getLogger("shellrl.streams")
@@ -50,6 +50,7 @@ __all__ = [
     "ShardedStreamProducer",
     "StreamShards",
     "parse_shard_urls",
+    "producer_for_entry",
     "shard_of",
     "tag",
     "untag",
@@ -181,15 +182,23 @@ class ShardedStreamProducer:
     ) -> float:
         """Backpressure on the sum over shards (`backlog`): as StreamProducer's, seconds waited;
         TimeoutError after `timeout_s`."""
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        while await self.backlog(group) >= bound:
-            if timeout_s is not None and loop.time() - start > timeout_s:
-                raise TimeoutError(
-                    f"{self.stream}: backlog of group {group} stayed >= {bound} for {timeout_s}s"
-                )
-            await asyncio.sleep(poll_s)
-        return loop.time() - start
+        return await wait_while_backlog(self, group, bound, poll_s=poll_s, timeout_s=timeout_s)
+
+
+def producer_for_entry(to: StreamProducer | ShardedStreamProducer, entry_id: str) -> StreamProducer:
+    """The producer of `to`'s stream on the Redis that holds entry `entry_id` (a tagged id), where
+    a forward of that entry appends: a sharded `to` gives its producer of the entry's shard; a
+    plain `to` (shellrl:evaluations, on the control Redis) takes entries of the control Redis
+    only. ValueError for another (its append and the entry's ack could not be atomic)."""
+    shard, _ = untag(entry_id)
+    if isinstance(to, ShardedStreamProducer):
+        return to.for_shard(shard)
+    if shard == 0:
+        return to
+    raise ValueError(
+        f"entry {entry_id} of shard {shard} cannot be forwarded to {to.stream} on the control "
+        "Redis: an episode without a group id belongs on the control Redis"
+    )
 
 
 class ShardedStreamConsumer:
@@ -297,20 +306,10 @@ class ShardedStreamConsumer:
         **fields,
     ) -> tuple[str, bool]:
         """`StreamConsumer.forward` on `entry`'s shard into `to`'s stream on the same shard (one
-        Lua script on one Redis). A plain producer `to` (shellrl:evaluations, on the control
-        Redis) takes entries of the control Redis (index 0) only: ValueError for another (its
-        append and this ack could not be atomic)."""
-        shard, _ = untag(entry.entry_id)
+        Lua script on one Redis; `producer_for_entry` picks the producer, ValueError for an entry
+        of a stream shard forwarded to a plain producer)."""
         consumer, plain = self._own(entry)
-        if isinstance(to, ShardedStreamProducer):
-            producer = to.for_shard(shard)
-        elif shard == 0:
-            producer = to
-        else:
-            raise ValueError(
-                f"entry {entry.entry_id} of shard {shard} cannot be forwarded to {to.stream} "
-                "on the control Redis: an episode without a group id belongs on the control Redis"
-            )
+        producer = producer_for_entry(to, entry.entry_id)
         return await consumer.forward(
             plain, producer, pb, idempotency_key=idempotency_key, **fields
         )

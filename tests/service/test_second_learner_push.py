@@ -49,6 +49,15 @@ def perturbed(seed: int) -> torch.nn.Module:
     return model
 
 
+async def assert_serves(url: str, model: torch.nn.Module) -> None:
+    """The engine at `url` serves `model`'s weights exactly (CHECKED tensors, first
+    MAX_TRUNCATE_SIZE values: the same float32 values pushed and read back, no other path)."""
+    params = dict(model.named_parameters())
+    for name in CHECKED:
+        want = params[name].detach().double().flatten()[:MAX_TRUNCATE_SIZE]
+        assert torch.equal(await served(url, name), want), name
+
+
 async def served(url: str, name: str) -> torch.Tensor:
     async with httpx.AsyncClient(timeout=60) as http:
         got = await http.post(
@@ -86,10 +95,7 @@ async def test_a_second_learner_pushing_at_once_is_refused_and_the_first_push_la
                 await first.aclose()
                 await second.aclose()
             assert (await other.get_weight_version())[engine.url] == "1"
-            params = dict(first_model.named_parameters())
-            for name in CHECKED:
-                want = params[name].detach().double().flatten()[:MAX_TRUNCATE_SIZE]
-                assert torch.equal(await served(engine.url, name), want), name
+            await assert_serves(engine.url, first_model)
 
 
 async def test_a_restarted_learner_ends_the_session_its_killed_predecessor_left_open(tmp_path):
@@ -119,7 +125,4 @@ async def test_a_restarted_learner_ends_the_session_its_killed_predecessor_left_
                 await without.aclose()
                 await restarted.aclose()
             assert (await client.get_weight_version())[engine.url] == "9"
-            params = dict(model.named_parameters())
-            for name in CHECKED:
-                want = params[name].detach().double().flatten()[:MAX_TRUNCATE_SIZE]
-                assert torch.equal(await served(engine.url, name), want), name
+            await assert_serves(engine.url, model)
