@@ -6,8 +6,9 @@ the stack, and leave an incomplete report (summary.json with `incomplete`, repor
 ran: the before-evaluation, and the after-evaluation marked not evaluated; `shellrl status`
 then names the job's early stop.
 
-The stack takes the default ports (`shellrl run` has no port options), so the test skips while
-another stack holds them.
+Each stack runs at a port offset of its own (tests/helpers/port_offsets.py): with the default
+ports it skipped while another stack held them, and a fresh-clone CI beside another failed with
+"ports in use: redis:6399" when the other suite's stack took them between the check and the start.
 """
 
 from __future__ import annotations
@@ -20,12 +21,10 @@ import subprocess
 import sys
 import threading
 
-import pytest
-
-from cli.stack_config import DEFAULT_PORTS, port_is_free
 from cli.stack_status import process_alive
 from services.learner.checkpoint import surviving_steps
 from tests.helpers.owned_processes import popen_owned, run_owned
+from tests.helpers.port_offsets import free_port_offsets
 from tests.helpers.processes import REPO
 from tests.helpers.waiting import wait_until
 
@@ -40,16 +39,15 @@ EVAL_SETS = 4  # eval_id, eval_ood, seeds, agentbench: one "before <set>: succes
 def test_a_learner_killed_mid_training_stops_the_job_with_its_class_and_an_incomplete_report(
     tmp_path,
 ):
-    busy = [f"{n}:{p}" for n, p in DEFAULT_PORTS.items() if not port_is_free(p)]
-    if busy:
-        pytest.skip(f"the default ports are taken by another stack: {', '.join(busy)}")
+    (offset,) = free_port_offsets()  # its own ports: another suite may run a stack meanwhile
     state = tmp_path / "state"
     state.mkdir()
     os.chmod(state, 0o755)  # the sandbox's workspace root must be traversable by other uids
     err_path = tmp_path / "job.stderr"
     with open(err_path, "w") as err:
         job = popen_owned(
-            [sys.executable, "-m", "cli.main", "run", "--state-dir", str(state), *JOB_FLAGS],
+            [sys.executable, "-m", "cli.main", "run", "--state-dir", str(state), *JOB_FLAGS]
+            + ["--port-offset", str(offset)],
             cwd=REPO,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"},
             stdout=subprocess.PIPE,
@@ -114,9 +112,7 @@ def test_a_learner_oom_stops_the_job_and_the_rerun_evaluates_and_trains_from_its
     rerun without --fresh waits until the engine serves the resumed policy, evaluates that one
     (version 2, not the base weights) and trains steps 3 and 4. The same on a GPU:
     tests/gpu/test_gpu_stack.py."""
-    busy = [f"{n}:{p}" for n, p in DEFAULT_PORTS.items() if not port_is_free(p)]
-    if busy:
-        pytest.skip(f"the default ports are taken by another stack: {', '.join(busy)}")
+    (offset,) = free_port_offsets()  # its own ports: another suite may run a stack meanwhile
     state = tmp_path / "state"
     state.mkdir()
     os.chmod(state, 0o755)
@@ -131,7 +127,7 @@ def test_a_learner_oom_stops_the_job_and_the_rerun_evaluates_and_trains_from_its
     def job(config):
         return run_owned(
             [sys.executable, "-m", "cli.main", "run", "--state-dir", str(state)]
-            + ["--config", str(config), *flags],
+            + ["--config", str(config), "--port-offset", str(offset), *flags],
             cwd=REPO,
             env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "400"},
             capture_output=True,
