@@ -57,6 +57,7 @@ from shellrl.rl.dynamic_sampling import reward_key
 from shellrl.rl.staleness import admission_bound_terms, max_admitted_groups
 from shellrl.streams import POLICY_VERSION_KEY, STREAM_EPISODES, StreamShards, idempotency_key
 from shellrl.streams.keys import ADMITTED_KEY, INFLIGHT_KEY, group_accounting_key
+from shellrl.streams.script_batch import ScriptCall
 
 log = logging.getLogger(__name__)
 
@@ -280,11 +281,17 @@ class Admission:
         `trajectory_id`). Gives the group's slot back when this leaves it below MIN_USABLE
         usable members, or (dynamic sampling) every remaining one scored with one reward key
         (once per group). Returns whether it was given back now."""
-        result = await self._member_lost(
-            keys=[ADMITTED_KEY, group_accounting_key(group_id)],
-            args=[trajectory_id, MIN_USABLE, GROUP_ACCOUNTING_TTL_S, self._dynamic],
+        call = self.member_lost_call(group_id, trajectory_id)
+        return self.gave_back(await call.script(keys=call.keys, args=call.args))
+
+    def member_lost_call(self, group_id: str, trajectory_id: str) -> ScriptCall:
+        """`member_lost` as a call to run in a batch (`shellrl.streams.script_batch`); pass its
+        reply to `gave_back`."""
+        return ScriptCall(
+            self._member_lost,
+            [ADMITTED_KEY, group_accounting_key(group_id)],
+            [trajectory_id, MIN_USABLE, GROUP_ACCOUNTING_TTL_S, self._dynamic],
         )
-        return self._gave_back(int(result))
 
     async def member_scored(self, traj: Trajectory) -> bool:
         """A usable member of a training group was scored (the scored stream, stats.py;
@@ -292,9 +299,16 @@ class Admission:
         joins its group's. With dynamic sampling, the group's slot is given back once every usable
         member was scored with one key (after hand-off: `usable` must be known). Returns whether
         it was given back now. Callers pass only non-INFRA, non-eval trajectories."""
-        result = await self._member_scored(
-            keys=[ADMITTED_KEY, group_accounting_key(traj.group_id)],
-            args=[
+        call = self.member_scored_call(traj)
+        return self.gave_back(await call.script(keys=call.keys, args=call.args))
+
+    def member_scored_call(self, traj: Trajectory) -> ScriptCall:
+        """`member_scored` as a call to run in a batch (`shellrl.streams.script_batch`); pass
+        its reply to `gave_back`."""
+        return ScriptCall(
+            self._member_scored,
+            [ADMITTED_KEY, group_accounting_key(traj.group_id)],
+            [
                 traj.trajectory_id,
                 reward_key(traj.training_reward, traj.scored),
                 MIN_USABLE,
@@ -302,10 +316,12 @@ class Admission:
                 self._dynamic,
             ],
         )
-        return self._gave_back(int(result))
 
-    def _gave_back(self, reason: int) -> bool:
-        """Metrics and a wake-up for a give-back reason from a script (<= 0: none)."""
+    def gave_back(self, reply: int | bytes) -> bool:
+        """Metrics and a wake-up for the reply of `member_lost_call` / `member_scored_call`:
+        -1 already counted, 0 counted, > 0 the reason the group's admission was given back now.
+        Returns whether it was given back now."""
+        reason = int(reply)
         if reason <= 0:
             return False
         m.GROUPS_RELEASED.inc()

@@ -60,10 +60,15 @@ class Steering:
 
     async def record(self, task: Task, success: bool) -> None:
         """One scored training episode of `task` (call once per trajectory)."""
-        key = template_outcomes_key(template_key(task))
+        await self.record_many([(task, success)])
+
+    async def record_many(self, outcomes: list[tuple[Task, bool]]) -> None:
+        """`record` for several scored training episodes (task, success) in one round trip."""
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.lpush(key, "1" if success else "0")
-            pipe.ltrim(key, 0, self.config.window_episodes - 1)
+            for task, success in outcomes:
+                key = template_outcomes_key(template_key(task))
+                pipe.lpush(key, "1" if success else "0")
+                pipe.ltrim(key, 0, self.config.window_episodes - 1)
             await pipe.execute()
 
     async def pass_rate(self, task: Task) -> float | None:

@@ -32,8 +32,10 @@ import redis.asyncio as aioredis
 from shellrl.contract import Task, split_name, task_to_json
 from shellrl.streams import STREAM_TASKS, task_key
 from shellrl.streams.keys import TASK_INDEX_KEY, TASK_SEQ_KEY
+from shellrl.streams.script_batch import GroupCommit, ScriptCall
 
 STATE_QUEUED, STATE_POOLED, STATE_HELD_OUT = "queued", "pooled", "held_out"
+EPISODE_COUNTERS_LINGER_S = 0.02  # an episode's counters wait this long (s) for others to batch
 COUNTERS = (
     "episodes_started",
     "episodes_finished",
@@ -91,6 +93,20 @@ end
 return 1
 """
 
+# KEYS[1] task hash, KEYS[2] its failures hash, KEYS[3] its versions hash
+# ARGV[1] failure label ('' none), ARGV[2] policy version ('' none), ARGV[3] final 0/1
+_FINISHED = """
+if ARGV[1] ~= '' then
+  redis.call('HINCRBY', KEYS[1], 'episodes_failed', 1)
+  redis.call('HINCRBY', KEYS[2], ARGV[1], 1)
+else
+  redis.call('HINCRBY', KEYS[1], 'episodes_finished', 1)
+end
+if ARGV[2] ~= '' then redis.call('HINCRBY', KEYS[3], ARGV[2], 1) end
+if ARGV[3] == '1' then redis.call('HINCRBY', KEYS[1], 'episodes_in_flight', -1) end
+return 1
+"""
+
 
 @dataclass(frozen=True)
 class SubmitResult:
@@ -106,10 +122,16 @@ class TaskConflict(Exception):
 
 
 class TaskStore:
-    def __init__(self, redis: aioredis.Redis) -> None:
+    def __init__(
+        self, redis: aioredis.Redis, *, linger_s: float = EPISODE_COUNTERS_LINGER_S
+    ) -> None:
+        """linger_s: how long an episode's counters wait for others to share their round trip
+        (`episode_finished`; seconds)."""
         self.redis = redis
+        self._commits = GroupCommit(redis, linger_s)
         self._submit = redis.register_script(_SUBMIT)
         self._scored = redis.register_script(_SCORED)
+        self._finished = redis.register_script(_FINISHED)
 
     async def submit(self, task: Task) -> SubmitResult:
         """Store one validated task. Raises TaskConflict when its id holds different content."""
@@ -221,19 +243,22 @@ class TaskStore:
     async def episode_finished(
         self, task_id: str, *, failure: str | None, policy_version: int | None, final: bool
     ) -> None:
-        """One attempt ended. `final`: no retry follows (the sample leaves the in-flight count)."""
+        """One attempt ended. `final`: no retry follows (the sample leaves the in-flight count).
+        Returns once the counters are written: by group commit, the episodes that end within
+        `linger_s` of each other share one round trip to the control Redis (BENCHMARKS.md, "The
+        first Redis's per-episode accounting")."""
         key = task_key(task_id)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            if failure:
-                pipe.hincrby(key, "episodes_failed", 1)
-                pipe.hincrby(key + ":failures", failure, 1)
-            else:
-                pipe.hincrby(key, "episodes_finished", 1)
-            if policy_version is not None:
-                pipe.hincrby(key + ":versions", str(policy_version), 1)
-            if final:
-                pipe.hincrby(key, "episodes_in_flight", -1)
-            await pipe.execute()
+        await self._commits.call(
+            ScriptCall(
+                self._finished,
+                [key, key + ":failures", key + ":versions"],
+                [
+                    failure or "",
+                    "" if policy_version is None else str(policy_version),
+                    "1" if final else "0",
+                ],
+            )
+        )
 
     async def episodes_abandoned(self, task_id: str, n: int) -> None:
         """Episodes admitted but never run to the end (shutdown): leave the in-flight count."""
@@ -244,17 +269,24 @@ class TaskStore:
         self, task_id: str, trajectory_id: str, reward: float, *, scored: bool
     ) -> int:
         """Count one scored trajectory once. Returns 1 counted, 0 already counted, -1 unknown task."""
-        return int(
-            await self._scored(
-                keys=[task_key(task_id), task_key(task_id) + ":scored"],
-                args=[
-                    trajectory_id,
-                    repr(float(reward)),
-                    "1" if reward >= 1.0 else "0",
-                    f"{time.time():.3f}",
-                    "1" if scored else "0",
-                ],
-            )
+        call = self.record_scored_call(task_id, trajectory_id, reward, scored=scored)
+        return int(await call.script(keys=call.keys, args=call.args))
+
+    def record_scored_call(
+        self, task_id: str, trajectory_id: str, reward: float, *, scored: bool
+    ) -> ScriptCall:
+        """`record_scored` as a call to run in a batch (`shellrl.streams.script_batch`); its
+        reply is the same int."""
+        return ScriptCall(
+            self._scored,
+            [task_key(task_id), task_key(task_id) + ":scored"],
+            [
+                trajectory_id,
+                repr(float(reward)),
+                "1" if reward >= 1.0 else "0",
+                f"{time.time():.3f}",
+                "1" if scored else "0",
+            ],
         )
 
 

@@ -9,6 +9,7 @@ deliveries.py      handling attempts per entry, poison entries, dead letters (fo
 consumer_groups.py what groups delivered and acknowledged: backlog, trim, idle consumers
 stats.py           stream gauges for /metrics
 shards.py          the episodes and trajectories streams sharded across Redis instances
+script_batch.py    several Lua script calls in one round trip (a consumer's per-entry bookkeeping)
 metrics.py         the stream layer's Prometheus metrics
 
 The names below are the public surface; import them from `shellrl.streams`.

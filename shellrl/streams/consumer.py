@@ -137,6 +137,26 @@ class StreamConsumer:
                     with contextlib.suppress(RedisError, OSError):
                         await self.fail(entry, f"{what}: {exc!r}")
 
+    async def consume_batches(
+        self,
+        stop: asyncio.Event,
+        handle_batch: Callable[[list[StreamEntry]], Awaitable[None]],
+        what: str,
+        *,
+        min_interval_s: float = 0.0,
+    ) -> None:
+        """`consume` for a handler that takes each read's entries at once, so that their
+        bookkeeping costs one round trip (`shellrl.streams.script_batch`). `handle_batch`
+        acknowledges, fails or dead-letters each entry itself and must be idempotent (Redis away
+        retries the whole batch once it answers). An exception from it fails every entry of the
+        batch (each stays pending, is re-claimed and retried, and goes to the dead letters after
+        max_deliveries): a handler fails an entry of its own on purpose instead of raising, so
+        that one bad entry never costs its neighbours a delivery.
+        min_interval_s: after a batch, the next read starts no sooner than this long (seconds)
+        after the last one did: entries that arrive meanwhile wait in the stream and come as one
+        batch (up to `count`), at the price of that much latency at most."""
+        await batch_loop(self, stop, handle_batch, what, min_interval_s)
+
     async def take(self, stop: asyncio.Event, count: int | None = None) -> list[StreamEntry]:
         """`read()` for a worker's loop: Redis errors and client-side timeouts (a batch the server
         delivered but the client lost stays in this consumer's pending list) are retried with
@@ -333,6 +353,47 @@ class StreamConsumer:
     async def stats(self) -> dict[str, int]:
         """{"length", "pending", "lag"} of this stream/group; also sets the stream gauges."""
         return await stream_stats(self.redis, self.stream, self.group)
+
+
+async def batch_loop(
+    consumer,
+    stop: asyncio.Event,
+    handle_batch: Callable[[list[StreamEntry]], Awaitable[None]],
+    what: str,
+    min_interval_s: float = 0.0,
+) -> None:
+    """The loop of `StreamConsumer.consume_batches` for any consumer with `take` and `fail`
+    (plain, or sharded: shards.py, whose `fail` routes a tagged entry to its shard)."""
+    loop = asyncio.get_running_loop()
+    while not stop.is_set():
+        started = loop.time()
+        entries = await consumer.take(stop)
+        if not entries:
+            continue
+        await _handle_batch(consumer, entries, handle_batch, what, stop)
+        rest = started + min_interval_s - loop.time()
+        if rest > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), rest)
+
+
+async def _handle_batch(
+    consumer,
+    entries: list[StreamEntry],
+    handle_batch: Callable[[list[StreamEntry]], Awaitable[None]],
+    what: str,
+    stop: asyncio.Event,
+) -> None:
+    try:  # Redis away is no fault of the entries: retried, never counted as a failure
+        await _while_redis_away(
+            lambda: handle_batch(entries), f"{what} ({len(entries)} entries)", stop
+        )
+    except _REDIS_AWAY:
+        return  # stopping while Redis is away: the entries stay pending
+    except Exception as exc:  # the handler's own failure: counted for each entry of the batch
+        for entry in entries:
+            with contextlib.suppress(RedisError, OSError):
+                await consumer.fail(entry, f"{what}: {exc!r}")
 
 
 async def _while_redis_away(

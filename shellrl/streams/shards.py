@@ -38,7 +38,7 @@ import redis.asyncio as aioredis
 
 from shellrl.service.settings import parse_shard_urls
 from shellrl.streams.connection import connect
-from shellrl.streams.consumer import StreamConsumer
+from shellrl.streams.consumer import StreamConsumer, batch_loop
 from shellrl.streams.entry import StreamEntry
 from shellrl.streams.producer import StreamProducer, wait_while_backlog
 from shellrl.streams.stats import STATS_INTERVAL_S, export_stream_stats, stream_stats
@@ -262,6 +262,18 @@ class ShardedStreamConsumer:
         await asyncio.gather(
             *(c.consume(stop, on_shard(k), what) for k, c in enumerate(self.shards))
         )
+
+    async def consume_batches(
+        self,
+        stop: asyncio.Event,
+        handle_batch: Callable[[list[StreamEntry]], Awaitable[None]],
+        what: str,
+        *,
+        min_interval_s: float = 0.0,
+    ) -> None:
+        """`StreamConsumer.consume_batches` over the shards: each batch is what `take` returned
+        (entries of every shard whose read finished, tagged), handled at once."""
+        await batch_loop(self, stop, handle_batch, what, min_interval_s)
 
     async def close(self) -> None:
         """Cancel the takes in flight (what they delivered stays pending on its shard)."""
