@@ -38,6 +38,15 @@ end
 return n
 """
 
+# KEYS[1] attempts hash; ARGV: entry ids. Counts one handling attempt of each (HINCRBY) and
+# returns the counts in order: one command a read, not one an entry (the learner's intake spent
+# half its CPU packing a pipeline of one HINCRBY an entry: BENCHMARKS.md, "The learner's intake").
+_HAND_OUT = """
+local out = {}
+for i = 1, #ARGV do out[i] = redis.call('HINCRBY', KEYS[1], ARGV[i], 1) end
+return out
+"""
+
 
 class DeliveryLedger:
     """Handling attempts of the entries one consumer of `group` reads from `stream`.
@@ -65,6 +74,7 @@ class DeliveryLedger:
         self._errors: dict[str, str] = {}
         self._in_flight: set[str] = set()  # handed out by this object, not yet acked/failed
         self._renew = redis.register_script(_RENEW)
+        self._hand_out = redis.register_script(_HAND_OUT)
 
     @property
     def error_key(self) -> str:
@@ -80,10 +90,7 @@ class DeliveryLedger:
         raw = [(eid, f) for eid, f in raw if eid not in self._in_flight]
         if not raw:
             return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for eid, _ in raw:
-                pipe.hincrby(self.attempts_key, eid, 1)
-            attempts = await pipe.execute()
+        attempts = await self._hand_out(keys=[self.attempts_key], args=[eid for eid, _ in raw])
         entries = [
             StreamEntry(self.stream, eid, _fields(f), int(n)) for (eid, f), n in zip(raw, attempts)
         ]

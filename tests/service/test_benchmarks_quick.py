@@ -38,6 +38,12 @@ PRINTS = {
         "Redis instances",
         "2 x 1 + 1 shards",
     ],
+    "consumer_bookkeeping": [
+        "Consumer bookkeeping per entry",
+        "hand-out",
+        "one-by-one",
+        "batched",
+    ],
     "data_parallel": ["Learner tokens/s on CPU", "1 rank, no FSDP", "2 ranks, FSDP2", "gather s"],
     "dynamic_sampling": ["| setting |", "| baseline |", "| dynamic sampling |", "| groups trained"],
     "engine": ["Engine batching", "Whole-model weight update", "with prefix cache", "speed-up"],
