@@ -35,7 +35,7 @@ from shellrl.streams.keys import TASK_INDEX_KEY, TASK_SEQ_KEY
 from shellrl.streams.script_batch import GroupCommit, ScriptCall
 
 STATE_QUEUED, STATE_POOLED, STATE_HELD_OUT = "queued", "pooled", "held_out"
-EPISODE_COUNTERS_LINGER_S = 0.02  # an episode's counters wait this long (s) for others to batch
+EPISODE_COUNTERS_LINGER_S = 0.05  # an episode's counters wait this long (s) for others to batch
 COUNTERS = (
     "episodes_started",
     "episodes_finished",
@@ -107,6 +107,13 @@ if ARGV[3] == '1' then redis.call('HINCRBY', KEYS[1], 'episodes_in_flight', -1) 
 return 1
 """
 
+# KEYS[1] task hash; ARGV[1] episodes started, ARGV[2] in-flight change (default: ARGV[1])
+_ADMITTED = """
+redis.call('HINCRBY', KEYS[1], 'episodes_started', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'episodes_in_flight', ARGV[2] or ARGV[1])
+return 1
+"""
+
 
 @dataclass(frozen=True)
 class SubmitResult:
@@ -132,6 +139,7 @@ class TaskStore:
         self._submit = redis.register_script(_SUBMIT)
         self._scored = redis.register_script(_SCORED)
         self._finished = redis.register_script(_FINISHED)
+        self._admitted = redis.register_script(_ADMITTED)
 
     async def submit(self, task: Task) -> SubmitResult:
         """Store one validated task. Raises TaskConflict when its id holds different content."""
@@ -235,10 +243,8 @@ class TaskStore:
     # --- counters -------------------------------------------------------------------------
 
     async def episodes_admitted(self, task_id: str, n: int) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hincrby(task_key(task_id), "episodes_started", n)
-            pipe.hincrby(task_key(task_id), "episodes_in_flight", n)
-            await pipe.execute()
+        """A group of `n` samples of `task_id` starts (by group commit, as `episode_finished`)."""
+        await self._commits.call(ScriptCall(self._admitted, [task_key(task_id)], [n]))
 
     async def episode_finished(
         self, task_id: str, *, failure: str | None, policy_version: int | None, final: bool
@@ -261,9 +267,10 @@ class TaskStore:
         )
 
     async def episodes_abandoned(self, task_id: str, n: int) -> None:
-        """Episodes admitted but never run to the end (shutdown): leave the in-flight count."""
+        """Episodes admitted but never run to the end (shutdown): leave the in-flight count (by
+        group commit, so that it never overtakes the admission's increment)."""
         if n:
-            await self.redis.hincrby(task_key(task_id), "episodes_in_flight", -n)
+            await self._commits.call(ScriptCall(self._admitted, [task_key(task_id)], [0, -n]))
 
     async def record_scored(
         self, task_id: str, trajectory_id: str, reward: float, *, scored: bool

@@ -171,26 +171,36 @@ class RolloutWorker:
         whatever a cancellation left (samples that never started) is freed here."""
         slots = GroupSlots(self.capacity, self.config.group_size)
         results: list[Trajectory | None] = []
+        # the task's episode counters, written by group commit beside the samples (TaskStore):
+        # no sample waits for them, the group's hand-off does
+        counters = [_counting(self.store.episodes_admitted(task.task_id, self.config.group_size))]
         try:
-            await _uncancellable(self.store.episodes_admitted(task.task_id, self.config.group_size))
             results = list(
                 await asyncio.gather(
                     *(
-                        self.run_sample(task, ticket, i, slots, epoch)
+                        self.run_sample(task, ticket, i, slots, epoch, counters)
                         for i in range(self.config.group_size)
                     )
                 )
             )
         finally:
             await _shielded(slots.release_rest())
+            await _shielded(_counted(counters))
             usable = usable_members(results)
             await _durable(lambda: self.admission.finish(ticket, usable=usable))
         return [t for t in results if t is not None]
 
     async def run_sample(
-        self, task: Task, ticket: Ticket, index: int, slots: GroupSlots, epoch: int = 0
+        self,
+        task: Task,
+        ticket: Ticket,
+        index: int,
+        slots: GroupSlots,
+        epoch: int = 0,
+        counters: list[asyncio.Future] | None = None,
     ) -> Trajectory | None:
-        """One sample of a group, retried with attempt+1 on INFRA failures. Holds one capacity slot."""
+        """One sample of a group, retried with attempt+1 on INFRA failures. Holds one capacity slot.
+        counters: where its task-counter writes go, for the caller to await (None: awaited here)."""
         traj = None
         self.running += 1
         m.EPISODES_IN_FLIGHT.set(self.running)
@@ -219,7 +229,7 @@ class RolloutWorker:
                     or attempt + 1 == self.config.max_attempts
                 )
                 await self.publish(traj)
-                await _uncancellable(
+                counted = _counting(
                     self.store.episode_finished(
                         task.task_id,
                         failure=failure_label(traj.failure) if traj.failure else None,
@@ -227,6 +237,10 @@ class RolloutWorker:
                         final=final,
                     )
                 )
+                if counters is None:
+                    await _counted([counted])
+                else:
+                    counters.append(counted)
                 if traj.failure == Failure.FAILURE_INFRA_ENGINE:
                     self.gate.mark_down("engine")
                 elif traj.failure == Failure.FAILURE_INFRA_SANDBOX and not is_setup_failure(traj):
@@ -300,6 +314,19 @@ async def _shielded(awaitable) -> None:
 _BOOKKEEPING: set[asyncio.Future] = set()
 
 
+def _counting(write: Awaitable) -> asyncio.Future:
+    """A task-counter write (TaskStore, by group commit) started on its own: a cancel of the
+    sample that started it does not withdraw it."""
+    return asyncio.ensure_future(write)
+
+
+async def _counted(writes: list[asyncio.Future]) -> None:
+    """Wait for counter writes; their failures are logged (statistics are best effort)."""
+    for outcome in await asyncio.gather(*writes, return_exceptions=True):
+        if isinstance(outcome, Exception):
+            log.warning("bookkeeping failed: %s", outcome)
+
+
 async def _durable(call: Callable[[], Awaitable]) -> None:
     """`_shielded` for bookkeeping that must reach Redis: the admission of a finished group, the
     taken list of the task pool. `call()` is retried on Redis errors (0.2 s doubling to 5 s,
@@ -340,19 +367,3 @@ def _bookkeeping_failed(state: RetryCallState) -> None:
         state.outcome.exception(),
         state.upcoming_sleep,
     )
-
-
-async def _uncancellable(awaitable) -> None:
-    """Bookkeeping that completes even if a cancellation arrives meanwhile; the cancellation is
-    then re-raised (never swallowed). Errors are logged, not raised (statistics are best effort)."""
-    inner = asyncio.ensure_future(awaitable)
-    try:
-        await asyncio.shield(inner)
-    except asyncio.CancelledError:
-        try:
-            await inner
-        except Exception as exc:  # best effort, as above; the cancel goes on
-            log.warning("bookkeeping failed: %s", exc)
-        raise
-    except Exception as exc:  # best effort, as above
-        log.warning("bookkeeping failed: %s", exc)
