@@ -102,6 +102,7 @@ class Stack:
     sandbox_url: str = ""
     verifier_url: str = ""
     stopped: set[str] = field(default_factory=set)  # by stop_only: not a failure
+    _drawn: set[int] = field(default_factory=set)  # ports drawn for this stack's services
 
     @property
     def learner_stats(self) -> Path:
@@ -117,6 +118,15 @@ class Stack:
             stderr=subprocess.STDOUT,
         )
 
+    def _free_port(self) -> int:
+        """`free_port`, never one this stack drew already: its 64-odd ports are drawn before any
+        binds, and from 22,000 ports two of 69 draws coincide about one time in ten (a fake
+        engine's 'address already in use' failed a 64-engine point twice running)."""
+        while (port := free_port()) in self._drawn:
+            pass
+        self._drawn.add(port)
+        return port
+
     def start(self, profile: Path) -> Stack:
         c = self.config
         try:
@@ -125,7 +135,7 @@ class Stack:
             for k in range(1, c.stream_shards + 1):
                 self.shard_redis.append(RedisServer(self.directory / f"redis-shard-{k}").start())
             shard_urls = ",".join(r.url for r in self.shard_redis)
-            ports = [free_port() for _ in range(c.engines)]
+            ports = [self._free_port() for _ in range(c.engines)]
             self.engine_urls = [f"http://127.0.0.1:{p}" for p in ports]
             ports_arg = ",".join(map(str, ports))
             self._spawn(
@@ -133,7 +143,7 @@ class Stack:
                 ["-m", "tests.fakes.fake_latency", "engines", "--ports", ports_arg,
                  "--profile", str(profile)],
             )  # fmt: skip
-            sandbox = self.sandbox_url = f"http://127.0.0.1:{free_port()}"
+            sandbox = self.sandbox_url = f"http://127.0.0.1:{self._free_port()}"
             self._spawn(
                 "sandbox",
                 ["-m", "tests.fakes.fake_latency", "sandbox", "--port", sandbox.rsplit(":", 1)[1],
@@ -148,7 +158,7 @@ class Stack:
                 "SHELLRL_GROUPS_PER_STEP": str(c.groups_per_step),
                 "SHELLRL_STREAM_SHARD_URLS": shard_urls,
             }
-            verifier = self.verifier_url = f"http://127.0.0.1:{free_port()}"
+            verifier = self.verifier_url = f"http://127.0.0.1:{self._free_port()}"
             self._spawn(
                 "verifier",
                 ["-m", "services.verifier", "--port", verifier.rsplit(":", 1)[1]],
@@ -164,7 +174,7 @@ class Stack:
             )
             in_flight = max(GROUP_SIZE, c.engines * 64 // c.gateways)  # every engine slot busy
             for i in range(c.gateways):
-                port = free_port()
+                port = self._free_port()
                 self.gateway_urls.append(f"http://127.0.0.1:{port}")
                 self._spawn(
                     f"gateway-{i}",
