@@ -86,6 +86,7 @@ class TaskStats:
         dead letters; an entry whose script answered an error is failed alone (retried, then
         dead-lettered), and its neighbours are acknowledged."""
         work: list[tuple[StreamEntry, Trajectory, ScriptCall | None]] = []
+        poison: list[tuple[StreamEntry, str]] = []
         for entry in entries:
             traj = Trajectory()
             try:
@@ -93,7 +94,7 @@ class TaskStats:
                 if not traj.trajectory_id or not traj.task_id:
                     raise ContractError("trajectory_id or task_id is empty")
             except Exception as exc:  # any decode failure: a poison entry goes to the dead letters
-                await self.consumer.dead_letter(entry, f"not a valid shellrl.v1.Trajectory: {exc}")
+                poison.append((entry, f"not a valid shellrl.v1.Trajectory: {exc}"))
                 continue
             work.append((entry, traj, self._group_call(traj)))
         calls: list[ScriptCall] = []
@@ -124,6 +125,10 @@ class TaskStats:
             await self.steering.record_many(outcomes)
         if done:
             await self.consumer.ack(*done)
+        # last: a Redis error before here re-runs the batch (consume_batches), and a poison entry
+        # dead-lettered by the first run would be dead-lettered twice
+        for entry, reason in poison:
+            await self.consumer.dead_letter(entry, reason)
 
     def _group_call(self, traj: Trajectory) -> ScriptCall | None:
         """The group accounting a training member's outcome takes: a member the verifier failed

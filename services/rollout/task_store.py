@@ -268,7 +268,7 @@ class TaskStore:
 
     async def episodes_abandoned(self, task_id: str, n: int) -> None:
         """Episodes admitted but never run to the end (shutdown): leave the in-flight count (by
-        group commit, so that it never overtakes the admission's increment)."""
+        group commit: increments, so whichever batch lands first the count ends right)."""
         if n:
             await self._commits.call(ScriptCall(self._admitted, [task_key(task_id)], [0, -n]))
 

@@ -174,17 +174,21 @@ class RolloutWorker:
         # the task's episode counters, written by group commit beside the samples (TaskStore):
         # no sample waits for them, the group's hand-off does
         counters = [_counting(self.store.episodes_admitted(task.task_id, self.config.group_size))]
+        begun: list[int] = []
+
+        async def sample(i: int) -> Trajectory | None:
+            begun.append(i)
+            return await self.run_sample(task, ticket, i, slots, epoch, counters)
+
         try:
             results = list(
-                await asyncio.gather(
-                    *(
-                        self.run_sample(task, ticket, i, slots, epoch, counters)
-                        for i in range(self.config.group_size)
-                    )
-                )
+                await asyncio.gather(*(sample(i) for i in range(self.config.group_size)))
             )
         finally:
             await _shielded(slots.release_rest())
+            if len(begun) < self.config.group_size:  # cancelled before some samples began
+                unstarted = self.config.group_size - len(begun)
+                counters.append(_counting(self.store.episodes_abandoned(task.task_id, unstarted)))
             await _shielded(_counted(counters))
             usable = usable_members(results)
             await _durable(lambda: self.admission.finish(ticket, usable=usable))

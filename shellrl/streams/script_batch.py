@@ -40,8 +40,9 @@ async def run_scripts(redis: aioredis.Redis, calls: Sequence[ScriptCall]) -> lis
     """Run `calls` in one pipelined round trip (two when the server lacks a script). Returns one
     reply per call, in order; a call's own error (the script raised, or a WRONGTYPE key) is
     returned in its place as the `redis.exceptions.ResponseError` instance, not raised, so that
-    it costs only its own entry. Connection errors and timeouts raise (which calls ran is then
-    unknown: callers retry the batch, so every script must be idempotent)."""
+    it costs only its own entry. Connection errors and timeouts raise; which calls ran is then
+    unknown, so a caller that retries the batch must send idempotent scripts (the stats
+    consumer's are, by trajectory id; `GroupCommit` does not retry: its callers get the error)."""
     if not calls:
         return []
     replies = await _pipelined(redis, calls)
@@ -68,20 +69,26 @@ class GroupCommit:
     with its reply, or raises its own error or the batch's (a connection error: then which calls
     of the batch ran is unknown, as for any lost reply). Each caller waits `linger_s` (seconds)
     more at most; under load the calls of many callers share one request. A caller cancelled
-    while it waits does not withdraw its call: the batch runs it all the same."""
+    while it waits does not withdraw its call: the batch runs it all the same. Calls run in
+    the order they came within a batch; two batches may overlap (a new one gathers while the
+    last is in flight, on another connection), so calls whose order matters across batches
+    must commute (increments do: the final values are the same in either order)."""
 
     def __init__(self, redis: aioredis.Redis, linger_s: float) -> None:
         if linger_s < 0:
             raise ValueError(f"linger_s must be >= 0; got {linger_s}")
         self.redis, self.linger_s = redis, linger_s
         self._waiting: list[tuple[ScriptCall, asyncio.Future]] = []
-        self._flush: asyncio.Task | None = None
+        self._flush: asyncio.Task | None = None  # the batch that is gathering calls
+        self._flushing: set[asyncio.Task] = set()  # every flush until it is done (strong refs)
 
     async def call(self, call: ScriptCall) -> Any:
         future = asyncio.get_running_loop().create_future()
         self._waiting.append((call, future))
         if self._flush is None:
             self._flush = asyncio.create_task(self._flush_after_linger())
+            self._flushing.add(self._flush)
+            self._flush.add_done_callback(self._flushing.discard)
         return await future
 
     async def _flush_after_linger(self) -> None:

@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
+import services.rollout.stats as stats_module
+import shellrl.streams.consumer as consumer_module
 from services.rollout.admission import Admission
 from services.rollout.policy_version import PolicyVersionWatcher
 from services.rollout.stats import GROUP_STATS, TaskStats
@@ -122,3 +125,44 @@ async def test_the_same_with_two_stream_shards(redis, shard_servers):
         await _check_one_batch(redis, shards)
     finally:
         await shards.aclose()
+
+
+class FailOnceRunScripts:
+    """A fault: the first `run_scripts` raises a connection error after the real one ran (its
+    reply lost, as in a Redis restart); every later call is the real one."""
+
+    def __init__(self, real) -> None:
+        self.real, self.failed = real, False
+
+    async def __call__(self, redis, calls):
+        replies = await self.real(redis, calls)
+        if not self.failed:
+            self.failed = True
+            raise RedisConnectionError("injected: the reply was lost")
+        return replies
+
+
+async def test_a_batch_rerun_after_redis_went_away_dead_letters_a_poison_entry_once(
+    redis, monkeypatch
+):
+    store = TaskStore(redis)
+    await store.submit(TASK)
+    admission = Admission(
+        redis, PolicyVersionWatcher(redis), replica="r", max_staleness=1, groups_per_step=1
+    )
+    stats = TaskStats(redis, store, admission, consumer="r", block_ms=100)
+    await stats.consumer.ensure_group("0")
+    producer = StreamProducer(redis, STREAM_TRAJECTORIES)
+    for t in _members("g-a", [1.0, 0.0]):
+        await producer.add(t.SerializeToString(), group_id=t.group_id)
+    await producer.add(b"\xff not a trajectory", group_id="g-a")
+    entries = await _take_all(stats, 3)
+    fault = FailOnceRunScripts(stats_module.run_scripts)
+    monkeypatch.setattr(stats_module, "run_scripts", fault)
+    stop = asyncio.Event()
+    # what consume_batches does with a batch: re-run it while Redis is away
+    await consumer_module._while_redis_away(lambda: stats.handle_batch(entries), "test", stop)
+    assert fault.failed
+    assert len(await redis.xrange(STREAM_DEAD)) == 1  # not once a run
+    assert (await store.describe(TASK.task_id))["episodes"]["scored"] == 2  # counted once
+    assert (await redis.xpending(STREAM_TRAJECTORIES, GROUP_STATS))["pending"] == 0
