@@ -36,25 +36,29 @@ SYSTEM_PROMPT = (
 # Worked examples (user -> <bash> -> tool response -> <answer>), shown before the task. Three
 # examples gave SmolLM2-135M a consistent bash-then-answer format where one did not (the model
 # answered at once, without running a command: 1/64 greedy successes on eval_id with one example;
-# ../shared/reference/feasibility.md saw the same).
+# ../shared/reference/feasibility.md saw the same). They show the protocol only: no example is a
+# task of any task set (tests/unit/test_prompt_examples.py). Until issue 33 they were instances of
+# grep_count, line_n and eval_ood's file_size_bytes with the templates' own commands, so the base
+# policy's only eval_ood successes were copies of the second example (`wc -c <`), and training on
+# any counting template unlearned the copy (file_size_bytes lost by step 5-10 in every seed).
 FEW_SHOT: tuple[tuple[str, str, str, str], ...] = (
     (
-        "How many lines of the file app.log contain the word ERROR?",
-        "<bash>grep -c ERROR app.log</bash>",
-        "2\n",
-        "<answer>2</answer>",
+        "Which user is this shell running as?",
+        "<bash>whoami</bash>",
+        "agent\n",
+        "<answer>agent</answer>",
     ),
     (
-        "What is the size of the file data.bin in bytes?",
-        "<bash>wc -c < data.bin</bash>",
-        "1024\n",
-        "<answer>1024</answer>",
+        "On which line of the file todo.txt is milk mentioned?",
+        "<bash>grep -n milk todo.txt</bash>",
+        "3:buy milk\n",
+        "<answer>3</answer>",
     ),
     (
-        "Print the second line of the file names.txt.",
-        "<bash>sed -n 2p names.txt</bash>",
-        "bob\n",
-        "<answer>bob</answer>",
+        "How many CPU cores does this machine have?",
+        "<bash>nproc</bash>",
+        "4\n",
+        "<answer>4</answer>",
     ),
 )
 
