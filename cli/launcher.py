@@ -41,7 +41,8 @@ _TOKEN_SETTINGS = ("SHELLRL_API_TOKEN", "SHELLRL_API_TOKEN_FILE", "SHELLRL_AUTH_
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:
+    """preexec_fn of a child process: a session of its own, SIGTERM when its parent thread exits."""
     os.setsid()
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -105,7 +106,7 @@ class Stack:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         proc = Proc(name, popen, log_path, url)
         proc.pump = threading.Thread(target=self._pump, args=(proc,), daemon=True)
