@@ -256,18 +256,31 @@ async def _no_sessions(client: SandboxClient) -> bool:
     return (await client.ready())["sessions"] == 0
 
 
-async def test_session_cap_gives_429_and_idle_sessions_expire(sandbox_services):
-    service = sandbox_services.get(
-        "bubblewrap", max_sessions=2, session_ttl_s=1.5, ttl_sweep_interval_s=0.2
-    )
+async def test_session_cap_gives_429_with_a_poll_hint(sandbox_services):
+    # a TTL far beyond the test: no session may expire between filling the cap and asking past it,
+    # however loaded the machine (with a 1.5 s TTL the request past the cap once found a free slot)
+    service = sandbox_services.get("bubblewrap", max_sessions=2, session_ttl_s=300)
     async with SandboxClient(service.url) as c:
-        first = await c.create_session()
-        await c.create_session()
+        sessions = [await c.create_session(), await c.create_session()]
         with pytest.raises(SandboxBusy) as info:
             await c.create_session()
         assert info.value.status == 429 and info.value.code == "too_many_sessions"
         assert info.value.body["error"]["details"]["reason"] == "sessions"
-        for _ in range(3):  # keep the first one in use
+        async with httpx.AsyncClient(base_url=service.url) as http:  # the client's poll hint
+            assert (await http.post("/v1/sessions", json={})).headers["retry-after"] == "2"
+        await c.delete(sessions[0]["session_id"])
+        await c.delete((await c.create_session())["session_id"])  # the freed slot
+        await c.delete(sessions[1]["session_id"])
+
+
+async def test_idle_sessions_expire_and_free_their_slots(sandbox_services):
+    service = sandbox_services.get(
+        "bubblewrap", max_sessions=2, session_ttl_s=3, ttl_sweep_interval_s=0.2
+    )
+    async with SandboxClient(service.url) as c:
+        first = await c.create_session()
+        await c.create_session()
+        for _ in range(4):  # keep the first one in use: 0.5 s between uses, far below its TTL
             await asyncio.sleep(0.5)
             await c.exec(first["session_id"], "true")
         await wait_until_async(  # idle past its TTL: swept (polling /readyz keeps nothing alive)
@@ -275,10 +288,8 @@ async def test_session_cap_gives_429_and_idle_sessions_expire(sandbox_services):
         )
         with pytest.raises(SandboxNotFound):
             await c.exec(first["session_id"], "true")
-        await c.create_session()
-        await c.create_session()  # the cap again
-        async with httpx.AsyncClient(base_url=service.url) as http:  # the client's poll hint
-            assert (await http.post("/v1/sessions", json={})).headers["retry-after"] == "2"
+        for _ in range(2):  # both slots free again under the cap of 2
+            await c.delete((await c.create_session())["session_id"])
 
 
 @pytest.mark.parametrize(
