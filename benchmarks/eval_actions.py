@@ -24,13 +24,12 @@ import json
 import math
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from cli.launcher import die_with_parent
+from cli.launcher import answers_ping, die_with_parent
 from shellrl.contract import min_policy_version, template_of
 from shellrl.contract.trajectory import ACTION, decode_token_ids, parse_trajectory
 from shellrl.service.ports import free_port
@@ -96,7 +95,7 @@ class _RedisOnCopy:
             preexec_fn=die_with_parent,  # never outlives this process
         )
         deadline = time.monotonic() + LOAD_TIMEOUT_S
-        while not _answers_ping(port):  # -LOADING until the AOF is read
+        while not answers_ping(port):  # -LOADING until the AOF is read
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 tail = log.read_text()[-2000:] if log.exists() else ""
                 raise RuntimeError(
@@ -114,15 +113,6 @@ class _RedisOnCopy:
             self.proc.wait(timeout=10)
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def _answers_ping(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.3) as s:
-            s.sendall(b"PING\r\n")
-            return s.recv(16).startswith(b"+PONG")
-    except OSError:
-        return False
 
 
 def _first_line(observation: str) -> str:

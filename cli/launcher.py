@@ -41,6 +41,17 @@ _TOKEN_SETTINGS = ("SHELLRL_API_TOKEN", "SHELLRL_API_TOKEN_FILE", "SHELLRL_AUTH_
 _PR_SET_PDEATHSIG = 1
 
 
+def answers_ping(port: int) -> bool:
+    """Whether a Redis on 127.0.0.1:`port` answers PING with +PONG now (0.3 s at most; False while
+    it loads its AOF, answering -LOADING, or before it listens)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.3) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
 def die_with_parent() -> None:
     """preexec_fn of a child process: a session of its own, SIGTERM when its parent thread exits."""
     os.setsid()
@@ -159,12 +170,7 @@ class Stack:
         def answers() -> bool:
             if proc.popen.poll() is not None:
                 raise StackError(f"redis-server exited; see {proc.log_path}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.3) as s:
-                    s.sendall(b"PING\r\n")
-                    return s.recv(16).startswith(b"+PONG")
-            except OSError:
-                return False
+            return answers_ping(port)
 
         if not poll_until(answers, timeout_s=20, interval_s=0.1):
             raise StackError("redis-server did not answer PING within 20 s")

@@ -46,14 +46,14 @@ FEW_SHOT: tuple[tuple[str, str, str, str], ...] = (
     (
         "Which user is this shell running as?",
         "<bash>whoami</bash>",
-        "agent\n",
-        "<answer>agent</answer>",
+        "sandbox\n",
+        "<answer>sandbox</answer>",
     ),
     (
-        "On which line of the file todo.txt is milk mentioned?",
-        "<bash>grep -n milk todo.txt</bash>",
-        "3:buy milk\n",
-        "<answer>3</answer>",
+        "At which byte do the files old.cfg and new.cfg first differ?",
+        "<bash>cmp old.cfg new.cfg</bash>",
+        "old.cfg new.cfg differ: byte 7, line 2\n",
+        "<answer>7</answer>",
     ),
     (
         "How many CPU cores does this machine have?",

@@ -18,6 +18,7 @@ import os
 import random
 import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -227,6 +228,46 @@ async def test_a_sandbox_service_killed_0_to_5_ms_after_a_sandbox_starts_leaves_
             assert_nothing_left(service, idle)
     finally:
         service.stop()
+
+
+def test_a_restarted_sandbox_service_kills_what_runs_as_its_uid_block_outside_any_cgroup(
+    tmp_path, workspace_root
+):
+    """D06's orphan as a CI run under load left it (ciP at 6927303): a `bwrap` whose service was
+    SIGKILLed before it armed its death signal, its `sleep 1234` still running 2:45 later, not in
+    any session cgroup (cgroup v1: only the command joins them, and it had not yet). Here two such
+    processes (one in its own session, one double-forked) run as uids of the block, none in a
+    cgroup of the service; once a service on that block is up, neither runs."""
+    uid_base = 1_000_000 + (os.getpid() % 997) * 2048  # a block no other suite's service takes
+    uid = uid_base + 5
+    as_uid = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    planted = [
+        subprocess.Popen([*as_uid, *SLEEP.split()], start_new_session=True),
+        subprocess.Popen([*as_uid, "sh", "-c", f"({SLEEP} &) &"], start_new_session=True),
+    ]
+    planted[1].wait(10)
+    deadline = time.monotonic() + 10
+    while len(running_marker()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(running_marker()) == 2
+    env = {
+        **PLANTED_SECRETS,
+        "SHELLRL_SANDBOX_ISOLATION": "bubblewrap",
+        "SHELLRL_WORKSPACE_ROOT": str(workspace_root / "ws"),
+        "SHELLRL_UID_BASE": str(uid_base),
+    }
+    service = ServiceProcess("sandbox", free_port(), env, tmp_path / "logs").start()
+    try:
+        assert running_marker() == []  # swept before the service answers /readyz
+        assert planted[0].wait(10) == -signal.SIGKILL
+    finally:
+        service.stop()
+        for proc in planted:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        for pid in running_marker():  # the double-forked one, had the sweep missed it
+            os.kill(pid, signal.SIGKILL)
 
 
 async def test_commands_in_sandboxes_spawned_beside_busy_worker_threads_run_to_the_end(

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import ctypes
 import fcntl
+import logging
 import os
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Collection, Iterable
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 class UidPool:
@@ -76,6 +80,49 @@ def kill_uid(uid: int) -> None:
         timeout=10,
         check=False,
     )
+
+
+def live_processes_of(uids: Collection[int]) -> dict[int, list[int]]:
+    """{uid: pids} of the live (not zombie) processes whose real or saved uid is one of `uids`
+    (those a `kill_uid` of that uid reaches), read from /proc/<pid>/status."""
+    found: dict[int, list[int]] = {}
+    wanted = set(uids)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = dict(
+                line.split(":", 1)
+                for line in Path(f"/proc/{entry}/status").read_text().splitlines()
+            )
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        if fields.get("State", "").split()[:1] in (["Z"], ["X"]):
+            continue
+        real, _effective, saved, _fs = (int(u) for u in fields["Uid"].split())
+        for uid in {real, saved} & wanted:
+            found.setdefault(uid, []).append(int(entry))
+    return found
+
+
+def kill_uids_until_none(uids: Collection[int], deadline_s: float = 10.0) -> list[int]:
+    """SIGKILL every process of `uids` (`kill_uid` for each uid that has one) and look again,
+    every 50 ms, until a scan finds none, for `deadline_s` at most (then an error is logged). Returns the pids seen.
+
+    A restarted instance's sweep of its uid block (known_pitfalls D06, bubblewrap#633): a sandbox
+    whose service was SIGKILLed before bwrap armed its death signal runs on as an orphan, outside
+    any session cgroup while bwrap sets up (cgroup v1: only the command joins them)."""
+    seen: list[int] = []
+    deadline = time.monotonic() + deadline_s
+    while found := live_processes_of(uids):
+        seen += [pid for pids in found.values() for pid in pids]
+        if time.monotonic() > deadline:
+            log.error("processes survived the uid sweep", extra={"pids": found})
+            break
+        for uid in found:
+            kill_uid(uid)
+        time.sleep(0.05)
+    return seen
 
 
 IPC_RMID = 0

@@ -36,6 +36,7 @@ from services.sandbox.egress.doors import (
 from services.sandbox.egress.proxy import EgressState
 from services.sandbox.execution.executor import RawExec
 from services.sandbox.execution.runner_link import RunnerFailed
+from services.sandbox.host import uids as host_uids
 from services.sandbox.host.uids import UidPool, remove_ipc_objects, remove_owned
 from services.sandbox.isolation import argv_trace
 from services.sandbox.isolation.layers import Isolation, prepare_etc
@@ -109,11 +110,14 @@ class SessionManager:
 
     # ---- lifecycle -------------------------------------------------------------------------
     def clean_stale(self) -> None:
-        """Remove what a crashed instance with this uid block left: processes, cgroups, mounts."""
+        """Remove what a crashed instance with this uid block left: processes (by cgroup, then by
+        uid: an orphan sandbox not yet in its session's groups, known_pitfalls D06), cgroups, mounts."""
         for uid in self.uids.uids:  # the current layout was swept when the parent was set up
             for group in (self.cgroups.group(f"u{uid}"), self.cgroups.legacy_group(f"u{uid}")):
                 if group is not None and group.exists():
                     group.remove()
+        if left := host_uids.kill_uids_until_none(self.uids.uids):
+            log.warning("killed what a crashed instance left", extra={"pids": left})
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o711)
         for (
