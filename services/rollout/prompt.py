@@ -37,11 +37,12 @@ SYSTEM_PROMPT = (
 # examples gave SmolLM2-135M a consistent bash-then-answer format where one did not (the model
 # answered at once, without running a command: 1/64 greedy successes on eval_id with one example;
 # ../shared/reference/feasibility.md saw the same; measured with the examples before issue 33).
-# They show the protocol only: no example is a task of any task set
-# (tests/unit/test_prompt_examples.py). Until issue 33 they were instances of grep_count, line_n
-# and eval_ood's file_size_bytes with the templates' own commands, so the base policy's only
-# eval_ood successes were copies of the second example (`wc -c <`), lost at step 5 of training in
-# each of three seeds (BENCHMARKS.md, "Learning that transfers").
+# They show the protocol only: no example is a task of any task set, nor runs a program that a
+# task's reference command runs (tests/unit/test_prompt_examples.py; a `grep -n` example was
+# copied into count_lines episodes by a trained policy, BENCHMARKS.md). Until issue 33 they were
+# instances of grep_count, line_n and eval_ood's file_size_bytes with the templates' own commands,
+# so the base policy's only eval_ood successes were copies of the second example (`wc -c <`),
+# lost at step 5 of training in each of three seeds (BENCHMARKS.md, "Learning that transfers").
 FEW_SHOT: tuple[tuple[str, str, str, str], ...] = (
     (
         "Which user is this shell running as?",
