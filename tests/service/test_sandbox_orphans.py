@@ -18,15 +18,17 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from services.sandbox.host.uids import kill_uids_until_none, live_processes_of
 from shellrl.clients.sandbox import SandboxClient, SandboxError
+from tests.helpers.owned_processes import popen_owned
 from tests.helpers.processes import ServiceProcess
 from tests.helpers.redis_server import free_port
 from tests.helpers.sandbox_service import PLANTED_SECRETS
@@ -230,43 +232,91 @@ async def test_a_sandbox_service_killed_0_to_5_ms_after_a_sandbox_starts_leaves_
         service.stop()
 
 
+def plant_as_uid(uid: int) -> list:
+    """Three processes as `uid`, started as a sandbox the service does not know of: this
+    module's SLEEP in a process of its own, SLEEP double-forked (re-parented to init), and a
+    python whose main thread has exited while another thread sleeps (/proc: `State: Z`,
+    `Threads: 2`; alive). Waits until all three run; returns their Popen objects (the second's
+    is the exited `sh`)."""
+    as_uid = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+    leader_exits = (
+        "import ctypes, threading, time; "
+        "threading.Thread(target=time.sleep, args=(1234,)).start(); "
+        "ctypes.CDLL(None).pthread_exit(None)"
+    )
+    planted = [
+        popen_owned([*as_uid, *SLEEP.split()]),
+        popen_owned([*as_uid, "sh", "-c", f"({SLEEP} &) &"]),
+        popen_owned([*as_uid, "/usr/bin/python3", "-c", leader_exits]),
+    ]
+
+    def running() -> bool:
+        status = Path(f"/proc/{planted[2].pid}/status").read_text()
+        return (
+            len(running_marker()) == 2
+            and "\nThreads:\t2\n" in status
+            and state(planted[2].pid) == "Z"
+        )
+
+    deadline = time.monotonic() + 20
+    while not running() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert running()
+    return planted
+
+
 def test_a_restarted_sandbox_service_kills_what_runs_as_its_uid_block_outside_any_cgroup(
     tmp_path, workspace_root
 ):
     """D06's orphan as a CI run under load left it (ciP at 6927303): a `bwrap` whose service was
     SIGKILLed before it armed its death signal, its `sleep 1234` still running 2:45 later, not in
-    any session cgroup (cgroup v1: only the command joins them, and it had not yet). Here two such
-    processes (one in its own session, one double-forked) run as uids of the block, none in a
-    cgroup of the service; once a service on that block is up, neither runs."""
-    uid_base = 1_000_000 + (os.getpid() % 997) * 2048  # a block no other suite's service takes
-    uid = uid_base + 5
-    as_uid = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
-    planted = [
-        subprocess.Popen([*as_uid, *SLEEP.split()], start_new_session=True),
-        subprocess.Popen([*as_uid, "sh", "-c", f"({SLEEP} &) &"], start_new_session=True),
-    ]
-    planted[1].wait(10)
-    deadline = time.monotonic() + 10
-    while len(running_marker()) < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert len(running_marker()) == 2
-    env = {
-        **PLANTED_SECRETS,
-        "SHELLRL_SANDBOX_ISOLATION": "bubblewrap",
-        "SHELLRL_WORKSPACE_ROOT": str(workspace_root / "ws"),
-        "SHELLRL_UID_BASE": str(uid_base),
-    }
-    service = ServiceProcess("sandbox", free_port(), env, tmp_path / "logs").start()
+    any session cgroup (cgroup v1: only the command joins them, and it had not yet). Here such
+    processes (`plant_as_uid`) run as a uid of the block, none in a cgroup of the service; once a
+    service on that block is up, none runs."""
+    # a block of its own: live pids are unique, so no other suite's service shares it
+    uid_base = 10_000_000 + (os.getpid() % 4_000_000) * 1024
+    planted, service = [], None
     try:
+        planted = plant_as_uid(uid_base + 5)
+        env = {
+            **PLANTED_SECRETS,
+            "SHELLRL_SANDBOX_ISOLATION": "bubblewrap",
+            "SHELLRL_WORKSPACE_ROOT": str(workspace_root / "ws"),
+            "SHELLRL_UID_BASE": str(uid_base),
+        }
+        service = ServiceProcess("sandbox", free_port(), env, tmp_path / "logs").start()
+        assert httpx.get(f"{service.url}/readyz").json()["uid_block"][0] == uid_base
         assert running_marker() == []  # swept before the service answers /readyz
-        assert planted[0].wait(10) == -signal.SIGKILL
+        assert planted[0].wait(10) == planted[2].wait(10) == -signal.SIGKILL
     finally:
-        service.stop()
+        if service is not None:
+            service.stop()
         for proc in planted:
             if proc.poll() is None:
                 proc.kill()
-                proc.wait()
-        for pid in running_marker():  # the double-forked one, had the sweep missed it
+            proc.wait(10)
+        for pid in running_marker():  # those re-parented to init, had the sweep missed them
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_uid_sweep_sees_a_process_whose_main_thread_exited():
+    """`live_processes_of` takes `State: Z` with `Threads: 2` for the live process it is, and
+    `kill_uids_until_none` kills all three kinds of `plant_as_uid` (the right value: nothing of
+    the uid runs after it; the multi-threaded one was skipped as a zombie before)."""
+    uid = 10_000_000 + (os.getpid() % 4_000_000) * 1024 + 7
+    planted = []
+    try:
+        planted = plant_as_uid(uid)
+        assert planted[2].pid in live_processes_of([uid])[uid]
+        assert len(kill_uids_until_none([uid])) == 3
+        assert running_marker() == [] and live_processes_of([uid]) == {}
+        assert planted[2].wait(10) == -signal.SIGKILL
+    finally:
+        for proc in planted:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(10)
+        for pid in running_marker():
             os.kill(pid, signal.SIGKILL)
 
 

@@ -97,8 +97,9 @@ def live_processes_of(uids: Collection[int]) -> dict[int, list[int]]:
             )
         except (OSError, ValueError):
             continue  # gone meanwhile
-        if fields.get("State", "").split()[:1] in (["Z"], ["X"]):
-            continue
+        dead = fields.get("State", "").split()[:1] in (["Z"], ["X"])
+        if dead and fields.get("Threads", "").strip() in ("", "1"):
+            continue  # a zombie; one whose main thread exited while others run is alive
         real, _effective, saved, _fs = (int(u) for u in fields["Uid"].split())
         for uid in {real, saved} & wanted:
             found.setdefault(uid, []).append(int(entry))
@@ -107,22 +108,23 @@ def live_processes_of(uids: Collection[int]) -> dict[int, list[int]]:
 
 def kill_uids_until_none(uids: Collection[int], deadline_s: float = 10.0) -> list[int]:
     """SIGKILL every process of `uids` (`kill_uid` for each uid that has one) and look again,
-    every 50 ms, until a scan finds none, for `deadline_s` at most (then an error is logged). Returns the pids seen.
+    every 50 ms, until a scan finds none, for `deadline_s` at most (then an error is logged).
+    Returns the pids seen.
 
     A restarted instance's sweep of its uid block (known_pitfalls D06, bubblewrap#633): a sandbox
     whose service was SIGKILLed before bwrap armed its death signal runs on as an orphan, outside
     any session cgroup while bwrap sets up (cgroup v1: only the command joins them)."""
-    seen: list[int] = []
+    seen: set[int] = set()
     deadline = time.monotonic() + deadline_s
     while found := live_processes_of(uids):
-        seen += [pid for pids in found.values() for pid in pids]
+        seen.update(pid for pids in found.values() for pid in pids)
         if time.monotonic() > deadline:
             log.error("processes survived the uid sweep", extra={"pids": found})
             break
         for uid in found:
             kill_uid(uid)
         time.sleep(0.05)
-    return seen
+    return sorted(seen)
 
 
 IPC_RMID = 0
