@@ -41,6 +41,18 @@ def stream_of(urls: list[str]) -> tuple[BucketStream, SlotRecorder]:
     return stream, recorder
 
 
+async def until(condition, timeout_s: float = GUARD_S) -> None:
+    """Yield to the loop (and the fills' threads) until `condition()` holds; TimeoutError after
+    `timeout_s`. A fixed sleep was too short on a loaded CI machine (ciD at 249758f: "ok" had
+    received nothing after 0.1 s)."""
+
+    async def poll() -> None:
+        while not condition():
+            await asyncio.sleep(0.002)
+
+    await asyncio.wait_for(poll(), timeout_s)
+
+
 async def push(stream: BucketStream, engines: SlowBucketEngines, urls: list[str]) -> list:
     """Every engine's transfer at once, as WeightSync runs them; `transfer` itself leaves the
     stream when its engine is done or fails (WeightSync leaves again after the call: idempotent)."""
@@ -107,8 +119,9 @@ async def test_a_frozen_engine_holds_the_others_only_until_it_leaves_at_its_dead
     prepared = {"buckets": stream.providers, "stream": stream}
     ok = asyncio.ensure_future(transfer(engines, None, "ok", prepared, "5", 1))
     frozen = asyncio.ensure_future(transfer(engines, None, "frozen", prepared, "5", 1))
-    await asyncio.sleep(0.1)
-    # "ok" answered buckets 0 and 1 and waits: slot 1 holds bucket 1, which "frozen" still reads
+    # "ok" answers buckets 0 and 1 and waits: slot 1 holds bucket 1, which "frozen" still reads
+    await until(lambda: len(engines.received["ok"]) >= 3)
+    await asyncio.sleep(0.05)  # and it gets no further while "frozen" holds slot 1
     assert engines.received["ok"] == [0, 1, 2] and not ok.done()
     frozen.cancel()  # what WeightSync does at the deadline: cancelled, and it leaves
     stream.leave("frozen")
@@ -122,7 +135,7 @@ async def test_when_every_engine_left_a_waiting_fill_ends_and_nothing_stays_pend
     engines = SlowBucketEngines(recorder.slots, {"a": 0.0}, hang_at={"a": 0})
     prepared = {"buckets": stream.providers, "stream": stream}
     task = asyncio.ensure_future(transfer(engines, None, "a", prepared, "5", 1))
-    await asyncio.sleep(0.05)
+    await until(lambda: 1 in stream._fills and stream._fills[1].done())
     waiting_fill = stream._fills[1]  # prefetched into the other slot: done, it was free
     assert waiting_fill.done()
     third = stream._fill_task(2)  # would need "a" to answer bucket 0
